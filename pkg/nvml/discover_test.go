@@ -1,0 +1,146 @@
+package nvml
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func machinePath(name string) string {
+	return filepath.Join("..", "..", "demo", "machines", name+".yaml")
+}
+
+func TestDiscoverMachineFiles(t *testing.T) {
+	for _, tc := range []struct {
+		machine      string
+		gpus         int
+		product      string
+		arch         string
+		cc           string
+		memoryMiB    uint64
+		migCapable   bool
+		smallestMIG  string
+		largestMIG   string
+		profileCount int
+	}{
+		{"dgx-a100-40gb", 8, "NVIDIA A100-SXM4-40GB", "ampere", "8.0", 40960, true, "1g.5gb", "7g.40gb", 6},
+		{"dgx-a100-80gb", 8, "NVIDIA A100-SXM4-80GB", "ampere", "8.0", 81920, true, "1g.10gb", "7g.80gb", 6},
+		{"dgx-h100", 8, "NVIDIA H100 80GB HBM3", "hopper", "9.0", 81920, true, "1g.10gb", "7g.80gb", 6},
+		{"dgx-h200", 8, "NVIDIA H200 141GB HBM3e", "hopper", "9.0", 144384, true, "1g.18gb", "7g.141gb", 6},
+		{"l4x4", 4, "NVIDIA L4", "ada", "8.9", 23034, false, "", "", 0},
+	} {
+		t.Run(tc.machine, func(t *testing.T) {
+			lib, err := OpenMachine(machinePath(tc.machine))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lib.Close()
+			node, err := lib.Discover()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if node.DriverVersion != "550.54.15" || node.CUDADriverVersion != "12.4" {
+				t.Errorf("driver %q cuda %q", node.DriverVersion, node.CUDADriverVersion)
+			}
+			if len(node.GPUs) != tc.gpus {
+				t.Fatalf("got %d GPUs, want %d", len(node.GPUs), tc.gpus)
+			}
+			uuids := map[string]bool{}
+			for i, g := range node.GPUs {
+				if g.Index != i || g.Minor != i {
+					t.Errorf("GPU %d: index %d minor %d", i, g.Index, g.Minor)
+				}
+				if g.ProductName != tc.product || g.Architecture != tc.arch || g.CUDAComputeCapability != tc.cc {
+					t.Errorf("GPU %d: %q %q %q", i, g.ProductName, g.Architecture, g.CUDAComputeCapability)
+				}
+				if g.MemoryBytes != tc.memoryMiB<<20 {
+					t.Errorf("GPU %d: memory %d bytes, want %d MiB", i, g.MemoryBytes, tc.memoryMiB)
+				}
+				if !strings.HasPrefix(g.PCIeRoot, "pci0000:") || !busIDPattern.MatchString(g.PCIBusID) {
+					t.Errorf("GPU %d: bus %q root %q", i, g.PCIBusID, g.PCIeRoot)
+				}
+				if g.NUMANode != i*2/tc.gpus {
+					t.Errorf("GPU %d: NUMA %d", i, g.NUMANode)
+				}
+				if g.MIGCapable != tc.migCapable {
+					t.Errorf("GPU %d: migCapable %v", i, g.MIGCapable)
+				}
+				if uuids[g.UUID] {
+					t.Errorf("GPU %d: duplicate UUID %s", i, g.UUID)
+				}
+				uuids[g.UUID] = true
+				if len(g.MIGProfiles) < tc.profileCount {
+					t.Errorf("GPU %d: %d MIG profiles, want at least %d", i, len(g.MIGProfiles), tc.profileCount)
+				}
+				if tc.migCapable {
+					if got := g.MIGProfiles[0].Name; got != tc.smallestMIG {
+						t.Errorf("GPU %d: smallest profile %q, want %q", i, got, tc.smallestMIG)
+					}
+					if got := g.MIGProfiles[len(g.MIGProfiles)-1].Name; got != tc.largestMIG {
+						t.Errorf("GPU %d: largest profile %q, want %q", i, got, tc.largestMIG)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestUUIDsStableAcrossOpens(t *testing.T) {
+	a, err := OpenMachine(machinePath("dgx-h100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := OpenMachine(machinePath("dgx-h100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	na, _ := a.Discover()
+	nb, _ := b.Discover()
+	for i := range na.GPUs {
+		if na.GPUs[i].UUID != nb.GPUs[i].UUID {
+			t.Fatalf("GPU %d UUID changed between opens: %s vs %s", i, na.GPUs[i].UUID, nb.GPUs[i].UUID)
+		}
+	}
+}
+
+func TestMachineValidation(t *testing.T) {
+	zero := -1
+	good := func() Machine {
+		return Machine{Name: "m", DriverVersion: "550.54.15", CUDADriverVersion: "12.4",
+			GPUs: []MachineGPU{{Model: "L4"}, {Model: "H100-SXM5-80GB"}}}
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Machine)
+		want   string
+	}{
+		{"ok", func(*Machine) {}, ""},
+		{"no name", func(m *Machine) { m.Name = "" }, "name: required"},
+		{"bad driver", func(m *Machine) { m.DriverVersion = "x" }, "driverVersion"},
+		{"bad cuda", func(m *Machine) { m.CUDADriverVersion = "12" }, "cudaDriverVersion"},
+		{"no gpus", func(m *Machine) { m.GPUs = nil }, "gpus: at least one"},
+		{"unknown model", func(m *Machine) { m.GPUs[1].Model = "Z9" }, `gpus[1].model: unknown model "Z9"`},
+		{"mig on L4", func(m *Machine) { m.GPUs[0].MIGEnabled = true }, "gpus[0].migEnabled"},
+		{"bad bus", func(m *Machine) { m.GPUs[0].PCIBusID = "00:01.0" }, "gpus[0].pciBusID"},
+		{"dup bus", func(m *Machine) { m.GPUs[0].PCIBusID = "0000:02:00.0" }, "gpus[1].pciBusID: 0000:02:00.0 already used by gpus[0]"},
+		{"bad root", func(m *Machine) { m.GPUs[1].PCIeRoot = "root" }, "gpus[1].pcieRoot"},
+		{"negative numa", func(m *Machine) { m.GPUs[1].NUMANode = &zero }, "gpus[1].numaNode"},
+		{"dup uuid", func(m *Machine) { m.GPUs[0].UUID = "GPU-a"; m.GPUs[1].UUID = "GPU-a" }, "gpus[1].uuid"},
+		{"bad uuid", func(m *Machine) { m.GPUs[0].UUID = "x" }, "gpus[0].uuid"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := good()
+			tc.mutate(&m)
+			err := m.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}

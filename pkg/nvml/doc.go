@@ -1,0 +1,13 @@
+// Package nvml is Facet's only door to NVIDIA's management library.
+//
+// Nothing else in Facet imports github.com/NVIDIA/go-nvml (or nvcdi, which is
+// built on it). The package has two backends behind one code path:
+//
+//   - the real libnvidia-ml.so.1, used in production (OpenReal);
+//   - a simulated node described by a machine file (OpenMachine), built on
+//     go-nvml's own mock GPUs (github.com/NVIDIA/go-nvml/pkg/nvml/mock), with
+//     Facet-defined models for GPUs the mock lacks (see models.go).
+//
+// Both backends hand the same gonvml.Interface to the same discovery code, so
+// what the tests exercise is what runs on a GPU node.
+package nvml

@@ -1,0 +1,155 @@
+package nvml
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/google/uuid"
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+)
+
+// Library is an initialised NVML, real or simulated. It is safe for
+// concurrent use.
+type Library struct {
+	lib      gonvml.Interface
+	pcieRoot PCIeRootFunc
+	// simulated is set for a machine-file backend.
+	simulated *Machine
+
+	closeOnce sync.Once
+}
+
+// OpenReal loads libnvidia-ml.so.1 (or libraryPath when not empty) and
+// initialises it. It fails on a node without the NVIDIA driver.
+func OpenReal(libraryPath string) (*Library, error) {
+	var opts []gonvml.LibraryOption
+	if libraryPath != "" {
+		opts = append(opts, gonvml.WithLibraryPath(libraryPath))
+	}
+	lib := gonvml.New(opts...)
+	if ret := lib.Init(); ret != gonvml.SUCCESS {
+		return nil, fmt.Errorf("initialise NVML: %w", nvmlError("nvmlInit", ret))
+	}
+	return &Library{lib: lib, pcieRoot: sysfsPCIeRoot}, nil
+}
+
+// sysfsPCIeRoot uses the upstream DRA helper, which reads /sys.
+func sysfsPCIeRoot(busID string) (string, error) {
+	attr, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(busID)
+	if err != nil {
+		return "", err
+	}
+	if attr.Value.StringValue == nil {
+		return "", fmt.Errorf("no PCIe root for %s", busID)
+	}
+	return *attr.Value.StringValue, nil
+}
+
+// OpenMachine simulates the node described by a machine file.
+func OpenMachine(path string) (*Library, error) {
+	m, err := LoadMachine(path)
+	if err != nil {
+		return nil, err
+	}
+	return OpenSimulated(m)
+}
+
+// OpenSimulated simulates a validated Machine on top of go-nvml's mock
+// server.
+func OpenSimulated(m *Machine) (*Library, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	cuda, _ := cudaVersionInt(m.CUDADriverVersion)
+	configs := make([]gpus.Config, len(m.GPUs))
+	for i, g := range m.GPUs {
+		configs[i] = models[g.Model]
+	}
+	srv := server.NewServerWithGPUs(m.DriverVersion, "12."+m.DriverVersion, cuda, configs...)
+	roots := map[string]string{}
+	for i, g := range m.GPUs {
+		dev := srv.Devices[i].(*server.Device)
+		simulateDevice(dev, g)
+		roots[g.PCIBusID] = g.PCIeRoot
+	}
+	return &Library{
+		lib: srv,
+		pcieRoot: func(busID string) (string, error) {
+			root, ok := roots[busID]
+			if !ok {
+				return "", fmt.Errorf("bus ID %s is not in machine %s", busID, m.Name)
+			}
+			return root, nil
+		},
+		simulated: m,
+	}, nil
+}
+
+// defaultUUID derives a stable UUID, so a restarted plugin on the same
+// machine file sees the same GPUs (the mock would draw random ones).
+func defaultUUID(machine string, index int) string {
+	ns := uuid.MustParse("8f0e6c1a-6a52-4f43-9a5e-2f9a4b7f1d10")
+	return "GPU-" + uuid.NewSHA1(ns, fmt.Appendf(nil, "%s/%d", machine, index)).String()
+}
+
+// simulateDevice fills in what go-nvml's mock leaves out or gets wrong for
+// Facet's purposes: identity, PCI location, NUMA, and the absence of MIG on
+// models without it.
+func simulateDevice(dev *server.Device, g MachineGPU) {
+	dev.UUID = g.UUID
+	dev.PciBusID = g.PCIBusID
+	if g.MIGEnabled {
+		dev.MigMode = gonvml.DEVICE_MIG_ENABLE
+	}
+	dev.GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) {
+		var p gonvml.PciInfo
+		p.PciDeviceId = dev.Config.PciDeviceId
+		// NVML reports an 8-digit domain.
+		id := "0000" + g.PCIBusID
+		for i := 0; i < len(id) && i < len(p.BusId)-1; i++ {
+			p.BusId[i] = int8(id[i])
+		}
+		fmt.Sscanf(g.PCIBusID, "%x:%x:%x", &p.Domain, &p.Bus, &p.Device)
+		return p, gonvml.SUCCESS
+	}
+	dev.GetNumaNodeIdFunc = func() (int, gonvml.Return) {
+		if g.NUMANode == nil {
+			return 0, gonvml.ERROR_NOT_SUPPORTED
+		}
+		return *g.NUMANode, gonvml.SUCCESS
+	}
+	if !migCapable(dev.Config) {
+		dev.GetMigModeFunc = func() (int, int, gonvml.Return) {
+			return 0, 0, gonvml.ERROR_NOT_SUPPORTED
+		}
+		dev.SetMigModeFunc = func(int) (gonvml.Return, gonvml.Return) {
+			return gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_NOT_SUPPORTED
+		}
+		dev.GetGpuInstanceProfileInfoFunc = func(int) (gonvml.GpuInstanceProfileInfo, gonvml.Return) {
+			return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
+		}
+	}
+}
+
+// Discover reads the node's driver and GPUs.
+func (l *Library) Discover() (*Node, error) {
+	return discover(l.lib, l.pcieRoot)
+}
+
+// Simulated reports whether this library is a machine-file simulation, and
+// which machine.
+func (l *Library) Simulated() (*Machine, bool) {
+	return l.simulated, l.simulated != nil
+}
+
+// Close shuts NVML down. Safe to call more than once.
+func (l *Library) Close() error {
+	var err error
+	l.closeOnce.Do(func() {
+		err = nvmlError("nvmlShutdown", l.lib.Shutdown())
+	})
+	return err
+}

@@ -1,0 +1,148 @@
+package nvml
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Machine describes a simulated GPU node. It is read from a machine file
+// (YAML), e.g. demo/machines/dgx-h100.yaml:
+//
+//	name: dgx-h100
+//	driverVersion: "550.54.15"
+//	cudaDriverVersion: "12.4"
+//	gpus:
+//	- model: H100-SXM5-80GB
+//	  pciBusID: "0000:18:00.0"
+//	  pcieRoot: pci0000:17
+//	  numaNode: 0
+type Machine struct {
+	// Name identifies the machine; it seeds the GPUs' default UUIDs, so two
+	// machines with the same name and layout have the same UUIDs.
+	Name string `json:"name"`
+	// DriverVersion is the NVIDIA kernel driver version, e.g. "550.54.15".
+	DriverVersion string `json:"driverVersion"`
+	// CUDADriverVersion is "major.minor", e.g. "12.4".
+	CUDADriverVersion string `json:"cudaDriverVersion"`
+	// GPUs in NVML index order.
+	GPUs []MachineGPU `json:"gpus"`
+}
+
+// MachineGPU is one simulated GPU.
+type MachineGPU struct {
+	// Model is one of Models(), e.g. "H100-SXM5-80GB" or "L4".
+	Model string `json:"model"`
+	// UUID overrides the default, which is derived from the machine name
+	// and the GPU's index.
+	UUID string `json:"uuid,omitempty"`
+	// PCIBusID in sysfs form "dddd:bb:dd.f"; default "0000:<index+1>:00.0".
+	PCIBusID string `json:"pciBusID,omitempty"`
+	// PCIeRoot is the root complex the bus ID hangs off, e.g. "pci0000:17";
+	// default "pci<domain>:00".
+	PCIeRoot string `json:"pcieRoot,omitempty"`
+	// NUMANode the GPU is attached to; omitted means unknown.
+	NUMANode *int `json:"numaNode,omitempty"`
+	// MIGEnabled is the GPU's MIG mode at boot (MIG-capable models only).
+	MIGEnabled bool `json:"migEnabled,omitempty"`
+}
+
+var (
+	busIDPattern    = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
+	pcieRootPattern = regexp.MustCompile(`^pci[0-9a-f]{4}:[0-9a-f]{2}$`)
+	versionPattern  = regexp.MustCompile(`^[0-9]+(\.[0-9]+){1,2}$`)
+)
+
+// LoadMachine reads and validates a machine file. Unknown fields are errors.
+func LoadMachine(path string) (*Machine, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read machine file: %w", err)
+	}
+	var m Machine
+	if err := yaml.UnmarshalStrict(data, &m); err != nil {
+		return nil, fmt.Errorf("machine file %s: %w", path, err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("machine file %s: %w", path, err)
+	}
+	return &m, nil
+}
+
+// Validate checks the machine and fills defaults in place. Errors name the
+// offending field, e.g. "gpus[3].model".
+func (m *Machine) Validate() error {
+	if m.Name == "" {
+		return fmt.Errorf("name: required")
+	}
+	if !versionPattern.MatchString(m.DriverVersion) {
+		return fmt.Errorf("driverVersion: %q is not a version like 550.54.15", m.DriverVersion)
+	}
+	if _, err := cudaVersionInt(m.CUDADriverVersion); err != nil {
+		return fmt.Errorf("cudaDriverVersion: %w", err)
+	}
+	if len(m.GPUs) == 0 {
+		return fmt.Errorf("gpus: at least one GPU is required")
+	}
+	seenBus := map[string]int{}
+	seenUUID := map[string]int{}
+	for i := range m.GPUs {
+		g := &m.GPUs[i]
+		field := fmt.Sprintf("gpus[%d]", i)
+		cfg, ok := models[g.Model]
+		if !ok {
+			return fmt.Errorf("%s.model: unknown model %q (known: %s)", field, g.Model, strings.Join(Models(), ", "))
+		}
+		if g.MIGEnabled && !migCapable(cfg) {
+			return fmt.Errorf("%s.migEnabled: model %s does not support MIG", field, g.Model)
+		}
+		if g.PCIBusID == "" {
+			g.PCIBusID = fmt.Sprintf("0000:%02x:00.0", i+1)
+		}
+		if !busIDPattern.MatchString(g.PCIBusID) {
+			return fmt.Errorf("%s.pciBusID: %q is not a lower-case bus ID like 0000:18:00.0", field, g.PCIBusID)
+		}
+		if j, dup := seenBus[g.PCIBusID]; dup {
+			return fmt.Errorf("%s.pciBusID: %s already used by gpus[%d]", field, g.PCIBusID, j)
+		}
+		seenBus[g.PCIBusID] = i
+		if g.PCIeRoot == "" {
+			g.PCIeRoot = "pci" + g.PCIBusID[:4] + ":00"
+		}
+		if !pcieRootPattern.MatchString(g.PCIeRoot) {
+			return fmt.Errorf("%s.pcieRoot: %q is not a root complex like pci0000:00", field, g.PCIeRoot)
+		}
+		if g.NUMANode != nil && *g.NUMANode < 0 {
+			return fmt.Errorf("%s.numaNode: must not be negative", field)
+		}
+		if g.UUID == "" {
+			g.UUID = defaultUUID(m.Name, i)
+		}
+		if !strings.HasPrefix(g.UUID, "GPU-") {
+			return fmt.Errorf("%s.uuid: %q must start with GPU-", field, g.UUID)
+		}
+		if j, dup := seenUUID[g.UUID]; dup {
+			return fmt.Errorf("%s.uuid: %s already used by gpus[%d]", field, g.UUID, j)
+		}
+		seenUUID[g.UUID] = i
+	}
+	return nil
+}
+
+// cudaVersionInt encodes "12.4" the way NVML does: 12040.
+func cudaVersionInt(v string) (int, error) {
+	major, minor, ok := strings.Cut(v, ".")
+	if !ok {
+		return 0, fmt.Errorf("%q is not major.minor", v)
+	}
+	ma, err1 := strconv.Atoi(major)
+	mi, err2 := strconv.Atoi(minor)
+	if err1 != nil || err2 != nil || ma <= 0 || mi < 0 || mi > 99 {
+		return 0, fmt.Errorf("%q is not major.minor", v)
+	}
+	return ma*1000 + mi*10, nil
+}
