@@ -1,0 +1,82 @@
+// Command facetctl is the operator's CLI for Facet.
+//
+//	facetctl slices --machine FILE --node NAME   print the node's ResourceSlices
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/slices"
+)
+
+const usage = `facetctl: Facet's operator CLI
+
+Commands:
+  slices   print, as a YAML stream, the ResourceSlices the kubelet plugin
+           publishes for a node (simulated with --machine, else real NVML)
+
+Run 'facetctl COMMAND -h' for a command's flags.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "slices":
+		err = runSlices(os.Args[2:])
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "facetctl: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "facetctl %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+func runSlices(args []string) error {
+	fs := flag.NewFlagSet("slices", flag.ExitOnError)
+	machine := fs.String("machine", "", "machine file of a simulated node (default: the real NVML of this host)")
+	node := fs.String("node", "", "node name: the pool's name and the slices' nodeName (required)")
+	var modes inventory.ModeFlags
+	modes.Register(fs)
+	fs.Parse(args)
+	if *node == "" {
+		return fmt.Errorf("--node is required")
+	}
+	cfg, err := modes.Config()
+	if err != nil {
+		return err
+	}
+	lib, err := openLibrary(*machine)
+	if err != nil {
+		return err
+	}
+	defer lib.Close()
+	discovered, err := lib.Discover()
+	if err != nil {
+		return err
+	}
+	inv, err := inventory.Build(discovered, cfg)
+	if err != nil {
+		return err
+	}
+	return slices.WriteYAML(os.Stdout, slices.Objects(slices.Resources(inv, *node), *node))
+}
+
+func openLibrary(machine string) (*nvml.Library, error) {
+	if machine != "" {
+		return nvml.OpenMachine(machine)
+	}
+	return nvml.OpenReal("")
+}

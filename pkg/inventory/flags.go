@@ -1,0 +1,69 @@
+package inventory
+
+import (
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// ModeFlags are the command-line flags that choose GPU modes. The plugin
+// and facetctl share them so both read a node the same way.
+type ModeFlags struct {
+	Default string
+	PerGPU  string
+}
+
+// Register adds --mode and --gpu-modes to fs.
+func (f *ModeFlags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&f.Default, "mode", string(ModeExclusive), fmt.Sprintf("mode of every GPU without a --gpu-modes entry, one of %v", Modes))
+	fs.StringVar(&f.PerGPU, "gpu-modes", "", `per-GPU modes by NVML index, e.g. "0-3=mig,4-7=exclusive"`)
+}
+
+// Config parses the flags. Errors name the flag and the bad entry.
+func (f *ModeFlags) Config() (Config, error) {
+	def, err := ParseMode(f.Default)
+	if err != nil {
+		return Config{}, fmt.Errorf("--mode: %w", err)
+	}
+	per, err := ParsePerGPUModes(f.PerGPU)
+	if err != nil {
+		return Config{}, fmt.Errorf("--gpu-modes: %w", err)
+	}
+	return Config{DefaultMode: def, PerGPU: per}, nil
+}
+
+// ParsePerGPUModes parses "0-3=mig,4=exclusive,5-7=shared".
+func ParsePerGPUModes(s string) (map[int]Mode, error) {
+	out := map[int]Mode{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	for _, entry := range strings.Split(s, ",") {
+		rng, name, ok := strings.Cut(strings.TrimSpace(entry), "=")
+		if !ok {
+			return nil, fmt.Errorf("%q: want INDEX[-INDEX]=MODE", entry)
+		}
+		mode, err := ParseMode(name)
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", entry, err)
+		}
+		lo, hi, isRange := strings.Cut(rng, "-")
+		first, err1 := strconv.Atoi(lo)
+		last := first
+		var err2 error
+		if isRange {
+			last, err2 = strconv.Atoi(hi)
+		}
+		if err1 != nil || err2 != nil || first < 0 || last < first {
+			return nil, fmt.Errorf("%q: %q is not an index or range like 0-3", entry, rng)
+		}
+		for i := first; i <= last; i++ {
+			if prev, dup := out[i]; dup {
+				return nil, fmt.Errorf("%q: GPU %d already set to %s", entry, i, prev)
+			}
+			out[i] = mode
+		}
+	}
+	return out, nil
+}

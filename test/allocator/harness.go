@@ -1,0 +1,209 @@
+// Package allocator runs Facet's slices and DeviceClasses through the
+// upstream structured allocator (k8s.io/dynamic-resource-allocation/structured),
+// the same code the kube-scheduler runs, so that what the slice model claims
+// is checked against Kubernetes rather than against assumptions.
+package allocator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+	"sigs.k8s.io/yaml"
+)
+
+// Features are the DRA features of a Kubernetes 1.35 cluster with Facet's
+// gates on (partitionable devices and consumable capacity are alpha there).
+var Features = structured.Features{
+	PrioritizedList:        true,
+	DeviceBindingAndStatus: true,
+	AdminAccess:            true,
+	PartitionableDevices:   true,
+	ConsumableCapacity:     true,
+}
+
+// Cluster is a set of nodes' slices, DeviceClasses and the allocations made
+// so far.
+type Cluster struct {
+	Slices  []*resourceapi.ResourceSlice
+	Classes map[string]*resourceapi.DeviceClass
+	state   structured.AllocatedState
+	cache   *cel.Cache
+}
+
+// NewCluster starts with nothing allocated.
+func NewCluster(slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass) *Cluster {
+	c := &Cluster{
+		Slices:  slices,
+		Classes: map[string]*resourceapi.DeviceClass{},
+		state: structured.AllocatedState{
+			AllocatedDevices:         sets.New[structured.DeviceID](),
+			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+		},
+		cache: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}),
+	}
+	for _, cl := range classes {
+		c.Classes[cl.Name] = cl
+	}
+	return c
+}
+
+// List and Get make Cluster a structured.DeviceClassLister.
+func (c *Cluster) List() ([]*resourceapi.DeviceClass, error) {
+	var out []*resourceapi.DeviceClass
+	for _, cl := range c.Classes {
+		out = append(out, cl)
+	}
+	return out, nil
+}
+
+func (c *Cluster) Get(name string) (*resourceapi.DeviceClass, error) {
+	cl, ok := c.Classes[name]
+	if !ok {
+		return nil, fmt.Errorf("DeviceClass %s not found", name)
+	}
+	return cl, nil
+}
+
+// Allocate asks the upstream allocator to place claim on node, as the
+// scheduler's DRA plugin would. It returns nil, nil when the claim does not
+// fit. A successful allocation is recorded, so later claims see it.
+func (c *Cluster) Allocate(ctx context.Context, node string, claim *resourceapi.ResourceClaim) (*resourceapi.AllocationResult, error) {
+	a, err := structured.NewAllocator(ctx, Features, c.state, c, c.Slices, c.cache)
+	if err != nil {
+		return nil, err
+	}
+	defaultClaim(claim)
+	results, err := a.Allocate(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, []*resourceapi.ResourceClaim{claim})
+	if err != nil || len(results) == 0 {
+		return nil, err
+	}
+	res := &results[0]
+	c.Record(res)
+	return res, nil
+}
+
+// Record marks an allocation's devices and consumed capacity as in use.
+func (c *Cluster) Record(res *resourceapi.AllocationResult) {
+	for _, r := range res.Devices.Results {
+		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+		if r.ShareID == nil {
+			c.state.AllocatedDevices.Insert(id)
+			continue
+		}
+		c.state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
+		if r.ConsumedCapacity != nil {
+			c.state.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
+		}
+	}
+}
+
+// Devices lists the device names of an allocation, in result order.
+func Devices(res *resourceapi.AllocationResult) []string {
+	if res == nil {
+		return nil
+	}
+	var out []string
+	for _, r := range res.Devices.Results {
+		out = append(out, r.Device)
+	}
+	return out
+}
+
+// ReadObjects decodes a YAML stream (as facetctl prints or a manifest file
+// holds) into typed objects: ResourceSlices, DeviceClasses and
+// ResourceClaims. Other kinds are skipped.
+func ReadObjects(r io.Reader) (slices []*resourceapi.ResourceSlice, classes []*resourceapi.DeviceClass, claims []*resourceapi.ResourceClaim, err error) {
+	dec := utilyaml.NewYAMLReader(bufioReader(r))
+	for {
+		doc, err := dec.Read()
+		if errors.Is(err, io.EOF) {
+			return slices, classes, claims, nil
+		}
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			return nil, nil, nil, err
+		}
+		switch meta.Kind {
+		case "ResourceSlice":
+			var o resourceapi.ResourceSlice
+			err = yaml.UnmarshalStrict(doc, &o)
+			slices = append(slices, &o)
+		case "DeviceClass":
+			var o resourceapi.DeviceClass
+			err = yaml.UnmarshalStrict(doc, &o)
+			classes = append(classes, &o)
+		case "ResourceClaim":
+			var o resourceapi.ResourceClaim
+			err = yaml.UnmarshalStrict(doc, &o)
+			if o.UID == "" {
+				o.UID = types.UID("uid-" + o.Name)
+			}
+			claims = append(claims, &o)
+		case "ResourceClaimTemplate":
+			// The claim the resourceclaim controller would create from it.
+			var o resourceapi.ResourceClaimTemplate
+			err = yaml.UnmarshalStrict(doc, &o)
+			claims = append(claims, &resourceapi.ResourceClaim{
+				ObjectMeta: metav1.ObjectMeta{Name: o.Name, Namespace: o.Namespace, UID: types.UID("uid-" + o.Name)},
+				Spec:       o.Spec.Spec,
+			})
+		}
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("%s: %w", meta.Kind, err)
+		}
+	}
+}
+
+// defaultClaim applies the apiserver's defaults for device requests
+// (pkg/apis/resource/v1/defaults.go: allocationMode ExactCount, count 1),
+// which a claim read from a file has not been through.
+func defaultClaim(c *resourceapi.ResourceClaim) {
+	def := func(r *resourceapi.ExactDeviceRequest) {
+		if r.AllocationMode == "" {
+			r.AllocationMode = resourceapi.DeviceAllocationModeExactCount
+		}
+		if r.AllocationMode == resourceapi.DeviceAllocationModeExactCount && r.Count == 0 {
+			r.Count = 1
+		}
+	}
+	for i := range c.Spec.Devices.Requests {
+		r := &c.Spec.Devices.Requests[i]
+		if r.Exactly != nil {
+			def(r.Exactly)
+		}
+		for j := range r.FirstAvailable {
+			sub := &r.FirstAvailable[j]
+			if sub.AllocationMode == "" {
+				sub.AllocationMode = resourceapi.DeviceAllocationModeExactCount
+			}
+			if sub.AllocationMode == resourceapi.DeviceAllocationModeExactCount && sub.Count == 0 {
+				sub.Count = 1
+			}
+		}
+	}
+}
+
+// ReadFile is ReadObjects on a file.
+func ReadFile(path string) ([]*resourceapi.ResourceSlice, []*resourceapi.DeviceClass, []*resourceapi.ResourceClaim, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return ReadObjects(bytes.NewReader(data))
+}

@@ -1,0 +1,151 @@
+package allocator
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+var facetctl string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "facetctl")
+	if err != nil {
+		panic(err)
+	}
+	facetctl = filepath.Join(dir, "facetctl")
+	build := exec.Command("go", "build", "-o", facetctl, "github.com/facet-gpu/facet/cmd/facetctl")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build facetctl:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const repo = "../.."
+
+// nodeSlices runs `facetctl slices` for a machine file, as an operator would.
+func nodeSlices(t testing.TB, machine, node string, args ...string) []*resourceapi.ResourceSlice {
+	t.Helper()
+	cmd := exec.Command(facetctl, append([]string{"slices", "--machine", filepath.Join(repo, "demo/machines", machine+".yaml"), "--node", node}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("facetctl slices %s: %v\n%s", machine, err, stderr.String())
+	}
+	slices, _, _, err := ReadObjects(bytes.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices
+}
+
+func deviceClasses(t testing.TB) []*resourceapi.DeviceClass {
+	t.Helper()
+	_, classes, _, err := ReadFile(filepath.Join(repo, "deployments/deviceclasses.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return classes
+}
+
+func demoClaim(t testing.TB, file string) *resourceapi.ResourceClaim {
+	t.Helper()
+	_, _, claims, err := ReadFile(filepath.Join(repo, "demo", file))
+	if err != nil || len(claims) != 1 {
+		t.Fatalf("%s: %d claims, %v", file, len(claims), err)
+	}
+	return claims[0]
+}
+
+func gpuClaim(name string, count int64, selectors ...string) *resourceapi.ResourceClaim {
+	req := resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.facet.dev", Count: count, AllocationMode: resourceapi.DeviceAllocationModeExactCount}
+	for _, s := range selectors {
+		req.Selectors = append(req.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: s}})
+	}
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metaName(name),
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &req}},
+		}},
+	}
+}
+
+// TestWholeGPUClaims allocates claims one after another on one node and
+// checks where each lands, or that it does not fit.
+func TestWholeGPUClaims(t *testing.T) {
+	type step struct {
+		claim *resourceapi.ResourceClaim
+		want  []string // nil: must not fit
+	}
+	for _, tc := range []struct {
+		name    string
+		machine string
+		steps   []step
+	}{
+		{"demo claims on a DGX H100", "dgx-h100", []step{
+			{demoClaim(t, "gpu/one-gpu.yaml"), []string{"gpu-0"}},
+			// gpu-1 is free but shares no PCIe root with gpu-2: the
+			// matchAttribute constraint moves the pair to gpu-2 and gpu-3.
+			{demoClaim(t, "gpu/two-gpus.yaml"), []string{"gpu-2", "gpu-3"}},
+			{gpuClaim("rest", 4), []string{"gpu-1", "gpu-4", "gpu-5", "gpu-6"}},
+			{gpuClaim("last", 1), []string{"gpu-7"}},
+			{gpuClaim("none-left", 1), nil},
+		}},
+		{"more GPUs than the node has", "dgx-h100", []step{
+			{gpuClaim("nine", 9), nil},
+			{gpuClaim("eight", 8), []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"}},
+		}},
+		{"selectors on attributes and capacity", "l4x4", []step{
+			{gpuClaim("hopper", 1, `device.attributes["gpu.facet.dev"].architecture == "hopper"`), nil},
+			{gpuClaim("40g", 1, `device.capacity["gpu.facet.dev"].memory.compareTo(quantity("40Gi")) >= 0`), nil},
+			{gpuClaim("l4", 1, `device.attributes["gpu.facet.dev"].productName == "NVIDIA L4"`), []string{"gpu-0"}},
+			{gpuClaim("numa1", 1, `device.attributes["gpu.facet.dev"].numaNode == 1`), []string{"gpu-2"}},
+			{gpuClaim("cc", 1, `device.attributes["gpu.facet.dev"].cudaComputeCapability.isGreaterThan(semver("8.0.0"))`), []string{"gpu-1"}},
+			{gpuClaim("uuid", 1, `device.attributes["gpu.facet.dev"].uuid.startsWith("GPU-")`), []string{"gpu-3"}},
+		}},
+		{"80 GB on an H100 node", "dgx-h100", []step{
+			{gpuClaim("80g", 1, `device.capacity["gpu.facet.dev"].memory.compareTo(quantity("80Gi")) >= 0`, `device.attributes["gpu.facet.dev"].driverVersion.isGreaterThan(semver("535.0.0"))`), []string{"gpu-0"}},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewCluster(nodeSlices(t, tc.machine, "node-a"), deviceClasses(t))
+			for i, s := range tc.steps {
+				res, err := c.Allocate(context.Background(), "node-a", s.claim)
+				if err != nil {
+					t.Fatalf("step %d (%s): %v", i, s.claim.Name, err)
+				}
+				if got := Devices(res); !reflect.DeepEqual(got, s.want) {
+					t.Fatalf("step %d (%s): allocated %v, want %v", i, s.claim.Name, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// TestSlicesBelongToTheirNode: a node's devices are never offered to another.
+func TestSlicesBelongToTheirNode(t *testing.T) {
+	c := NewCluster(nodeSlices(t, "dgx-h100", "node-a"), deviceClasses(t))
+	res, err := c.Allocate(context.Background(), "node-b", gpuClaim("elsewhere", 1))
+	if err != nil || res != nil {
+		t.Fatalf("allocated on the wrong node: %v %v", Devices(res), err)
+	}
+}
+
+func metaName(name string) (m metav1.ObjectMeta) {
+	m.Name, m.Namespace, m.UID = name, "default", types.UID("uid-"+name)
+	return m
+}
