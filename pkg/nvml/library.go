@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/google/uuid"
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/google/uuid"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 )
 

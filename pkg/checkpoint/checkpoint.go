@@ -1,0 +1,237 @@
+// Package checkpoint records which ResourceClaims the plugin has prepared,
+// so that prepare and unprepare stay idempotent across plugin restarts,
+// upgrades and reboots.
+//
+// Each claim has a file of its own, <dir>/<claimUID>.json, holding a version,
+// a SHA-256 checksum and the claim's record. A file is replaced atomically
+// (write a temp file, fsync, rename, fsync the directory), so a crash leaves
+// either the old record or the new one. Because records are separate, a
+// corrupt file fails only its own claim: the others load, and the plugin
+// starts.
+package checkpoint
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Version is the record format written by this build. Older versions are
+// read and upgraded in place on the next write; newer ones are refused
+// rather than misread.
+const Version = 1
+
+// State is how far preparing a claim got.
+type State string
+
+const (
+	// StatePreparing: devices are reserved and side effects (CDI spec, MIG
+	// instances) may exist. A restart finds it and rolls it back.
+	StatePreparing State = "Preparing"
+	// StatePrepared: the CDI spec is written and the kubelet was (or will
+	// be) told the CDI device IDs.
+	StatePrepared State = "Prepared"
+)
+
+// Claim is the record of one prepared claim.
+type Claim struct {
+	UID       types.UID `json:"uid"`
+	Namespace string    `json:"namespace"`
+	Name      string    `json:"name"`
+	State     State     `json:"state"`
+	// CDISpec is the file name of the claim's CDI spec in the CDI directory.
+	CDISpec string `json:"cdiSpec,omitempty"`
+	// Devices are the claim's devices from this driver, in allocation order.
+	Devices []Device `json:"devices"`
+}
+
+// Device is one allocated device as prepared.
+type Device struct {
+	// Requests are the claim's request names the device was allocated for.
+	Requests []string `json:"requests"`
+	Pool     string   `json:"pool"`
+	// Device is the DRA device name, e.g. "gpu-3".
+	Device string `json:"device"`
+	// ShareID is set for a share of a multi-allocatable device.
+	ShareID *types.UID `json:"shareID,omitempty"`
+	// GPUUUID is the physical GPU's UUID, recorded so that a changed
+	// inventory (a GPU swapped or re-indexed) is detected, not trusted.
+	GPUUUID string `json:"gpuUUID"`
+	// CDIDeviceIDs returned to the kubelet, e.g. "gpu.facet.dev/claim=<uid>-gpu-3".
+	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+}
+
+// ErrCorrupt marks a record that cannot be trusted.
+var ErrCorrupt = errors.New("corrupt checkpoint")
+
+type envelope struct {
+	Version  int             `json:"version"`
+	Checksum string          `json:"checksum"`
+	Claim    json.RawMessage `json:"claim"`
+}
+
+// Store is a directory of claim records. It is safe for concurrent use on
+// different claims; callers serialise work on one claim.
+type Store struct {
+	dir string
+}
+
+// Open creates dir (0700) if needed.
+func Open(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("checkpoint directory: %w", err)
+	}
+	return &Store{dir: dir}, nil
+}
+
+// Dir is the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+func (s *Store) path(uid types.UID) string {
+	return filepath.Join(s.dir, string(uid)+".json")
+}
+
+// Get returns the record of uid, nil if there is none, or an error wrapping
+// ErrCorrupt that names the file.
+func (s *Store) Get(uid types.UID) (*Claim, error) {
+	data, err := os.ReadFile(s.path(uid))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint of claim %s: %w", uid, err)
+	}
+	c, err := decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint %s: %w", s.path(uid), err)
+	}
+	if c.UID != uid {
+		return nil, fmt.Errorf("checkpoint %s: %w: it records claim %s", s.path(uid), ErrCorrupt, c.UID)
+	}
+	return c, nil
+}
+
+func decode(data []byte) (*Claim, error) {
+	var env envelope
+	if err := json.Unmarshal(data, &env); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if env.Version < 1 || env.Version > Version {
+		return nil, fmt.Errorf("%w: version %d, this build reads 1 to %d", ErrCorrupt, env.Version, Version)
+	}
+	if sum := checksum(env.Claim); sum != env.Checksum {
+		return nil, fmt.Errorf("%w: checksum %s does not match content (%s)", ErrCorrupt, env.Checksum, sum)
+	}
+	var c Claim
+	dec := json.NewDecoder(bytes.NewReader(env.Claim))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return &c, nil
+}
+
+// checksum hashes the compact form of a record, so indentation added when
+// the envelope is written does not change it.
+func checksum(b []byte) string {
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, b); err == nil {
+		b = compact.Bytes()
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// Put replaces the record of c.UID atomically and durably.
+func (s *Store) Put(c *Claim) error {
+	body, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(envelope{Version: Version, Checksum: checksum(body), Claim: body}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(s.dir, filepath.Base(s.path(c.UID)), data); err != nil {
+		return fmt.Errorf("write checkpoint of claim %s/%s (%s): %w", c.Namespace, c.Name, c.UID, err)
+	}
+	return nil
+}
+
+// Delete removes the record of uid; a missing record is not an error.
+func (s *Store) Delete(uid types.UID) error {
+	if err := os.Remove(s.path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
+	}
+	return syncDir(s.dir)
+}
+
+// List loads every record. Records that cannot be read are returned in
+// corrupt, keyed by the claim UID of their file name, and do not stop the
+// others from loading. Leftover temp files from a crash are removed.
+func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list checkpoints: %w", err)
+	}
+	corrupt = map[types.UID]error{}
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".tmp-") {
+			os.Remove(filepath.Join(s.dir, name))
+			continue
+		}
+		uid, ok := strings.CutSuffix(name, ".json")
+		if !ok || e.IsDir() {
+			continue
+		}
+		c, err := s.Get(types.UID(uid))
+		if err != nil {
+			corrupt[types.UID(uid)] = err
+			continue
+		}
+		claims = append(claims, c)
+	}
+	return claims, corrupt, nil
+}
+
+// writeFileAtomic is write-temp, fsync, rename, fsync-dir.
+func writeFileAtomic(dir, name string, data []byte) error {
+	tmp, err := os.CreateTemp(dir, ".tmp-"+name+"-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

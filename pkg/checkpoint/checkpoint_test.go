@@ -1,0 +1,105 @@
+package checkpoint
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func claim(uid string) *Claim {
+	return &Claim{UID: types.UID(uid), Namespace: "ns", Name: "c-" + uid, State: StatePrepared, CDISpec: "spec.json",
+		Devices: []Device{{Requests: []string{"gpu"}, Pool: "node", Device: "gpu-0", GPUUUID: "GPU-1", CDIDeviceIDs: []string{"gpu.facet.dev/claim=x"}}}}
+}
+
+func TestRoundTripAndDelete(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := s.Get("missing"); c != nil || err != nil {
+		t.Fatalf("missing claim: %v %v", c, err)
+	}
+	want := claim("a")
+	if err := s.Put(want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get("a")
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v %v", got, err)
+	}
+	want.State = StatePreparing
+	if err := s.Put(want); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Get("a"); got.State != StatePreparing {
+		t.Fatalf("overwrite lost: %+v", got)
+	}
+	if err := s.Delete("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete("a"); err != nil {
+		t.Fatalf("second delete: %v", err)
+	}
+	if c, _ := s.Get("a"); c != nil {
+		t.Fatal("deleted claim still there")
+	}
+}
+
+// TestCorruptionIsContained: every kind of damage fails only its own claim.
+func TestCorruptionIsContained(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(data []byte) []byte
+		want   string
+	}{
+		{"truncated", func(d []byte) []byte { return d[:len(d)/2] }, "corrupt checkpoint"},
+		{"empty", func([]byte) []byte { return nil }, "corrupt checkpoint"},
+		{"bit flip in record", func(d []byte) []byte { return []byte(strings.Replace(string(d), "gpu-0", "gpu-9", 1)) }, "checksum"},
+		{"future version", func(d []byte) []byte { return []byte(strings.Replace(string(d), `"version": 1`, `"version": 7`, 1)) }, "version 7"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s, _ := Open(dir)
+			for _, uid := range []string{"good1", "bad", "good2"} {
+				if err := s.Put(claim(uid)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			path := filepath.Join(dir, "bad.json")
+			data, _ := os.ReadFile(path)
+			os.WriteFile(path, tc.damage(data), 0o600)
+			// A temp file left by a crash mid-write is swept, not loaded.
+			os.WriteFile(filepath.Join(dir, ".tmp-good1.json-123"), []byte("{"), 0o600)
+
+			_, err := s.Get("bad")
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("Get(bad) = %v, want ErrCorrupt naming %s and %q", err, path, tc.want)
+			}
+			claims, corrupt, err := s.List()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(claims) != 2 || len(corrupt) != 1 || corrupt["bad"] == nil {
+				t.Fatalf("List: %d good, corrupt %v", len(claims), corrupt)
+			}
+			if _, err := os.Stat(filepath.Join(dir, ".tmp-good1.json-123")); !os.IsNotExist(err) {
+				t.Fatalf("temp file not swept: %v", err)
+			}
+		})
+	}
+}
+
+func TestRecordForAnotherClaimIsCorrupt(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := Open(dir)
+	s.Put(claim("a"))
+	os.Rename(filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json"))
+	if _, err := s.Get("b"); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("got %v", err)
+	}
+}
