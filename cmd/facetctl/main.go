@@ -19,6 +19,10 @@ Commands:
   slices   print, as a YAML stream, the ResourceSlices the kubelet plugin
            publishes for a node (simulated with --machine, else real NVML)
 
+  sim-driver-root
+           lay out a simulated NVIDIA driver root (libraries, binaries,
+           device nodes) for a machine file, for demos and tests
+
 Run 'facetctl COMMAND -h' for a command's flags.
 `
 
@@ -31,6 +35,8 @@ func main() {
 	switch os.Args[1] {
 	case "slices":
 		err = runSlices(os.Args[2:])
+	case "sim-driver-root":
+		err = runSimDriverRoot(os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
@@ -79,4 +85,32 @@ func openLibrary(machine string) (*nvml.Library, error) {
 		return nvml.OpenMachine(machine)
 	}
 	return nvml.OpenReal("")
+}
+
+func runSimDriverRoot(args []string) error {
+	fs := flag.NewFlagSet("sim-driver-root", flag.ExitOnError)
+	machine := fs.String("machine", "", "machine file (required)")
+	root := fs.String("root", "", "directory to lay the driver root out in (required); re-running converges it")
+	fs.Parse(args)
+	if *machine == "" || *root == "" {
+		return fmt.Errorf("--machine and --root are required")
+	}
+	lib, err := nvml.OpenMachine(*machine)
+	if err != nil {
+		return err
+	}
+	defer lib.Close()
+	node, err := lib.Discover()
+	if err != nil {
+		return err
+	}
+	minors := make([]int, 0, len(node.GPUs))
+	for _, g := range node.GPUs {
+		minors = append(minors, g.Minor)
+	}
+	if err := nvml.LayoutDriverRoot(*root, node.DriverVersion, minors); err != nil {
+		return err
+	}
+	fmt.Printf("simulated driver %s root for %d GPUs at %s\n", node.DriverVersion, len(minors), *root)
+	return nil
 }

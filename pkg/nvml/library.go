@@ -115,6 +115,8 @@ func simulateDevice(dev *server.Device, g MachineGPU) {
 		fmt.Sscanf(g.PCIBusID, "%x:%x:%x", &p.Domain, &p.Bus, &p.Device)
 		return p, gonvml.SUCCESS
 	}
+	// nvcdi asks every handle whether it is a MIG device.
+	dev.IsMigDeviceHandleFunc = func() (bool, gonvml.Return) { return false, gonvml.SUCCESS }
 	dev.GetNumaNodeIdFunc = func() (int, gonvml.Return) {
 		if g.NUMANode == nil {
 			return 0, gonvml.ERROR_NOT_SUPPORTED

@@ -1,0 +1,42 @@
+# Facet: the two commands a fresh machine needs are `make demo` and `make test`.
+SHELL := /bin/bash
+GO ?= go
+# go-nvml's cgo bindings use NVML calls NVIDIA marked deprecated; the
+# warnings are theirs, not ours.
+export CGO_CFLAGS ?= -Wno-deprecated-declarations
+BIN := $(CURDIR)/bin
+RUN_DIR ?= /tmp/facet-run
+
+.PHONY: all build test unit e2e demo demo-down bench clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+	cd hack/tools/cdihook && $(GO) build -o $(BIN)/nvidia-cdi-hook github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
+
+## test: unit tests, allocator tests and end-to-end tests on a real node
+test: unit e2e
+
+## unit: everything that needs no cluster (NVML simulated, upstream allocator)
+unit:
+	$(GO) vet ./...
+	$(GO) test ./pkg/... ./cmd/... ./test/allocator/...
+
+## e2e: start a real Kubernetes 1.35 node with containerd and run test/e2e
+e2e: build
+	hack/e2e.sh
+
+## demo: the main job on a simulated DGX H100 node; the node stays up
+demo: build
+	hack/demo.sh
+
+## demo-down: stop the demo node
+demo-down:
+	RUN_DIR=$(RUN_DIR) hack/cluster/down.sh
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./pkg/... ./test/allocator/...
+
+clean:
+	rm -rf $(BIN)

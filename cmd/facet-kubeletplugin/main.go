@@ -1,0 +1,186 @@
+// Command facet-kubeletplugin is Facet's DRA kubelet plugin, run as a
+// DaemonSet on every GPU node (or by hand against a simulated machine).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/facet-gpu/facet/pkg/cdi"
+	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/driver"
+	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/slices"
+)
+
+type flags struct {
+	nodeName     string
+	kubeconfig   string
+	machine      string
+	nvmlLib      string
+	driverRoot   string
+	devRoot      string
+	cdiHook      string
+	cdiDir       string
+	stateDir     string
+	registrarDir string
+	pluginsDir   string
+	modes        inventory.ModeFlags
+}
+
+func main() {
+	var f flags
+	fs := flag.NewFlagSet("facet-kubeletplugin", flag.ExitOnError)
+	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name: the pool's name (env NODE_NAME)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
+	fs.StringVar(&f.machine, "machine", "", "simulate the node described by this machine file instead of loading NVML")
+	fs.StringVar(&f.nvmlLib, "nvml-library", "", "path of libnvidia-ml.so.1 (default: the loader's search path)")
+	fs.StringVar(&f.driverRoot, "driver-root", "/", "host path of the NVIDIA driver's files (/run/nvidia/driver with the GPU Operator)")
+	fs.StringVar(&f.devRoot, "dev-root", "", "host path whose dev/ holds the NVIDIA device nodes (default: --driver-root)")
+	fs.StringVar(&f.cdiHook, "nvidia-cdi-hook", "/usr/bin/nvidia-cdi-hook", "host path of nvidia-cdi-hook, referenced by the CDI specs' hooks")
+	fs.StringVar(&f.cdiDir, "cdi-dir", "/var/run/cdi", "CDI spec directory the container runtime reads")
+	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/facet", "directory of the prepared-claims checkpoint")
+	fs.StringVar(&f.registrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet's plugin registration directory")
+	fs.StringVar(&f.pluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet's plugins directory; the socket goes in <dir>/"+inventory.DriverName)
+	f.modes.Register(fs)
+	klog.InitFlags(fs)
+	fs.Parse(os.Args[1:])
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	ctx = klog.NewContext(ctx, klog.Background())
+	if err := run(ctx, f); err != nil {
+		klog.FromContext(ctx).Error(err, "facet-kubeletplugin failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, f flags) error {
+	start := time.Now()
+	logger := klog.FromContext(ctx)
+	if f.nodeName == "" {
+		return errors.New("--node-name (or NODE_NAME) is required")
+	}
+	cfg, err := f.modes.Config()
+	if err != nil {
+		return err
+	}
+	var lib *nvml.Library
+	if f.machine != "" {
+		lib, err = nvml.OpenMachine(f.machine)
+	} else {
+		lib, err = nvml.OpenReal(f.nvmlLib)
+	}
+	if err != nil {
+		return err
+	}
+	defer lib.Close()
+	node, err := lib.Discover()
+	if err != nil {
+		return fmt.Errorf("discover GPUs: %w", err)
+	}
+	inv, err := inventory.Build(node, cfg)
+	if err != nil {
+		return err
+	}
+	for _, g := range inv.GPUs {
+		logger.Info("GPU", "index", g.Index, "uuid", g.UUID, "product", g.ProductName, "mode", g.Mode, "migCapable", g.MIGCapable)
+	}
+	logger.Info("Discovered node", "simulated", f.machine != "", "gpus", len(inv.GPUs), "driverVersion", inv.DriverVersion, "cudaDriverVersion", inv.CUDADriverVersion)
+
+	editor, err := lib.DriverEditor(nvml.DriverEditorOptions{DriverRoot: f.driverRoot, DevRoot: f.devRoot, NvidiaCDIHookPath: f.cdiHook})
+	if err != nil {
+		return err
+	}
+	store, err := checkpoint.Open(filepath.Join(f.stateDir, "claims"))
+	if err != nil {
+		return err
+	}
+	writer, err := cdi.NewWriter(f.cdiDir)
+	if err != nil {
+		return err
+	}
+	drv, err := driver.New(ctx, driver.Options{NodeName: f.nodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor})
+	if err != nil {
+		return err
+	}
+
+	client, err := kubeClient(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	pluginDir := filepath.Join(f.pluginsDir, inventory.DriverName)
+	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
+		return err
+	}
+	helper, err := kubeletplugin.Start(ctx, drv,
+		kubeletplugin.DriverName(inventory.DriverName),
+		kubeletplugin.NodeName(f.nodeName),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.RegistrarDirectoryPath(f.registrarDir),
+		kubeletplugin.PluginDataDirectoryPath(pluginDir),
+		// Claims on different GPUs must not wait for each other; the
+		// driver serialises per claim and per device itself.
+		kubeletplugin.Serialize(false),
+	)
+	if err != nil {
+		return fmt.Errorf("start kubelet plugin: %w", err)
+	}
+	defer helper.Stop()
+
+	res := slices.Resources(inv, f.nodeName)
+	if err := helper.PublishResources(ctx, res); err != nil {
+		return fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	want := len(res.Pools[f.nodeName].Slices)
+	go reportPublished(ctx, client, f.nodeName, want, start)
+
+	<-ctx.Done()
+	logger.Info("Shutting down")
+	return nil
+}
+
+// reportPublished logs when the API server holds all of this node's slices,
+// the plugin's time-to-ready as a scheduler sees it.
+func reportPublished(ctx context.Context, client kubernetes.Interface, node string, want int, start time.Time) {
+	sel := fields.Set{"spec.driver": inventory.DriverName, "spec.nodeName": node}.AsSelector().String()
+	for ctx.Err() == nil {
+		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err == nil && len(list.Items) >= want {
+			klog.FromContext(ctx).Info("ResourceSlices published", "slices", len(list.Items), "sinceStart", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kube client configuration: %w", err)
+	}
+	return kubernetes.NewForConfig(cfg)
+}

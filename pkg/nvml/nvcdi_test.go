@@ -1,0 +1,886 @@
+package nvml
+
+import (
+	"bufio"
+	"bytes"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+// The mocks' driver version (dgxa100 and dgxh100 alike).
+const mockDriverVersion = "550.54.15"
+
+// simNode is a go-nvml mock server prepared for nvcdi, with a simulated
+// driver root laid out for its GPUs.
+type simNode struct {
+	srv  *server.Server
+	root string
+}
+
+func (n *simNode) gpu(i int) *server.Device { return n.srv.Devices[i].(*server.Device) }
+
+// newSimNode prepares srv for nvcdi (see prepareForNvcdi) and gives it a
+// simulated driver root: shared when not empty (a root laid out by
+// newSharedRoot for the same GPU minors, which the test must not modify),
+// otherwise a fresh one. It skips the test where mknod is not permitted.
+func newSimNode(t *testing.T, srv *server.Server, shared string) *simNode {
+	t.Helper()
+	prepareForNvcdi(srv)
+	if shared != "" {
+		return &simNode{srv: srv, root: shared}
+	}
+	root := t.TempDir()
+	var minors []int
+	for _, d := range srv.Devices {
+		minors = append(minors, d.(*server.Device).Minor)
+	}
+	layoutOrSkip(t, root, srv.DriverVersion, minors)
+	return &simNode{srv: srv, root: root}
+}
+
+// newSharedRoot lays out one driver root for the mocks' eight GPUs (minors
+// 0-7), to share between the cases of a test that leave it alone: a root
+// has over a thousand device nodes, slow to create and delete.
+func newSharedRoot(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	layoutOrSkip(t, root, mockDriverVersion, []int{0, 1, 2, 3, 4, 5, 6, 7})
+	return root
+}
+
+func layoutOrSkip(t *testing.T, root, version string, minors []int) {
+	t.Helper()
+	if err := LayoutDriverRoot(root, version, minors); err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			t.Skipf("creating device nodes is not permitted here (run as root with CAP_MKNOD): %v", err)
+		}
+		t.Fatal(err)
+	}
+}
+
+// prepareForNvcdi sets the NVML functions nvcdi calls that go-nvml's mock
+// server leaves nil (nil ones panic), the way Facet's simulated backend must:
+//
+//   - Device.IsMigDeviceHandle on full GPUs (false) and MIG devices (true);
+//   - Device.GetPciInfo with a BusId (the mock leaves it empty);
+//   - for MIG: Device.GetMaxMigDeviceCount, Device.GetMigDeviceHandleByIndex,
+//     Device.GetGpuInstanceById, GpuInstance.GetComputeInstanceById, and MIG
+//     device handles answering GetUUID, GetGpuInstanceId,
+//     GetComputeInstanceId, GetDeviceHandleFromMigDeviceHandle, GetIndex and
+//     GetAttributes; Interface.DeviceGetHandleByUUID must find MIG UUIDs.
+func prepareForNvcdi(srv *server.Server) {
+	var parents []*server.Device
+	for _, d := range srv.Devices {
+		dev := d.(*server.Device)
+		parents = append(parents, dev)
+		dev.IsMigDeviceHandleFunc = func() (bool, gonvml.Return) { return false, gonvml.SUCCESS }
+		busID := fmt.Sprintf("00000000:%02x:00.0", 0x80+dev.Index)
+		dev.GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) {
+			p := gonvml.PciInfo{PciDeviceId: dev.Config.PciDeviceId}
+			for i := 0; i < len(busID); i++ {
+				p.BusId[i] = int8(busID[i])
+			}
+			return p, gonvml.SUCCESS
+		}
+		dev.GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return 7, gonvml.SUCCESS }
+		dev.GetGpuInstanceByIdFunc = func(id int) (gonvml.GpuInstance, gonvml.Return) {
+			for _, gi := range sortedGIs(dev) {
+				if int(gi.Info.Id) == id {
+					return gi, gonvml.SUCCESS
+				}
+			}
+			return nil, gonvml.ERROR_NOT_FOUND
+		}
+		dev.GetMigDeviceHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+			migs := migDevices(dev)
+			if i < 0 || i >= len(migs) {
+				return nil, gonvml.ERROR_NOT_FOUND
+			}
+			return migs[i], gonvml.SUCCESS
+		}
+		create := dev.CreateGpuInstanceFunc
+		dev.CreateGpuInstanceFunc = func(info *gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstance, gonvml.Return) {
+			gi, ret := create(info)
+			if ret == gonvml.SUCCESS {
+				prepareGI(gi.(*server.GpuInstance))
+			}
+			return gi, ret
+		}
+	}
+	byUUID := srv.DeviceGetHandleByUUIDFunc
+	srv.DeviceGetHandleByUUIDFunc = func(id string) (gonvml.Device, gonvml.Return) {
+		if strings.HasPrefix(id, "MIG-") {
+			for _, p := range parents {
+				for _, m := range migDevices(p) {
+					if u, _ := m.GetUUID(); u == id {
+						return m, gonvml.SUCCESS
+					}
+				}
+			}
+			return nil, gonvml.ERROR_NOT_FOUND
+		}
+		return byUUID(id)
+	}
+}
+
+func prepareGI(gi *server.GpuInstance) {
+	gi.GetComputeInstanceByIdFunc = func(id int) (gonvml.ComputeInstance, gonvml.Return) {
+		gi.RLock()
+		defer gi.RUnlock()
+		for ci := range gi.ComputeInstances {
+			if int(ci.Info.Id) == id {
+				return ci, gonvml.SUCCESS
+			}
+		}
+		return nil, gonvml.ERROR_NOT_FOUND
+	}
+}
+
+func sortedGIs(dev *server.Device) []*server.GpuInstance {
+	dev.RLock()
+	defer dev.RUnlock()
+	var gis []*server.GpuInstance
+	for gi := range dev.GpuInstances {
+		gis = append(gis, gi)
+	}
+	sort.Slice(gis, func(i, j int) bool { return gis[i].Info.Id < gis[j].Info.Id })
+	return gis
+}
+
+// migHandles keeps one MIG device handle per compute instance, as NVML
+// does, so that handles compare equal and record their calls.
+var migHandles sync.Map // *server.ComputeInstance -> *mock.Device
+
+// migDevices returns the MIG device handles of dev, one per compute
+// instance, ordered by GI then CI ID.
+func migDevices(dev *server.Device) []*mock.Device {
+	var out []*mock.Device
+	for _, gi := range sortedGIs(dev) {
+		gi.RLock()
+		var cis []*server.ComputeInstance
+		for ci := range gi.ComputeInstances {
+			cis = append(cis, ci)
+		}
+		gi.RUnlock()
+		sort.Slice(cis, func(i, j int) bool { return cis[i].Info.Id < cis[j].Info.Id })
+		for _, ci := range cis {
+			h, _ := migHandles.LoadOrStore(ci, newMIGHandle(dev, gi, ci))
+			out = append(out, h.(*mock.Device))
+		}
+	}
+	return out
+}
+
+func newMIGHandle(dev *server.Device, gi *server.GpuInstance, ci *server.ComputeInstance) *mock.Device {
+	giID, ciID := int(gi.Info.Id), int(ci.Info.Id)
+	giProfile := dev.Config.MIGProfiles.GpuInstanceProfiles[int(gi.Info.ProfileId)]
+	migUUID := "MIG-" + uuid.NewSHA1(uuid.NameSpaceOID, fmt.Appendf(nil, "%s/%d/%d", dev.UUID, giID, ciID)).String()
+	h := &mock.Device{
+		IsMigDeviceHandleFunc:                  func() (bool, gonvml.Return) { return true, gonvml.SUCCESS },
+		GetUUIDFunc:                            func() (string, gonvml.Return) { return migUUID, gonvml.SUCCESS },
+		GetGpuInstanceIdFunc:                   func() (int, gonvml.Return) { return giID, gonvml.SUCCESS },
+		GetComputeInstanceIdFunc:               func() (int, gonvml.Return) { return ciID, gonvml.SUCCESS },
+		GetDeviceHandleFromMigDeviceHandleFunc: func() (gonvml.Device, gonvml.Return) { return dev, gonvml.SUCCESS },
+		GetAttributesFunc: func() (gonvml.DeviceAttributes, gonvml.Return) {
+			return gonvml.DeviceAttributes{
+				MultiprocessorCount:       giProfile.MultiprocessorCount,
+				GpuInstanceSliceCount:     giProfile.SliceCount,
+				ComputeInstanceSliceCount: giProfile.SliceCount,
+				MemorySizeMB:              giProfile.MemorySizeMB,
+			}, gonvml.SUCCESS
+		},
+	}
+	// The MIG device's position among its parent's MIG devices.
+	h.GetIndexFunc = func() (int, gonvml.Return) {
+		for i, m := range migDevices(dev) {
+			if m == h {
+				return i, gonvml.SUCCESS
+			}
+		}
+		return 0, gonvml.ERROR_NOT_FOUND
+	}
+	return h
+}
+
+// createMIG makes a 1-slice GPU instance and its compute instance on dev,
+// returning their NVML IDs.
+func createMIG(t *testing.T, dev *server.Device) (giID, ciID int) {
+	t.Helper()
+	if ret, _ := dev.SetMigMode(gonvml.DEVICE_MIG_ENABLE); ret != gonvml.SUCCESS {
+		t.Fatalf("SetMigMode: %v", ret)
+	}
+	giInfo, ret := dev.GetGpuInstanceProfileInfo(gonvml.GPU_INSTANCE_PROFILE_1_SLICE)
+	if ret != gonvml.SUCCESS {
+		t.Fatalf("GetGpuInstanceProfileInfo: %v", ret)
+	}
+	gi, ret := dev.CreateGpuInstance(&giInfo)
+	if ret != gonvml.SUCCESS {
+		t.Fatalf("CreateGpuInstance: %v", ret)
+	}
+	ciInfo, ret := gi.GetComputeInstanceProfileInfo(gonvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != gonvml.SUCCESS {
+		t.Fatalf("GetComputeInstanceProfileInfo: %v", ret)
+	}
+	ci, ret := gi.CreateComputeInstance(&ciInfo)
+	if ret != gonvml.SUCCESS {
+		t.Fatalf("CreateComputeInstance: %v", ret)
+	}
+	gii, _ := gi.GetInfo()
+	cii, _ := ci.GetInfo()
+	return int(gii.Id), int(cii.Id)
+}
+
+func newEditor(t *testing.T, n *simNode, opts DriverEditorOptions) *DriverEditor {
+	t.Helper()
+	if opts.DriverRoot == "/" {
+		opts.DriverRoot = n.root + "/"
+	} else {
+		opts.DriverRoot = n.root
+	}
+	e, err := NewDriverEditor(n.srv, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// deviceNodePaths returns the container paths of the edits' device nodes.
+func deviceNodePaths(e *cdispec.ContainerEdits) []string {
+	var paths []string
+	for _, n := range e.DeviceNodes {
+		paths = append(paths, n.Path)
+	}
+	return paths
+}
+
+func TestDriverEditorCommonEdits(t *testing.T) {
+	shared := newSharedRoot(t)
+	for _, tc := range []struct {
+		name      string
+		srv       func() *server.Server
+		opts      DriverEditorOptions
+		breakRoot func(root string) error
+		golden    string
+		wantHooks []string
+		wantErr   string
+	}{
+		{
+			name:      "dgxh100",
+			srv:       dgxh100.New,
+			golden:    "common-edits-" + mockDriverVersion,
+			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
+		},
+		{
+			name:      "dgxa100",
+			srv:       dgxa100.New,
+			golden:    "common-edits-" + mockDriverVersion,
+			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
+		},
+		{
+			name:      "custom hook path, ldcache hook only",
+			srv:       dgxh100.New,
+			opts:      DriverEditorOptions{NvidiaCDIHookPath: "/opt/facet/bin/nvidia-cdi-hook", DisabledHooks: []string{"create-symlinks", "enable-cuda-compat", "disable-device-node-modification"}},
+			wantHooks: []string{"update-ldcache"},
+		},
+		{
+			name: "all hooks disabled",
+			srv:  dgxh100.New,
+			opts: DriverEditorOptions{DisabledHooks: []string{"all"}},
+		},
+		{
+			name:      "root with a trailing slash",
+			srv:       dgxh100.New,
+			opts:      DriverEditorOptions{DriverRoot: "/"}, // replaced by root + "/"
+			golden:    "common-edits-" + mockDriverVersion,
+			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
+		},
+		{
+			name:      "no nvidiactl",
+			srv:       dgxh100.New,
+			breakRoot: func(root string) error { return os.Remove(filepath.Join(root, "dev", "nvidiactl")) },
+			wantErr:   "no /dev/nvidiactl",
+		},
+		{
+			name:      "no driver libraries",
+			srv:       dgxh100.New,
+			breakRoot: func(root string) error { return os.RemoveAll(filepath.Join(root, "usr", "lib")) },
+			wantErr:   "driver root",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := shared
+			if tc.breakRoot != nil {
+				root = ""
+			}
+			n := newSimNode(t, tc.srv(), root)
+			if tc.breakRoot != nil {
+				if err := tc.breakRoot(n.root); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e := newEditor(t, n, tc.opts)
+			edits, err := e.CommonEdits()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), n.root) {
+					t.Fatalf("error %v, want one containing %q and the root %s", err, tc.wantErr, n.root)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ce := edits
+			for _, want := range []string{"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} {
+				found := false
+				for _, d := range ce.DeviceNodes {
+					if d.Path == want {
+						found = true
+						if d.HostPath != filepath.Join(n.root, want) || d.Major != simDeviceMajor || d.Minor != simDeviceMinor {
+							t.Errorf("%s: host path %s, %d:%d", want, d.HostPath, d.Major, d.Minor)
+						}
+					}
+				}
+				if !found {
+					t.Errorf("no device node %s in %v", want, deviceNodePaths(ce))
+				}
+			}
+			libcuda := filepath.Join("/", SimulatedLibraryDir(), "libcuda.so."+mockDriverVersion)
+			found := false
+			for _, m := range ce.Mounts {
+				if m.ContainerPath == libcuda && m.HostPath == filepath.Join(n.root, libcuda) {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("no mount of %s", libcuda)
+			}
+			wantHook := tc.opts.NvidiaCDIHookPath
+			if wantHook == "" {
+				wantHook = DefaultNvidiaCDIHookPath
+			}
+			var hooks []string
+			for _, h := range ce.Hooks {
+				if h.Path != wantHook || len(h.Args) < 2 || h.Args[0] != "nvidia-cdi-hook" {
+					t.Errorf("hook %s %v, want %s", h.Path, h.Args, wantHook)
+					continue
+				}
+				hooks = append(hooks, h.Args[1])
+			}
+			if fmt.Sprint(hooks) != fmt.Sprint(tc.wantHooks) {
+				t.Errorf("hooks %v, want %v", hooks, tc.wantHooks)
+			}
+			if tc.golden != "" {
+				checkGolden(t, tc.golden, ce, n.root)
+			}
+		})
+	}
+}
+
+func TestDriverEditorGPUEdits(t *testing.T) {
+	shared := newSharedRoot(t)
+	for _, tc := range []struct {
+		name      string
+		srv       func() *server.Server
+		gpu       int
+		uuid      func(n *simNode) string
+		breakNode func(n *simNode)
+		freshRoot bool // breakNode changes the root
+		want      []string
+		wantErr   []string
+	}{
+		{name: "dgxh100 GPU 3", srv: dgxh100.New, gpu: 3, want: []string{"/dev/nvidia3"}},
+		{name: "dgxh100 GPU 0", srv: dgxh100.New, gpu: 0, want: []string{"/dev/nvidia0"}},
+		{name: "dgxa100 GPU 7", srv: dgxa100.New, gpu: 7, want: []string{"/dev/nvidia7"}},
+		{
+			name: "minor differs from index",
+			srv:  dgxh100.New,
+			gpu:  2,
+			breakNode: func(n *simNode) {
+				// Swap the minors of GPUs 2 and 5: the node follows the minor.
+				n.gpu(2).Minor, n.gpu(5).Minor = 5, 2
+			},
+			want: []string{"/dev/nvidia5"},
+		},
+		{
+			name:    "unknown UUID",
+			srv:     dgxh100.New,
+			uuid:    func(*simNode) string { return "GPU-00000000-1111-2222-3333-444444444444" },
+			wantErr: []string{"GPU-00000000-1111-2222-3333-444444444444", "driver root"},
+		},
+		{
+			name:    "index instead of UUID",
+			srv:     dgxh100.New,
+			uuid:    func(*simNode) string { return "3" },
+			wantErr: []string{`"3"`, "not a GPU UUID"},
+		},
+		{
+			name:      "device node missing",
+			srv:       dgxh100.New,
+			gpu:       4,
+			freshRoot: true,
+			breakNode: func(n *simNode) {
+				if err := os.Remove(filepath.Join(n.root, "dev", "nvidia4")); err != nil {
+					panic(err)
+				}
+			},
+			wantErr: []string{"no /dev/nvidiaN node"},
+		},
+		{
+			name: "NVML function missing in the simulation",
+			srv:  dgxh100.New,
+			gpu:  1,
+			breakNode: func(n *simNode) {
+				n.gpu(1).GetMinorNumberFunc = nil
+			},
+			wantErr: []string{"nvcdi panicked", "GetMinorNumber"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := shared
+			if tc.freshRoot {
+				root = ""
+			}
+			n := newSimNode(t, tc.srv(), root)
+			if tc.breakNode != nil {
+				tc.breakNode(n)
+			}
+			id := n.gpu(tc.gpu).UUID
+			if tc.uuid != nil {
+				id = tc.uuid(n)
+			}
+			e := newEditor(t, n, DriverEditorOptions{})
+			edits, err := e.GPUEdits(id)
+			if len(tc.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("no error, want %q", tc.wantErr)
+				}
+				for _, s := range append(tc.wantErr, id) {
+					if !strings.Contains(err.Error(), s) {
+						t.Errorf("error %q does not contain %q", err, s)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ce := edits
+			if got := deviceNodePaths(ce); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("device nodes %v, want exactly %v", got, tc.want)
+			}
+			d := ce.DeviceNodes[0]
+			if d.HostPath != filepath.Join(n.root, tc.want[0]) || d.Major != simDeviceMajor || d.Minor != simDeviceMinor || d.Permissions != "rwm" {
+				t.Errorf("device node %+v", *d)
+			}
+			if len(ce.Mounts) != 0 || len(ce.Hooks) != 0 || len(ce.Env) != 0 {
+				t.Errorf("unexpected edits beyond the device node: %+v", *ce)
+			}
+			if err := (&cdiapi.ContainerEdits{ContainerEdits: edits}).Validate(); err != nil {
+				t.Errorf("edits do not validate: %v", err)
+			}
+		})
+	}
+}
+
+// inMountNamespaceEnv marks the re-executed test process that runs in a
+// private mount namespace.
+const inMountNamespaceEnv = "FACET_TEST_PRIVATE_MOUNT_NAMESPACE"
+
+// runInPrivateMountNamespace re-runs the current test in a child process in
+// a new mount namespace and reports whether the caller is that child. nvcdi
+// reads MIG capability minors from /proc/driver/nvidia-caps/mig-minors, so a
+// MIG test binds the simulated table there, which must not touch the host.
+func runInPrivateMountNamespace(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv(inMountNamespaceEnv) == "1" {
+		return true
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), inMountNamespaceEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	out, err := cmd.CombinedOutput()
+	if err != nil && cmd.ProcessState == nil {
+		if errors.Is(err, os.ErrPermission) {
+			t.Skipf("cannot create a mount namespace here (need CAP_SYS_ADMIN): %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Logf("in a private mount namespace:\n%s", out)
+	if err != nil {
+		t.Fatalf("test failed in the private mount namespace: %v", err)
+	}
+	if bytes.Contains(out, []byte("--- SKIP")) && !bytes.Contains(out, []byte("--- PASS")) {
+		t.Skip("skipped in the private mount namespace")
+	}
+	return false
+}
+
+func TestDriverEditorMIGEdits(t *testing.T) {
+	if !runInPrivateMountNamespace(t) {
+		return
+	}
+	// Expected nvidia-caps minors, from the driver's numbering in
+	// /proc/driver/nvidia-caps/mig-minors ("config 1", "monitor 2",
+	// "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4", ..., 9 minors per GPU
+	// instance, 135 per GPU, "gpu31/gi14/ci7/access 4322").
+	for _, tc := range []struct {
+		name    string
+		srv     func() *server.Server
+		gpu     int
+		extraGI int // GPU instances created first, so the tested one has ID extraGI
+		want    []string
+	}{
+		{name: "dgxh100 GPU 3 GI 0 CI 0", srv: dgxh100.New, gpu: 3, want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap408", "/dev/nvidia-caps/nvidia-cap409"}},
+		{name: "dgxh100 GPU 3 GI 2 CI 0", srv: dgxh100.New, gpu: 3, extraGI: 2, want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap426", "/dev/nvidia-caps/nvidia-cap427"}},
+		{name: "dgxa100 GPU 0 GI 0 CI 0", srv: dgxa100.New, gpu: 0, want: []string{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap3", "/dev/nvidia-caps/nvidia-cap4"}},
+		{name: "dgxa100 GPU 7 GI 1 CI 0", srv: dgxa100.New, gpu: 7, extraGI: 1, want: []string{"/dev/nvidia7", "/dev/nvidia-caps/nvidia-cap957", "/dev/nvidia-caps/nvidia-cap958"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newSimNode(t, tc.srv(), "")
+			if err := BindSimulatedProcDriver(n.root); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Unmount("/proc/driver", unix.MNT_DETACH) })
+			dev := n.gpu(tc.gpu)
+			for range tc.extraGI {
+				createMIG(t, dev)
+			}
+			gi, ci := createMIG(t, dev)
+			if gi != tc.extraGI || ci != 0 {
+				t.Fatalf("created GI %d CI %d, want GI %d CI 0", gi, ci, tc.extraGI)
+			}
+			e := newEditor(t, n, DriverEditorOptions{})
+			edits, err := e.MIGEdits(dev.UUID, gi, ci)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ce := edits
+			if got := deviceNodePaths(ce); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("device nodes %v, want %v", got, tc.want)
+			}
+			for _, d := range ce.DeviceNodes {
+				if d.HostPath != filepath.Join(n.root, d.Path) || d.Major != simDeviceMajor || d.Minor != simDeviceMinor {
+					t.Errorf("device node %+v", *d)
+				}
+			}
+			if len(ce.Mounts) != 0 || len(ce.Env) != 0 {
+				t.Errorf("unexpected edits beyond device nodes: %+v", *ce)
+			}
+			if err := (&cdiapi.ContainerEdits{ContainerEdits: edits}).Validate(); err != nil {
+				t.Errorf("edits do not validate: %v", err)
+			}
+
+			// A GI/CI that does not exist.
+			if _, err := e.MIGEdits(dev.UUID, gi, ci+1); err == nil || !strings.Contains(err.Error(), dev.UUID) || !strings.Contains(err.Error(), "no such MIG device") {
+				t.Errorf("missing CI: error %v", err)
+			}
+			// The GI's capability node is missing under the dev root.
+			if err := os.Remove(filepath.Join(n.root, tc.want[1])); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.MIGEdits(dev.UUID, gi, ci); err == nil || !strings.Contains(err.Error(), "nvidia-caps nodes") {
+				t.Errorf("missing caps node: error %v", err)
+			}
+		})
+	}
+}
+
+func TestDriverEditorMIGEditsWithoutMIGMinors(t *testing.T) {
+	if _, err := os.Stat(MIGMinorsPath); err == nil {
+		t.Skipf("%s exists on this host", MIGMinorsPath)
+	}
+	n := newSimNode(t, dgxh100.New(), newSharedRoot(t))
+	dev := n.gpu(3)
+	gi, ci := createMIG(t, dev)
+	_, err := newEditor(t, n, DriverEditorOptions{}).MIGEdits(dev.UUID, gi, ci)
+	if err == nil || !strings.Contains(err.Error(), MIGMinorsPath) || !strings.Contains(err.Error(), dev.UUID) {
+		t.Fatalf("error %v, want one naming %s and the GPU", err, MIGMinorsPath)
+	}
+}
+
+func TestBindSimulatedProcDriverRefusesHostNamespace(t *testing.T) {
+	self, _ := os.Readlink("/proc/self/ns/mnt")
+	pid1, err := os.Readlink("/proc/1/ns/mnt")
+	if err != nil || self != pid1 {
+		t.Skip("not in the host's mount namespace")
+	}
+	root := t.TempDir()
+	layoutOrSkip(t, root, mockDriverVersion, []int{0})
+	if err := BindSimulatedProcDriver(root); err == nil || !strings.Contains(err.Error(), "refusing") {
+		t.Fatalf("error %v, want a refusal", err)
+	}
+}
+
+func TestLayoutDriverRoot(t *testing.T) {
+	root := t.TempDir()
+	minors := []int{0, 3}
+	layoutOrSkip(t, root, mockDriverVersion, minors)
+	// Idempotent, and it repairs: a wrong device node, a wrong symlink, a
+	// modified library, and a library of another version.
+	libDir := filepath.Join(root, SimulatedLibraryDir())
+	stale := filepath.Join(libDir, "libcuda.so.535.104.05")
+	for _, f := range []func() error{
+		func() error { return os.Remove(filepath.Join(root, "dev", "nvidia3")) },
+		func() error { return os.WriteFile(filepath.Join(root, "dev", "nvidiactl"), nil, 0o644) },
+		func() error {
+			os.Remove(filepath.Join(libDir, "libcuda.so.1"))
+			return os.Symlink("nowhere", filepath.Join(libDir, "libcuda.so.1"))
+		},
+		func() error {
+			return os.WriteFile(filepath.Join(libDir, "libnvidia-ml.so."+mockDriverVersion), []byte("x"), 0o755)
+		},
+		func() error { return os.WriteFile(stale, []byte("x"), 0o755) },
+	} {
+		if err := f(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	layoutOrSkip(t, root, mockDriverVersion, minors)
+	layoutOrSkip(t, root, mockDriverVersion, minors)
+	if _, err := os.Lstat(stale); !os.IsNotExist(err) {
+		t.Errorf("stale library of another version kept: %v", err)
+	}
+
+	t.Run("device nodes", func(t *testing.T) {
+		want := map[string]uint32{
+			"dev/nvidiactl": 0o666, "dev/nvidia-uvm": 0o666, "dev/nvidia-uvm-tools": 0o666,
+			"dev/nvidia0": 0o666, "dev/nvidia3": 0o666,
+			"dev/nvidia-caps/nvidia-cap1": 0o400, "dev/nvidia-caps/nvidia-cap2": 0o444,
+			// GPU 0: minors 3-137; GPU 3: 408-542.
+			"dev/nvidia-caps/nvidia-cap3": 0o444, "dev/nvidia-caps/nvidia-cap137": 0o444,
+			"dev/nvidia-caps/nvidia-cap408": 0o444, "dev/nvidia-caps/nvidia-cap542": 0o444,
+		}
+		for rel, mode := range want {
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(root, rel), &st); err != nil {
+				t.Errorf("%s: %v", rel, err)
+				continue
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(uint64(st.Rdev)) != simDeviceMajor || unix.Minor(uint64(st.Rdev)) != simDeviceMinor || st.Mode&0o7777 != mode {
+				t.Errorf("%s: mode %o rdev %d:%d, want char device 1:3 mode %o", rel, st.Mode, unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev)), mode)
+			}
+		}
+		for _, rel := range []string{"dev/nvidia1", "dev/nvidia-caps/nvidia-cap138", "dev/nvidia-caps/nvidia-cap407", "dev/nvidia-caps/nvidia-cap543"} {
+			if _, err := os.Lstat(filepath.Join(root, rel)); !os.IsNotExist(err) {
+				t.Errorf("%s exists", rel)
+			}
+		}
+		// A container opens them like /dev/null.
+		f, err := os.OpenFile(filepath.Join(root, "dev", "nvidia3"), os.O_RDWR, 0)
+		if err != nil {
+			t.Skipf("cannot open device nodes here (nodev mount?): %v", err)
+		}
+		defer f.Close()
+		if n, err := f.Read(make([]byte, 8)); n != 0 {
+			t.Errorf("read %d bytes (%v), want EOF", n, err)
+		}
+	})
+
+	t.Run("libraries", func(t *testing.T) {
+		for _, lib := range simLibraries {
+			file := filepath.Join(libDir, lib.name+".so."+mockDriverVersion)
+			f, err := elf.Open(file)
+			if err != nil {
+				t.Errorf("%s: %v", file, err)
+				continue
+			}
+			sonames, err := f.DynString(elf.DT_SONAME)
+			f.Close()
+			want := lib.soname
+			if want == "" {
+				want = filepath.Base(file)
+			}
+			if err != nil || len(sonames) != 1 || sonames[0] != want {
+				t.Errorf("%s: SONAME %v (%v), want %s", file, sonames, err, want)
+			}
+			if want != filepath.Base(file) {
+				if target, err := os.Readlink(filepath.Join(libDir, want)); err != nil || target != filepath.Base(file) {
+					t.Errorf("%s -> %q (%v)", want, target, err)
+				}
+			}
+			if lib.devLink {
+				if target, err := os.Readlink(filepath.Join(libDir, lib.name+".so")); err != nil || target != want {
+					t.Errorf("%s.so -> %q (%v)", lib.name, target, err)
+				}
+			}
+		}
+	})
+
+	t.Run("binaries and firmware", func(t *testing.T) {
+		for _, rel := range []string{"usr/bin/nvidia-smi", "usr/bin/nvidia-cuda-mps-control"} {
+			fi, err := os.Stat(filepath.Join(root, rel))
+			if err != nil || fi.Mode().Perm() != 0o755 {
+				t.Errorf("%s: %v %v", rel, fi, err)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(root, "lib/firmware/nvidia", mockDriverVersion, "gsp_ga10x.bin")); err != nil {
+			t.Error(err)
+		}
+	})
+
+	t.Run("mig-minors", func(t *testing.T) {
+		f, err := os.Open(filepath.Join(root, "proc/driver/nvidia-caps/mig-minors"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		var lines []string
+		for s := bufio.NewScanner(f); s.Scan(); {
+			lines = append(lines, s.Text())
+		}
+		// The driver's table: 2 + 32 GPUs x 15 GIs x (1 + 8 CIs) lines.
+		if len(lines) != 2+32*15*9 {
+			t.Fatalf("%d lines", len(lines))
+		}
+		for i, want := range map[int]string{
+			0: "config 1", 1: "monitor 2", 2: "gpu0/gi0/access 3", 3: "gpu0/gi0/ci0/access 4",
+			11: "gpu0/gi1/access 12", len(lines) - 1: "gpu31/gi14/ci7/access 4322",
+		} {
+			if lines[i] != want {
+				t.Errorf("line %d: %q, want %q", i, lines[i], want)
+			}
+		}
+	})
+
+	t.Run("invalid arguments", func(t *testing.T) {
+		for _, tc := range []struct {
+			root, version string
+			minors        []int
+		}{
+			{"relative", mockDriverVersion, nil},
+			{root, "", nil},
+			{root, "550", nil},
+			{root, "5*0.1", nil},
+			{root, mockDriverVersion, []int{32}},
+			{root, mockDriverVersion, []int{1, 1}},
+		} {
+			if err := LayoutDriverRoot(tc.root, tc.version, tc.minors); err == nil {
+				t.Errorf("LayoutDriverRoot(%q, %q, %v): no error", tc.root, tc.version, tc.minors)
+			}
+		}
+	})
+}
+
+func TestMIGCapMinors(t *testing.T) {
+	for _, tc := range []struct {
+		gpu, gi, ci    int
+		wantGI, wantCI int
+		wantErr        bool
+	}{
+		{0, 0, 0, 3, 4, false},
+		{0, 0, 7, 3, 11, false},
+		{0, 1, 0, 12, 13, false},
+		{1, 0, 0, 138, 139, false},
+		{31, 14, 7, 4314, 4322, false},
+		{32, 0, 0, 0, 0, true},
+		{0, 15, 0, 0, 0, true},
+		{0, 0, 8, 0, 0, true},
+		{-1, 0, 0, 0, 0, true},
+	} {
+		gi, ci, err := MIGCapMinors(tc.gpu, tc.gi, tc.ci)
+		if (err != nil) != tc.wantErr || gi != tc.wantGI || ci != tc.wantCI {
+			t.Errorf("MIGCapMinors(%d, %d, %d) = %d, %d, %v", tc.gpu, tc.gi, tc.ci, gi, ci, err)
+		}
+	}
+}
+
+// checkGolden compares edits, with the driver root written as $ROOT, with
+// testdata/nvcdi/<name>-<GOARCH>.json, or rewrites it under -update.
+func checkGolden(t *testing.T, name string, edits *cdispec.ContainerEdits, root string) {
+	t.Helper()
+	got, err := json.MarshalIndent(edits, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = append(bytes.ReplaceAll(got, []byte(root), []byte("$ROOT")), '\n')
+	path := filepath.Join("testdata", "nvcdi", name+"-"+runtime.GOARCH+".json")
+	if *updateGolden {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("edits differ from %s (run with -update to accept):\n%s", path, lineDiff(string(want), string(got)))
+	}
+}
+
+// lineDiff lists the lines only in want (-) or only in got (+).
+func lineDiff(want, got string) string {
+	count := map[string]int{}
+	for _, l := range strings.Split(want, "\n") {
+		count[l]++
+	}
+	for _, l := range strings.Split(got, "\n") {
+		count[l]--
+	}
+	var b strings.Builder
+	for _, l := range strings.Split(want, "\n") {
+		if count[l] > 0 {
+			fmt.Fprintf(&b, "- %s\n", l)
+			count[l]--
+		}
+	}
+	for _, l := range strings.Split(got, "\n") {
+		if count[l] < 0 {
+			fmt.Fprintf(&b, "+ %s\n", l)
+			count[l]++
+		}
+	}
+	return b.String()
+}
+
+func TestNewDriverEditorErrors(t *testing.T) {
+	srv := dgxh100.New()
+	prepareForNvcdi(srv)
+	missing := filepath.Join(t.TempDir(), "missing")
+	for _, tc := range []struct {
+		name    string
+		lib     gonvml.Interface
+		opts    DriverEditorOptions
+		wantErr string
+	}{
+		{"no library", nil, DriverEditorOptions{}, "no NVML library"},
+		{"relative driver root", srv, DriverEditorOptions{DriverRoot: "run/nvidia/driver"}, "run/nvidia/driver"},
+		{"relative dev root", srv, DriverEditorOptions{DriverRoot: "/", DevRoot: "dev"}, `"dev"`},
+		{"missing driver root", srv, DriverEditorOptions{DriverRoot: missing}, missing},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewDriverEditor(tc.lib, tc.opts)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
