@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# `make demo`: a real Kubernetes 1.35 node (containerd 2 applying CDI) with
+# Facet's kubelet plugin on a simulated DGX H100, and the demo/ examples
+# running on it. The node stays up; `make demo-down` stops it.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${REPO}"
+export RUN_DIR="${RUN_DIR:-/tmp/facet-run}"
+export RUNTIME=containerd
+MACHINE="${FACET_DEMO_MACHINE:-demo/machines/dgx-h100.yaml}"
+T0=${SECONDS}
+step() { printf '\n\033[1m==> [%3ds] %s\033[0m\n' "$((SECONDS - T0))" "$*"; }
+
+step "Installing missing system packages"
+hack/install-deps.sh
+step "Starting the node (the first run builds Kubernetes v1.35, etcd and containerd from Go modules: ~10 minutes)"
+hack/cluster/up.sh
+# shellcheck disable=SC1091
+source "${RUN_DIR}/env.sh"
+k() { "${FACET_BIN_DIR}/kubectl" "$@"; }
+
+step "Starting facet-kubeletplugin on ${MACHINE}"
+hack/plugin.sh start "${RUN_DIR}" "${MACHINE}"
+for _ in $(seq 120); do
+  n=$(k get resourceslices --field-selector spec.driver=gpu.facet.dev -o name 2>/dev/null | wc -l)
+  [[ "${n}" -gt 0 ]] && break
+  sleep 0.5
+done
+grep -m1 "ResourceSlices published" "${RUN_DIR}/logs/facet-plugin.log" || { echo "no ResourceSlices; plugin log:"; tail -40 "${RUN_DIR}/logs/facet-plugin.log"; exit 1; }
+k get resourceslices -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name'
+
+step "Applying DeviceClasses and the demo/ examples"
+k apply -f deployments/deviceclasses.yaml
+k apply -f demo/gpu/namespace.yaml
+k apply -f demo/gpu/
+pods=(one-gpu two-gpus)
+for p in "${pods[@]}"; do
+  k wait -n facet-demo --for=condition=Ready "pod/${p}" --timeout=180s
+done
+
+for p in "${pods[@]}"; do
+  step "Pod ${p}"
+  claim=$(k get pod -n facet-demo "${p}" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
+  echo "claim ${claim} allocated:"
+  k get resourceclaim -n facet-demo "${claim}" -o jsonpath='{range .status.allocation.devices.results[*]}  {.device} (pool {.pool}, request {.request}){"\n"}{end}'
+  echo "CDI devices the kubelet passed to containerd:"
+  grep -o "gpu.facet.dev/claim=$(k get resourceclaim -n facet-demo "${claim}" -o jsonpath='{.metadata.uid}')-[a-z0-9-]*" \
+    "${FACET_CDI_DIR}"/gpu.facet.dev-claim_*.json | sort -u | sed 's/^.*:/  /'
+  echo "what the container sees:"
+  k exec -n facet-demo "${p}" -- sh -c '
+    echo "  env:";    env | grep -E "^(FACET|NVIDIA|CUDA)" | sort | sed "s/^/    /"
+    echo "  devices:"; ls -l /dev | grep nvidia | sed "s/^/    /"
+    echo "  driver mounts:"; grep -E "nvidia|libcuda" /proc/mounts | cut -d" " -f2 | sed "s/^/    /"
+    echo "  nvidia-smi:"; nvidia-smi 2>&1 | sed "s/^/    /"'
+done
+
+step "Done in $((SECONDS - T0))s. The node stays up:"
+cat <<MSG
+  source ${RUN_DIR}/env.sh
+  kubectl get resourceslices,resourceclaims -A
+  kubectl exec -n facet-demo one-gpu -- env
+  tail -f ${RUN_DIR}/logs/facet-plugin.log
+  bin/facetctl slices --machine ${MACHINE} --node localhost
+Stop it with: make demo-down
+MSG

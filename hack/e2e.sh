@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs test/e2e against a fresh real node (hack/cluster/up.sh), then tears
+# the node down whatever happened.
+#   FACET_E2E_RUNTIME  containerd (default: real containers, CDI applied) | fake
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${REPO}"
+export RUN_DIR="${FACET_E2E_RUN_DIR:-/tmp/facet-e2e}"
+export RUNTIME="${FACET_E2E_RUNTIME:-containerd}"
+
+# The node uses fixed ports, so only one can run per machine.
+if [[ -f /tmp/facet-run/pids/kube-apiserver.pid ]] && kill -0 "$(cat /tmp/facet-run/pids/kube-apiserver.pid)" 2>/dev/null; then
+  echo "e2e: the demo node is running; stop it first with 'make demo-down'" >&2
+  exit 1
+fi
+
+trap 'hack/cluster/down.sh >/dev/null 2>&1 || true' EXIT
+hack/cluster/up.sh
+# shellcheck disable=SC1091
+source "${RUN_DIR}/env.sh"
+hack/sim-node.sh "${RUN_DIR}" demo/machines/dgx-h100.yaml
+go test ./test/e2e/ -count=1 -v -timeout 30m
