@@ -43,9 +43,10 @@ for p in "${pods[@]}"; do
   claim=$(k get pod -n facet-demo "${p}" -o jsonpath='{.status.resourceClaimStatuses[0].resourceClaimName}')
   echo "claim ${claim} allocated:"
   k get resourceclaim -n facet-demo "${claim}" -o jsonpath='{range .status.allocation.devices.results[*]}  {.device} (pool {.pool}, request {.request}){"\n"}{end}'
-  echo "CDI devices the kubelet passed to containerd:"
-  grep -o "gpu.facet.dev/claim=$(k get resourceclaim -n facet-demo "${claim}" -o jsonpath='{.metadata.uid}')-[a-z0-9-]*" \
-    "${FACET_CDI_DIR}"/gpu.facet.dev-claim_*.json | sort -u | sed 's/^.*:/  /'
+  uid=$(k get resourceclaim -n facet-demo "${claim}" -o jsonpath='{.metadata.uid}')
+  echo "CDI spec ${FACET_CDI_DIR}/gpu.facet.dev-claim_${uid}.json, devices:"
+  grep -o "\"name\":\"${uid}-[a-z0-9-]*\"" "${FACET_CDI_DIR}/gpu.facet.dev-claim_${uid}.json" \
+    | sed 's/"name":"\(.*\)"/  gpu.facet.dev\/claim=\1/'
   echo "what the container sees:"
   k exec -n facet-demo "${p}" -- sh -c '
     echo "  env:";    env | grep -E "^(FACET|NVIDIA|CUDA)" | sort | sed "s/^/    /"

@@ -1,0 +1,213 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+const (
+	driverName = "gpu.facet.dev"
+	nodeName   = "localhost"
+	namespace  = "facet-demo"
+)
+
+// env is the node started by hack/cluster/up.sh (see hack/e2e.sh).
+type env struct {
+	runDir, binDir, runtime, cdiDir, kubeletRoot, kubeconfig string
+	repo, pluginBin, facetctl                                 string
+	client                                                    kubernetes.Interface
+}
+
+var e env
+
+func TestMain(m *testing.M) {
+	e = env{
+		runDir:      os.Getenv("FACET_RUN_DIR"),
+		binDir:      os.Getenv("FACET_BIN_DIR"),
+		runtime:     os.Getenv("FACET_RUNTIME"),
+		cdiDir:      os.Getenv("FACET_CDI_DIR"),
+		kubeletRoot: os.Getenv("FACET_KUBELET_ROOT"),
+		kubeconfig:  os.Getenv("KUBECONFIG"),
+	}
+	if e.runDir == "" || e.kubeconfig == "" {
+		fmt.Println("SKIP: test/e2e needs a running node; run it through `make e2e` (hack/e2e.sh)")
+		os.Exit(0)
+	}
+	wd, _ := os.Getwd()
+	e.repo = filepath.Join(wd, "..", "..")
+	e.pluginBin = filepath.Join(e.repo, "bin", "facet-kubeletplugin")
+	e.facetctl = filepath.Join(e.repo, "bin", "facetctl")
+	cfg, err := clientcmd.BuildConfigFromFlags("", e.kubeconfig)
+	if err != nil {
+		panic(err)
+	}
+	e.client = kubernetes.NewForConfigOrDie(cfg)
+	os.Exit(m.Run())
+}
+
+// plugin is a running facet-kubeletplugin.
+type plugin struct {
+	cmd *exec.Cmd
+	log string
+}
+
+var pluginRuns int
+
+func startPlugin(t *testing.T, machine string) *plugin {
+	t.Helper()
+	pluginRuns++
+	log := filepath.Join(e.runDir, "logs", fmt.Sprintf("facet-plugin-e2e-%d.log", pluginRuns))
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(e.pluginBin,
+		"--node-name", nodeName,
+		"--kubeconfig", e.kubeconfig,
+		"--machine", filepath.Join(e.repo, "demo", "machines", machine+".yaml"),
+		"--driver-root", filepath.Join(e.runDir, "driver-root"),
+		"--nvidia-cdi-hook", filepath.Join(e.repo, "bin", "nvidia-cdi-hook"),
+		"--cdi-dir", e.cdiDir,
+		"--state-dir", filepath.Join(e.runDir, "facet-state"),
+		"--kubelet-registrar-dir", filepath.Join(e.kubeletRoot, "plugins_registry"),
+		"--kubelet-plugins-dir", filepath.Join(e.kubeletRoot, "plugins"),
+		"-v", "4",
+	)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &plugin{cmd: cmd, log: log}
+	t.Cleanup(func() { p.stop() })
+	return p
+}
+
+// kill sends SIGKILL: no chance to clean up, as in a node crash or OOM kill.
+func (p *plugin) kill(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Wait()
+}
+
+func (p *plugin) stop() {
+	if p.cmd.ProcessState == nil {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { p.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+		}
+	}
+}
+
+func (p *plugin) logText() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		lastErr = err
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %v waiting for %s (last error: %v)", timeout, what, lastErr)
+}
+
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := kubectlErr(args...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func kubectlErr(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(e.binDir, "kubectl"), append([]string{"--kubeconfig", e.kubeconfig}, args...)...)
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	err := cmd.Run()
+	return buf.String(), err
+}
+
+func ourSlices(t *testing.T) []resourceapi.ResourceSlice {
+	t.Helper()
+	sel := fields.Set{"spec.driver": driverName, "spec.nodeName": nodeName}.AsSelector().String()
+	list, err := e.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: sel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+func waitPodRunning(t *testing.T, name string) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	waitFor(t, "pod "+name+" Running", 3*time.Minute, func() (bool, error) {
+		var err error
+		pod, err = e.client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return pod.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s, conditions %v", pod.Status.Phase, pod.Status.Conditions)
+	})
+	return pod
+}
+
+// podClaims returns the allocated claims of a pod, by the pod's claim name.
+func podClaims(t *testing.T, pod *corev1.Pod) map[string]*resourceapi.ResourceClaim {
+	t.Helper()
+	out := map[string]*resourceapi.ResourceClaim{}
+	for _, s := range pod.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName == nil {
+			continue
+		}
+		c, err := e.client.ResourceV1().ResourceClaims(pod.Namespace).Get(context.Background(), *s.ResourceClaimName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[s.Name] = c
+	}
+	return out
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// applyYAML applies a manifest given inline.
+func applyYAML(t *testing.T, manifest string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "manifest.yaml")
+	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, "apply", "-f", path)
+}
