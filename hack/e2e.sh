@@ -19,4 +19,5 @@ hack/cluster/up.sh
 # shellcheck disable=SC1091
 source "${RUN_DIR}/env.sh"
 hack/sim-node.sh "${RUN_DIR}" demo/machines/dgx-h100.yaml
-go test ./test/e2e/ -count=1 -v -timeout 30m
+# Extra arguments go to go test, e.g. -run '^$' -bench . for the prepare benchmarks.
+go test ./test/e2e/ -count=1 -v -timeout 30m "$@"

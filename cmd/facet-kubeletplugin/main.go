@@ -42,6 +42,8 @@ type flags struct {
 	registrarDir string
 	pluginsDir   string
 	modes        inventory.ModeFlags
+	kubeAPIQPS   float64
+	kubeAPIBurst int
 }
 
 func main() {
@@ -58,6 +60,10 @@ func main() {
 	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/facet", "directory of the prepared-claims checkpoint")
 	fs.StringVar(&f.registrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet's plugin registration directory")
 	fs.StringVar(&f.pluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet's plugins directory; the socket goes in <dir>/"+inventory.DriverName)
+	// client-go's default (5 QPS) throttles the helper's GET of every
+	// claim in NodePrepareResources to 200 ms once a burst is used up.
+	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server")
+	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", 100, "burst of queries to the API server")
 	f.modes.Register(fs)
 	klog.InitFlags(fs)
 	fs.Parse(os.Args[1:])
@@ -122,7 +128,7 @@ func run(ctx context.Context, f flags) error {
 		return err
 	}
 
-	client, err := kubeClient(f.kubeconfig)
+	client, err := kubeClient(f.kubeconfig, f.kubeAPIQPS, f.kubeAPIBurst)
 	if err != nil {
 		return err
 	}
@@ -171,7 +177,7 @@ func reportPublished(ctx context.Context, client kubernetes.Interface, node stri
 	}
 }
 
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+func kubeClient(kubeconfig string, qps float64, burst int) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
 	if kubeconfig != "" {
@@ -182,5 +188,6 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube client configuration: %w", err)
 	}
+	cfg.QPS, cfg.Burst = float32(qps), burst
 	return kubernetes.NewForConfig(cfg)
 }

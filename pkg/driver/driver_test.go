@@ -25,7 +25,7 @@ const node = "node-a"
 // rig is a driver on a simulated DGX H100 with its directories, which can
 // be "restarted" on the same state.
 type rig struct {
-	t                         *testing.T
+	t                         testing.TB
 	lib                       *nvml.Library
 	inv                       *inventory.Inventory
 	root, cdiDir, checkpoints string
@@ -35,7 +35,7 @@ type rig struct {
 var layoutOnce sync.Once
 var sharedRoot string
 
-func newRig(t *testing.T) *rig {
+func newRig(t testing.TB) *rig {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("the simulated driver root needs mknod (root)")

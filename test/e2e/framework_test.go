@@ -68,7 +68,7 @@ type plugin struct {
 
 var pluginRuns int
 
-func startPlugin(t *testing.T, machine string) *plugin {
+func startPlugin(t testing.TB, machine string, extra ...string) *plugin {
 	t.Helper()
 	pluginRuns++
 	log := filepath.Join(e.runDir, "logs", fmt.Sprintf("facet-plugin-e2e-%d.log", pluginRuns))
@@ -88,6 +88,7 @@ func startPlugin(t *testing.T, machine string) *plugin {
 		"--kubelet-plugins-dir", filepath.Join(e.kubeletRoot, "plugins"),
 		"-v", "4",
 	)
+	cmd.Args = append(cmd.Args, extra...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -98,7 +99,7 @@ func startPlugin(t *testing.T, machine string) *plugin {
 }
 
 // kill sends SIGKILL: no chance to clean up, as in a node crash or OOM kill.
-func (p *plugin) kill(t *testing.T) {
+func (p *plugin) kill(t testing.TB) {
 	t.Helper()
 	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -124,7 +125,7 @@ func (p *plugin) logText() string {
 	return string(b)
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
+func waitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var lastErr error
@@ -139,7 +140,7 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() (bool
 	t.Fatalf("timed out after %v waiting for %s (last error: %v)", timeout, what, lastErr)
 }
 
-func kubectl(t *testing.T, args ...string) string {
+func kubectl(t testing.TB, args ...string) string {
 	t.Helper()
 	out, err := kubectlErr(args...)
 	if err != nil {
@@ -156,7 +157,7 @@ func kubectlErr(args ...string) (string, error) {
 	return buf.String(), err
 }
 
-func ourSlices(t *testing.T) []resourceapi.ResourceSlice {
+func ourSlices(t testing.TB) []resourceapi.ResourceSlice {
 	t.Helper()
 	sel := fields.Set{"spec.driver": driverName, "spec.nodeName": nodeName}.AsSelector().String()
 	list, err := e.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: sel})
@@ -203,7 +204,7 @@ func fileExists(path string) bool {
 }
 
 // applyYAML applies a manifest given inline.
-func applyYAML(t *testing.T, manifest string) {
+func applyYAML(t testing.TB, manifest string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "manifest.yaml")
 	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {

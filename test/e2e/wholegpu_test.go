@@ -25,7 +25,7 @@ type gpuInfo struct {
 	index int64
 }
 
-func publishedGPUs(t *testing.T) map[string]gpuInfo {
+func publishedGPUs(t testing.TB) map[string]gpuInfo {
 	out := map[string]gpuInfo{}
 	for _, s := range ourSlices(t) {
 		for _, d := range s.Spec.Devices {

@@ -1,0 +1,151 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+)
+
+// draClient talks to the plugin's socket exactly as the kubelet does.
+func draClient(b testing.TB) drapb.DRAPluginClient {
+	sock := filepath.Join(e.kubeletRoot, "plugins", driverName, "dra.sock")
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return drapb.NewDRAPluginClient(conn)
+}
+
+// allocatedClaim creates a claim in the API server whose status says the
+// scheduler allocated it devices of this node, as the kubelet would find it.
+func allocatedClaim(b testing.TB, name string, devices ...string) *drapb.Claim {
+	ctx := context.Background()
+	c := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.facet.dev", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: int64(len(devices))},
+		}}}},
+	}
+	c, err := e.client.ResourceV1().ResourceClaims(namespace).Create(ctx, c, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.Status.Allocation = &resourceapi.AllocationResult{}
+	for _, d := range devices {
+		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
+			resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: driverName, Pool: nodeName, Device: d})
+	}
+	if c, err = e.client.ResourceV1().ResourceClaims(namespace).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	return &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)}
+}
+
+func prepare(b testing.TB, client drapb.DRAPluginClient, claims ...*drapb.Claim) time.Duration {
+	start := time.Now()
+	resp, err := client.NodePrepareResources(context.Background(), &drapb.NodePrepareResourcesRequest{Claims: claims})
+	d := time.Since(start)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for uid, r := range resp.Claims {
+		if r.Error != "" || len(r.Devices) == 0 {
+			b.Fatalf("claim %s: %q %v", uid, r.Error, r.Devices)
+		}
+	}
+	return d
+}
+
+func unprepare(b testing.TB, client drapb.DRAPluginClient, claims ...*drapb.Claim) {
+	resp, err := client.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{Claims: claims})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for uid, r := range resp.Claims {
+		if r.Error != "" {
+			b.Fatalf("unprepare %s: %s", uid, r.Error)
+		}
+	}
+}
+
+func setupBench(b *testing.B) drapb.DRAPluginClient {
+	kubectl(b, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
+	kubectl(b, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
+	b.Cleanup(func() { kubectlErr("delete", "resourceclaims", "-n", namespace, "--all", "--wait=false") })
+	startPlugin(b, "dgx-h100")
+	waitFor(b, "slices published", time.Minute, func() (bool, error) { return len(publishedGPUs(b)) == 8, nil })
+	client := draClient(b)
+	waitFor(b, "plugin socket", time.Minute, func() (bool, error) {
+		_, err := client.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{})
+		return err == nil, err
+	})
+	return client
+}
+
+func reportLatency(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	p := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(p(0.50), "p50-ms")
+	b.ReportMetric(p(0.99), "p99-ms")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkNodePrepareResources measures the kubelet's view of prepare for
+// one whole GPU: gRPC, the helper's GET of the claim, the checkpoint's two
+// fsynced writes and the CDI spec. Each iteration prepares then unprepares
+// (unprepare is not timed).
+func BenchmarkNodePrepareResources(b *testing.B) {
+	client := setupBench(b)
+	b.Run("whole-gpu", func(b *testing.B) {
+		claim := allocatedClaim(b, "bench-one", "gpu-5")
+		lat := make([]time.Duration, 0, b.N)
+		for b.Loop() {
+			lat = append(lat, prepare(b, client, claim))
+			unprepare(b, client, claim)
+		}
+		reportLatency(b, lat)
+	})
+	// The kubelet sends one request per pod, and pods start in parallel:
+	// 8 concurrent requests of one claim each, one GPU per claim.
+	b.Run("8-concurrent-pods", func(b *testing.B) {
+		var claims []*drapb.Claim
+		for i := range 8 {
+			claims = append(claims, allocatedClaim(b, fmt.Sprintf("bench-par-%d", i), fmt.Sprintf("gpu-%d", i)))
+		}
+		var lat []time.Duration
+		var mu sync.Mutex
+		var wall time.Duration
+		n := 0
+		for b.Loop() {
+			round := time.Now()
+			var wg sync.WaitGroup
+			for _, c := range claims {
+				wg.Go(func() {
+					d := prepare(b, client, c)
+					mu.Lock()
+					lat = append(lat, d)
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			wall += time.Since(round)
+			n += len(claims)
+			b.StopTimer()
+			unprepare(b, client, claims...)
+			b.StartTimer()
+		}
+		b.ReportMetric(float64(n)/wall.Seconds(), "claims/s")
+		reportLatency(b, lat)
+	})
+}
