@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/inventory"
@@ -271,9 +272,6 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) ([]planned, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("not allocated")
 	}
-	if err := checkConfigs(claim); err != nil {
-		return nil, err
-	}
 	var plan []planned
 	seen := map[string]bool{}
 	for _, r := range claim.Status.Allocation.Devices.Results {
@@ -294,6 +292,11 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) ([]planned, error) {
 		if seen[r.Device] {
 			return nil, fmt.Errorf("%s: allocated twice in one claim", where)
 		}
+		// Strict decoding: a malformed or unknown config fails the claim
+		// rather than being ignored.
+		if _, err := configapi.EffectiveGpuConfig(claim.Status.Allocation.Devices.Config, r.Request); err != nil {
+			return nil, err
+		}
 		seen[r.Device] = true
 		plan = append(plan, planned{result: r, device: dev})
 	}
@@ -301,18 +304,6 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) ([]planned, error) {
 		return nil, fmt.Errorf("allocation has no device of driver %s", inventory.DriverName)
 	}
 	return plan, nil
-}
-
-// checkConfigs refuses opaque configuration addressed to this driver: this
-// version defines no configuration kinds, and silently ignoring one would
-// hide a user's mistake.
-func checkConfigs(claim *resourceapi.ResourceClaim) error {
-	for i, c := range claim.Status.Allocation.Devices.Config {
-		if c.Opaque != nil && c.Opaque.Driver == inventory.DriverName {
-			return fmt.Errorf("devices.config[%d].opaque: driver %s accepts no opaque parameters in this version", i, inventory.DriverName)
-		}
-	}
-	return nil
 }
 
 // reserve claims exclusive devices for ref, or refuses naming the holder.

@@ -201,7 +201,7 @@ func TestBadClaimsFailAlone(t *testing.T) {
 	configured.Status.Allocation.Devices.Config = []resourceapi.DeviceAllocationConfiguration{{
 		Source: resourceapi.AllocationConfigSourceClaim,
 		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: inventory.DriverName, Parameters: runtime.RawExtension{Raw: []byte(`{"x":1}`)}}},
+			Driver: inventory.DriverName, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"GpuConfig","x":1}`)}}},
 	}}
 	share := claim("share", "gpu-5")
 	shareID := types.UID("s1")
@@ -221,7 +221,7 @@ func TestBadClaimsFailAlone(t *testing.T) {
 		{unallocated, "claim ns/unallocated: not allocated"},
 		{ghost, `claim ns/ghost: request "gpu": device node-a/gpu-9: no such device in this node's inventory`},
 		{foreign, `claim ns/foreign: request "gpu": device node-b/gpu-1: pool "node-b" is not this node's pool "node-a"`},
-		{configured, "claim ns/configured: devices.config[0].opaque: driver gpu.facet.dev accepts no opaque parameters"},
+		{configured, `claim ns/configured: devices.config[0] (from claim): GpuConfig: strict decoding error: unknown field "x"`},
 		{share, "claim ns/share: request \"gpu\": device node-a/gpu-5: allocated as a share"},
 		{twice, "claim ns/twice: request \"gpu\": device node-a/gpu-6: allocated twice in one claim"},
 		{none, "claim ns/none: allocation has no device of driver gpu.facet.dev"},

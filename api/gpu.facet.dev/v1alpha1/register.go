@@ -1,0 +1,47 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+const (
+	// GroupName is the API group of Facet's opaque configs. It is also the
+	// driver name that OpaqueDeviceConfiguration.Driver must carry for a
+	// config to be meant for Facet.
+	GroupName = "gpu.facet.dev"
+	// Version is this package's API version.
+	Version = "v1alpha1"
+
+	// DriverName is the DRA driver name whose opaque configs this package
+	// decodes.
+	DriverName = GroupName
+
+	// VgpuConfigKind is the kind of VgpuConfig.
+	VgpuConfigKind = "VgpuConfig"
+	// GpuConfigKind is the kind of GpuConfig.
+	GpuConfigKind = "GpuConfig"
+)
+
+// SchemeGroupVersion is the group and version of the types in this package.
+var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: Version}
+
+var (
+	// SchemeBuilder registers this package's types.
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
+	// AddToScheme adds this package's types to a scheme.
+	AddToScheme = SchemeBuilder.AddToScheme
+)
+
+// addKnownTypes registers the config kinds and nothing else. It deliberately
+// does not call metav1.AddToGroupVersion: these types are never served, and
+// the meta types it would add (WatchEvent, and the unversioned Status and
+// *Options kinds, which a scheme resolves for any group and version) would
+// otherwise decode as valid parameters.
+func addKnownTypes(scheme *runtime.Scheme) error {
+	scheme.AddKnownTypes(SchemeGroupVersion,
+		&VgpuConfig{},
+		&GpuConfig{},
+	)
+	return nil
+}

@@ -1,0 +1,217 @@
+package v1alpha1
+
+import (
+	"strconv"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
+)
+
+// Enforcement says whether HAMi-core enforces a vGPU share's limits.
+type Enforcement string
+
+const (
+	// EnforcementEnabled preloads HAMi-core into the container, which then
+	// enforces the share's memory and SM limits. The default.
+	EnforcementEnabled Enforcement = "enabled"
+	// EnforcementDisabled is the opt-out: no preload and no HAMi-core
+	// variables, so nothing limits the share at run time. The scheduler still
+	// accounts the share's consumed capacity.
+	EnforcementDisabled Enforcement = "disabled"
+)
+
+// CoreUtilizationPolicy is HAMi-core's GPU_CORE_UTILIZATION_POLICY.
+type CoreUtilizationPolicy string
+
+const (
+	// CoreUtilizationPolicyDefault throttles to the SM limit while the
+	// shared region's utilization switch is on. HAMi-core creates the region
+	// with the switch on; only an external monitor turns it off. The default.
+	CoreUtilizationPolicyDefault CoreUtilizationPolicy = "default"
+	// CoreUtilizationPolicyForce always throttles to the SM limit.
+	CoreUtilizationPolicyForce CoreUtilizationPolicy = "force"
+	// CoreUtilizationPolicyDisable never throttles; the memory limit stays.
+	CoreUtilizationPolicyDisable CoreUtilizationPolicy = "disable"
+)
+
+// The HAMi-core environment variables a VgpuConfig becomes.
+const (
+	EnvCoreUtilizationPolicy = "GPU_CORE_UTILIZATION_POLICY"
+	EnvTaskPriority          = "CUDA_TASK_PRIORITY"
+	EnvLogLevel              = "LIBCUDA_LOG_LEVEL"
+)
+
+// Ranges and defaults of the integer fields.
+const (
+	// TaskPriorityHigh is the highest CUDA_TASK_PRIORITY.
+	TaskPriorityHigh int32 = 0
+	// TaskPriorityLow is the lowest CUDA_TASK_PRIORITY, and HAMi-core's
+	// default when the variable is unset.
+	TaskPriorityLow int32 = 1
+	// DefaultTaskPriority is HAMi-core's own default.
+	DefaultTaskPriority = TaskPriorityLow
+
+	// MinLogLevel and MaxLogLevel bound LIBCUDA_LOG_LEVEL.
+	MinLogLevel int32 = 0
+	MaxLogLevel int32 = 4
+	// DefaultLogLevel is what HAMi-core does when LIBCUDA_LOG_LEVEL is unset:
+	// errors, warnings and messages.
+	DefaultLogLevel int32 = 2
+)
+
+var (
+	supportedEnforcements = []Enforcement{EnforcementEnabled, EnforcementDisabled}
+	supportedPolicies     = []CoreUtilizationPolicy{CoreUtilizationPolicyDefault, CoreUtilizationPolicyForce, CoreUtilizationPolicyDisable}
+)
+
+// VgpuConfig tunes HAMi-core for a vGPU share (a partial allocation of a
+// gpu-<i> device). Every field is a pointer so that "unset" differs from
+// "set to the zero value", which merging needs: see Merge. The package
+// documentation describes each field.
+//
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+type VgpuConfig struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// Enforcement is "enabled" (default) or "disabled", the opt-out from
+	// HAMi-core: no preload, no limits at run time; the scheduler still
+	// accounts the share.
+	// +optional
+	Enforcement *Enforcement `json:"enforcement,omitempty"`
+
+	// CoreUtilizationPolicy is "default" (default), "force" or "disable";
+	// it becomes GPU_CORE_UTILIZATION_POLICY.
+	// +optional
+	CoreUtilizationPolicy *CoreUtilizationPolicy `json:"coreUtilizationPolicy,omitempty"`
+
+	// TaskPriority is 0 (high) or 1 (low, default); it becomes
+	// CUDA_TASK_PRIORITY, which only an external monitor reads.
+	// +optional
+	TaskPriority *int32 `json:"taskPriority,omitempty"`
+
+	// LogLevel is 0 to 4 (default 2); it becomes LIBCUDA_LOG_LEVEL.
+	// +optional
+	LogLevel *int32 `json:"logLevel,omitempty"`
+}
+
+// NewVgpuConfig returns an empty VgpuConfig with its apiVersion and kind set.
+func NewVgpuConfig() *VgpuConfig {
+	return &VgpuConfig{TypeMeta: metav1.TypeMeta{
+		APIVersion: SchemeGroupVersion.String(),
+		Kind:       VgpuConfigKind,
+	}}
+}
+
+// Default sets apiVersion and kind, and every unset field to its default.
+func (c *VgpuConfig) Default() {
+	c.APIVersion = SchemeGroupVersion.String()
+	c.Kind = VgpuConfigKind
+	if c.Enforcement == nil {
+		c.Enforcement = ptr.To(EnforcementEnabled)
+	}
+	if c.CoreUtilizationPolicy == nil {
+		c.CoreUtilizationPolicy = ptr.To(CoreUtilizationPolicyDefault)
+	}
+	if c.TaskPriority == nil {
+		c.TaskPriority = ptr.To(DefaultTaskPriority)
+	}
+	if c.LogLevel == nil {
+		c.LogLevel = ptr.To(DefaultLogLevel)
+	}
+}
+
+// Validate checks every set field. Unset fields are valid: they take their
+// default, or an earlier config's value when merged. The error is a
+// field.ErrorList aggregate whose paths are relative to the parameters
+// object.
+func (c *VgpuConfig) Validate() error {
+	return c.validate(nil).ToAggregate()
+}
+
+func (c *VgpuConfig) validate(fldPath *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if c.Enforcement != nil && !contains(supportedEnforcements, *c.Enforcement) {
+		errs = append(errs, field.NotSupported(fldPath.Child("enforcement"), string(*c.Enforcement), supportedEnforcements))
+	}
+	if c.CoreUtilizationPolicy != nil && !contains(supportedPolicies, *c.CoreUtilizationPolicy) {
+		errs = append(errs, field.NotSupported(fldPath.Child("coreUtilizationPolicy"), string(*c.CoreUtilizationPolicy), supportedPolicies))
+	}
+	if c.TaskPriority != nil && (*c.TaskPriority < TaskPriorityHigh || *c.TaskPriority > TaskPriorityLow) {
+		errs = append(errs, field.Invalid(fldPath.Child("taskPriority"), *c.TaskPriority,
+			validation.InclusiveRangeError(int(TaskPriorityHigh), int(TaskPriorityLow))))
+	}
+	if c.LogLevel != nil && (*c.LogLevel < MinLogLevel || *c.LogLevel > MaxLogLevel) {
+		errs = append(errs, field.Invalid(fldPath.Child("logLevel"), *c.LogLevel,
+			validation.InclusiveRangeError(int(MinLogLevel), int(MaxLogLevel))))
+	}
+	return errs
+}
+
+// EnforcementEnabled reports whether HAMi-core is to enforce the share: true
+// unless enforcement is explicitly "disabled".
+func (c *VgpuConfig) EnforcementEnabled() bool {
+	return c == nil || c.Enforcement == nil || *c.Enforcement != EnforcementDisabled
+}
+
+// HAMiCoreEnv returns the HAMi-core variables the config becomes, as
+// "NAME=value" in a fixed order, with unset fields taking their defaults. It
+// returns nil when enforcement is disabled: the share then gets neither the
+// preload nor any HAMi-core variable. The values are plain decimal digits or
+// lower-case words, so HAMi-core's octal and hex readings cannot apply. The
+// share's limits (CUDA_DEVICE_MEMORY_LIMIT_<n>, CUDA_DEVICE_SM_LIMIT_<n>)
+// and the cache path are not here: they come from the allocation, not from
+// this config.
+func (c *VgpuConfig) HAMiCoreEnv() []string {
+	if !c.EnforcementEnabled() {
+		return nil
+	}
+	d := NewVgpuConfig()
+	if c != nil {
+		d = c.DeepCopy()
+	}
+	d.Default()
+	return []string{
+		EnvCoreUtilizationPolicy + "=" + string(*d.CoreUtilizationPolicy),
+		EnvTaskPriority + "=" + strconv.Itoa(int(*d.TaskPriority)),
+		EnvLogLevel + "=" + strconv.Itoa(int(*d.LogLevel)),
+	}
+}
+
+// Merge merges configs in order of increasing precedence: a field set in a
+// later config overrides the same field of an earlier one, and a field left
+// unset keeps the earlier value. Nil configs are skipped. The result is a new
+// object that shares no memory with the arguments, has apiVersion and kind
+// set, and is not defaulted (call Default on it). Pass class configs before
+// claim configs, as they appear in a claim's allocation.
+func Merge(configs ...*VgpuConfig) *VgpuConfig {
+	out := NewVgpuConfig()
+	for _, c := range configs {
+		if c == nil {
+			continue
+		}
+		if c.Enforcement != nil {
+			out.Enforcement = ptr.To(*c.Enforcement)
+		}
+		if c.CoreUtilizationPolicy != nil {
+			out.CoreUtilizationPolicy = ptr.To(*c.CoreUtilizationPolicy)
+		}
+		if c.TaskPriority != nil {
+			out.TaskPriority = ptr.To(*c.TaskPriority)
+		}
+		if c.LogLevel != nil {
+			out.LogLevel = ptr.To(*c.LogLevel)
+		}
+	}
+	return out
+}
+
+func contains[T comparable](list []T, v T) bool {
+	for _, e := range list {
+		if e == v {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,229 @@
+package v1alpha1
+
+import (
+	"reflect"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+)
+
+func vgpu(enforcement *Enforcement, policy *CoreUtilizationPolicy, priority, logLevel *int32) *VgpuConfig {
+	c := NewVgpuConfig()
+	c.Enforcement, c.CoreUtilizationPolicy, c.TaskPriority, c.LogLevel = enforcement, policy, priority, logLevel
+	return c
+}
+
+func TestDefault(t *testing.T) {
+	tests := []struct {
+		name string
+		in   *VgpuConfig
+		want *VgpuConfig
+	}{
+		{
+			name: "empty gets HAMi-core's own defaults",
+			in:   &VgpuConfig{},
+			want: vgpu(ptr.To(EnforcementEnabled), ptr.To(CoreUtilizationPolicyDefault), ptr.To[int32](1), ptr.To[int32](2)),
+		},
+		{
+			name: "set fields, zero values included, are kept",
+			in:   vgpu(ptr.To(EnforcementDisabled), ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](0), ptr.To[int32](0)),
+			want: vgpu(ptr.To(EnforcementDisabled), ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](0), ptr.To[int32](0)),
+		},
+		{
+			name: "partly set",
+			in:   vgpu(nil, ptr.To(CoreUtilizationPolicyDisable), nil, ptr.To[int32](4)),
+			want: vgpu(ptr.To(EnforcementEnabled), ptr.To(CoreUtilizationPolicyDisable), ptr.To[int32](1), ptr.To[int32](4)),
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.in.DeepCopy()
+			got.Default()
+			if !equality.Semantic.DeepEqual(got, tc.want) {
+				t.Fatalf("Default() = %+v, want %+v", got, tc.want)
+			}
+			if err := got.Validate(); err != nil {
+				t.Fatalf("defaulted config does not validate: %v", err)
+			}
+			again := got.DeepCopy()
+			again.Default()
+			if !equality.Semantic.DeepEqual(got, again) {
+				t.Fatal("Default is not idempotent")
+			}
+		})
+	}
+
+	g := &GpuConfig{}
+	g.Default()
+	if !equality.Semantic.DeepEqual(g, NewGpuConfig()) || g.Validate() != nil {
+		t.Fatalf("GpuConfig.Default() = %+v", g)
+	}
+}
+
+func TestValidateAcceptsEveryDocumentedValue(t *testing.T) {
+	for _, e := range []Enforcement{EnforcementEnabled, EnforcementDisabled} {
+		for _, p := range []CoreUtilizationPolicy{CoreUtilizationPolicyDefault, CoreUtilizationPolicyForce, CoreUtilizationPolicyDisable} {
+			for prio := TaskPriorityHigh; prio <= TaskPriorityLow; prio++ {
+				for lvl := MinLogLevel; lvl <= MaxLogLevel; lvl++ {
+					if err := vgpu(&e, &p, &prio, &lvl).Validate(); err != nil {
+						t.Errorf("%s %s %d %d: %v", e, p, prio, lvl, err)
+					}
+				}
+			}
+		}
+	}
+	if err := (&VgpuConfig{}).Validate(); err != nil {
+		t.Errorf("empty config: %v", err)
+	}
+}
+
+func TestMerge(t *testing.T) {
+	class := vgpu(nil, ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](1), ptr.To[int32](3))
+	claim := vgpu(nil, nil, ptr.To[int32](0), nil)
+	tests := []struct {
+		name string
+		in   []*VgpuConfig
+		want *VgpuConfig
+	}{
+		{"nothing", nil, NewVgpuConfig()},
+		{"nil configs are skipped", []*VgpuConfig{nil, class, nil}, class},
+		{"later set field wins, unset field keeps earlier value", []*VgpuConfig{class, claim},
+			vgpu(nil, ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](0), ptr.To[int32](3))},
+		{"order matters", []*VgpuConfig{claim, class}, class},
+		{"a zero value overrides", []*VgpuConfig{class, vgpu(nil, nil, nil, ptr.To[int32](0))},
+			vgpu(nil, ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](1), ptr.To[int32](0))},
+		{"opt-out from the last config", []*VgpuConfig{class, vgpu(ptr.To(EnforcementDisabled), nil, nil, nil)},
+			vgpu(ptr.To(EnforcementDisabled), ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](1), ptr.To[int32](3))},
+		{"opt back in", []*VgpuConfig{vgpu(ptr.To(EnforcementDisabled), nil, nil, nil), vgpu(ptr.To(EnforcementEnabled), nil, nil, nil)},
+			vgpu(ptr.To(EnforcementEnabled), nil, nil, nil)},
+		{"type meta of the inputs is not copied", []*VgpuConfig{{TaskPriority: ptr.To[int32](1)}},
+			vgpu(nil, nil, ptr.To[int32](1), nil)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := make([]*VgpuConfig, len(tc.in))
+			for i, c := range tc.in {
+				before[i] = c.DeepCopy()
+			}
+			got := Merge(tc.in...)
+			if !equality.Semantic.DeepEqual(got, tc.want) {
+				t.Fatalf("Merge = %+v, want %+v", got, tc.want)
+			}
+			if !equality.Semantic.DeepEqual(tc.in, before) {
+				t.Fatal("Merge modified its arguments")
+			}
+			// The result shares no memory with the arguments.
+			if got.TaskPriority != nil {
+				*got.TaskPriority = 99
+			}
+			if got.CoreUtilizationPolicy != nil {
+				*got.CoreUtilizationPolicy = "x"
+			}
+			if !equality.Semantic.DeepEqual(tc.in, before) {
+				t.Fatal("Merge result aliases its arguments")
+			}
+		})
+	}
+}
+
+func TestHAMiCoreEnv(t *testing.T) {
+	tests := []struct {
+		name string
+		in   *VgpuConfig
+		want []string
+	}{
+		{"nil config: defaults", nil,
+			[]string{"GPU_CORE_UTILIZATION_POLICY=default", "CUDA_TASK_PRIORITY=1", "LIBCUDA_LOG_LEVEL=2"}},
+		{"unset fields: defaults", &VgpuConfig{},
+			[]string{"GPU_CORE_UTILIZATION_POLICY=default", "CUDA_TASK_PRIORITY=1", "LIBCUDA_LOG_LEVEL=2"}},
+		{"set fields", vgpu(ptr.To(EnforcementEnabled), ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](0), ptr.To[int32](4)),
+			[]string{"GPU_CORE_UTILIZATION_POLICY=force", "CUDA_TASK_PRIORITY=0", "LIBCUDA_LOG_LEVEL=4"}},
+		{"opt-out: no variables at all", vgpu(ptr.To(EnforcementDisabled), ptr.To(CoreUtilizationPolicyForce), nil, nil), nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var before *VgpuConfig
+			if tc.in != nil {
+				before = tc.in.DeepCopy()
+			}
+			if got := tc.in.HAMiCoreEnv(); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("HAMiCoreEnv() = %q, want %q", got, tc.want)
+			}
+			if tc.in != nil && !equality.Semantic.DeepEqual(tc.in, before) {
+				t.Fatal("HAMiCoreEnv modified the config")
+			}
+		})
+	}
+}
+
+func TestEnforcementEnabled(t *testing.T) {
+	for _, tc := range []struct {
+		in   *VgpuConfig
+		want bool
+	}{
+		{nil, true},
+		{&VgpuConfig{}, true},
+		{vgpu(ptr.To(EnforcementEnabled), nil, nil, nil), true},
+		{vgpu(ptr.To(EnforcementDisabled), nil, nil, nil), false},
+	} {
+		if got := tc.in.EnforcementEnabled(); got != tc.want {
+			t.Errorf("EnforcementEnabled(%+v) = %v", tc.in, got)
+		}
+	}
+}
+
+// TestDeepCopyCoversEveryField fails when a field is added to VgpuConfig and
+// the hand-written deep copy is not updated: every pointer field of a full
+// config must be copied to a different address with the same value.
+func TestDeepCopyCoversEveryField(t *testing.T) {
+	in := vgpu(ptr.To(EnforcementDisabled), ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](0), ptr.To[int32](4))
+	v := reflect.ValueOf(in).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		if f := v.Field(i); f.Kind() == reflect.Pointer && f.IsNil() {
+			t.Fatalf("test config leaves %s unset; set every field", v.Type().Field(i).Name)
+		}
+	}
+	out := in.DeepCopyObject().(*VgpuConfig)
+	if !equality.Semantic.DeepEqual(in, out) {
+		t.Fatalf("copy %+v differs from %+v", out, in)
+	}
+	o := reflect.ValueOf(out).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		switch f := v.Field(i); f.Kind() {
+		case reflect.Pointer, reflect.Map, reflect.Slice:
+			if f.Pointer() == o.Field(i).Pointer() {
+				t.Errorf("DeepCopy shares field %s", v.Type().Field(i).Name)
+			}
+		case reflect.Struct, reflect.String, reflect.Int32:
+		default:
+			t.Errorf("field %s of kind %s: teach DeepCopyInto and this test about it", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+
+	if (*VgpuConfig)(nil).DeepCopy() != nil || (*GpuConfig)(nil).DeepCopy() != nil {
+		t.Error("DeepCopy of nil is not nil")
+	}
+	g := NewGpuConfig()
+	if gc := g.DeepCopyObject(); gc == runtime.Object(g) || !equality.Semantic.DeepEqual(gc, g) {
+		t.Error("GpuConfig.DeepCopyObject")
+	}
+}
+
+// The types are registered under gpu.facet.dev/v1alpha1 and only there.
+func TestScheme(t *testing.T) {
+	s := runtime.NewScheme()
+	if err := AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range []runtime.Object{&VgpuConfig{}, &GpuConfig{}} {
+		gvks, _, err := s.ObjectKinds(obj)
+		if err != nil || len(gvks) != 1 || gvks[0].GroupVersion() != SchemeGroupVersion {
+			t.Errorf("ObjectKinds(%T) = %v, %v", obj, gvks, err)
+		}
+	}
+	if n := len(s.AllKnownTypes()); n != 2 {
+		t.Errorf("scheme has %d types, want 2: %v", n, s.AllKnownTypes())
+	}
+}
