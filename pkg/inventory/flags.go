@@ -12,16 +12,24 @@ import (
 type ModeFlags struct {
 	Default string
 	PerGPU  string
+	Order   string
 }
 
-// Register adds --mode and --gpu-modes to fs.
+// Register adds --mode, --gpu-modes and --gpu-order to fs.
 func (f *ModeFlags) Register(fs *flag.FlagSet) {
-	fs.StringVar(&f.Default, "mode", string(ModeExclusive), fmt.Sprintf("mode of every GPU without a --gpu-modes entry, one of %v", Modes))
+	fs.StringVar(&f.Default, "mode", string(ModeAuto), fmt.Sprintf("mode of every GPU without a --gpu-modes entry, one of %v; auto is mig on MIG-capable GPUs and exclusive on the others", Modes))
 	fs.StringVar(&f.PerGPU, "gpu-modes", "", `per-GPU modes by NVML index, e.g. "0-3=mig,4-7=exclusive"`)
+	fs.StringVar(&f.Order, "gpu-order", string(OrderBinpack), fmt.Sprintf("order of the GPUs sharing a ResourceSlice, one of %v: binpack fills one GPU before the next, spread makes equal MIG claims take turns", Orders))
 }
 
 // Config parses the flags. Errors name the flag and the bad entry.
 func (f *ModeFlags) Config() (Config, error) {
+	if f.Default == "" {
+		f.Default = string(ModeAuto)
+	}
+	if f.Order == "" {
+		f.Order = string(OrderBinpack)
+	}
 	def, err := ParseMode(f.Default)
 	if err != nil {
 		return Config{}, fmt.Errorf("--mode: %w", err)
@@ -30,7 +38,11 @@ func (f *ModeFlags) Config() (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("--gpu-modes: %w", err)
 	}
-	return Config{DefaultMode: def, PerGPU: per}, nil
+	order, err := ParseOrder(f.Order)
+	if err != nil {
+		return Config{}, fmt.Errorf("--gpu-order: %w", err)
+	}
+	return Config{DefaultMode: def, PerGPU: per, Order: order}, nil
 }
 
 // ParsePerGPUModes parses "0-3=mig,4=exclusive,5-7=shared".

@@ -14,6 +14,7 @@ func TestParsePerGPUModes(t *testing.T) {
 	}{
 		{"", map[int]Mode{}, ""},
 		{"0-2=exclusive, 5=exclusive", map[int]Mode{0: ModeExclusive, 1: ModeExclusive, 2: ModeExclusive, 5: ModeExclusive}, ""},
+		{"0-1=mig,2=dynamic,3=shared,4=auto", map[int]Mode{0: ModeMIG, 1: ModeMIG, 2: ModeDynamic, 3: ModeShared, 4: ModeAuto}, ""},
 		{"0=turbo", nil, `unknown mode "turbo"`},
 		{"0", nil, "want INDEX[-INDEX]=MODE"},
 		{"3-1=exclusive", nil, "is not an index or range"},
@@ -29,6 +30,32 @@ func TestParsePerGPUModes(t *testing.T) {
 		}
 		if err != nil || !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("%q: got %v %v, want %v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestModeFlags(t *testing.T) {
+	for _, tc := range []struct {
+		f       ModeFlags
+		want    Config
+		wantErr string
+	}{
+		{ModeFlags{}, Config{DefaultMode: ModeAuto, PerGPU: map[int]Mode{}, Order: OrderBinpack}, ""},
+		{ModeFlags{Default: "dynamic", PerGPU: "0-1=mig,2=shared", Order: "spread"},
+			Config{DefaultMode: ModeDynamic, PerGPU: map[int]Mode{0: ModeMIG, 1: ModeMIG, 2: ModeShared}, Order: OrderSpread}, ""},
+		{ModeFlags{Default: "turbo"}, Config{}, "--mode"},
+		{ModeFlags{PerGPU: "0=x"}, Config{}, "--gpu-modes"},
+		{ModeFlags{Order: "random"}, Config{}, "--gpu-order"},
+	} {
+		got, err := tc.f.Config()
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%+v: error %v, want %q", tc.f, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%+v: got %+v %v, want %+v", tc.f, got, err, tc.want)
 		}
 	}
 }

@@ -1,13 +1,27 @@
 // Package inventory is Facet's model of a node: which DRA devices each
-// physical GPU offers, under which mode, and how to find a device again by
-// name when a claim that names it is prepared.
+// physical GPU offers, under which mode, which shared counters encode the
+// GPU's MIG placement rules, and how to find a device again by name when a
+// claim that names it is prepared.
 //
 // Data flows one way: nvml.Node (discovery) → Inventory → ResourceSlices
 // (package slices) and → prepare (package driver).
+//
+// The model is described in /work/shared/design/resource-model.md; in short,
+// per physical GPU i:
+//
+//	mode       devices                                              counters
+//	exclusive  gpu-i (one claim at a time)                          none
+//	mig        gpu-i (one claim, consumes all of i's counters)      gpu-i-counters
+//	           + gpu-i-mig-<profile>-<start> for every placement
+//	shared     gpu-i (allowMultipleAllocations, memory+cores)       none
+//	dynamic    gpu-i (allowMultipleAllocations, consumes all)       gpu-i-counters
+//	           + every MIG placement
 package inventory
 
 import (
 	"fmt"
+	"sort"
+	"strings"
 
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
@@ -20,12 +34,60 @@ const DriverName = "gpu.facet.dev"
 type Mode string
 
 const (
+	// ModeAuto is not a mode of its own but the default policy: ModeMIG on
+	// MIG-capable GPUs and ModeExclusive on the others. See AutoModeRationale.
+	ModeAuto Mode = "auto"
 	// ModeExclusive publishes gpu-<i> alone, for one claim at a time.
 	ModeExclusive Mode = "exclusive"
+	// ModeMIG publishes gpu-<i> for one claim at a time plus every MIG
+	// profile × placement as its own device. A shared counter set encodes
+	// which placements fit together; gpu-<i> consumes all of it, so the
+	// whole GPU and MIG instances exclude each other. Non-MIG GPUs fall back
+	// to ModeExclusive.
+	ModeMIG Mode = "mig"
+	// ModeShared publishes gpu-<i> as a multi-allocatable device with
+	// consumable `memory` and `cores` capacity (vGPU shares enforced by
+	// HAMi-core at prepare). No MIG, no counters.
+	ModeShared Mode = "shared"
+	// ModeDynamic is ModeShared plus every MIG placement: gpu-<i> consumes
+	// all of the GPU's counters (charged once, by its first share), so vGPU
+	// shares and MIG instances exclude each other per GPU. Non-MIG GPUs fall
+	// back to ModeShared. On Kubernetes 1.35 this mode meets two allocator
+	// bugs (kubernetes#139034, kubernetes#140436); see AutoModeRationale.
+	ModeDynamic Mode = "dynamic"
 )
 
-// Modes lists the modes this build supports.
-var Modes = []Mode{ModeExclusive}
+// AutoModeRationale explains the default (ModeAuto) for logs and docs.
+//
+// Why mig and not dynamic: on Kubernetes 1.35 (k8s.io/dynamic-resource-
+// allocation v0.35.x) a multi-allocatable device that consumes counters,
+// which only dynamic mode publishes, meets two allocator bugs that can put
+// a MIG instance and a vGPU share on one GPU (double-booking,
+// kubernetes#139034) or leave a pod that fits Pending (rollback leak,
+// kubernetes#140436). In mig mode nothing is ever over-committed.
+//
+// What mig mode still meets on 1.35: the rollback leak has a second path,
+// for any device that consumes counters: a device that a claim's
+// matchAttribute constraint rejects keeps the counters it had reserved
+// (test/allocator TestK8s140436RollbackLeak). A multi-device claim with a
+// constraint (two whole GPUs on one PCIe root) can then be refused on a
+// node that has room; the scheduler retries with another slice order, so
+// it usually schedules later, but it can stay Pending. Exclusive mode has
+// no counters and no such case.
+//
+// Why not exclusive everywhere: MIG is what makes an A100/H100 usable by
+// small jobs, and mig mode is the one mode with MIG that 1.35 allocates
+// correctly.
+const AutoModeRationale = "MIG-capable GPUs default to mig and the others to exclusive: " +
+	"in mig mode no multi-allocatable device consumes counters, so the 1.35 allocator's " +
+	"double-booking (kubernetes#139034) cannot happen; " +
+	"mig needs the DRAPartitionableDevices feature gate on kube-apiserver and kube-scheduler " +
+	"(alpha, off by default in 1.35), and on 1.35 a claim whose matchAttribute constraint spans " +
+	"several mig-mode devices can stay Pending (kubernetes#140436); " +
+	"set --mode=exclusive where either matters"
+
+// Modes lists the modes (and the auto policy) this build accepts.
+var Modes = []Mode{ModeAuto, ModeExclusive, ModeMIG, ModeShared, ModeDynamic}
 
 // ParseMode checks a mode name.
 func ParseMode(s string) (Mode, error) {
@@ -37,28 +99,90 @@ func ParseMode(s string) (Mode, error) {
 	return "", fmt.Errorf("unknown mode %q (known: %v)", s, Modes)
 }
 
+// Order is how devices of several GPUs are ordered inside one ResourceSlice.
+// The allocator takes the first device that fits, in slice order; the
+// order of the slices themselves is random in the 1.35 scheduler (see
+// slices.Resources for what that leaves of binpack and spread).
+type Order string
+
+const (
+	// OrderBinpack lists each GPU's devices together, GPUs by index: a GPU
+	// is filled before the next one in the same slice is touched.
+	OrderBinpack Order = "binpack"
+	// OrderSpread interleaves the GPUs of a slice device by device
+	// (gpu-a, gpu-b, a's first MIG placement, b's first, ...), so equal MIG
+	// claims take turns among those GPUs.
+	OrderSpread Order = "spread"
+)
+
+// Orders lists the known orders.
+var Orders = []Order{OrderBinpack, OrderSpread}
+
+// ParseOrder checks an order name.
+func ParseOrder(s string) (Order, error) {
+	for _, o := range Orders {
+		if string(o) == s {
+			return o, nil
+		}
+	}
+	return "", fmt.Errorf("unknown order %q (known: %v)", s, Orders)
+}
+
 // Kind is what a device is.
 type Kind string
 
 const (
-	// KindGPU is a whole physical GPU.
+	// KindGPU is a whole physical GPU (or, when Shareable, a pool of vGPU
+	// shares of it).
 	KindGPU Kind = "gpu"
+	// KindMIG is one MIG instance: a GPU instance of one profile at one
+	// placement, with one compute instance spanning all of it.
+	KindMIG Kind = "mig"
 )
 
 // Device is one DRA device of the inventory.
 type Device struct {
-	// Name is the DRA device name, unique in the node's pool, e.g. "gpu-3".
+	// Name is the DRA device name, unique in the node's pool, e.g. "gpu-3"
+	// or "gpu-3-mig-1g10gb-6".
 	Name string
 	Kind Kind
 	// GPU is the physical GPU the device lives on.
 	GPU *GPU
+	// Shareable is set on gpu-<i> in shared and dynamic mode: the device
+	// allows multiple allocations, each consuming part of its `memory` and
+	// `cores` capacity.
+	Shareable bool
+	// MIG is the profile of a KindMIG device (GIProfileID and CIProfileID are
+	// what prepare creates); nil otherwise.
+	MIG *nvml.MIGProfile
+	// Placement is a KindMIG device's memory-slice range [Start, Start+Size).
+	Placement nvml.Placement
+	// Counters are the names of the counters, in GPU.CounterSet, that the
+	// device consumes (one unit each); empty when it consumes none.
+	Counters []string
 }
 
 // GPU is a physical GPU with the mode it is published under.
 type GPU struct {
 	nvml.GPU
+	// Mode is the mode in force (never ModeAuto).
 	Mode Mode
-	// Devices are this GPU's devices in publication order.
+	// ModeRequested is what the configuration asked for (possibly ModeAuto).
+	ModeRequested Mode
+	// ModeNote says why Mode differs from ModeRequested; empty when the
+	// request was taken as is. A fallback (mig or dynamic on a GPU without
+	// MIG, or with MIG tables the counters cannot express exactly) is also
+	// listed in Inventory.Notes.
+	ModeNote string
+	// CounterSet names the GPU's shared counter set; empty when the mode
+	// uses no counters.
+	CounterSet string
+	// Counters lists the counter set's counters, each of value 1, in
+	// publication order.
+	Counters []string
+	// Devices are this GPU's devices in publication order: gpu-<i> first,
+	// then MIG placements smallest profile first and, within a profile,
+	// from the end of the GPU first.
 	Devices []*Device
 }
 
@@ -68,26 +192,43 @@ type Inventory struct {
 	DriverVersion     string
 	CUDADriverVersion string
 	GPUs              []*GPU
-	byName            map[string]*Device
+	// Order is how slices order the devices of several GPUs.
+	Order Order
+	// Notes are configuration fallbacks the plugin should log as warnings.
+	Notes  []string
+	byName map[string]*Device
 }
 
 // Config chooses each GPU's mode.
 type Config struct {
-	// DefaultMode applies to GPUs without an entry in PerGPU.
+	// DefaultMode applies to GPUs without an entry in PerGPU; empty means
+	// ModeAuto.
 	DefaultMode Mode
 	// PerGPU maps an NVML index to its mode.
 	PerGPU map[int]Mode
+	// Order of GPUs inside a slice; empty means OrderBinpack.
+	Order Order
 }
 
 // Build turns a discovered node into an inventory. It fails when the
-// configuration names a GPU the node does not have.
+// configuration names a GPU the node does not have or an unknown mode, or
+// when MIG profile names do not map to distinct device names. A GPU whose
+// MIG tables the counter model cannot express exactly (NewMIGModel) falls
+// back to the mode without MIG, with a note.
 func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 	if cfg.DefaultMode == "" {
-		cfg.DefaultMode = ModeExclusive
+		cfg.DefaultMode = ModeAuto
+	}
+	if cfg.Order == "" {
+		cfg.Order = OrderBinpack
+	}
+	if _, err := ParseOrder(string(cfg.Order)); err != nil {
+		return nil, err
 	}
 	inv := &Inventory{
 		DriverVersion:     node.DriverVersion,
 		CUDADriverVersion: node.CUDADriverVersion,
+		Order:             cfg.Order,
 		byName:            map[string]*Device{},
 	}
 	for idx := range cfg.PerGPU {
@@ -96,12 +237,31 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 		}
 	}
 	for _, g := range node.GPUs {
-		mode := cfg.DefaultMode
+		requested := cfg.DefaultMode
 		if m, ok := cfg.PerGPU[g.Index]; ok {
-			mode = m
+			requested = m
 		}
-		gpu := &GPU{GPU: g, Mode: mode}
-		gpu.Devices = append(gpu.Devices, &Device{Name: WholeGPUName(g.Index), Kind: KindGPU, GPU: gpu})
+		if _, err := ParseMode(string(requested)); err != nil {
+			return nil, fmt.Errorf("GPU %d: %w", g.Index, err)
+		}
+		mode, note, fallback := resolveMode(requested, g)
+		var model *MIGModel
+		if mode == ModeMIG || mode == ModeDynamic {
+			var err error
+			if model, err = NewMIGModel(g.MIGProfiles); err != nil {
+				was := mode
+				mode = map[Mode]Mode{ModeMIG: ModeExclusive, ModeDynamic: ModeShared}[was]
+				note = fmt.Sprintf("mode %s: the GPU's MIG tables cannot be published exactly (%v); using %s", was, err, mode)
+				fallback = true
+			}
+		}
+		gpu := &GPU{GPU: g, Mode: mode, ModeRequested: requested, ModeNote: note}
+		if fallback {
+			inv.Notes = append(inv.Notes, fmt.Sprintf("GPU %d (%s): %s", g.Index, g.ProductName, note))
+		}
+		if err := gpu.build(model); err != nil {
+			return nil, fmt.Errorf("GPU %d (%s): %w", g.Index, g.ProductName, err)
+		}
 		for _, d := range gpu.Devices {
 			if _, dup := inv.byName[d.Name]; dup {
 				return nil, fmt.Errorf("internal error: device name %s used twice", d.Name)
@@ -113,11 +273,158 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 	return inv, nil
 }
 
+// migUsable reports whether a GPU can be partitioned: MIG-capable, with
+// at least one profile discovery could describe.
+func migUsable(g nvml.GPU) bool { return g.MIGCapable && len(g.MIGProfiles) > 0 }
+
+// resolveMode turns a requested mode into the one in force, with a note
+// when they differ; fallback is set when the request could not be honoured.
+func resolveMode(requested Mode, g nvml.GPU) (mode Mode, note string, fallback bool) {
+	switch requested {
+	case ModeAuto:
+		if migUsable(g) {
+			return ModeMIG, "auto: mig, the default for MIG-capable GPUs", false
+		}
+		return ModeExclusive, "auto: exclusive, the default for GPUs without MIG", false
+	case ModeMIG:
+		if !migUsable(g) {
+			return ModeExclusive, "mode mig requested, but the GPU has no MIG; using exclusive", true
+		}
+	case ModeDynamic:
+		if !migUsable(g) {
+			return ModeShared, "mode dynamic requested, but the GPU has no MIG; using shared", true
+		}
+	}
+	return requested, "", false
+}
+
+// build lays out the GPU's devices and counters for its mode; model is
+// the GPU's MIG model in mig and dynamic mode.
+func (gpu *GPU) build(model *MIGModel) error {
+	whole := &Device{Name: WholeGPUName(gpu.Index), Kind: KindGPU, GPU: gpu}
+	gpu.Devices = append(gpu.Devices, whole)
+	switch gpu.Mode {
+	case ModeExclusive:
+		return nil
+	case ModeShared:
+		whole.Shareable = true
+		return nil
+	case ModeMIG, ModeDynamic:
+		whole.Shareable = gpu.Mode == ModeDynamic
+	default:
+		return fmt.Errorf("internal error: mode %q", gpu.Mode)
+	}
+
+	gpu.CounterSet = CounterSetName(gpu.Index)
+	gpu.Counters = model.Counters
+	whole.Counters = model.Counters
+	names := map[string]string{}
+	for _, p := range model.Profiles {
+		label, err := ProfileLabel(p.Name)
+		if err != nil {
+			return err
+		}
+		if other, dup := names[label]; dup {
+			return fmt.Errorf("MIG profiles %q and %q both map to device name part %q", other, p.Name, label)
+		}
+		names[label] = p.Name
+		prof := p
+		for _, pl := range PlacementOrder(p.Placements) {
+			gpu.Devices = append(gpu.Devices, &Device{
+				Name:      MIGDeviceName(gpu.Index, label, pl.Start),
+				Kind:      KindMIG,
+				GPU:       gpu,
+				MIG:       &prof,
+				Placement: pl,
+				Counters:  model.Consumes(prof, pl),
+			})
+		}
+	}
+	for _, d := range gpu.Devices {
+		if len(d.Name) > maxDeviceName {
+			return fmt.Errorf("device name %s is longer than %d characters", d.Name, maxDeviceName)
+		}
+	}
+	return nil
+}
+
+// maxDeviceName is the API's limit on device names (a DNS label).
+const maxDeviceName = 63
+
 // WholeGPUName is the device name of GPU index i.
 func WholeGPUName(i int) string { return fmt.Sprintf("gpu-%d", i) }
+
+// MIGDeviceName is the device name of a MIG placement of GPU i, with the
+// profile already mapped by ProfileLabel: "gpu-0-mig-1g10gb-me-6".
+func MIGDeviceName(i int, profileLabel string, start int) string {
+	return fmt.Sprintf("gpu-%d-mig-%s-%d", i, profileLabel, start)
+}
+
+// CounterSetName is the name of GPU i's shared counter set.
+func CounterSetName(i int) string { return fmt.Sprintf("gpu-%d-counters", i) }
+
+// ProfileLabel maps NVIDIA's profile notation onto the characters a device
+// name (a DNS label) may hold, one to one for the names NVIDIA uses:
+// '.' is dropped, "+x" becomes "-x" and "-x" (a feature taken away, as in
+// Blackwell's "1g.23gb-me") becomes "-nox". So "1g.10gb" → "1g10gb",
+// "1g.10gb+me" → "1g10gb-me", "1g.23gb+me.all" → "1g23gb-meall",
+// "1g.23gb-me" → "1g23gb-nome". The original name is published in the
+// device's `profile` attribute.
+func ProfileLabel(profile string) (string, error) {
+	var b strings.Builder
+	for _, r := range strings.ToLower(profile) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		case r == '.':
+		case r == '+':
+			b.WriteByte('-')
+		case r == '-':
+			b.WriteString("-no")
+		default:
+			return "", fmt.Errorf("MIG profile %q: character %q has no mapping into a device name", profile, r)
+		}
+	}
+	s := b.String()
+	if s == "" || strings.HasSuffix(s, "-") || strings.Contains(s, "--") {
+		return "", fmt.Errorf("MIG profile %q maps to %q, which is not part of a DNS label", profile, s)
+	}
+	return s, nil
+}
 
 // Device finds a device by name.
 func (inv *Inventory) Device(name string) (*Device, bool) {
 	d, ok := inv.byName[name]
 	return d, ok
+}
+
+// sortProfiles orders profiles for best fit: less memory first, then fewer
+// compute slices, then plain before variants ("+me": the scarce media
+// engines are only taken when asked for), then by profile ID.
+func sortProfiles(profiles []nvml.MIGProfile) {
+	sort.SliceStable(profiles, func(i, j int) bool {
+		a, b := profiles[i], profiles[j]
+		if a.MemoryBytes != b.MemoryBytes {
+			return a.MemoryBytes < b.MemoryBytes
+		}
+		if a.SliceCount != b.SliceCount {
+			return a.SliceCount < b.SliceCount
+		}
+		if va, vb := isVariant(a.Name), isVariant(b.Name); va != vb {
+			return !va
+		}
+		return a.GIProfileID < b.GIProfileID
+	})
+}
+
+func isVariant(name string) bool { return strings.ContainsAny(name, "+-") }
+
+// PlacementOrder lists a profile's placements from the end of the GPU to
+// its start: the allocator takes the first free one, so small instances
+// fill the GPU from the top and leave slice 0, where the large profiles
+// start, free as long as possible.
+func PlacementOrder(placements []nvml.Placement) []nvml.Placement {
+	out := append([]nvml.Placement(nil), placements...)
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Start > out[j].Start })
+	return out
 }

@@ -10,4 +10,11 @@
 //
 // Both backends hand the same gonvml.Interface to the same discovery code, so
 // what the tests exercise is what runs on a GPU node.
+//
+// Dynamic MIG (mig.go) goes through the same seam: EnableMIG, CreateMIG
+// (a GPU instance at a placement and the compute instance spanning it),
+// DestroyMIG, ListMIG and CanCreateTogether. The simulated backend refuses
+// what the hardware refuses (sim_mig.go: MIG mode, placements, overlapping
+// memory slices, one media extension per GPU, the driver's instance IDs)
+// and, with WithStateFile, keeps MIG state across processes (sim_state.go).
 package nvml

@@ -18,6 +18,13 @@ type Library struct {
 	pcieRoot PCIeRootFunc
 	// simulated is set for a machine-file backend.
 	simulated *Machine
+	// sim is the simulated MIG state of a machine-file backend.
+	sim *simNode
+
+	// gpusMu guards gpus, the per-GPU state of MIG operations (mig.go).
+	// It is held only to look an entry up, never across an NVML call.
+	gpusMu sync.Mutex
+	gpus   map[string]*gpuState
 
 	closeOnce sync.Once
 }
@@ -49,17 +56,23 @@ func sysfsPCIeRoot(busID string) (string, error) {
 }
 
 // OpenMachine simulates the node described by a machine file.
-func OpenMachine(path string) (*Library, error) {
+func OpenMachine(path string, opts ...SimOption) (*Library, error) {
 	m, err := LoadMachine(path)
 	if err != nil {
 		return nil, err
 	}
-	return OpenSimulated(m)
+	return OpenSimulated(m, opts...)
 }
 
 // OpenSimulated simulates a validated Machine on top of go-nvml's mock
-// server.
-func OpenSimulated(m *Machine) (*Library, error) {
+// server, with MIG that behaves like the hardware's (see sim_mig.go). By
+// default the simulated MIG state lives in memory; WithStateFile keeps it
+// across processes.
+func OpenSimulated(m *Machine, opts ...SimOption) (*Library, error) {
+	var o simOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}
@@ -70,10 +83,18 @@ func OpenSimulated(m *Machine) (*Library, error) {
 	}
 	srv := server.NewServerWithGPUs(m.DriverVersion, "12."+m.DriverVersion, cuda, configs...)
 	roots := map[string]string{}
+	modelNames := make([]string, len(m.GPUs))
 	for i, g := range m.GPUs {
 		dev := srv.Devices[i].(*server.Device)
 		simulateDevice(dev, g)
 		roots[g.PCIBusID] = g.PCIeRoot
+		modelNames[i] = g.Model
+	}
+	sim := newSimNode(srv, modelNames)
+	if o.stateFile != "" {
+		if err := sim.openStore(o.stateFile, m.Name); err != nil {
+			return nil, err
+		}
 	}
 	return &Library{
 		lib: srv,
@@ -85,6 +106,7 @@ func OpenSimulated(m *Machine) (*Library, error) {
 			return root, nil
 		},
 		simulated: m,
+		sim:       sim,
 	}, nil
 }
 
@@ -96,8 +118,8 @@ func defaultUUID(machine string, index int) string {
 }
 
 // simulateDevice fills in what go-nvml's mock leaves out or gets wrong for
-// Facet's purposes: identity, PCI location, NUMA, and the absence of MIG on
-// models without it.
+// Facet's purposes: identity, PCI location, NUMA and the MIG mode at boot.
+// MIG itself is newSimNode's.
 func simulateDevice(dev *server.Device, g MachineGPU) {
 	dev.UUID = g.UUID
 	dev.PciBusID = g.PCIBusID
@@ -122,17 +144,6 @@ func simulateDevice(dev *server.Device, g MachineGPU) {
 			return 0, gonvml.ERROR_NOT_SUPPORTED
 		}
 		return *g.NUMANode, gonvml.SUCCESS
-	}
-	if !migCapable(dev.Config) {
-		dev.GetMigModeFunc = func() (int, int, gonvml.Return) {
-			return 0, 0, gonvml.ERROR_NOT_SUPPORTED
-		}
-		dev.SetMigModeFunc = func(int) (gonvml.Return, gonvml.Return) {
-			return gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_NOT_SUPPORTED
-		}
-		dev.GetGpuInstanceProfileInfoFunc = func(int) (gonvml.GpuInstanceProfileInfo, gonvml.Return) {
-			return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
-		}
 	}
 }
 

@@ -12,18 +12,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -31,40 +25,74 @@ import (
 
 var updateGolden = flag.Bool("update", false, "rewrite the golden files under testdata/")
 
-// The mocks' driver version (dgxa100 and dgxh100 alike).
+// The simulated nodes' driver version.
 const mockDriverVersion = "550.54.15"
 
-// simNode is a go-nvml mock server prepared for nvcdi, with a simulated
-// driver root laid out for its GPUs.
-type simNode struct {
-	srv  *server.Server
+// testNode is a simulated node (a machine file opened with OpenMachine) with
+// a simulated driver root laid out for its GPUs.
+type testNode struct {
+	lib  *Library
 	root string
 }
 
-func (n *simNode) gpu(i int) *server.Device { return n.srv.Devices[i].(*server.Device) }
-
-// newSimNode prepares srv for nvcdi (see prepareForNvcdi) and gives it a
-// simulated driver root: shared when not empty (a root laid out by
-// newSharedRoot for the same GPU minors, which the test must not modify),
-// otherwise a fresh one. It skips the test where mknod is not permitted.
-func newSimNode(t *testing.T, srv *server.Server, shared string) *simNode {
-	t.Helper()
-	prepareForNvcdi(srv)
-	if shared != "" {
-		return &simNode{srv: srv, root: shared}
-	}
-	root := t.TempDir()
-	var minors []int
-	for _, d := range srv.Devices {
-		minors = append(minors, d.(*server.Device).Minor)
-	}
-	layoutOrSkip(t, root, srv.DriverVersion, minors)
-	return &simNode{srv: srv, root: root}
+// gpu returns the go-nvml mock device behind GPU i, for tests that break it.
+func (n *testNode) gpu(i int) *server.Device {
+	return n.lib.lib.(*server.Server).Devices[i].(*server.Device)
 }
 
-// newSharedRoot lays out one driver root for the mocks' eight GPUs (minors
-// 0-7), to share between the cases of a test that leave it alone: a root
-// has over a thousand device nodes, slow to create and delete.
+// openTestMachine writes a machine file of gpus GPUs of model and opens it
+// with OpenMachine. The GPUs' bus IDs are 0000:80:00.0 and up, where a
+// test host has no device whose /dev/dri nodes nvcdi would add.
+func openTestMachine(t *testing.T, model string, gpus int, opts ...SimOption) *Library {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "name: test-%s\ndriverVersion: %q\ncudaDriverVersion: \"12.4\"\ngpus:\n", strings.ToLower(model), mockDriverVersion)
+	for i := 0; i < gpus; i++ {
+		fmt.Fprintf(&b, "- model: %s\n  pciBusID: \"0000:%02x:00.0\"\n", model, 0x80+i)
+	}
+	path := filepath.Join(t.TempDir(), "machine.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := OpenMachine(path, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lib.Close() })
+	return lib
+}
+
+// The simulated nodes of the tests: eight GPUs, like go-nvml's dgxh100 and
+// dgxa100 mocks.
+func dgxH100(t *testing.T) *Library { return openTestMachine(t, "H100-SXM5-80GB", 8) }
+func dgxA100(t *testing.T) *Library { return openTestMachine(t, "A100-SXM4-40GB", 8) }
+
+// newTestNode gives lib a simulated driver root: shared when not empty (a
+// root laid out by newSharedRoot for the same GPU minors, which the test
+// must not modify), otherwise a fresh one. It skips the test where mknod is
+// not permitted.
+func newTestNode(t *testing.T, lib *Library, shared string) *testNode {
+	t.Helper()
+	n := &testNode{lib: lib, root: shared}
+	if shared != "" {
+		return n
+	}
+	n.root = t.TempDir()
+	node, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var minors []int
+	for _, g := range node.GPUs {
+		minors = append(minors, g.Minor)
+	}
+	layoutOrSkip(t, n.root, node.DriverVersion, minors)
+	return n
+}
+
+// newSharedRoot lays out one driver root for eight GPUs (minors 0-7), to
+// share between the cases of a test that leave it alone: a root has over a
+// thousand device nodes, slow to create and delete.
 func newSharedRoot(t *testing.T) string {
 	t.Helper()
 	root := t.TempDir()
@@ -82,186 +110,14 @@ func layoutOrSkip(t *testing.T, root, version string, minors []int) {
 	}
 }
 
-// prepareForNvcdi sets the NVML functions nvcdi calls that go-nvml's mock
-// server leaves nil (nil ones panic), the way Facet's simulated backend must:
-//
-//   - Device.IsMigDeviceHandle on full GPUs (false) and MIG devices (true);
-//   - Device.GetPciInfo with a BusId (the mock leaves it empty);
-//   - for MIG: Device.GetMaxMigDeviceCount, Device.GetMigDeviceHandleByIndex,
-//     Device.GetGpuInstanceById, GpuInstance.GetComputeInstanceById, and MIG
-//     device handles answering GetUUID, GetGpuInstanceId,
-//     GetComputeInstanceId, GetDeviceHandleFromMigDeviceHandle, GetIndex and
-//     GetAttributes; Interface.DeviceGetHandleByUUID must find MIG UUIDs.
-func prepareForNvcdi(srv *server.Server) {
-	var parents []*server.Device
-	for _, d := range srv.Devices {
-		dev := d.(*server.Device)
-		parents = append(parents, dev)
-		dev.IsMigDeviceHandleFunc = func() (bool, gonvml.Return) { return false, gonvml.SUCCESS }
-		busID := fmt.Sprintf("00000000:%02x:00.0", 0x80+dev.Index)
-		dev.GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) {
-			p := gonvml.PciInfo{PciDeviceId: dev.Config.PciDeviceId}
-			for i := 0; i < len(busID); i++ {
-				p.BusId[i] = int8(busID[i])
-			}
-			return p, gonvml.SUCCESS
-		}
-		dev.GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return 7, gonvml.SUCCESS }
-		dev.GetGpuInstanceByIdFunc = func(id int) (gonvml.GpuInstance, gonvml.Return) {
-			for _, gi := range sortedGIs(dev) {
-				if int(gi.Info.Id) == id {
-					return gi, gonvml.SUCCESS
-				}
-			}
-			return nil, gonvml.ERROR_NOT_FOUND
-		}
-		dev.GetMigDeviceHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
-			migs := migDevices(dev)
-			if i < 0 || i >= len(migs) {
-				return nil, gonvml.ERROR_NOT_FOUND
-			}
-			return migs[i], gonvml.SUCCESS
-		}
-		create := dev.CreateGpuInstanceFunc
-		dev.CreateGpuInstanceFunc = func(info *gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstance, gonvml.Return) {
-			gi, ret := create(info)
-			if ret == gonvml.SUCCESS {
-				prepareGI(gi.(*server.GpuInstance))
-			}
-			return gi, ret
-		}
-	}
-	byUUID := srv.DeviceGetHandleByUUIDFunc
-	srv.DeviceGetHandleByUUIDFunc = func(id string) (gonvml.Device, gonvml.Return) {
-		if strings.HasPrefix(id, "MIG-") {
-			for _, p := range parents {
-				for _, m := range migDevices(p) {
-					if u, _ := m.GetUUID(); u == id {
-						return m, gonvml.SUCCESS
-					}
-				}
-			}
-			return nil, gonvml.ERROR_NOT_FOUND
-		}
-		return byUUID(id)
-	}
-}
-
-func prepareGI(gi *server.GpuInstance) {
-	gi.GetComputeInstanceByIdFunc = func(id int) (gonvml.ComputeInstance, gonvml.Return) {
-		gi.RLock()
-		defer gi.RUnlock()
-		for ci := range gi.ComputeInstances {
-			if int(ci.Info.Id) == id {
-				return ci, gonvml.SUCCESS
-			}
-		}
-		return nil, gonvml.ERROR_NOT_FOUND
-	}
-}
-
-func sortedGIs(dev *server.Device) []*server.GpuInstance {
-	dev.RLock()
-	defer dev.RUnlock()
-	var gis []*server.GpuInstance
-	for gi := range dev.GpuInstances {
-		gis = append(gis, gi)
-	}
-	sort.Slice(gis, func(i, j int) bool { return gis[i].Info.Id < gis[j].Info.Id })
-	return gis
-}
-
-// migHandles keeps one MIG device handle per compute instance, as NVML
-// does, so that handles compare equal and record their calls.
-var migHandles sync.Map // *server.ComputeInstance -> *mock.Device
-
-// migDevices returns the MIG device handles of dev, one per compute
-// instance, ordered by GI then CI ID.
-func migDevices(dev *server.Device) []*mock.Device {
-	var out []*mock.Device
-	for _, gi := range sortedGIs(dev) {
-		gi.RLock()
-		var cis []*server.ComputeInstance
-		for ci := range gi.ComputeInstances {
-			cis = append(cis, ci)
-		}
-		gi.RUnlock()
-		sort.Slice(cis, func(i, j int) bool { return cis[i].Info.Id < cis[j].Info.Id })
-		for _, ci := range cis {
-			h, _ := migHandles.LoadOrStore(ci, newMIGHandle(dev, gi, ci))
-			out = append(out, h.(*mock.Device))
-		}
-	}
-	return out
-}
-
-func newMIGHandle(dev *server.Device, gi *server.GpuInstance, ci *server.ComputeInstance) *mock.Device {
-	giID, ciID := int(gi.Info.Id), int(ci.Info.Id)
-	giProfile := dev.Config.MIGProfiles.GpuInstanceProfiles[int(gi.Info.ProfileId)]
-	migUUID := "MIG-" + uuid.NewSHA1(uuid.NameSpaceOID, fmt.Appendf(nil, "%s/%d/%d", dev.UUID, giID, ciID)).String()
-	h := &mock.Device{
-		IsMigDeviceHandleFunc:                  func() (bool, gonvml.Return) { return true, gonvml.SUCCESS },
-		GetUUIDFunc:                            func() (string, gonvml.Return) { return migUUID, gonvml.SUCCESS },
-		GetGpuInstanceIdFunc:                   func() (int, gonvml.Return) { return giID, gonvml.SUCCESS },
-		GetComputeInstanceIdFunc:               func() (int, gonvml.Return) { return ciID, gonvml.SUCCESS },
-		GetDeviceHandleFromMigDeviceHandleFunc: func() (gonvml.Device, gonvml.Return) { return dev, gonvml.SUCCESS },
-		GetAttributesFunc: func() (gonvml.DeviceAttributes, gonvml.Return) {
-			return gonvml.DeviceAttributes{
-				MultiprocessorCount:       giProfile.MultiprocessorCount,
-				GpuInstanceSliceCount:     giProfile.SliceCount,
-				ComputeInstanceSliceCount: giProfile.SliceCount,
-				MemorySizeMB:              giProfile.MemorySizeMB,
-			}, gonvml.SUCCESS
-		},
-	}
-	// The MIG device's position among its parent's MIG devices.
-	h.GetIndexFunc = func() (int, gonvml.Return) {
-		for i, m := range migDevices(dev) {
-			if m == h {
-				return i, gonvml.SUCCESS
-			}
-		}
-		return 0, gonvml.ERROR_NOT_FOUND
-	}
-	return h
-}
-
-// createMIG makes a 1-slice GPU instance and its compute instance on dev,
-// returning their NVML IDs.
-func createMIG(t *testing.T, dev *server.Device) (giID, ciID int) {
-	t.Helper()
-	if ret, _ := dev.SetMigMode(gonvml.DEVICE_MIG_ENABLE); ret != gonvml.SUCCESS {
-		t.Fatalf("SetMigMode: %v", ret)
-	}
-	giInfo, ret := dev.GetGpuInstanceProfileInfo(gonvml.GPU_INSTANCE_PROFILE_1_SLICE)
-	if ret != gonvml.SUCCESS {
-		t.Fatalf("GetGpuInstanceProfileInfo: %v", ret)
-	}
-	gi, ret := dev.CreateGpuInstance(&giInfo)
-	if ret != gonvml.SUCCESS {
-		t.Fatalf("CreateGpuInstance: %v", ret)
-	}
-	ciInfo, ret := gi.GetComputeInstanceProfileInfo(gonvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-	if ret != gonvml.SUCCESS {
-		t.Fatalf("GetComputeInstanceProfileInfo: %v", ret)
-	}
-	ci, ret := gi.CreateComputeInstance(&ciInfo)
-	if ret != gonvml.SUCCESS {
-		t.Fatalf("CreateComputeInstance: %v", ret)
-	}
-	gii, _ := gi.GetInfo()
-	cii, _ := ci.GetInfo()
-	return int(gii.Id), int(cii.Id)
-}
-
-func newEditor(t *testing.T, n *simNode, opts DriverEditorOptions) *DriverEditor {
+func newEditor(t *testing.T, n *testNode, opts DriverEditorOptions) *DriverEditor {
 	t.Helper()
 	if opts.DriverRoot == "/" {
 		opts.DriverRoot = n.root + "/"
 	} else {
 		opts.DriverRoot = n.root
 	}
-	e, err := NewDriverEditor(n.srv, opts)
+	e, err := n.lib.DriverEditor(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +137,7 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 	shared := newSharedRoot(t)
 	for _, tc := range []struct {
 		name      string
-		srv       func() *server.Server
+		lib       func(*testing.T) *Library
 		opts      DriverEditorOptions
 		breakRoot func(root string) error
 		golden    string
@@ -290,43 +146,43 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 	}{
 		{
 			name:      "dgxh100",
-			srv:       dgxh100.New,
+			lib:       dgxH100,
 			golden:    "common-edits-" + mockDriverVersion,
 			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
 		},
 		{
 			name:      "dgxa100",
-			srv:       dgxa100.New,
+			lib:       dgxA100,
 			golden:    "common-edits-" + mockDriverVersion,
 			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
 		},
 		{
 			name:      "custom hook path, ldcache hook only",
-			srv:       dgxh100.New,
+			lib:       dgxH100,
 			opts:      DriverEditorOptions{NvidiaCDIHookPath: "/opt/facet/bin/nvidia-cdi-hook", DisabledHooks: []string{"create-symlinks", "enable-cuda-compat", "disable-device-node-modification"}},
 			wantHooks: []string{"update-ldcache"},
 		},
 		{
 			name: "all hooks disabled",
-			srv:  dgxh100.New,
+			lib:  dgxH100,
 			opts: DriverEditorOptions{DisabledHooks: []string{"all"}},
 		},
 		{
 			name:      "root with a trailing slash",
-			srv:       dgxh100.New,
+			lib:       dgxH100,
 			opts:      DriverEditorOptions{DriverRoot: "/"}, // replaced by root + "/"
 			golden:    "common-edits-" + mockDriverVersion,
 			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
 		},
 		{
 			name:      "no nvidiactl",
-			srv:       dgxh100.New,
+			lib:       dgxH100,
 			breakRoot: func(root string) error { return os.Remove(filepath.Join(root, "dev", "nvidiactl")) },
 			wantErr:   "no /dev/nvidiactl",
 		},
 		{
 			name:      "no driver libraries",
-			srv:       dgxh100.New,
+			lib:       dgxH100,
 			breakRoot: func(root string) error { return os.RemoveAll(filepath.Join(root, "usr", "lib")) },
 			wantErr:   "driver root",
 		},
@@ -336,7 +192,7 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 			if tc.breakRoot != nil {
 				root = ""
 			}
-			n := newSimNode(t, tc.srv(), root)
+			n := newTestNode(t, tc.lib(t), root)
 			if tc.breakRoot != nil {
 				if err := tc.breakRoot(n.root); err != nil {
 					t.Fatal(err)
@@ -404,22 +260,22 @@ func TestDriverEditorGPUEdits(t *testing.T) {
 	shared := newSharedRoot(t)
 	for _, tc := range []struct {
 		name      string
-		srv       func() *server.Server
+		lib       func(*testing.T) *Library
 		gpu       int
-		uuid      func(n *simNode) string
-		breakNode func(n *simNode)
+		uuid      func(n *testNode) string
+		breakNode func(n *testNode)
 		freshRoot bool // breakNode changes the root
 		want      []string
 		wantErr   []string
 	}{
-		{name: "dgxh100 GPU 3", srv: dgxh100.New, gpu: 3, want: []string{"/dev/nvidia3"}},
-		{name: "dgxh100 GPU 0", srv: dgxh100.New, gpu: 0, want: []string{"/dev/nvidia0"}},
-		{name: "dgxa100 GPU 7", srv: dgxa100.New, gpu: 7, want: []string{"/dev/nvidia7"}},
+		{name: "dgxh100 GPU 3", lib: dgxH100, gpu: 3, want: []string{"/dev/nvidia3"}},
+		{name: "dgxh100 GPU 0", lib: dgxH100, gpu: 0, want: []string{"/dev/nvidia0"}},
+		{name: "dgxa100 GPU 7", lib: dgxA100, gpu: 7, want: []string{"/dev/nvidia7"}},
 		{
 			name: "minor differs from index",
-			srv:  dgxh100.New,
+			lib:  dgxH100,
 			gpu:  2,
-			breakNode: func(n *simNode) {
+			breakNode: func(n *testNode) {
 				// Swap the minors of GPUs 2 and 5: the node follows the minor.
 				n.gpu(2).Minor, n.gpu(5).Minor = 5, 2
 			},
@@ -427,22 +283,22 @@ func TestDriverEditorGPUEdits(t *testing.T) {
 		},
 		{
 			name:    "unknown UUID",
-			srv:     dgxh100.New,
-			uuid:    func(*simNode) string { return "GPU-00000000-1111-2222-3333-444444444444" },
+			lib:     dgxH100,
+			uuid:    func(*testNode) string { return "GPU-00000000-1111-2222-3333-444444444444" },
 			wantErr: []string{"GPU-00000000-1111-2222-3333-444444444444", "driver root"},
 		},
 		{
 			name:    "index instead of UUID",
-			srv:     dgxh100.New,
-			uuid:    func(*simNode) string { return "3" },
+			lib:     dgxH100,
+			uuid:    func(*testNode) string { return "3" },
 			wantErr: []string{`"3"`, "not a GPU UUID"},
 		},
 		{
 			name:      "device node missing",
-			srv:       dgxh100.New,
+			lib:       dgxH100,
 			gpu:       4,
 			freshRoot: true,
-			breakNode: func(n *simNode) {
+			breakNode: func(n *testNode) {
 				if err := os.Remove(filepath.Join(n.root, "dev", "nvidia4")); err != nil {
 					panic(err)
 				}
@@ -451,9 +307,9 @@ func TestDriverEditorGPUEdits(t *testing.T) {
 		},
 		{
 			name: "NVML function missing in the simulation",
-			srv:  dgxh100.New,
+			lib:  dgxH100,
 			gpu:  1,
-			breakNode: func(n *simNode) {
+			breakNode: func(n *testNode) {
 				n.gpu(1).GetMinorNumberFunc = nil
 			},
 			wantErr: []string{"nvcdi panicked", "GetMinorNumber"},
@@ -464,7 +320,7 @@ func TestDriverEditorGPUEdits(t *testing.T) {
 			if tc.freshRoot {
 				root = ""
 			}
-			n := newSimNode(t, tc.srv(), root)
+			n := newTestNode(t, tc.lib(t), root)
 			if tc.breakNode != nil {
 				tc.breakNode(n)
 			}
@@ -548,33 +404,62 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 	// "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4", ..., 9 minors per GPU
 	// instance, 135 per GPU, "gpu31/gi14/ci7/access 4322").
 	for _, tc := range []struct {
-		name    string
-		srv     func() *server.Server
-		gpu     int
-		extraGI int // GPU instances created first, so the tested one has ID extraGI
-		want    []string
+		name   string
+		lib    func(*testing.T) *Library
+		gpu    int
+		others []MIGPlacement // created first
+		create MIGPlacement
+		wantGI int
+		want   []string
 	}{
-		{name: "dgxh100 GPU 3 GI 0 CI 0", srv: dgxh100.New, gpu: 3, want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap408", "/dev/nvidia-caps/nvidia-cap409"}},
-		{name: "dgxh100 GPU 3 GI 2 CI 0", srv: dgxh100.New, gpu: 3, extraGI: 2, want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap426", "/dev/nvidia-caps/nvidia-cap427"}},
-		{name: "dgxa100 GPU 0 GI 0 CI 0", srv: dgxa100.New, gpu: 0, want: []string{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap3", "/dev/nvidia-caps/nvidia-cap4"}},
-		{name: "dgxa100 GPU 7 GI 1 CI 0", srv: dgxa100.New, gpu: 7, extraGI: 1, want: []string{"/dev/nvidia7", "/dev/nvidia-caps/nvidia-cap957", "/dev/nvidia-caps/nvidia-cap958"}},
+		{
+			name: "dgxh100 GPU 3 7g", lib: dgxH100, gpu: 3,
+			create: MIGPlacement{gonvml.GPU_INSTANCE_PROFILE_7_SLICE, 0}, wantGI: 0,
+			want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap408", "/dev/nvidia-caps/nvidia-cap409"},
+		},
+		{
+			name: "dgxh100 GPU 3 3g at 4 next to 1g", lib: dgxH100, gpu: 3,
+			others: []MIGPlacement{{gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0}},
+			create: MIGPlacement{gonvml.GPU_INSTANCE_PROFILE_3_SLICE, 4}, wantGI: 2,
+			want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap426", "/dev/nvidia-caps/nvidia-cap427"},
+		},
+		{
+			name: "dgxa100 GPU 0 1g at 0", lib: dgxA100, gpu: 0,
+			create: MIGPlacement{gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0}, wantGI: 7,
+			want: []string{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap66", "/dev/nvidia-caps/nvidia-cap67"},
+		},
+		{
+			name: "dgxa100 GPU 7 2g at 2 next to 3g", lib: dgxA100, gpu: 7,
+			others: []MIGPlacement{{gonvml.GPU_INSTANCE_PROFILE_3_SLICE, 4}},
+			create: MIGPlacement{gonvml.GPU_INSTANCE_PROFILE_2_SLICE, 2}, wantGI: 4,
+			want: []string{"/dev/nvidia7", "/dev/nvidia-caps/nvidia-cap984", "/dev/nvidia-caps/nvidia-cap985"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := newSimNode(t, tc.srv(), "")
+			n := newTestNode(t, tc.lib(t), "")
 			if err := BindSimulatedProcDriver(n.root); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { unix.Unmount("/proc/driver", unix.MNT_DETACH) })
-			dev := n.gpu(tc.gpu)
-			for range tc.extraGI {
-				createMIG(t, dev)
+			parent := n.gpu(tc.gpu).UUID
+			if _, err := n.lib.EnableMIG(parent); err != nil {
+				t.Fatal(err)
 			}
-			gi, ci := createMIG(t, dev)
-			if gi != tc.extraGI || ci != 0 {
-				t.Fatalf("created GI %d CI %d, want GI %d CI 0", gi, ci, tc.extraGI)
+			for _, o := range tc.others {
+				if _, err := n.lib.CreateMIG(parent, o.GIProfileID, o.Start); err != nil {
+					t.Fatal(err)
+				}
+			}
+			inst, err := n.lib.CreateMIG(parent, tc.create.GIProfileID, tc.create.Start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gi, ci := inst.GIID, inst.CIID
+			if gi != tc.wantGI || ci != 0 {
+				t.Fatalf("created GI %d CI %d, want GI %d CI 0", gi, ci, tc.wantGI)
 			}
 			e := newEditor(t, n, DriverEditorOptions{})
-			edits, err := e.MIGEdits(dev.UUID, gi, ci)
+			edits, err := e.MIGEdits(parent, gi, ci)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -595,15 +480,22 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 			}
 
 			// A GI/CI that does not exist.
-			if _, err := e.MIGEdits(dev.UUID, gi, ci+1); err == nil || !strings.Contains(err.Error(), dev.UUID) || !strings.Contains(err.Error(), "no such MIG device") {
+			if _, err := e.MIGEdits(parent, gi, ci+1); err == nil || !strings.Contains(err.Error(), parent) || !strings.Contains(err.Error(), "no such MIG device") {
 				t.Errorf("missing CI: error %v", err)
 			}
 			// The GI's capability node is missing under the dev root.
 			if err := os.Remove(filepath.Join(n.root, tc.want[1])); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.MIGEdits(dev.UUID, gi, ci); err == nil || !strings.Contains(err.Error(), "nvidia-caps nodes") {
+			if _, err := e.MIGEdits(parent, gi, ci); err == nil || !strings.Contains(err.Error(), "nvidia-caps nodes") {
 				t.Errorf("missing caps node: error %v", err)
+			}
+			// Destroyed, the MIG device is gone for nvcdi too.
+			if err := n.lib.DestroyMIG(parent, gi, ci); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.MIGEdits(parent, gi, ci); err == nil || !strings.Contains(err.Error(), "no such MIG device") {
+				t.Errorf("destroyed: error %v", err)
 			}
 		})
 	}
@@ -613,11 +505,17 @@ func TestDriverEditorMIGEditsWithoutMIGMinors(t *testing.T) {
 	if _, err := os.Stat(MIGMinorsPath); err == nil {
 		t.Skipf("%s exists on this host", MIGMinorsPath)
 	}
-	n := newSimNode(t, dgxh100.New(), newSharedRoot(t))
-	dev := n.gpu(3)
-	gi, ci := createMIG(t, dev)
-	_, err := newEditor(t, n, DriverEditorOptions{}).MIGEdits(dev.UUID, gi, ci)
-	if err == nil || !strings.Contains(err.Error(), MIGMinorsPath) || !strings.Contains(err.Error(), dev.UUID) {
+	n := newTestNode(t, dgxH100(t), newSharedRoot(t))
+	parent := n.gpu(3).UUID
+	if _, err := n.lib.EnableMIG(parent); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := n.lib.CreateMIG(parent, gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = newEditor(t, n, DriverEditorOptions{}).MIGEdits(parent, inst.GIID, inst.CIID)
+	if err == nil || !strings.Contains(err.Error(), MIGMinorsPath) || !strings.Contains(err.Error(), parent) {
 		t.Fatalf("error %v, want one naming %s and the GPU", err, MIGMinorsPath)
 	}
 }
@@ -862,8 +760,7 @@ func lineDiff(want, got string) string {
 }
 
 func TestNewDriverEditorErrors(t *testing.T) {
-	srv := dgxh100.New()
-	prepareForNvcdi(srv)
+	srv := dgxH100(t).lib
 	missing := filepath.Join(t.TempDir(), "missing")
 	for _, tc := range []struct {
 		name    string

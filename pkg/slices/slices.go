@@ -17,36 +17,127 @@ import (
 	"github.com/facet-gpu/facet/pkg/inventory"
 )
 
-// MaxDevicesPerSlice is the API's limit on devices in one slice (128), or 64
-// when any device consumes counters (resource/v1 types.go).
+// API limits this package lays slices out by (resource/v1 types.go).
 const (
+	// MaxDevicesPerSlice is the limit on devices in one slice (128), or 64
+	// when any device consumes counters (or has taints).
 	MaxDevicesPerSlice         = resourceapi.ResourceSliceMaxDevices
 	MaxDevicesPerSliceCounters = resourceapi.ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
+	// MaxCounterSetsPerSlice is the limit on counter sets in one slice.
+	MaxCounterSetsPerSlice = resourceapi.ResourceSliceMaxCounterSets
 )
 
-// Resources builds the pool of one node: one pool named after the node,
-// each GPU's devices kept together in one slice (the allocator takes the
-// first device that fits, and slice names are random, so order is only
-// reliable inside a slice).
+// Capacity names Facet publishes (in the driver's domain).
+const (
+	// CapacityMemory is framebuffer memory in bytes: a whole GPU's, a MIG
+	// instance's, or the pool a vGPU share takes its part of.
+	CapacityMemory resourceapi.QualifiedName = "memory"
+	// CapacityCores is the percentage of the GPU's SM time a vGPU share may
+	// use (HAMi-core's limit); 0 asks for best effort.
+	CapacityCores resourceapi.QualifiedName = "cores"
+	// CapacityMultiprocessors is a MIG instance's number of SMs.
+	CapacityMultiprocessors resourceapi.QualifiedName = "multiprocessors"
+)
+
+// Resources builds the pool of one node: one pool named after the node.
+//
+// Layout:
+//   - Counter slices first: the GPUs' counter sets, at most 8 per slice (a
+//     node with more MIG GPUs gets several).
+//   - Then device slices: each GPU's devices stay together in one slice,
+//     GPUs by index, as many GPUs per slice as the device limit allows (64
+//     when any of them consumes counters, else 128).
+//   - Inside a slice, inv.Order decides: binpack lists GPU after GPU,
+//     spread interleaves them device by device.
+//
+// The allocator takes the first device that fits, in slice order. The
+// scheduler lists slices from an informer cache, whose order is that of a
+// Go map (client-go tools/cache threadSafeMap.List): the order of the slices
+// of a node is random on every scheduling cycle, so only the order inside a
+// slice is policy. What binpack and spread then mean, measured with the
+// upstream allocator (test/allocator TestMIGBinpackSpread): an 8×H100 node
+// in mig mode has 26 devices per GPU, so two GPUs per device slice; sixteen
+// 1g.10gb claims land on 3 GPUs (binpack) or 4 (spread) in slice order, and
+// on 4.0 or 7.5 GPUs on average over random slice orders. Binpack fills one
+// GPU of a pair before the other, spread alternates within the pair; which
+// pair comes first is the scheduler's draw. In exclusive and shared mode
+// all GPUs of an 8- or 16-GPU node share one slice, so the order holds
+// node-wide; vGPU shares always go to the first GPU with room (spread
+// cannot change that: each GPU is one device).
 func Resources(inv *inventory.Inventory, nodeName string) resourceslice.DriverResources {
 	var slices []resourceslice.Slice
-	var cur []resourceapi.Device
+
+	var sets []resourceapi.CounterSet
 	for _, gpu := range inv.GPUs {
-		devs := make([]resourceapi.Device, 0, len(gpu.Devices))
-		for _, d := range gpu.Devices {
-			devs = append(devs, device(inv, d))
+		if gpu.CounterSet == "" {
+			continue
 		}
-		if len(cur)+len(devs) > MaxDevicesPerSlice && len(cur) > 0 {
-			slices = append(slices, resourceslice.Slice{Devices: cur})
-			cur = nil
+		if len(sets) == MaxCounterSetsPerSlice {
+			slices = append(slices, resourceslice.Slice{SharedCounters: sets})
+			sets = nil
 		}
-		cur = append(cur, devs...)
+		cs := resourceapi.CounterSet{Name: gpu.CounterSet, Counters: map[string]resourceapi.Counter{}}
+		for _, c := range gpu.Counters {
+			cs.Counters[c] = resourceapi.Counter{Value: one()}
+		}
+		sets = append(sets, cs)
 	}
-	if len(cur) > 0 || len(slices) == 0 {
-		slices = append(slices, resourceslice.Slice{Devices: cur})
+	if len(sets) > 0 {
+		slices = append(slices, resourceslice.Slice{SharedCounters: sets})
+	}
+
+	var group []*inventory.GPU
+	n, counters := 0, false
+	flush := func() {
+		if len(group) > 0 {
+			slices = append(slices, resourceslice.Slice{Devices: ordered(inv, group)})
+		}
+		group, n, counters = nil, 0, false
+	}
+	for _, gpu := range inv.GPUs {
+		hasCounters := gpu.CounterSet != ""
+		limit := MaxDevicesPerSlice
+		if counters || hasCounters {
+			limit = MaxDevicesPerSliceCounters
+		}
+		if len(group) > 0 && n+len(gpu.Devices) > limit {
+			flush()
+		}
+		group = append(group, gpu)
+		n += len(gpu.Devices)
+		counters = counters || hasCounters
+	}
+	flush()
+	if len(slices) == 0 {
+		slices = append(slices, resourceslice.Slice{})
 	}
 	return resourceslice.DriverResources{
 		Pools: map[string]resourceslice.Pool{nodeName: {Slices: slices}},
+	}
+}
+
+// ordered renders the devices of GPUs sharing one slice in inv.Order.
+func ordered(inv *inventory.Inventory, gpus []*inventory.GPU) []resourceapi.Device {
+	var out []resourceapi.Device
+	if inv.Order != inventory.OrderSpread {
+		for _, gpu := range gpus {
+			for _, d := range gpu.Devices {
+				out = append(out, device(inv, d))
+			}
+		}
+		return out
+	}
+	for k := 0; ; k++ {
+		more := false
+		for _, gpu := range gpus {
+			if k < len(gpu.Devices) {
+				out = append(out, device(inv, gpu.Devices[k]))
+				more = true
+			}
+		}
+		if !more {
+			return out
+		}
 	}
 }
 
@@ -54,30 +145,100 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 	g := d.GPU
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		"type":                  str(string(d.Kind)),
-		"index":                 {IntValue: ptr.To(int64(g.Index))},
-		"uuid":                  str(g.UUID),
+		"index":                 intAttr(g.Index),
 		"productName":           str(truncate(g.ProductName)),
 		"architecture":          str(g.Architecture),
 		"brand":                 str(g.Brand),
 		"cudaComputeCapability": version(g.CUDAComputeCapability),
 		"driverVersion":         version(inv.DriverVersion),
 		"cudaDriverVersion":     version(inv.CUDADriverVersion),
-		"migCapable":            {BoolValue: ptr.To(g.MIGCapable)},
 		"mode":                  str(string(g.Mode)),
 	}
 	if g.NUMANode >= 0 {
-		attrs["numaNode"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(g.NUMANode))}
+		attrs["numaNode"] = intAttr(g.NUMANode)
 	}
 	if g.PCIeRoot != "" {
 		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
 	}
-	return resourceapi.Device{
-		Name:       d.Name,
-		Attributes: attrs,
-		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-			"memory": {Value: *resource.NewQuantity(int64(g.MemoryBytes), resource.BinarySI)},
+	out := resourceapi.Device{Name: d.Name, Attributes: attrs}
+	switch d.Kind {
+	case inventory.KindMIG:
+		attrs["profile"] = str(d.MIG.Name)
+		attrs["parentUUID"] = str(g.UUID)
+		attrs["placementStart"] = intAttr(d.Placement.Start)
+		out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			CapacityMemory:          {Value: bytesQ(d.MIG.MemoryBytes)},
+			CapacityMultiprocessors: {Value: *resource.NewQuantity(int64(d.MIG.Multiprocessors), resource.DecimalSI)},
+		}
+	default:
+		attrs["uuid"] = str(g.UUID)
+		attrs["migCapable"] = resourceapi.DeviceAttribute{BoolValue: ptr.To(g.MIGCapable)}
+		if d.Shareable {
+			out.AllowMultipleAllocations = ptr.To(true)
+			out.Capacity = shareCapacity(g.MemoryBytes)
+		} else {
+			out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+				CapacityMemory: {Value: bytesQ(g.MemoryBytes)},
+			}
+		}
+	}
+	if len(d.Counters) > 0 {
+		counters := make(map[string]resourceapi.Counter, len(d.Counters))
+		for _, c := range d.Counters {
+			counters[c] = resourceapi.Counter{Value: one()}
+		}
+		out.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: g.CounterSet, Counters: counters}}
+	}
+	return out
+}
+
+// shareCapacity is the consumable capacity of a multi-allocatable gpu-<i>
+// (KEP-5075; rounding in k8s.io/dynamic-resource-allocation
+// structured/internal/experimental/consumable_capacity.go):
+//
+//   - memory: the GPU's memory in whole MiB. A request is rounded up to a
+//     whole MiB (validRange min 1Mi, step 1Mi) and may not exceed all of
+//     it; a request that names no memory takes all of it (default).
+//   - cores: percent of SM time, 0-100 in steps of 1; a request that names
+//     no cores takes 100 (default). 0 is best effort.
+//
+// So a claim that asks for nothing gets the whole GPU, and no other share
+// fits beside it.
+func shareCapacity(memoryBytes uint64) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
+	mem := bytesQ(memoryBytes &^ (1<<20 - 1))
+	pct := func(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
+	return map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		CapacityMemory: {
+			Value: mem,
+			RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default: ptr.To(mem.DeepCopy()),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{
+					Min:  ptr.To(resource.MustParse("1Mi")),
+					Max:  ptr.To(mem.DeepCopy()),
+					Step: ptr.To(resource.MustParse("1Mi")),
+				},
+			},
+		},
+		CapacityCores: {
+			Value: pct(100),
+			RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default: ptr.To(pct(100)),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{
+					Min:  ptr.To(pct(0)),
+					Max:  ptr.To(pct(100)),
+					Step: ptr.To(pct(1)),
+				},
+			},
 		},
 	}
+}
+
+func bytesQ(n uint64) resource.Quantity { return *resource.NewQuantity(int64(n), resource.BinarySI) }
+
+func one() resource.Quantity { return *resource.NewQuantity(1, resource.DecimalSI) }
+
+func intAttr(i int) resourceapi.DeviceAttribute {
+	return resourceapi.DeviceAttribute{IntValue: ptr.To(int64(i))}
 }
 
 func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }

@@ -3,9 +3,12 @@ package slices
 import (
 	"bytes"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/nvml"
@@ -13,12 +16,44 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
 
+// Sixteen is a 16-GPU machine (two HGX H100 boards' worth), to show more
+// than 8 counter sets per node.
+func Sixteen() *nvml.Machine {
+	m := &nvml.Machine{Name: "sixteen-h100", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
+	for i := 0; i < 16; i++ {
+		numa := i / 8
+		m.GPUs = append(m.GPUs, nvml.MachineGPU{
+			Model:    "H100-SXM5-80GB",
+			PCIBusID: fmt.Sprintf("0000:%02x:00.0", 0x10+i*8),
+			PCIeRoot: fmt.Sprintf("pci0000:%02x", 0x10+(i/2)*0x10),
+			NUMANode: &numa,
+		})
+	}
+	return m
+}
+
 func render(t *testing.T, machine string, cfg inventory.Config) []byte {
 	t.Helper()
-	lib, err := nvml.OpenMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
+	var buf bytes.Buffer
+	if err := WriteYAML(&buf, objects(t, machine, cfg)); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func objects(t *testing.T, machine string, cfg inventory.Config) []*resourceapi.ResourceSlice {
+	t.Helper()
+	var lib *nvml.Library
+	var err error
+	if machine == "sixteen-h100" {
+		lib, err = nvml.OpenSimulated(Sixteen())
+	} else {
+		lib, err = nvml.OpenMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer lib.Close()
 	node, err := lib.Discover()
 	if err != nil {
 		t.Fatal(err)
@@ -27,11 +62,7 @@ func render(t *testing.T, machine string, cfg inventory.Config) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	if err := WriteYAML(&buf, Objects(Resources(inv, "node-a"), "node-a")); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return Objects(Resources(inv, "node-a"), "node-a")
 }
 
 // TestGolden pins the exact slices of each demo machine.
@@ -41,8 +72,14 @@ func TestGolden(t *testing.T) {
 		cfg     inventory.Config
 		golden  string
 	}{
-		{"dgx-h100", inventory.Config{}, "dgx-h100-exclusive.yaml"},
+		{"dgx-h100", inventory.Config{DefaultMode: inventory.ModeExclusive}, "dgx-h100-exclusive.yaml"},
+		{"dgx-h100", inventory.Config{}, "dgx-h100-mig.yaml"}, // auto: mig
+		{"dgx-h100", inventory.Config{DefaultMode: inventory.ModeShared}, "dgx-h100-shared.yaml"},
+		{"dgx-h100", inventory.Config{DefaultMode: inventory.ModeDynamic}, "dgx-h100-dynamic.yaml"},
+		{"dgx-h100", inventory.Config{DefaultMode: inventory.ModeExclusive, PerGPU: map[int]inventory.Mode{0: inventory.ModeMIG, 1: inventory.ModeDynamic, 2: inventory.ModeShared}}, "dgx-h100-mixed.yaml"},
+		{"sixteen-h100", inventory.Config{DefaultMode: inventory.ModeMIG}, "sixteen-h100-mig.yaml"},
 		{"l4x4", inventory.Config{}, "l4x4-exclusive.yaml"},
+		{"l4x4", inventory.Config{DefaultMode: inventory.ModeMIG}, "l4x4-mig.yaml"}, // falls back to exclusive
 	} {
 		t.Run(tc.golden, func(t *testing.T) {
 			got := render(t, tc.machine, tc.cfg)
@@ -60,5 +97,51 @@ func TestGolden(t *testing.T) {
 				t.Errorf("slices differ from %s (run with -update if intended):\n%s", path, got)
 			}
 		})
+	}
+}
+
+// TestLimits renders every machine in every mode and checks the slices
+// against the API's limits and the allocator's cross-references.
+func TestLimits(t *testing.T) {
+	machines := []string{"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "l4x4", "sixteen-h100"}
+	for _, machine := range machines {
+		for _, mode := range inventory.Modes {
+			for _, order := range inventory.Orders {
+				cfg := inventory.Config{DefaultMode: mode, Order: order}
+				t.Run(fmt.Sprintf("%s/%s/%s", machine, mode, order), func(t *testing.T) {
+					objs := objects(t, machine, cfg)
+					for _, err := range CheckLimits(objs) {
+						t.Error(err)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestCounterSlices: more than 8 MIG GPUs need more than one counter
+// slice, and each GPU's devices stay in one slice.
+func TestCounterSlices(t *testing.T) {
+	objs := objects(t, "sixteen-h100", inventory.Config{DefaultMode: inventory.ModeMIG})
+	var counterSlices, sets int
+	where := map[string]string{} // GPU → slice
+	for _, o := range objs {
+		if len(o.Spec.SharedCounters) > 0 {
+			counterSlices++
+			sets += len(o.Spec.SharedCounters)
+		}
+		for _, d := range o.Spec.Devices {
+			gpu := fmt.Sprint(*d.Attributes["index"].IntValue)
+			if s, ok := where[gpu]; ok && s != o.Name {
+				t.Errorf("GPU %s has devices in slices %s and %s", gpu, s, o.Name)
+			}
+			where[gpu] = o.Name
+		}
+	}
+	if counterSlices != 2 || sets != 16 || len(where) != 16 {
+		t.Errorf("%d counter slices with %d sets, devices of %d GPUs; want 2, 16, 16", counterSlices, sets, len(where))
+	}
+	if want := int64(len(objs)); objs[0].Spec.Pool.ResourceSliceCount != want {
+		t.Errorf("resourceSliceCount %d, want %d", objs[0].Spec.Pool.ResourceSliceCount, want)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand"
 	"os"
 
 	v1 "k8s.io/api/core/v1"
@@ -33,11 +34,21 @@ var Features = structured.Features{
 	ConsumableCapacity:     true,
 }
 
+// celCache holds compiled CEL selectors for every Cluster, as the
+// scheduler keeps one for its lifetime.
+var celCache = cel.NewCache(1000, cel.Features{EnableConsumableCapacity: true})
+
 // Cluster is a set of nodes' slices, DeviceClasses and the allocations made
 // so far.
 type Cluster struct {
 	Slices  []*resourceapi.ResourceSlice
 	Classes map[string]*resourceapi.DeviceClass
+	// Shuffle, when set, hands the allocator the slices in a new random
+	// order on every call, as the scheduler does: it lists them from an
+	// informer cache, whose List walks a Go map (client-go tools/cache
+	// threadSafeMap.List, reached through resourceslice/tracker
+	// ListPatchedResourceSlices). Without it they come in Slices' order.
+	Shuffle *rand.Rand
 	state   structured.AllocatedState
 	cache   *cel.Cache
 }
@@ -52,7 +63,7 @@ func NewCluster(slices []*resourceapi.ResourceSlice, classes []*resourceapi.Devi
 			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
 			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
 		},
-		cache: cel.NewCache(100, cel.Features{EnableConsumableCapacity: true}),
+		cache: celCache,
 	}
 	for _, cl := range classes {
 		c.Classes[cl.Name] = cl
@@ -81,21 +92,53 @@ func (c *Cluster) Get(name string) (*resourceapi.DeviceClass, error) {
 // scheduler's DRA plugin would. It returns nil, nil when the claim does not
 // fit. A successful allocation is recorded, so later claims see it.
 func (c *Cluster) Allocate(ctx context.Context, node string, claim *resourceapi.ResourceClaim) (*resourceapi.AllocationResult, error) {
-	a, err := structured.NewAllocator(ctx, Features, c.state, c, c.Slices, c.cache)
+	results, err := c.AllocateTogether(ctx, node, claim)
+	if err != nil || results == nil {
+		return nil, err
+	}
+	return &results[0], nil
+}
+
+// AllocateTogether allocates several claims in one scheduling cycle, as
+// for a pod with several claims: all fit or none. It returns nil, nil when
+// they do not fit, and records the allocations when they do.
+func (c *Cluster) AllocateTogether(ctx context.Context, node string, claims ...*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	results, err := c.Try(ctx, node, claims...)
+	if err != nil || results == nil {
+		return nil, err
+	}
+	for i := range results {
+		c.Record(&results[i])
+	}
+	return results, nil
+}
+
+// Try is AllocateTogether without recording: would these claims fit now?
+func (c *Cluster) Try(ctx context.Context, node string, claims ...*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
+	slices := c.Slices
+	if c.Shuffle != nil {
+		slices = append([]*resourceapi.ResourceSlice(nil), c.Slices...)
+		c.Shuffle.Shuffle(len(slices), func(i, j int) { slices[i], slices[j] = slices[j], slices[i] })
+	}
+	a, err := structured.NewAllocator(ctx, Features, c.state, c, slices, c.cache)
 	if err != nil {
 		return nil, err
 	}
-	defaultClaim(claim)
-	results, err := a.Allocate(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, []*resourceapi.ResourceClaim{claim})
+	for _, claim := range claims {
+		defaultClaim(claim)
+	}
+	results, err := a.Allocate(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, claims)
 	if err != nil || len(results) == 0 {
 		return nil, err
 	}
-	res := &results[0]
-	c.Record(res)
-	return res, nil
+	return results, nil
 }
 
-// Record marks an allocation's devices and consumed capacity as in use.
+// Record marks an allocation's devices and consumed capacity as in use,
+// the way the scheduler's DRA manager rebuilds its AllocatedState from
+// claims' status: a result with a shareID is a share of a multi-allocatable
+// device (AllocatedSharedDeviceIDs plus its consumed capacity), any other
+// result is the device itself (AllocatedDevices).
 func (c *Cluster) Record(res *resourceapi.AllocationResult) {
 	for _, r := range res.Devices.Results {
 		id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)

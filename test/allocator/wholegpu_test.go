@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -64,11 +63,22 @@ func deviceClasses(t testing.TB) []*resourceapi.DeviceClass {
 
 func demoClaim(t testing.TB, file string) *resourceapi.ResourceClaim {
 	t.Helper()
-	_, _, claims, err := ReadFile(filepath.Join(repo, "demo", file))
-	if err != nil || len(claims) != 1 {
-		t.Fatalf("%s: %d claims, %v", file, len(claims), err)
+	claims := demoClaims(t, file)
+	if len(claims) != 1 {
+		t.Fatalf("%s: %d claims, want 1", file, len(claims))
 	}
 	return claims[0]
+}
+
+// demoClaims reads the claims of a demo file, in file order (for a pod's
+// claim templates, the order its resourceClaims list them in).
+func demoClaims(t testing.TB, file string) []*resourceapi.ResourceClaim {
+	t.Helper()
+	_, _, claims, err := ReadFile(filepath.Join(repo, "demo", file))
+	if err != nil || len(claims) == 0 {
+		t.Fatalf("%s: %d claims, %v", file, len(claims), err)
+	}
+	return claims
 }
 
 func gpuClaim(name string, count int64, selectors ...string) *resourceapi.ResourceClaim {
@@ -85,12 +95,9 @@ func gpuClaim(name string, count int64, selectors ...string) *resourceapi.Resour
 }
 
 // TestWholeGPUClaims allocates claims one after another on one node and
-// checks where each lands, or that it does not fit.
+// checks where each lands, or that it does not fit. The GPUs are in
+// exclusive mode; TestWholeGPUInEveryMode covers the others.
 func TestWholeGPUClaims(t *testing.T) {
-	type step struct {
-		claim *resourceapi.ResourceClaim
-		want  []string // nil: must not fit
-	}
 	for _, tc := range []struct {
 		name    string
 		machine string
@@ -122,16 +129,8 @@ func TestWholeGPUClaims(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := NewCluster(nodeSlices(t, tc.machine, "node-a"), deviceClasses(t))
-			for i, s := range tc.steps {
-				res, err := c.Allocate(context.Background(), "node-a", s.claim)
-				if err != nil {
-					t.Fatalf("step %d (%s): %v", i, s.claim.Name, err)
-				}
-				if got := Devices(res); !reflect.DeepEqual(got, s.want) {
-					t.Fatalf("step %d (%s): allocated %v, want %v", i, s.claim.Name, got, s.want)
-				}
-			}
+			c := NewCluster(nodeSlices(t, tc.machine, "node-a", "--mode", "exclusive"), deviceClasses(t))
+			run(t, c, "node-a", tc.steps)
 		})
 	}
 }
@@ -148,4 +147,24 @@ func TestSlicesBelongToTheirNode(t *testing.T) {
 func metaName(name string) (m metav1.ObjectMeta) {
 	m.Name, m.Namespace, m.UID = name, "default", types.UID("uid-"+name)
 	return m
+}
+
+// TestWholeGPUInEveryMode: gpu.facet.dev means a whole GPU in every mode;
+// in shared and dynamic mode it is a share of all of the GPU's capacity.
+func TestWholeGPUInEveryMode(t *testing.T) {
+	for _, mode := range []string{"exclusive", "mig", "shared", "dynamic"} {
+		t.Run(mode, func(t *testing.T) {
+			c := NewCluster(nodeSlices(t, "dgx-h100", "node-a", "--mode", mode), deviceClasses(t))
+			run(t, c, "node-a", []step{
+				{demoClaim(t, "gpu/one-gpu.yaml"), []string{"gpu-0"}},
+				{gpuClaim("four", 4), []string{"gpu-1", "gpu-2", "gpu-3", "gpu-4"}},
+				{gpuClaim("three", 3), []string{"gpu-5", "gpu-6", "gpu-7"}},
+				{gpuClaim("none-left", 1), nil},
+			})
+			c = NewCluster(nodeSlices(t, "dgx-h100", "node-a", "--mode", mode), deviceClasses(t))
+			run(t, c, "node-a", []step{
+				{demoClaim(t, "gpu/two-gpus.yaml"), []string{"gpu-0", "gpu-1"}},
+			})
+		})
+	}
 }

@@ -1,0 +1,230 @@
+package inventory
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/facet-gpu/facet/pkg/nvml"
+)
+
+// MIGModels are the simulated MIG-capable models.
+var MIGModels = []string{"A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIE-40GB", "A100-PCIE-80GB", "A30-PCIE-24GB", "H100-SXM5-80GB", "H200-141GB", "B200-180GB"}
+
+func discover(t *testing.T, models ...string) *nvml.Node {
+	t.Helper()
+	m := &nvml.Machine{Name: "inv-test", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
+	for _, model := range models {
+		m.GPUs = append(m.GPUs, nvml.MachineGPU{Model: model})
+	}
+	lib, err := nvml.OpenSimulated(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lib.Close()
+	node, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node
+}
+
+func TestModes(t *testing.T) {
+	node := discover(t, "H100-SXM5-80GB", "L4", "A30-PCIE-24GB", "L4")
+	for _, tc := range []struct {
+		cfg       Config
+		modes     []Mode
+		notes     int
+		shareable []bool
+		counters  []bool
+	}{
+		{Config{}, []Mode{ModeMIG, ModeExclusive, ModeMIG, ModeExclusive}, 0, []bool{false, false, false, false}, []bool{true, false, true, false}},
+		{Config{DefaultMode: ModeMIG}, []Mode{ModeMIG, ModeExclusive, ModeMIG, ModeExclusive}, 2, []bool{false, false, false, false}, []bool{true, false, true, false}},
+		{Config{DefaultMode: ModeDynamic}, []Mode{ModeDynamic, ModeShared, ModeDynamic, ModeShared}, 2, []bool{true, true, true, true}, []bool{true, false, true, false}},
+		{Config{DefaultMode: ModeShared}, []Mode{ModeShared, ModeShared, ModeShared, ModeShared}, 0, []bool{true, true, true, true}, []bool{false, false, false, false}},
+		{Config{DefaultMode: ModeExclusive, PerGPU: map[int]Mode{2: ModeDynamic, 3: ModeMIG}}, []Mode{ModeExclusive, ModeExclusive, ModeDynamic, ModeExclusive}, 1, []bool{false, false, true, false}, []bool{false, false, true, false}},
+	} {
+		t.Run(fmt.Sprint(tc.cfg), func(t *testing.T) {
+			inv, err := Build(node, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(inv.Notes) != tc.notes {
+				t.Errorf("notes %q, want %d", inv.Notes, tc.notes)
+			}
+			for i, g := range inv.GPUs {
+				whole := g.Devices[0]
+				if g.Mode != tc.modes[i] || whole.Shareable != tc.shareable[i] || (g.CounterSet != "") != tc.counters[i] {
+					t.Errorf("GPU %d: mode %s shareable %v counters %q, want %s %v %v", i, g.Mode, whole.Shareable, g.CounterSet, tc.modes[i], tc.shareable[i], tc.counters[i])
+				}
+				if whole.Name != WholeGPUName(i) || whole.Kind != KindGPU {
+					t.Errorf("GPU %d: first device %s %s", i, whole.Name, whole.Kind)
+				}
+				hasMIG := len(g.Devices) > 1
+				if hasMIG != (g.Mode == ModeMIG || g.Mode == ModeDynamic) {
+					t.Errorf("GPU %d in mode %s has %d devices", i, g.Mode, len(g.Devices))
+				}
+				if g.CounterSet != "" && !reflect.DeepEqual(whole.Counters, g.Counters) {
+					t.Errorf("GPU %d: gpu-%d consumes %v, want all of %v", i, i, whole.Counters, g.Counters)
+				}
+				if g.Mode != g.ModeRequested && g.ModeNote == "" {
+					t.Errorf("GPU %d: mode %s for requested %s without a note", i, g.Mode, g.ModeRequested)
+				}
+			}
+			for _, n := range inv.Notes {
+				if !strings.Contains(n, "has no MIG") {
+					t.Errorf("note %q", n)
+				}
+			}
+		})
+	}
+}
+
+// TestMIGDevices checks every simulated MIG model: names are DNS labels
+// that map back to their profile and placement, devices come in policy
+// order, and each device consumes exactly its placement's memory slices
+// (plus media-extensions for "+me").
+func TestMIGDevices(t *testing.T) {
+	for _, model := range MIGModels {
+		t.Run(model, func(t *testing.T) {
+			node := discover(t, model)
+			inv, err := Build(node, Config{DefaultMode: ModeMIG})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(inv.Notes) > 0 {
+				t.Fatalf("notes: %q", inv.Notes)
+			}
+			g := inv.GPUs[0]
+			if len(g.Counters) > 32 {
+				t.Errorf("%d counters", len(g.Counters))
+			}
+			t.Logf("%d MIG devices, counters %v", len(g.Devices)-1, g.Counters)
+			var prev *Device
+			for _, d := range g.Devices[1:] {
+				if errs := validation.IsDNS1123Label(d.Name); len(errs) > 0 {
+					t.Errorf("%s: %v", d.Name, errs)
+				}
+				if got, ok := inv.Device(d.Name); !ok || got != d {
+					t.Errorf("Device(%s) = %v %v", d.Name, got, ok)
+				}
+				if d.Kind != KindMIG || d.MIG == nil || d.Placement.Size == 0 {
+					t.Fatalf("%s: %+v", d.Name, d)
+				}
+				label, _ := ProfileLabel(d.MIG.Name)
+				if want := fmt.Sprintf("gpu-0-mig-%s-%d", label, d.Placement.Start); d.Name != want {
+					t.Errorf("name %s, want %s", d.Name, want)
+				}
+				if len(d.Counters) == 0 {
+					t.Errorf("%s consumes no counter", d.Name)
+				}
+				for _, c := range d.Counters {
+					if !slices.Contains(g.Counters, c) {
+						t.Errorf("%s consumes %s, which the set lacks", d.Name, c)
+					}
+				}
+				if prev != nil {
+					if prev.MIG.Name == d.MIG.Name && prev.Placement.Start <= d.Placement.Start {
+						t.Errorf("%s before %s: placements must go from the end of the GPU", prev.Name, d.Name)
+					}
+					if prev.MIG.Name != d.MIG.Name && prev.MIG.MemoryBytes > d.MIG.MemoryBytes {
+						t.Errorf("%s before %s: smaller profiles first", prev.Name, d.Name)
+					}
+				}
+				prev = d
+			}
+			// Pairwise exactness: two MIG devices share a counter (each
+			// of value 1) exactly when the hardware refuses the pair.
+			for _, a := range g.Devices[1:] {
+				for _, b := range g.Devices[1:] {
+					overlap := a.Placement.Start < b.Placement.Start+b.Placement.Size && b.Placement.Start < a.Placement.Start+a.Placement.Size
+					bothME := IsMediaExtensions(a.MIG.Name) && IsMediaExtensions(b.MIG.Name)
+					share := false
+					for _, c := range a.Counters {
+						share = share || slices.Contains(b.Counters, c)
+					}
+					if share != (overlap || bothME) {
+						t.Errorf("%s and %s: share a counter %v, overlap %v, both +me %v", a.Name, b.Name, share, overlap, bothME)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestProfileLabel(t *testing.T) {
+	for in, want := range map[string]string{
+		"1g.10gb":        "1g10gb",
+		"1g.10gb+me":     "1g10gb-me",
+		"7g.141gb":       "7g141gb",
+		"1g.23gb+me.all": "1g23gb-meall",
+		"1g.23gb-me":     "1g23gb-nome",
+		"1g.24gb+gfx":    "1g24gb-gfx",
+	} {
+		got, err := ProfileLabel(in)
+		if err != nil || got != want {
+			t.Errorf("ProfileLabel(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "1g 10gb", "1g.10gb+", "1g_10gb"} {
+		if got, err := ProfileLabel(bad); err == nil {
+			t.Errorf("ProfileLabel(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+// TestMIGModelRefusesWhatItCannotEncode: a table where engines or compute
+// would bind beyond memory slices makes the GPU fall back, with a note.
+func TestMIGModelRefusesWhatItCannotEncode(t *testing.T) {
+	node := discover(t, "A100-SXM4-40GB")
+	g := &node.GPUs[0]
+	for i := range g.MIGProfiles {
+		if g.MIGProfiles[i].Name == "1g.5gb" {
+			g.MIGProfiles[i].Decoders = 1 // 7 × 1g.5gb would need 7 of 5 decoders
+		}
+	}
+	if _, err := NewMIGModel(g.MIGProfiles); err == nil || !strings.Contains(err.Error(), "decoders") {
+		t.Fatalf("NewMIGModel: %v, want a decoder error", err)
+	}
+	inv, err := Build(node, Config{DefaultMode: ModeDynamic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gpu := inv.GPUs[0]; gpu.Mode != ModeShared || len(inv.Notes) != 1 || len(gpu.Devices) != 1 {
+		t.Fatalf("mode %s, notes %q, %d devices", gpu.Mode, inv.Notes, len(gpu.Devices))
+	}
+	t.Log(inv.Notes[0])
+}
+
+func TestMaxDisjoint(t *testing.T) {
+	p := func(name string, slices int, pls ...nvml.Placement) nvml.MIGProfile {
+		return nvml.MIGProfile{Name: name, SliceCount: slices, Placements: pls}
+	}
+	profiles := []nvml.MIGProfile{
+		p("1g", 1, nvml.Placement{Start: 0, Size: 1}, nvml.Placement{Start: 1, Size: 1}, nvml.Placement{Start: 2, Size: 1}),
+		p("1g+me", 5, nvml.Placement{Start: 0, Size: 1}, nvml.Placement{Start: 2, Size: 1}),
+		p("2g", 3, nvml.Placement{Start: 0, Size: 2}),
+	}
+	weight := func(p nvml.MIGProfile) int { return p.SliceCount }
+	// Best: 2g at 0-1 (3) + 1g+me at 2 (5) = 8; two +me would be 11.
+	if got := maxDisjoint(profiles, weight); got != 8 {
+		t.Errorf("maxDisjoint = %d, want 8", got)
+	}
+}
+
+func TestBuildErrors(t *testing.T) {
+	node := discover(t, "L4")
+	for _, cfg := range []Config{
+		{PerGPU: map[int]Mode{1: ModeMIG}},
+		{DefaultMode: "turbo"},
+		{Order: "random"},
+	} {
+		if _, err := Build(node, cfg); err == nil {
+			t.Errorf("Build(%+v) succeeded", cfg)
+		}
+	}
+}

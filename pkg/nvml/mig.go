@@ -1,0 +1,594 @@
+package nvml
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Dynamic MIG: Facet creates a GPU instance (GI) at the placement of the
+// allocated MIG device, with one compute instance (CI) spanning it, when a
+// claim is prepared, and destroys both when it is unprepared. These calls
+// are the same for the real and the simulated NVML.
+//
+// They are safe for concurrent use. Calls on one GPU are serialized; calls
+// on different GPUs do not wait for each other.
+
+// MIGInstance is one GPU instance with its compute instance: a MIG device.
+type MIGInstance struct {
+	// ParentUUID and ParentIndex identify the physical GPU.
+	ParentUUID  string
+	ParentIndex int
+	// Profile is the GPU instance profile's name as discovery names it
+	// (MIGProfile.Name), e.g. "1g.10gb".
+	Profile string
+	// GIProfileID and CIProfileID are the NVML profile IDs. CIProfileID is
+	// -1 for a GPU instance without compute instance.
+	GIProfileID, CIProfileID int
+	// Placement is the GPU instance's memory slices.
+	Placement Placement
+	// GIID and CIID are NVML's instance IDs; CIID is -1 for a GPU instance
+	// without compute instance.
+	GIID, CIID int
+	// UUID is the MIG device's "MIG-..." UUID; empty without compute
+	// instance.
+	UUID string
+}
+
+// MIGPlacement names a GPU instance to create: a profile and the start of
+// one of its placements.
+type MIGPlacement struct {
+	GIProfileID int
+	Start       int
+}
+
+// ErrMIGDisabled is wrapped by errors of MIG operations on a GPU whose MIG
+// mode is off (see EnableMIG).
+var ErrMIGDisabled = errors.New("MIG mode is disabled")
+
+// IsInsufficientResources reports whether err carries NVML's
+// ERROR_INSUFFICIENT_RESOURCES: the instance does not fit next to the
+// GPU's existing ones.
+func IsInsufficientResources(err error) bool {
+	return hasReturn(err, gonvml.ERROR_INSUFFICIENT_RESOURCES)
+}
+
+// IsNotFound reports whether err carries NVML's ERROR_NOT_FOUND.
+func IsNotFound(err error) bool { return hasReturn(err, gonvml.ERROR_NOT_FOUND) }
+
+// IsInUse reports whether err carries NVML's ERROR_IN_USE (e.g. a GPU
+// instance that still has compute instances).
+func IsInUse(err error) bool { return hasReturn(err, gonvml.ERROR_IN_USE) }
+
+func hasReturn(err error, ret gonvml.Return) bool {
+	var e nvmlReturnError
+	return errors.As(err, &e) && e.ret == ret
+}
+
+// gpuState is the per-GPU state of MIG operations. mu serializes them.
+type gpuState struct {
+	uuid string
+
+	mu sync.Mutex
+	// dev is the GPU's handle, nil until resolved (and again after a MIG
+	// mode change, which may reset the GPU).
+	dev   gonvml.Device
+	index int
+	// profiles are the GPU's MIG profiles as discovery reports them, and
+	// infos NVML's profile infos by GI profile ID; nil until loaded.
+	profiles []MIGProfile
+	infos    map[int]gonvml.GpuInstanceProfileInfo
+}
+
+// gpu returns the GPU's state, locked, with its handle resolved. The caller
+// unlocks it.
+func (l *Library) gpu(uuid string) (*gpuState, error) {
+	l.gpusMu.Lock()
+	if l.gpus == nil {
+		l.gpus = map[string]*gpuState{}
+	}
+	g, ok := l.gpus[uuid]
+	if !ok {
+		g = &gpuState{uuid: uuid}
+		l.gpus[uuid] = g
+	}
+	l.gpusMu.Unlock()
+
+	g.mu.Lock()
+	if g.dev != nil {
+		return g, nil
+	}
+	dev, ret := l.lib.DeviceGetHandleByUUID(uuid)
+	if ret != gonvml.SUCCESS {
+		g.mu.Unlock()
+		return nil, fmt.Errorf("GPU %s: %w", uuid, nvmlError("nvmlDeviceGetHandleByUUID", ret))
+	}
+	index, ret := dev.GetIndex()
+	if ret != gonvml.SUCCESS {
+		g.mu.Unlock()
+		return nil, fmt.Errorf("GPU %s: %w", uuid, nvmlError("nvmlDeviceGetIndex", ret))
+	}
+	g.dev, g.index = dev, index
+	return g, nil
+}
+
+func (g *gpuState) String() string { return fmt.Sprintf("GPU %d (%s)", g.index, g.uuid) }
+
+// migEnabled returns the current MIG mode; an error names the GPU and says
+// when it has no MIG at all (IsNotSupported).
+func (g *gpuState) migEnabled() (bool, error) {
+	current, _, ret := g.dev.GetMigMode()
+	if ret == gonvml.ERROR_NOT_SUPPORTED {
+		return false, fmt.Errorf("%s does not support MIG: %w", g, nvmlError("nvmlDeviceGetMigMode", ret))
+	}
+	if ret != gonvml.SUCCESS {
+		return false, fmt.Errorf("%s: %w", g, nvmlError("nvmlDeviceGetMigMode", ret))
+	}
+	return current == gonvml.DEVICE_MIG_ENABLE, nil
+}
+
+// requireMIG fails unless the GPU's MIG mode is on.
+func (g *gpuState) requireMIG() error {
+	on, err := g.migEnabled()
+	if err != nil {
+		return err
+	}
+	if !on {
+		return fmt.Errorf("%s: %w (enable it first)", g, ErrMIGDisabled)
+	}
+	return nil
+}
+
+// loadProfiles reads the GPU's MIG profiles once, with discovery's code, so
+// that instances carry the names devices are published under.
+func (l *Library) loadProfiles(g *gpuState) error {
+	if g.profiles != nil {
+		return nil
+	}
+	mem, ret := g.dev.GetMemoryInfo()
+	if ret != gonvml.SUCCESS {
+		return fmt.Errorf("%s: %w", g, nvmlError("nvmlDeviceGetMemoryInfo", ret))
+	}
+	profiles, err := discoverMIGProfiles(nvdev.New(l.lib), g.dev, mem.Total)
+	if err != nil {
+		return fmt.Errorf("%s: MIG profiles: %w", g, err)
+	}
+	infos := map[int]gonvml.GpuInstanceProfileInfo{}
+	for _, p := range profiles {
+		info, ret := g.dev.GetGpuInstanceProfileInfo(p.GIProfileID)
+		if ret != gonvml.SUCCESS {
+			return fmt.Errorf("%s: %w", g, nvmlError(fmt.Sprintf("nvmlDeviceGetGpuInstanceProfileInfo(%d)", p.GIProfileID), ret))
+		}
+		infos[p.GIProfileID] = info
+	}
+	g.profiles, g.infos = profiles, infos
+	return nil
+}
+
+// profile returns the GPU's MIG profile with this GI profile ID and the
+// placement starting at start.
+func (g *gpuState) profile(giProfileID, start int) (MIGProfile, Placement, error) {
+	for _, p := range g.profiles {
+		if p.GIProfileID != giProfileID {
+			continue
+		}
+		for _, pl := range p.Placements {
+			if pl.Start == start {
+				return p, pl, nil
+			}
+		}
+		var starts []string
+		for _, pl := range p.Placements {
+			starts = append(starts, fmt.Sprint(pl.Start))
+		}
+		return p, Placement{}, fmt.Errorf("%s: MIG %s (GI profile %d) has no placement starting at memory slice %d (starts: %s)",
+			g, p.Name, giProfileID, start, strings.Join(starts, ", "))
+	}
+	var known []string
+	for _, p := range g.profiles {
+		known = append(known, fmt.Sprintf("%d (%s)", p.GIProfileID, p.Name))
+	}
+	return MIGProfile{}, Placement{}, fmt.Errorf("%s has no MIG profile with GI profile ID %d (known: %s)", g, giProfileID, strings.Join(known, ", "))
+}
+
+// EnableMIG turns the GPU's MIG mode on if it is off, and reports whether
+// it changed it. It fails on a GPU without MIG (IsNotSupported), and when
+// the driver accepts the change but has not made it: on some GPUs and
+// platforms the new mode takes effect only after a GPU reset (nvidia-smi
+// -r) or a reboot, and NVML reports the mode as pending.
+func (l *Library) EnableMIG(parentUUID string) (changed bool, err error) {
+	g, err := l.gpu(parentUUID)
+	if err != nil {
+		return false, err
+	}
+	defer g.mu.Unlock()
+	current, pending, ret := g.dev.GetMigMode()
+	if ret == gonvml.ERROR_NOT_SUPPORTED {
+		return false, fmt.Errorf("enable MIG: %s does not support MIG: %w", g, nvmlError("nvmlDeviceGetMigMode", ret))
+	}
+	if ret != gonvml.SUCCESS {
+		return false, fmt.Errorf("enable MIG on %s: %w", g, nvmlError("nvmlDeviceGetMigMode", ret))
+	}
+	if current == gonvml.DEVICE_MIG_ENABLE {
+		return false, nil
+	}
+	if pending == gonvml.DEVICE_MIG_ENABLE {
+		return false, fmt.Errorf("enable MIG on %s: MIG mode is pending enable: reset the GPU (nvidia-smi -r -i %d) or reboot to activate it", g, g.index)
+	}
+	ret, activation := g.dev.SetMigMode(gonvml.DEVICE_MIG_ENABLE)
+	// NVML may reset the GPU to change the mode, after which the handle
+	// and its attributes must be read again.
+	dev, index := g.dev, g.index
+	g.dev = nil
+	if ret != gonvml.SUCCESS {
+		return false, fmt.Errorf("enable MIG on GPU %d (%s): %w", index, g.uuid, nvmlError("nvmlDeviceSetMigMode", ret))
+	}
+	current, pending, ret = dev.GetMigMode()
+	if ret == gonvml.SUCCESS && current == gonvml.DEVICE_MIG_ENABLE {
+		return true, nil
+	}
+	status := "activation status: " + gonvml.ErrorString(activation)
+	if ret != gonvml.SUCCESS {
+		status += "; nvmlDeviceGetMigMode: " + gonvml.ErrorString(ret)
+	} else if pending == gonvml.DEVICE_MIG_ENABLE {
+		status += "; MIG mode is pending enable"
+	}
+	return false, fmt.Errorf("enable MIG on GPU %d (%s): the driver accepted the change but has not made it (%s): reset the GPU (nvidia-smi -r -i %d) or reboot to activate MIG mode: %w",
+		index, g.uuid, status, index, nvmlReturnError{activation})
+}
+
+// CreateMIG creates a GPU instance of the profile at the placement starting
+// at memory slice placementStart, then the compute instance that spans it.
+// If the compute instance cannot be created, or its MIG device not found,
+// the GPU instance is destroyed again. The GPU's MIG mode must be on
+// (ErrMIGDisabled).
+//
+// Errors name the GPU, the profile and the placement; an instance that does
+// not fit next to the GPU's others fails with IsInsufficientResources.
+func (l *Library) CreateMIG(parentUUID string, giProfileID, placementStart int) (MIGInstance, error) {
+	g, err := l.gpu(parentUUID)
+	if err != nil {
+		return MIGInstance{}, err
+	}
+	defer g.mu.Unlock()
+	if err := g.requireMIG(); err != nil {
+		return MIGInstance{}, fmt.Errorf("create MIG instance: %w", err)
+	}
+	if err := l.loadProfiles(g); err != nil {
+		return MIGInstance{}, err
+	}
+	p, pl, err := g.profile(giProfileID, placementStart)
+	if err != nil {
+		return MIGInstance{}, fmt.Errorf("create MIG instance: %w", err)
+	}
+	what := describeMIG(p, pl, g)
+	info := g.infos[giProfileID]
+	gi, ret := g.dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
+	if ret != gonvml.SUCCESS {
+		return MIGInstance{}, fmt.Errorf("create %s: %w", what, nvmlError("nvmlDeviceCreateGpuInstanceWithPlacement", ret))
+	}
+	inst, err := g.createCI(gi, p)
+	if err != nil {
+		if ret := gi.Destroy(); ret != gonvml.SUCCESS {
+			err = errors.Join(err, fmt.Errorf("and destroying the GPU instance again failed, it is left behind: %w", nvmlError("nvmlGpuInstanceDestroy", ret)))
+		}
+		return MIGInstance{}, fmt.Errorf("create %s: %w", what, err)
+	}
+	return inst, nil
+}
+
+// describeMIG names a MIG instance in errors, e.g. "MIG 1g.10gb (GI
+// profile 0) at placement 3:1 (memory slice 3) on GPU 2 (GPU-...)".
+func describeMIG(p MIGProfile, pl Placement, g *gpuState) string {
+	slices := fmt.Sprintf("memory slice %d", pl.Start)
+	if pl.Size > 1 {
+		slices = fmt.Sprintf("memory slices %d-%d", pl.Start, pl.Start+pl.Size-1)
+	}
+	return fmt.Sprintf("MIG %s (GI profile %d) at placement %d:%d (%s) on %s", p.Name, p.GIProfileID, pl.Start, pl.Size, slices, g)
+}
+
+// createCI creates the compute instance spanning gi and finds its MIG
+// device.
+func (g *gpuState) createCI(gi gonvml.GpuInstance, p MIGProfile) (MIGInstance, error) {
+	giInfo, ret := gi.GetInfo()
+	if ret != gonvml.SUCCESS {
+		return MIGInstance{}, nvmlError("nvmlGpuInstanceGetInfo", ret)
+	}
+	ciProfile, ret := gi.GetComputeInstanceProfileInfo(p.CIProfileID, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != gonvml.SUCCESS {
+		return MIGInstance{}, nvmlError(fmt.Sprintf("nvmlGpuInstanceGetComputeInstanceProfileInfo(%d)", p.CIProfileID), ret)
+	}
+	ci, ret := gi.CreateComputeInstance(&ciProfile)
+	if ret != gonvml.SUCCESS {
+		return MIGInstance{}, nvmlError("nvmlGpuInstanceCreateComputeInstance", ret)
+	}
+	ciInfo, ret := ci.GetInfo()
+	if ret == gonvml.SUCCESS {
+		inst := MIGInstance{
+			ParentUUID: g.uuid, ParentIndex: g.index, Profile: p.Name,
+			GIProfileID: p.GIProfileID, CIProfileID: int(ciInfo.ProfileId),
+			Placement: Placement{Start: int(giInfo.Placement.Start), Size: int(giInfo.Placement.Size)},
+			GIID:      int(giInfo.Id), CIID: int(ciInfo.Id),
+		}
+		uuids, err := g.migUUIDs()
+		if err == nil {
+			if inst.UUID = uuids[[2]int{inst.GIID, inst.CIID}]; inst.UUID != "" {
+				return inst, nil
+			}
+			err = fmt.Errorf("no MIG device for GPU instance %d compute instance %d", inst.GIID, inst.CIID)
+		}
+		if ret := ci.Destroy(); ret != gonvml.SUCCESS {
+			err = errors.Join(err, nvmlError("nvmlComputeInstanceDestroy", ret))
+		}
+		return MIGInstance{}, err
+	}
+	err := nvmlError("nvmlComputeInstanceGetInfo", ret)
+	if ret := ci.Destroy(); ret != gonvml.SUCCESS {
+		err = errors.Join(err, nvmlError("nvmlComputeInstanceDestroy", ret))
+	}
+	return MIGInstance{}, err
+}
+
+// migUUIDs maps (GI ID, CI ID) to MIG device UUID for every MIG device of
+// the GPU.
+func (g *gpuState) migUUIDs() (map[[2]int]string, error) {
+	count, ret := g.dev.GetMaxMigDeviceCount()
+	if ret != gonvml.SUCCESS {
+		return nil, nvmlError("nvmlDeviceGetMaxMigDeviceCount", ret)
+	}
+	out := map[[2]int]string{}
+	for i := 0; i < count; i++ {
+		mig, ret := g.dev.GetMigDeviceHandleByIndex(i)
+		if ret == gonvml.ERROR_NOT_FOUND || ret == gonvml.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		if ret != gonvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("nvmlDeviceGetMigDeviceHandleByIndex(%d)", i), ret)
+		}
+		gi, ret := mig.GetGpuInstanceId()
+		if ret != gonvml.SUCCESS {
+			return nil, nvmlError("nvmlDeviceGetGpuInstanceId", ret)
+		}
+		ci, ret := mig.GetComputeInstanceId()
+		if ret != gonvml.SUCCESS {
+			return nil, nvmlError("nvmlDeviceGetComputeInstanceId", ret)
+		}
+		uuid, ret := mig.GetUUID()
+		if ret != gonvml.SUCCESS {
+			return nil, nvmlError("nvmlDeviceGetUUID", ret)
+		}
+		out[[2]int{gi, ci}] = uuid
+	}
+	return out, nil
+}
+
+// DestroyMIG destroys compute instance ciID of GPU instance giID, then the
+// GPU instance. An instance that is already gone is not an error, so it
+// can be retried, and a GPU whose MIG mode is off has none. A GPU instance
+// that still has other compute instances is left alone (IsInUse).
+func (l *Library) DestroyMIG(parentUUID string, giID, ciID int) error {
+	g, err := l.gpu(parentUUID)
+	if err != nil {
+		return err
+	}
+	defer g.mu.Unlock()
+	what := fmt.Sprintf("MIG GPU instance %d compute instance %d on %s", giID, ciID, g)
+	on, err := g.migEnabled()
+	if err != nil {
+		return fmt.Errorf("destroy %s: %w", what, err)
+	}
+	if !on {
+		return nil
+	}
+	gi, ret := g.dev.GetGpuInstanceById(giID)
+	if ret == gonvml.ERROR_NOT_FOUND {
+		return nil
+	}
+	if ret != gonvml.SUCCESS {
+		return fmt.Errorf("destroy %s: %w", what, nvmlError("nvmlDeviceGetGpuInstanceById", ret))
+	}
+	ci, ret := gi.GetComputeInstanceById(ciID)
+	switch ret {
+	case gonvml.SUCCESS:
+		if ret := ci.Destroy(); ret != gonvml.SUCCESS && ret != gonvml.ERROR_NOT_FOUND {
+			return fmt.Errorf("destroy %s: %w", what, nvmlError("nvmlComputeInstanceDestroy", ret))
+		}
+	case gonvml.ERROR_NOT_FOUND:
+	default:
+		return fmt.Errorf("destroy %s: %w", what, nvmlError("nvmlGpuInstanceGetComputeInstanceById", ret))
+	}
+	if ret := gi.Destroy(); ret != gonvml.SUCCESS && ret != gonvml.ERROR_NOT_FOUND {
+		if ret == gonvml.ERROR_IN_USE {
+			return fmt.Errorf("destroy %s: the GPU instance has other compute instances: %w", what, nvmlError("nvmlGpuInstanceDestroy", ret))
+		}
+		return fmt.Errorf("destroy %s: %w", what, nvmlError("nvmlGpuInstanceDestroy", ret))
+	}
+	return nil
+}
+
+// ListMIG returns every MIG instance on every GPU whose MIG mode is on, by
+// GPU index, GI ID and CI ID: one entry per compute instance, and one with
+// CIID -1 for a GPU instance without any (what a crash between creating the
+// two leaves). It sees instances Facet did not create, too, which is what a
+// plugin needs at startup to find the ones no prepared claim owns.
+func (l *Library) ListMIG() ([]MIGInstance, error) {
+	count, ret := l.lib.DeviceGetCount()
+	if ret != gonvml.SUCCESS {
+		return nil, nvmlError("nvmlDeviceGetCount", ret)
+	}
+	var out []MIGInstance
+	for i := 0; i < count; i++ {
+		dev, ret := l.lib.DeviceGetHandleByIndex(i)
+		if ret != gonvml.SUCCESS {
+			return nil, fmt.Errorf("GPU %d: %w", i, nvmlError("nvmlDeviceGetHandleByIndex", ret))
+		}
+		uuid, ret := dev.GetUUID()
+		if ret != gonvml.SUCCESS {
+			return nil, fmt.Errorf("GPU %d: %w", i, nvmlError("nvmlDeviceGetUUID", ret))
+		}
+		insts, err := l.listGPU(uuid)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, insts...)
+	}
+	return out, nil
+}
+
+func (l *Library) listGPU(uuid string) ([]MIGInstance, error) {
+	g, err := l.gpu(uuid)
+	if err != nil {
+		return nil, err
+	}
+	defer g.mu.Unlock()
+	on, err := g.migEnabled()
+	if IsNotSupported(err) || (err == nil && !on) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := l.loadProfiles(g); err != nil {
+		return nil, err
+	}
+	uuids, err := g.migUUIDs()
+	if err != nil {
+		return nil, fmt.Errorf("list MIG instances of %s: %w", g, err)
+	}
+	var out []MIGInstance
+	for id := 0; id < gonvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
+		info, ret := g.dev.GetGpuInstanceProfileInfo(id)
+		if ret == gonvml.ERROR_NOT_SUPPORTED || ret == gonvml.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		if ret != gonvml.SUCCESS {
+			return nil, fmt.Errorf("list MIG instances of %s: %w", g, nvmlError(fmt.Sprintf("nvmlDeviceGetGpuInstanceProfileInfo(%d)", id), ret))
+		}
+		gis, ret := g.dev.GetGpuInstances(&info)
+		if ret != gonvml.SUCCESS {
+			return nil, fmt.Errorf("list MIG instances of %s: %w", g, nvmlError(fmt.Sprintf("nvmlDeviceGetGpuInstances(%d)", id), ret))
+		}
+		name := fmt.Sprintf("profile-%d", id)
+		for _, p := range g.profiles {
+			if p.GIProfileID == id {
+				name = p.Name
+			}
+		}
+		for _, gi := range gis {
+			insts, err := listGI(gi)
+			if err != nil {
+				return nil, fmt.Errorf("list MIG instances of %s: %w", g, err)
+			}
+			for _, inst := range insts {
+				inst.ParentUUID, inst.ParentIndex, inst.Profile, inst.GIProfileID = g.uuid, g.index, name, id
+				inst.UUID = uuids[[2]int{inst.GIID, inst.CIID}]
+				out = append(out, inst)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].GIID != out[j].GIID {
+			return out[i].GIID < out[j].GIID
+		}
+		return out[i].CIID < out[j].CIID
+	})
+	return out, nil
+}
+
+// listGI returns a GPU instance's compute instances, or the GPU instance
+// alone (CIID -1) when it has none.
+func listGI(gi gonvml.GpuInstance) ([]MIGInstance, error) {
+	giInfo, ret := gi.GetInfo()
+	if ret != gonvml.SUCCESS {
+		return nil, nvmlError("nvmlGpuInstanceGetInfo", ret)
+	}
+	base := MIGInstance{
+		GIID:      int(giInfo.Id),
+		Placement: Placement{Start: int(giInfo.Placement.Start), Size: int(giInfo.Placement.Size)},
+		CIID:      -1, CIProfileID: -1,
+	}
+	var out []MIGInstance
+	for id := 0; id < gonvml.COMPUTE_INSTANCE_PROFILE_COUNT; id++ {
+		info, ret := gi.GetComputeInstanceProfileInfo(id, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret == gonvml.ERROR_NOT_SUPPORTED || ret == gonvml.ERROR_INVALID_ARGUMENT {
+			continue
+		}
+		if ret != gonvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("nvmlGpuInstanceGetComputeInstanceProfileInfo(%d)", id), ret)
+		}
+		cis, ret := gi.GetComputeInstances(&info)
+		if ret != gonvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("nvmlGpuInstanceGetComputeInstances(%d)", id), ret)
+		}
+		for _, ci := range cis {
+			ciInfo, ret := ci.GetInfo()
+			if ret != gonvml.SUCCESS {
+				return nil, nvmlError("nvmlComputeInstanceGetInfo", ret)
+			}
+			inst := base
+			inst.CIID, inst.CIProfileID = int(ciInfo.Id), int(ciInfo.ProfileId)
+			out = append(out, inst)
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, base)
+	}
+	return out, nil
+}
+
+// CanCreateTogether reports whether GPU instances at these placements can
+// all exist at once on the GPU, next to the instances it already has: it
+// creates them in order, stops at the first that NVML refuses for lack of
+// resources (IsInsufficientResources), and destroys what it created, so
+// the GPU is left as it was. It is the hardware's answer to "would the
+// allocator be right to allocate these MIG devices together?".
+//
+// It creates GPU instances only: the compute instance spanning a GPU
+// instance can always be created in it, so it does not change the answer.
+// The GPU's MIG mode must be on. A profile or placement the GPU does not
+// have is an error, not false. On a simulated GPU a call costs
+// microseconds; give the library no state file (WithStateFile) when calling
+// it in bulk, or every create and destroy is written to disk.
+func (l *Library) CanCreateTogether(parentUUID string, placements []MIGPlacement) (ok bool, err error) {
+	g, err := l.gpu(parentUUID)
+	if err != nil {
+		return false, err
+	}
+	defer g.mu.Unlock()
+	if err := g.requireMIG(); err != nil {
+		return false, err
+	}
+	if err := l.loadProfiles(g); err != nil {
+		return false, err
+	}
+	var created []gonvml.GpuInstance
+	defer func() {
+		for i := len(created) - 1; i >= 0; i-- {
+			if ret := created[i].Destroy(); ret != gonvml.SUCCESS {
+				err = errors.Join(err, fmt.Errorf("%s: destroying a trial GPU instance failed, it is left behind: %w", g, nvmlError("nvmlGpuInstanceDestroy", ret)))
+				ok = false
+			}
+		}
+	}()
+	for _, want := range placements {
+		p, pl, err := g.profile(want.GIProfileID, want.Start)
+		if err != nil {
+			return false, err
+		}
+		info := g.infos[p.GIProfileID]
+		gi, ret := g.dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
+		if ret == gonvml.ERROR_INSUFFICIENT_RESOURCES {
+			return false, nil
+		}
+		if ret != gonvml.SUCCESS {
+			return false, fmt.Errorf("%s: %w", describeMIG(p, pl, g), nvmlError("nvmlDeviceCreateGpuInstanceWithPlacement", ret))
+		}
+		created = append(created, gi)
+	}
+	return true, nil
+}

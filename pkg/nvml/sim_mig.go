@@ -1,0 +1,875 @@
+package nvml
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/google/uuid"
+)
+
+// The simulated MIG backend.
+//
+// go-nvml's mock server creates any GPU instance anywhere, even with MIG
+// disabled, numbers instances with ever-growing counters and forgets them
+// with the process. The functions installed here replace its MIG functions
+// so that a simulated GPU refuses what the hardware refuses, with the
+// return codes NVML documents:
+//
+//   - MIG mode is state: SetMigMode changes it (at once, like a GPU that
+//     needs no reset), disabling it with GPU instances present fails with
+//     ERROR_IN_USE, and creating instances while it is off fails with
+//     ERROR_NOT_SUPPORTED ("device doesn't have MIG mode enabled").
+//   - A GPU instance is created only at one of its profile's placements
+//     (CreateGpuInstance chooses one like the driver does, see bestFit)
+//     (ERROR_INVALID_ARGUMENT otherwise) and only if it fits next to the
+//     existing ones (ERROR_INSUFFICIENT_RESOURCES otherwise); see
+//     simGPU.fits for the rules.
+//   - GPU instance IDs are what the hardware uses (giIDForPlacement), so
+//     they stay within the driver's 0-14 and are reused; compute instance
+//     IDs are the lowest free in 0-7. Both are what the nvidia-caps table
+//     (MIGCapMinors) accepts.
+//   - A GPU instance with compute instances cannot be destroyed
+//     (ERROR_IN_USE).
+//   - Every compute instance is a MIG device with a handle nvcdi can use:
+//     GetMaxMigDeviceCount, GetMigDeviceHandleByIndex, GetGpuInstanceById,
+//     GetComputeInstanceById, DeviceGetHandleByUUID("MIG-..."), and MIG
+//     handles answering GetUUID, GetGpuInstanceId, GetComputeInstanceId,
+//     GetDeviceHandleFromMigDeviceHandle, GetIndex and GetAttributes.
+//   - With a state file (WithStateFile), MIG mode and instances outlive the
+//     process, as they outlive the plugin on a real node.
+//
+// Each GPU has its own lock; calls on different GPUs do not wait for each
+// other (except for the state file write, see simStore).
+
+// simNode is the MIG state of one simulated node.
+type simNode struct {
+	gpus []*simGPU
+	// migs maps a MIG device UUID to its *simCI.
+	migs sync.Map
+	// store persists the state; nil keeps it in memory only.
+	store *simStore
+}
+
+// simGPU is one simulated GPU's MIG state.
+type simGPU struct {
+	node  *simNode
+	index int
+	model string
+	dev   *server.Device
+	cfg   gpus.MIGProfileConfig
+	// full is the profile spanning the whole GPU (the 7g, or 4g on an
+	// A30): its slice and engine counts are the GPU's totals.
+	full gonvml.GpuInstanceProfileInfo
+	// memSlices is the number of memory slices: the end of the full
+	// profile's placement.
+	memSlices int
+
+	mu      sync.Mutex
+	migMode int
+	gis     map[int]*simGI // by GPU instance ID
+}
+
+// simGI is a GPU instance.
+type simGI struct {
+	gpu       *simGPU
+	id        int
+	profile   gonvml.GpuInstanceProfileInfo
+	placement gonvml.GpuInstancePlacement
+	handle    *mock.GpuInstance
+	cis       map[int]*simCI // by compute instance ID; guarded by gpu.mu
+	destroyed bool           // guarded by gpu.mu
+}
+
+// simCI is a compute instance, and the MIG device it makes.
+type simCI struct {
+	gi        *simGI
+	id        int
+	profile   gonvml.ComputeInstanceProfileInfo
+	placement gonvml.ComputeInstancePlacement
+	uuid      string
+	handle    *mock.ComputeInstance
+	mig       *mock.Device
+	destroyed bool // guarded by gi.gpu.mu
+}
+
+// newSimNode installs the MIG simulation on every GPU of srv. models are
+// the machine file's model names, by index.
+func newSimNode(srv *server.Server, modelNames []string) *simNode {
+	n := &simNode{}
+	for i, d := range srv.Devices {
+		dev := d.(*server.Device)
+		g := &simGPU{node: n, index: i, model: modelNames[i], dev: dev, cfg: dev.Config.MIGProfiles, migMode: dev.MigMode, gis: map[int]*simGI{}}
+		n.gpus = append(n.gpus, g)
+		if migCapable(dev.Config) {
+			g.install()
+		} else {
+			g.installNotSupported()
+		}
+	}
+	byUUID := srv.DeviceGetHandleByUUIDFunc
+	srv.DeviceGetHandleByUUIDFunc = func(id string) (gonvml.Device, gonvml.Return) {
+		if strings.HasPrefix(id, "MIG-") {
+			if ci, ok := n.migs.Load(id); ok {
+				return ci.(*simCI).mig, gonvml.SUCCESS
+			}
+			return nil, gonvml.ERROR_NOT_FOUND
+		}
+		return byUUID(id)
+	}
+	return n
+}
+
+// installNotSupported makes the MIG functions of a GPU without MIG fail the
+// way NVML fails them on such a GPU.
+func (g *simGPU) installNotSupported() {
+	d := g.dev
+	d.GetMigModeFunc = func() (int, int, gonvml.Return) { return 0, 0, gonvml.ERROR_NOT_SUPPORTED }
+	d.SetMigModeFunc = func(int) (gonvml.Return, gonvml.Return) {
+		return gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_NOT_SUPPORTED
+	}
+	d.GetGpuInstanceProfileInfoFunc = func(int) (gonvml.GpuInstanceProfileInfo, gonvml.Return) {
+		return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
+	}
+	d.GetGpuInstancePossiblePlacementsFunc = func(*gonvml.GpuInstanceProfileInfo) ([]gonvml.GpuInstancePlacement, gonvml.Return) {
+		return nil, gonvml.ERROR_NOT_SUPPORTED
+	}
+	d.CreateGpuInstanceFunc = func(*gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstance, gonvml.Return) {
+		return nil, gonvml.ERROR_NOT_SUPPORTED
+	}
+	d.CreateGpuInstanceWithPlacementFunc = func(*gonvml.GpuInstanceProfileInfo, *gonvml.GpuInstancePlacement) (gonvml.GpuInstance, gonvml.Return) {
+		return nil, gonvml.ERROR_NOT_SUPPORTED
+	}
+	d.GetGpuInstancesFunc = func(*gonvml.GpuInstanceProfileInfo) ([]gonvml.GpuInstance, gonvml.Return) {
+		return nil, gonvml.ERROR_NOT_SUPPORTED
+	}
+	d.GetGpuInstanceByIdFunc = func(int) (gonvml.GpuInstance, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
+	d.GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
+	d.GetMigDeviceHandleByIndexFunc = func(int) (gonvml.Device, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
+	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (gonvml.Device, gonvml.Return) { return nil, gonvml.ERROR_INVALID_ARGUMENT }
+}
+
+// install replaces the mock's MIG functions of a MIG-capable GPU.
+func (g *simGPU) install() {
+	for _, info := range g.cfg.GpuInstanceProfiles {
+		if info.SliceCount > g.full.SliceCount {
+			g.full = info
+		}
+	}
+	for _, p := range g.cfg.GpuInstancePlacements[int(g.full.Id)] {
+		g.memSlices = max(g.memSlices, int(p.Start+p.Size))
+	}
+
+	d := g.dev
+	d.GetMigModeFunc = func() (int, int, gonvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.migMode, g.migMode, gonvml.SUCCESS
+	}
+	d.SetMigModeFunc = func(mode int) (gonvml.Return, gonvml.Return) {
+		if mode != gonvml.DEVICE_MIG_ENABLE && mode != gonvml.DEVICE_MIG_DISABLE {
+			return gonvml.ERROR_INVALID_ARGUMENT, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if mode == g.migMode {
+			return gonvml.SUCCESS, gonvml.SUCCESS
+		}
+		if mode == gonvml.DEVICE_MIG_DISABLE && len(g.gis) > 0 {
+			return gonvml.ERROR_IN_USE, gonvml.ERROR_IN_USE
+		}
+		old := g.migMode
+		g.migMode = mode
+		if ret := g.persist(); ret != gonvml.SUCCESS {
+			g.migMode = old
+			return ret, ret
+		}
+		return gonvml.SUCCESS, gonvml.SUCCESS
+	}
+	d.GetGpuInstanceProfileInfoFunc = func(id int) (gonvml.GpuInstanceProfileInfo, gonvml.Return) {
+		if id < 0 || id >= gonvml.GPU_INSTANCE_PROFILE_COUNT {
+			return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		info, ok := g.cfg.GpuInstanceProfiles[id]
+		if !ok {
+			return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
+		}
+		return info, gonvml.SUCCESS
+	}
+	d.GetGpuInstancePossiblePlacementsFunc = func(info *gonvml.GpuInstanceProfileInfo) ([]gonvml.GpuInstancePlacement, gonvml.Return) {
+		if info == nil {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		pl, ok := g.cfg.GpuInstancePlacements[int(info.Id)]
+		if !ok {
+			return nil, gonvml.ERROR_NOT_SUPPORTED
+		}
+		return append([]gonvml.GpuInstancePlacement(nil), pl...), gonvml.SUCCESS
+	}
+	d.GetGpuInstanceRemainingCapacityFunc = func(info *gonvml.GpuInstanceProfileInfo) (int, gonvml.Return) {
+		profile, ret := g.profile(info)
+		if ret != gonvml.SUCCESS {
+			return 0, ret
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.migMode != gonvml.DEVICE_MIG_ENABLE {
+			return 0, gonvml.ERROR_NOT_SUPPORTED
+		}
+		// Add instances greedily to a copy of the GPU's instances.
+		var added []*simGI
+		defer func() {
+			for _, gi := range added {
+				delete(g.gis, gi.id)
+			}
+		}()
+		for {
+			p, ok := g.bestFit(profile)
+			if !ok {
+				return len(added), gonvml.SUCCESS
+			}
+			gi := &simGI{gpu: g, id: g.freeGIID(p), profile: profile, placement: p}
+			g.gis[gi.id] = gi
+			added = append(added, gi)
+		}
+	}
+	d.CreateGpuInstanceFunc = func(info *gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstance, gonvml.Return) {
+		profile, ret := g.profile(info)
+		if ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.migMode != gonvml.DEVICE_MIG_ENABLE {
+			return nil, gonvml.ERROR_NOT_SUPPORTED
+		}
+		p, ok := g.bestFit(profile)
+		if !ok {
+			return nil, gonvml.ERROR_INSUFFICIENT_RESOURCES
+		}
+		gi, ret := g.createGI(profile, p, -1)
+		if ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		return gi.handle, gonvml.SUCCESS
+	}
+	d.CreateGpuInstanceWithPlacementFunc = func(info *gonvml.GpuInstanceProfileInfo, placement *gonvml.GpuInstancePlacement) (gonvml.GpuInstance, gonvml.Return) {
+		profile, ret := g.profile(info)
+		if ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		if placement == nil {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if ret := g.fits(profile, *placement); ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		gi, ret := g.createGI(profile, *placement, -1)
+		if ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		return gi.handle, gonvml.SUCCESS
+	}
+	d.GetGpuInstancesFunc = func(info *gonvml.GpuInstanceProfileInfo) ([]gonvml.GpuInstance, gonvml.Return) {
+		if info == nil {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.migMode != gonvml.DEVICE_MIG_ENABLE {
+			return nil, gonvml.ERROR_NOT_SUPPORTED
+		}
+		var out []gonvml.GpuInstance
+		for _, gi := range g.sortedGIs() {
+			if gi.profile.Id == info.Id {
+				out = append(out, gi.handle)
+			}
+		}
+		return out, gonvml.SUCCESS
+	}
+	d.GetGpuInstanceByIdFunc = func(id int) (gonvml.GpuInstance, gonvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.migMode != gonvml.DEVICE_MIG_ENABLE {
+			return nil, gonvml.ERROR_NOT_SUPPORTED
+		}
+		if id < 0 || id >= migMaxGPUInstances {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		gi, ok := g.gis[id]
+		if !ok {
+			return nil, gonvml.ERROR_NOT_FOUND
+		}
+		return gi.handle, gonvml.SUCCESS
+	}
+	// As many MIG devices as compute slices: seven 1-slice compute
+	// instances, or four on an A30.
+	d.GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return int(g.full.SliceCount), gonvml.SUCCESS }
+	d.GetMigDeviceHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if i < 0 || i >= int(g.full.SliceCount) {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		migs := g.migDevices()
+		if i >= len(migs) {
+			return nil, gonvml.ERROR_NOT_FOUND
+		}
+		return migs[i].mig, gonvml.SUCCESS
+	}
+	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (gonvml.Device, gonvml.Return) { return nil, gonvml.ERROR_INVALID_ARGUMENT }
+}
+
+// profile returns the GPU's own table entry for the profile info a caller
+// passed (NVML looks the profile up by ID, too).
+func (g *simGPU) profile(info *gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstanceProfileInfo, gonvml.Return) {
+	if info == nil {
+		return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+	}
+	p, ok := g.cfg.GpuInstanceProfiles[int(info.Id)]
+	if !ok {
+		return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+	}
+	return p, gonvml.SUCCESS
+}
+
+// fits reports whether a GPU instance of profile can be created at
+// placement next to the existing ones. g.mu is held. The rules:
+//
+//  1. MIG mode must be enabled (else ERROR_NOT_SUPPORTED).
+//  2. The placement must be one of the profile's
+//     (nvmlDeviceGetGpuInstancePossiblePlacements; else
+//     ERROR_INVALID_ARGUMENT).
+//  3. The rest fail with ERROR_INSUFFICIENT_RESOURCES:
+//     a. the profile's InstanceCount is reached;
+//     b. the placement's memory slices [Start, Start+Size) overlap an
+//     existing instance's;
+//     c. the compute slices of all instances would exceed the full
+//     profile's SliceCount;
+//     d. the engines would run out: for copy engines, decoders, encoders,
+//     JPEG decoders and OFAs, the instances together may hold at most what
+//     the full profile (the one instance that has the whole GPU) holds.
+//
+// What (d) adds to (a)-(c) is the media-extension rule, and nothing else
+// (TestEngineRuleOnlyLimitsMediaExtensions checks every layout of every
+// model). Decoders, JPEG decoders and copy engines come with compute slices,
+// so no layout that fits (c) runs out of them; but a GPU has one OFA (and on
+// A100/A30 one NVJPG), which only the "+me" profiles and the full profile
+// get. So:
+//   - A100 40/80 GB: 7g has 1 NVJPG and 1 OFA, 1g+me has 1 and 1: one +me;
+//   - A30: 4g has 1 NVJPG and 1 OFA, and so have 1g+me and 2g+me: one of
+//     the two +me profiles, not both (InstanceCount alone would allow one
+//     of each);
+//   - H100, H200, B200: 7g has 1 OFA, 1g+me has 1: one +me.
+//
+// This holds for the corrected tables of models.go. With go-nvml's own
+// H100/H200 tables the rule would refuse every 1g+me (their 7g has no OFA)
+// and a seventh 1g (5 NVDECs); with its B200 table (7g: 4 OFA) it would
+// leave the limit to InstanceCount.
+func (g *simGPU) fits(profile gonvml.GpuInstanceProfileInfo, p gonvml.GpuInstancePlacement) gonvml.Return {
+	if g.migMode != gonvml.DEVICE_MIG_ENABLE {
+		return gonvml.ERROR_NOT_SUPPORTED
+	}
+	legal := false
+	for _, q := range g.cfg.GpuInstancePlacements[int(profile.Id)] {
+		legal = legal || q == p
+	}
+	if !legal {
+		return gonvml.ERROR_INVALID_ARGUMENT
+	}
+	var same uint32
+	var used engines
+	for _, gi := range g.gis {
+		if gi.profile.Id == profile.Id {
+			same++
+		}
+		if gi.placement.Start < p.Start+p.Size && p.Start < gi.placement.Start+gi.placement.Size {
+			return gonvml.ERROR_INSUFFICIENT_RESOURCES
+		}
+		used = used.add(engineCounts(gi.profile))
+	}
+	if same >= profile.InstanceCount {
+		return gonvml.ERROR_INSUFFICIENT_RESOURCES
+	}
+	if !used.add(engineCounts(profile)).within(engineCounts(g.full)) {
+		return gonvml.ERROR_INSUFFICIENT_RESOURCES
+	}
+	return gonvml.SUCCESS
+}
+
+// engines counts what a GPU instance takes of the GPU.
+type engines [6]uint32
+
+func engineCounts(p gonvml.GpuInstanceProfileInfo) engines {
+	return engines{p.SliceCount, p.CopyEngineCount, p.DecoderCount, p.EncoderCount, p.JpegCount, p.OfaCount}
+}
+
+func (e engines) add(o engines) engines {
+	for i := range e {
+		e[i] += o[i]
+	}
+	return e
+}
+
+func (e engines) within(limit engines) bool {
+	for i := range e {
+		if e[i] > limit[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// bestFit returns the placement nvmlDeviceCreateGpuInstance would use for
+// profile, if any fits. NVML does not document its choice; the simulation
+// takes, among the placements where the instance fits, the one that
+// overlaps the fewest placements of all profiles (it blocks the least),
+// the lowest start first. On an A100 this gives what nvidia-smi reports
+// there: seven 1g instances land on slices 6, 4, 5, 0, 1, 2, 3 (GPU
+// instance IDs 13, 11, 12, 7, 8, 9, 10), the first 3g on 4 (ID 2), and a
+// 2g after it on 0 (ID 3). It matters for tools that create instances
+// without placements, like mig-parted: creating 3g, 2g, 1g, 1g (its
+// "all-balanced" layout) in that order fits, while "first free" would put
+// the 3g on 0 and leave no room for the second 1g. g.mu is held.
+func (g *simGPU) bestFit(profile gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstancePlacement, bool) {
+	best, bestScore := gonvml.GpuInstancePlacement{}, -1
+	for _, p := range g.cfg.GpuInstancePlacements[int(profile.Id)] {
+		if g.fits(profile, p) != gonvml.SUCCESS {
+			continue
+		}
+		score := 0
+		for _, pls := range g.cfg.GpuInstancePlacements {
+			for _, q := range pls {
+				if q.Start < p.Start+p.Size && p.Start < q.Start+q.Size {
+					score++
+				}
+			}
+		}
+		if bestScore < 0 || score < bestScore || (score == bestScore && p.Start < best.Start) {
+			best, bestScore = p, score
+		}
+	}
+	return best, bestScore >= 0
+}
+
+// giIDForPlacement returns the GPU instance ID the hardware gives the
+// instance at placement p on a GPU with memSlices memory slices: the
+// instances are the nodes of a binary tree over the memory slices, numbered
+// breadth first. On an 8-slice GPU the full GPU is 0, the halves 1-2, the
+// quarters 3-6 and the eighths 7-14; `nvidia-smi mig -cgi` on an A100 or
+// H100 reports exactly these (3g at 4:4 is GI 2, 2g at 0:2 is GI 3, 1g at
+// 2:1 is GI 9). It returns false for a placement that is not a tree node.
+func giIDForPlacement(memSlices int, p gonvml.GpuInstancePlacement) (int, bool) {
+	size, start := int(p.Size), int(p.Start)
+	pow2 := func(n int) bool { return n > 0 && n&(n-1) == 0 }
+	if !pow2(memSlices) || !pow2(size) || size > memSlices || start%size != 0 || start+size > memSlices {
+		return 0, false
+	}
+	return memSlices/size - 1 + start/size, true
+}
+
+// freeGIID returns the ID for a new instance at p: the hardware's, or the
+// lowest free one for a placement outside the tree. g.mu is held.
+func (g *simGPU) freeGIID(p gonvml.GpuInstancePlacement) int {
+	if id, ok := giIDForPlacement(g.memSlices, p); ok && id < migMaxGPUInstances {
+		if _, taken := g.gis[id]; !taken {
+			return id
+		}
+	}
+	for id := 0; id < migMaxGPUInstances; id++ {
+		if _, taken := g.gis[id]; !taken {
+			return id
+		}
+	}
+	return -1
+}
+
+// createGI creates a GPU instance that fits; id < 0 picks the ID. g.mu is
+// held.
+func (g *simGPU) createGI(profile gonvml.GpuInstanceProfileInfo, p gonvml.GpuInstancePlacement, id int) (*simGI, gonvml.Return) {
+	if id < 0 {
+		id = g.freeGIID(p)
+	}
+	if _, taken := g.gis[id]; taken || id < 0 || id >= migMaxGPUInstances {
+		return nil, gonvml.ERROR_INSUFFICIENT_RESOURCES
+	}
+	gi := &simGI{gpu: g, id: id, profile: profile, placement: p, cis: map[int]*simCI{}}
+	gi.install()
+	g.gis[id] = gi
+	if ret := g.persist(); ret != gonvml.SUCCESS {
+		delete(g.gis, id)
+		return nil, ret
+	}
+	return gi, gonvml.SUCCESS
+}
+
+// sortedGIs returns the GPU instances by ID. g.mu is held.
+func (g *simGPU) sortedGIs() []*simGI {
+	out := make([]*simGI, 0, len(g.gis))
+	for _, gi := range g.gis {
+		out = append(out, gi)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out
+}
+
+// migDevices returns the MIG devices (compute instances) by GPU instance
+// ID, then compute instance ID: the order of GetMigDeviceHandleByIndex.
+// g.mu is held.
+func (g *simGPU) migDevices() []*simCI {
+	var out []*simCI
+	for _, gi := range g.sortedGIs() {
+		out = append(out, gi.sortedCIs()...)
+	}
+	return out
+}
+
+// persist writes the GPU's state to the state file, if any. g.mu is held.
+func (g *simGPU) persist() gonvml.Return {
+	if g.node.store == nil {
+		return gonvml.SUCCESS
+	}
+	if err := g.node.store.save(g.index, g.snapshot()); err != nil {
+		// What a failing driver would say; the change is undone.
+		return gonvml.ERROR_UNKNOWN
+	}
+	return gonvml.SUCCESS
+}
+
+func (gi *simGI) install() {
+	g := gi.gpu
+	h := &mock.GpuInstance{}
+	gi.handle = h
+	h.GetInfoFunc = func() (gonvml.GpuInstanceInfo, gonvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if gi.destroyed {
+			return gonvml.GpuInstanceInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		return gonvml.GpuInstanceInfo{Device: g.dev, Id: uint32(gi.id), ProfileId: gi.profile.Id, Placement: gi.placement}, gonvml.SUCCESS
+	}
+	h.GetComputeInstanceProfileInfoFunc = func(ciProfile, engProfile int) (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
+		if ciProfile < 0 || ciProfile >= gonvml.COMPUTE_INSTANCE_PROFILE_COUNT || engProfile < 0 || engProfile >= gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT {
+			return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		if engProfile != gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
+			return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
+		}
+		info, ok := g.cfg.ComputeInstanceProfiles[int(gi.profile.Id)][ciProfile]
+		if !ok {
+			return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
+		}
+		return info, gonvml.SUCCESS
+	}
+	h.GetComputeInstancePossiblePlacementsFunc = func(info *gonvml.ComputeInstanceProfileInfo) ([]gonvml.ComputeInstancePlacement, gonvml.Return) {
+		profile, ret := gi.ciProfile(info)
+		if ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		return gi.ciPlacements(profile), gonvml.SUCCESS
+	}
+	h.GetComputeInstanceRemainingCapacityFunc = func(info *gonvml.ComputeInstanceProfileInfo) (int, gonvml.Return) {
+		profile, ret := gi.ciProfile(info)
+		if ret != gonvml.SUCCESS {
+			return 0, ret
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		var added []int
+		defer func() {
+			for _, id := range added {
+				delete(gi.cis, id)
+			}
+		}()
+		for {
+			p, ok := gi.firstFit(profile)
+			if !ok {
+				return len(added), gonvml.SUCCESS
+			}
+			id := gi.freeCIID()
+			gi.cis[id] = &simCI{gi: gi, id: id, profile: profile, placement: p}
+			added = append(added, id)
+		}
+	}
+	h.CreateComputeInstanceFunc = func(info *gonvml.ComputeInstanceProfileInfo) (gonvml.ComputeInstance, gonvml.Return) {
+		profile, ret := gi.ciProfile(info)
+		if ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if gi.destroyed {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		p, ok := gi.firstFit(profile)
+		if !ok {
+			return nil, gonvml.ERROR_INSUFFICIENT_RESOURCES
+		}
+		ci, ret := gi.createCI(profile, p, -1, "")
+		if ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		return ci.handle, gonvml.SUCCESS
+	}
+	h.CreateComputeInstanceWithPlacementFunc = func(info *gonvml.ComputeInstanceProfileInfo, placement *gonvml.ComputeInstancePlacement) (gonvml.ComputeInstance, gonvml.Return) {
+		profile, ret := gi.ciProfile(info)
+		if ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		if placement == nil {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if gi.destroyed {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		if ret := gi.ciFits(profile, *placement); ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		ci, ret := gi.createCI(profile, *placement, -1, "")
+		if ret != gonvml.SUCCESS {
+			return nil, ret
+		}
+		return ci.handle, gonvml.SUCCESS
+	}
+	h.GetComputeInstancesFunc = func(info *gonvml.ComputeInstanceProfileInfo) ([]gonvml.ComputeInstance, gonvml.Return) {
+		if info == nil {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if gi.destroyed {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		var out []gonvml.ComputeInstance
+		for _, ci := range gi.sortedCIs() {
+			if ci.profile.Id == info.Id {
+				out = append(out, ci.handle)
+			}
+		}
+		return out, gonvml.SUCCESS
+	}
+	h.GetComputeInstanceByIdFunc = func(id int) (gonvml.ComputeInstance, gonvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if gi.destroyed {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		if id < 0 || id >= migMaxComputeInsts {
+			return nil, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		ci, ok := gi.cis[id]
+		if !ok {
+			return nil, gonvml.ERROR_NOT_FOUND
+		}
+		return ci.handle, gonvml.SUCCESS
+	}
+	h.DestroyFunc = func() gonvml.Return {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if gi.destroyed {
+			return gonvml.ERROR_INVALID_ARGUMENT
+		}
+		if len(gi.cis) > 0 {
+			return gonvml.ERROR_IN_USE
+		}
+		delete(g.gis, gi.id)
+		if ret := g.persist(); ret != gonvml.SUCCESS {
+			g.gis[gi.id] = gi
+			return ret
+		}
+		gi.destroyed = true
+		return gonvml.SUCCESS
+	}
+}
+
+// ciProfile returns the table entry for a compute instance profile of this
+// GPU instance.
+func (gi *simGI) ciProfile(info *gonvml.ComputeInstanceProfileInfo) (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
+	if info == nil {
+		return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+	}
+	p, ok := gi.gpu.cfg.ComputeInstanceProfiles[int(gi.profile.Id)][int(info.Id)]
+	if !ok {
+		return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+	}
+	return p, gonvml.SUCCESS
+}
+
+// ciPlacements returns the compute slice ranges a compute instance of
+// profile may take inside the GPU instance: the table's, or where the table
+// has none (go-nvml's A100), every aligned range that fits.
+func (gi *simGI) ciPlacements(profile gonvml.ComputeInstanceProfileInfo) []gonvml.ComputeInstancePlacement {
+	if pl, ok := gi.gpu.cfg.ComputeInstancePlacements[int(gi.profile.Id)][int(profile.Id)]; ok && len(pl) > 0 {
+		return append([]gonvml.ComputeInstancePlacement(nil), pl...)
+	}
+	var out []gonvml.ComputeInstancePlacement
+	for s := uint32(0); profile.SliceCount > 0 && s+profile.SliceCount <= gi.profile.SliceCount; s += profile.SliceCount {
+		out = append(out, gonvml.ComputeInstancePlacement{Start: s, Size: profile.SliceCount})
+	}
+	return out
+}
+
+// ciFits reports whether a compute instance of profile fits at p: a legal
+// placement (ERROR_INVALID_ARGUMENT), the profile's InstanceCount, and no
+// compute slice shared with another compute instance
+// (ERROR_INSUFFICIENT_RESOURCES). gi.gpu.mu is held.
+func (gi *simGI) ciFits(profile gonvml.ComputeInstanceProfileInfo, p gonvml.ComputeInstancePlacement) gonvml.Return {
+	legal := false
+	for _, q := range gi.ciPlacements(profile) {
+		legal = legal || q == p
+	}
+	if !legal {
+		return gonvml.ERROR_INVALID_ARGUMENT
+	}
+	var same uint32
+	for _, ci := range gi.cis {
+		if ci.profile.Id == profile.Id {
+			same++
+		}
+		if ci.placement.Start < p.Start+p.Size && p.Start < ci.placement.Start+ci.placement.Size {
+			return gonvml.ERROR_INSUFFICIENT_RESOURCES
+		}
+	}
+	if same >= profile.InstanceCount || len(gi.cis) >= migMaxComputeInsts {
+		return gonvml.ERROR_INSUFFICIENT_RESOURCES
+	}
+	return gonvml.SUCCESS
+}
+
+func (gi *simGI) firstFit(profile gonvml.ComputeInstanceProfileInfo) (gonvml.ComputeInstancePlacement, bool) {
+	for _, p := range gi.ciPlacements(profile) {
+		if gi.ciFits(profile, p) == gonvml.SUCCESS {
+			return p, true
+		}
+	}
+	return gonvml.ComputeInstancePlacement{}, false
+}
+
+func (gi *simGI) freeCIID() int {
+	for id := 0; id < migMaxComputeInsts; id++ {
+		if _, taken := gi.cis[id]; !taken {
+			return id
+		}
+	}
+	return -1
+}
+
+func (gi *simGI) sortedCIs() []*simCI {
+	out := make([]*simCI, 0, len(gi.cis))
+	for _, ci := range gi.cis {
+		out = append(out, ci)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out
+}
+
+// createCI creates a compute instance that fits; id < 0 picks the lowest
+// free ID, migUUID "" draws a new UUID (as the driver does for every new
+// MIG device). gi.gpu.mu is held.
+func (gi *simGI) createCI(profile gonvml.ComputeInstanceProfileInfo, p gonvml.ComputeInstancePlacement, id int, migUUID string) (*simCI, gonvml.Return) {
+	g := gi.gpu
+	if id < 0 {
+		id = gi.freeCIID()
+	}
+	if _, taken := gi.cis[id]; taken || id < 0 || id >= migMaxComputeInsts {
+		return nil, gonvml.ERROR_INSUFFICIENT_RESOURCES
+	}
+	if migUUID == "" {
+		migUUID = "MIG-" + uuid.NewString()
+	}
+	ci := &simCI{gi: gi, id: id, profile: profile, placement: p, uuid: migUUID}
+	ci.install()
+	gi.cis[id] = ci
+	if ret := g.persist(); ret != gonvml.SUCCESS {
+		delete(gi.cis, id)
+		return nil, ret
+	}
+	g.node.migs.Store(migUUID, ci)
+	return ci, gonvml.SUCCESS
+}
+
+func (ci *simCI) install() {
+	gi := ci.gi
+	g := gi.gpu
+	h := &mock.ComputeInstance{}
+	ci.handle = h
+	h.GetInfoFunc = func() (gonvml.ComputeInstanceInfo, gonvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if ci.destroyed {
+			return gonvml.ComputeInstanceInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+		}
+		return gonvml.ComputeInstanceInfo{Device: g.dev, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: ci.profile.Id, Placement: ci.placement}, gonvml.SUCCESS
+	}
+	h.DestroyFunc = func() gonvml.Return {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if ci.destroyed {
+			return gonvml.ERROR_INVALID_ARGUMENT
+		}
+		delete(gi.cis, ci.id)
+		if ret := g.persist(); ret != gonvml.SUCCESS {
+			gi.cis[ci.id] = ci
+			return ret
+		}
+		ci.destroyed = true
+		g.node.migs.Delete(ci.uuid)
+		return gonvml.SUCCESS
+	}
+
+	cfg := g.dev.Config
+	m := &mock.Device{}
+	ci.mig = m
+	m.IsMigDeviceHandleFunc = func() (bool, gonvml.Return) { return true, gonvml.SUCCESS }
+	m.GetUUIDFunc = func() (string, gonvml.Return) { return ci.uuid, gonvml.SUCCESS }
+	m.GetGpuInstanceIdFunc = func() (int, gonvml.Return) { return gi.id, gonvml.SUCCESS }
+	m.GetComputeInstanceIdFunc = func() (int, gonvml.Return) { return ci.id, gonvml.SUCCESS }
+	m.GetDeviceHandleFromMigDeviceHandleFunc = func() (gonvml.Device, gonvml.Return) { return g.dev, gonvml.SUCCESS }
+	m.GetIndexFunc = func() (int, gonvml.Return) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		for i, other := range g.migDevices() {
+			if other == ci {
+				return i, gonvml.SUCCESS
+			}
+		}
+		return 0, gonvml.ERROR_NOT_FOUND
+	}
+	m.GetAttributesFunc = func() (gonvml.DeviceAttributes, gonvml.Return) {
+		return gonvml.DeviceAttributes{
+			MultiprocessorCount:       ci.profile.MultiprocessorCount,
+			SharedCopyEngineCount:     gi.profile.CopyEngineCount,
+			SharedDecoderCount:        gi.profile.DecoderCount,
+			SharedEncoderCount:        gi.profile.EncoderCount,
+			SharedJpegCount:           gi.profile.JpegCount,
+			SharedOfaCount:            gi.profile.OfaCount,
+			GpuInstanceSliceCount:     gi.profile.SliceCount,
+			ComputeInstanceSliceCount: ci.profile.SliceCount,
+			MemorySizeMB:              gi.profile.MemorySizeMB,
+		}, gonvml.SUCCESS
+	}
+	m.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) {
+		total := gi.profile.MemorySizeMB << 20
+		return gonvml.Memory{Total: total, Free: total}, gonvml.SUCCESS
+	}
+	m.GetMigModeFunc = func() (int, int, gonvml.Return) { return 0, 0, gonvml.ERROR_NOT_SUPPORTED }
+	m.GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
+	m.GetNameFunc = func() (string, gonvml.Return) { return cfg.Name, gonvml.SUCCESS }
+	m.GetArchitectureFunc = func() (gonvml.DeviceArchitecture, gonvml.Return) { return cfg.Architecture, gonvml.SUCCESS }
+	m.GetBrandFunc = func() (gonvml.BrandType, gonvml.Return) { return cfg.Brand, gonvml.SUCCESS }
+	m.GetCudaComputeCapabilityFunc = func() (int, int, gonvml.Return) { return cfg.CudaMajor, cfg.CudaMinor, gonvml.SUCCESS }
+}
+
+// String names a simulated GPU in errors.
+func (g *simGPU) String() string {
+	return fmt.Sprintf("GPU %d (%s, %s)", g.index, g.dev.UUID, g.model)
+}

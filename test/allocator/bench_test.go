@@ -1,0 +1,250 @@
+package allocator
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/nvml"
+	facetslices "github.com/facet-gpu/facet/pkg/slices"
+)
+
+// BenchmarkAllocateOneMIG times the upstream allocator (v0.35.4, what a 1.35
+// kube-scheduler runs) placing a claim for one MIG instance on one node of
+// a cluster of simulated 8×H100 nodes: one op is one node's Filter, the
+// Allocate call the scheduler makes per candidate node. The allocator
+// gathers every node's counter slices on every call (pools_experimental.go
+// GatherPools: slices with sharedCounters are kept whatever their node), so
+// the cost per node grows with the cluster.
+//
+// Shapes:
+//   - facet-mig: Facet's slices in mig mode (8 counters per GPU: 7 memory
+//     slices and media-extensions).
+//   - nvidia-15: the same devices with the counter shape NVIDIA's driver
+//     publishes for dynamic MIG: 15 counters per GPU (memory,
+//     multiprocessors, five engine kinds, 8 memory slices), all 8 counter
+//     sets in a single counter slice per node, and every device consuming
+//     its share of each.
+//   - facet-exclusive: whole GPUs only, no counters (the floor).
+//
+// Run: go test ./test/allocator/ -run '^$' -bench AllocateOneMIG -benchtime 20x
+func BenchmarkAllocateOneMIG(b *testing.B) {
+	inv := benchInventory(b, inventory.ModeMIG)
+	excl := benchInventory(b, inventory.ModeExclusive)
+	shapes := []struct {
+		name  string
+		node  func(name string) []*resourceapi.ResourceSlice
+		claim func() *resourceapi.ResourceClaim
+	}{
+		{"facet-mig", func(n string) []*resourceapi.ResourceSlice { return facetObjects(inv, n) }, func() *resourceapi.ResourceClaim { return profileClaim("one", "1g.10gb") }},
+		{"nvidia-15", func(n string) []*resourceapi.ResourceSlice { return nvidiaShape(inv, n) }, func() *resourceapi.ResourceClaim { return profileClaim("one", "1g.10gb") }},
+		{"facet-exclusive", func(n string) []*resourceapi.ResourceSlice { return facetObjects(excl, n) }, func() *resourceapi.ResourceClaim { return gpuClaim("one", 1) }},
+	}
+	classes := deviceClasses(b)
+	for _, shape := range shapes {
+		for _, nodes := range []int{100, 500} {
+			b.Run(fmt.Sprintf("%s/nodes=%d", shape.name, nodes), func(b *testing.B) {
+				var all []*resourceapi.ResourceSlice
+				for i := 0; i < nodes; i++ {
+					all = append(all, shape.node(fmt.Sprintf("node-%d", i))...)
+				}
+				perNode := shape.node("node-0")
+				size := 0
+				for _, s := range perNode {
+					data, err := json.Marshal(s)
+					if err != nil {
+						b.Fatal(err)
+					}
+					size += len(data)
+				}
+				c := NewCluster(all, classes)
+				ctx := context.Background()
+				// Warm the CEL cache, and check the claim fits.
+				if res, err := c.Try(ctx, "node-0", shape.claim()); err != nil || res == nil {
+					b.Fatalf("claim does not fit: %v", err)
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					res, err := c.Try(ctx, fmt.Sprintf("node-%d", i%nodes), shape.claim())
+					if err != nil || res == nil {
+						b.Fatalf("claim does not fit: %v", err)
+					}
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(size), "slice-bytes/node")
+				b.ReportMetric(float64(len(perNode)), "slices/node")
+			})
+		}
+	}
+}
+
+func benchInventory(b testing.TB, mode inventory.Mode) *inventory.Inventory {
+	b.Helper()
+	lib, err := nvml.OpenMachine(repo + "/demo/machines/dgx-h100.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lib.Close()
+	node, err := lib.Discover()
+	if err != nil {
+		b.Fatal(err)
+	}
+	inv, err := inventory.Build(node, inventory.Config{DefaultMode: mode})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return inv
+}
+
+func facetObjects(inv *inventory.Inventory, node string) []*resourceapi.ResourceSlice {
+	return facetslices.Objects(facetslices.Resources(inv, node), node)
+}
+
+// nvidiaShape rebuilds Facet's mig-mode pool with NVIDIA's counter shape:
+// one counter slice with every GPU's set of 15 counters, the same devices
+// in the same device slices, each consuming what NVIDIA's driver has it
+// consume.
+func nvidiaShape(inv *inventory.Inventory, node string) []*resourceapi.ResourceSlice {
+	objs := facetObjects(inv, node)
+	q := func(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
+	counters := func(memory uint64, sms, ce, dec, enc, jpg, ofa int, start, size int) map[string]resourceapi.Counter {
+		m := map[string]resourceapi.Counter{
+			"memory":          {Value: *resource.NewQuantity(int64(memory), resource.BinarySI)},
+			"multiprocessors": {Value: q(int64(sms))},
+			"copy-engines":    {Value: q(int64(ce))},
+			"decoders":        {Value: q(int64(dec))},
+			"encoders":        {Value: q(int64(enc))},
+			"jpeg-engines":    {Value: q(int64(jpg))},
+			"ofa-engines":     {Value: q(int64(ofa))},
+		}
+		for k := start; k < start+size; k++ {
+			m[fmt.Sprintf("memory-slice-%d", k)] = resourceapi.Counter{Value: q(1)}
+		}
+		return m
+	}
+	var sets []resourceapi.CounterSet
+	full := map[string]map[string]resourceapi.Counter{}
+	for _, g := range inv.GPUs {
+		var top nvml.MIGProfile
+		for _, p := range g.MIGProfiles {
+			if p.SliceCount > top.SliceCount {
+				top = p
+			}
+		}
+		name := fmt.Sprintf("gpu-%d-counter-set", g.Index)
+		full[name] = counters(g.MemoryBytes, top.Multiprocessors, top.CopyEngines, top.Decoders, top.Encoders, top.JPEGs, top.OFAs, 0, 8)
+		sets = append(sets, resourceapi.CounterSet{Name: name, Counters: full[name]})
+	}
+	var out []*resourceapi.ResourceSlice
+	for _, o := range objs {
+		if len(o.Spec.SharedCounters) > 0 {
+			continue
+		}
+		o = o.DeepCopy()
+		for i := range o.Spec.Devices {
+			d := &o.Spec.Devices[i]
+			idx := int(*d.Attributes["index"].IntValue)
+			set := fmt.Sprintf("gpu-%d-counter-set", idx)
+			dev, _ := inv.Device(d.Name)
+			c := maps.Clone(full[set])
+			if dev.Kind == inventory.KindMIG {
+				p := dev.MIG
+				c = counters(p.MemoryBytes, p.Multiprocessors, p.CopyEngines, p.Decoders, p.Encoders, p.JPEGs, p.OFAs, dev.Placement.Start, dev.Placement.Size)
+			}
+			d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: set, Counters: c}}
+		}
+		out = append(out, o)
+	}
+	counterSlice := objs[0].DeepCopy()
+	counterSlice.Name = node + "-nvidia-counters"
+	counterSlice.Spec.SharedCounters = sets
+	out = slices.Insert(out, 0, counterSlice)
+	for _, o := range out {
+		o.Spec.Pool.ResourceSliceCount = int64(len(out))
+	}
+	return out
+}
+
+// TestBenchmarkShapes keeps the benchmark's shapes honest: both publish
+// the same devices, within the API's limits, and the NVIDIA shape has 15
+// counters per GPU in one counter slice.
+func TestBenchmarkShapes(t *testing.T) {
+	lib, err := nvml.OpenMachine(repo + "/demo/machines/dgx-h100.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lib.Close()
+	node, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := inventory.Build(node, inventory.Config{DefaultMode: inventory.ModeMIG})
+	if err != nil {
+		t.Fatal(err)
+	}
+	facet, nv := facetObjects(inv, "n"), nvidiaShape(inv, "n")
+	for _, objs := range [][]*resourceapi.ResourceSlice{facet, nv} {
+		for _, err := range facetslices.CheckLimits(objs) {
+			t.Error(err)
+		}
+	}
+	count := func(objs []*resourceapi.ResourceSlice) (devices, counterSlices, counters int) {
+		for _, o := range objs {
+			devices += len(o.Spec.Devices)
+			if len(o.Spec.SharedCounters) > 0 {
+				counterSlices++
+			}
+			for _, cs := range o.Spec.SharedCounters {
+				counters += len(cs.Counters)
+			}
+		}
+		return
+	}
+	fd, fc, fn := count(facet)
+	nd, nc, nn := count(nv)
+	t.Logf("facet: %d devices, %d counter slices, %d counters; nvidia-15: %d devices, %d counter slices, %d counters", fd, fc, fn, nd, nc, nn)
+	if fd != nd || nc != 1 || nn != 8*15 || fn != 8*8 {
+		t.Errorf("shapes differ from what the benchmark claims")
+	}
+	// Both shapes allocate the same claim to the same device.
+	for _, objs := range [][]*resourceapi.ResourceSlice{facet, nv} {
+		c := NewCluster(objs, deviceClasses(t))
+		run(t, c, "n", []step{
+			{profileClaim("a", "1g.10gb"), []string{"gpu-0-mig-1g10gb-6"}},
+			{profileClaim("b", "4g.40gb"), []string{"gpu-0-mig-4g40gb-0"}},
+			{gpuClaim("w", 1, onGPU(0)), nil},
+		})
+	}
+}
+
+// TestDumpBenchShapes writes one node's slices of each benchmark shape as
+// YAML to $FACET_BENCH_DUMP (skipped when unset), for running the same
+// shapes through another allocator version in a separate module.
+func TestDumpBenchShapes(t *testing.T) {
+	dir := os.Getenv("FACET_BENCH_DUMP")
+	if dir == "" {
+		t.Skip("FACET_BENCH_DUMP not set")
+	}
+	mig, excl := benchInventory(t, inventory.ModeMIG), benchInventory(t, inventory.ModeExclusive)
+	for name, objs := range map[string][]*resourceapi.ResourceSlice{
+		"facet-mig": facetObjects(mig, "node-0"), "nvidia-15": nvidiaShape(mig, "node-0"), "facet-exclusive": facetObjects(excl, "node-0"),
+	} {
+		var buf bytes.Buffer
+		if err := facetslices.WriteYAML(&buf, objs); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name+".yaml"), buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
