@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: a real Kubernetes 1.35 node (containerd 2 applying CDI) with
-# Facet's kubelet plugin on a simulated DGX H100, and the demo/ examples
-# running on it. The node stays up; `make demo-down` stops it.
+# Facet's kubelet plugin on a simulated DGX H100 (GPUs 0-3 in mig mode,
+# 4-7 shared), and the demo/ examples running on it: whole GPUs, a MIG
+# instance carved at prepare, and three vGPU shares on one GPU. The node
+# stays up; `make demo-down` stops it.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO}"
@@ -20,7 +22,7 @@ source "${RUN_DIR}/env.sh"
 k() { "${FACET_BIN_DIR}/kubectl" "$@"; }
 
 step "Starting facet-kubeletplugin on ${MACHINE}"
-hack/plugin.sh start "${RUN_DIR}" "${MACHINE}"
+hack/plugin.sh start "${RUN_DIR}" "${MACHINE}" --gpu-modes "${FACET_DEMO_GPU_MODES:-0-3=mig,4-7=shared}"
 for _ in $(seq 120); do
   n=$(k get resourceslices --field-selector spec.driver=gpu.facet.dev -o name 2>/dev/null | wc -l)
   [[ "${n}" -gt 0 ]] && break
@@ -33,7 +35,9 @@ step "Applying DeviceClasses and the demo/ examples"
 k apply -f deployments/deviceclasses.yaml
 k apply -f demo/gpu/namespace.yaml
 k apply -f demo/gpu/
-pods=(one-gpu two-gpus)
+k apply -f demo/mig/one-1g10gb.yaml
+k apply -f demo/vgpu/
+pods=(one-gpu two-gpus one-1g10gb volcano-share notebook shared-by-two-containers)
 for p in "${pods[@]}"; do
   k wait -n facet-demo --for=condition=Ready "pod/${p}" --timeout=180s
 done
@@ -47,13 +51,18 @@ for p in "${pods[@]}"; do
   echo "CDI spec ${FACET_CDI_DIR}/gpu.facet.dev-claim_${uid}.json, devices:"
   grep -o "\"name\":\"${uid}-[a-z0-9-]*\"" "${FACET_CDI_DIR}/gpu.facet.dev-claim_${uid}.json" \
     | sed 's/"name":"\(.*\)"/  gpu.facet.dev\/claim=\1/'
-  echo "what the container sees:"
-  k exec -n facet-demo "${p}" -- sh -c '
-    echo "  env:";    env | grep -E "^(FACET|NVIDIA|CUDA)" | sort | sed "s/^/    /"
+  for c in $(k get pod -n facet-demo "${p}" -o jsonpath='{.spec.containers[*].name}'); do
+  echo "what container ${c} sees:"
+  k exec -n facet-demo "${p}" -c "${c}" -- sh -c '
+    echo "  env:";    env | grep -E "^(FACET|NVIDIA|CUDA|GPU_CORE|LIBCUDA)" | sort | sed "s/^/    /"
     echo "  devices:"; ls -l /dev | grep nvidia | sed "s/^/    /"
-    echo "  driver mounts:"; grep -E "nvidia|libcuda" /proc/mounts | cut -d" " -f2 | sed "s/^/    /"
+    echo "  driver mounts:"; grep -E "nvidia|libcuda|vgpu|ld.so.preload" /proc/mounts | cut -d" " -f2 | sed "s/^/    /"
     echo "  nvidia-smi:"; nvidia-smi 2>&1 | sed "s/^/    /"'
+  done
 done
+
+step "MIG instances carved in the simulated GPUs (facetctl mig-instances)"
+bin/facetctl mig-instances --machine "${MACHINE}" --nvml-state "${RUN_DIR}/facet-state/simulated-nvml.json"
 
 step "Done in $((SECONDS - T0))s. The node stays up:"
 cat <<MSG

@@ -29,8 +29,10 @@ case "${cmd}" in
     source "${RUN_DIR}/env.sh"
     "${REPO}/hack/sim-node.sh" "${RUN_DIR}" "${MACHINE}" >/dev/null
     mkdir -p "${RUN_DIR}/logs" "${RUN_DIR}/pids"
-    # setsid: the plugin outlives the make that started it.
-    setsid "${REPO}/bin/facet-kubeletplugin" \
+    # setsid: the plugin outlives the make that started it. unshare: a
+    # private mount namespace, where the plugin binds the simulated
+    # /proc/driver/nvidia-caps that nvcdi reads for MIG devices.
+    setsid unshare --mount --propagation private "${REPO}/bin/facet-kubeletplugin" \
       --node-name localhost \
       --kubeconfig "${KUBECONFIG}" \
       --machine "${MACHINE}" \
@@ -40,6 +42,7 @@ case "${cmd}" in
       --state-dir "${RUN_DIR}/facet-state" \
       --kubelet-registrar-dir "${FACET_KUBELET_ROOT}/plugins_registry" \
       --kubelet-plugins-dir "${FACET_KUBELET_ROOT}/plugins" \
+      --hami-library "${RUN_DIR}/hami/libvgpu.so" \
       "$@" >"${RUN_DIR}/logs/facet-plugin.log" 2>&1 < /dev/null &
     echo $! > "${pidfile}"
     ;;

@@ -24,6 +24,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/driver"
+	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/slices"
@@ -44,6 +45,9 @@ type flags struct {
 	modes        inventory.ModeFlags
 	kubeAPIQPS   float64
 	kubeAPIBurst int
+
+	hamiLibrary       string
+	destroyUnownedMIG bool
 }
 
 func main() {
@@ -64,6 +68,8 @@ func main() {
 	// claim in NodePrepareResources to 200 ms once a burst is used up.
 	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server")
 	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", 100, "burst of queries to the API server")
+	fs.StringVar(&f.hamiLibrary, "hami-library", "", "host path of HAMi-core's libvgpu.so, which enforces vGPU shares (installed by the DaemonSet's init container); without it, claims for enforced shares fail")
+	fs.BoolVar(&f.destroyUnownedMIG, "destroy-unowned-mig", false, "at start, destroy MIG instances on managed GPUs that no prepared claim owns (default: only report them)")
 	f.modes.Register(fs)
 	klog.InitFlags(fs)
 	fs.Parse(os.Args[1:])
@@ -88,9 +94,14 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	if err := os.MkdirAll(f.stateDir, 0o700); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
 	var lib *nvml.Library
 	if f.machine != "" {
-		lib, err = nvml.OpenMachine(f.machine)
+		// MIG instances outlive the plugin on real GPUs; the simulation
+		// keeps them in the state directory so restarts see them too.
+		lib, err = nvml.OpenMachine(f.machine, nvml.WithStateFile(filepath.Join(f.stateDir, "simulated-nvml.json")))
 	} else {
 		lib, err = nvml.OpenReal(f.nvmlLib)
 	}
@@ -107,10 +118,29 @@ func run(ctx context.Context, f flags) error {
 		return err
 	}
 	for _, g := range inv.GPUs {
-		logger.Info("GPU", "index", g.Index, "uuid", g.UUID, "product", g.ProductName, "mode", g.Mode, "migCapable", g.MIGCapable)
+		logger.Info("GPU", "index", g.Index, "uuid", g.UUID, "product", g.ProductName, "mode", g.Mode, "requested", g.ModeRequested, "why", g.ModeNote, "migCapable", g.MIGCapable, "devices", len(g.Devices))
+	}
+	for _, note := range inv.Notes {
+		logger.Info("Mode fallback", "note", note)
 	}
 	logger.Info("Discovered node", "simulated", f.machine != "", "gpus", len(inv.GPUs), "driverVersion", inv.DriverVersion, "cudaDriverVersion", inv.CUDADriverVersion)
 
+	if f.machine != "" {
+		// nvcdi reads MIG capability minors from the fixed path
+		// /proc/driver/nvidia-caps; a simulated node binds its own table
+		// there, in the private mount namespace the plugin must then run
+		// in (unshare --mount --propagation private). Refused on a host
+		// with a real driver or in the host's mount namespace.
+		if err := nvml.BindSimulatedProcDriver(f.driverRoot); err != nil {
+			logger.Error(err, "MIG devices cannot get CDI edits on this simulated node; MIG claims will fail to prepare")
+		}
+	}
+	var vgpu *hami.Editor
+	if f.hamiLibrary != "" {
+		if vgpu, err = hami.NewEditor(hami.Options{LibraryPath: f.hamiLibrary, StateDir: filepath.Join(f.stateDir, "vgpu")}); err != nil {
+			return err
+		}
+	}
 	editor, err := lib.DriverEditor(nvml.DriverEditorOptions{DriverRoot: f.driverRoot, DevRoot: f.devRoot, NvidiaCDIHookPath: f.cdiHook})
 	if err != nil {
 		return err
@@ -123,7 +153,11 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	drv, err := driver.New(ctx, driver.Options{NodeName: f.nodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor})
+	drv, err := driver.New(ctx, driver.Options{
+		NodeName: f.nodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor,
+		MIG: lib, HAMi: vgpu, DestroyUnownedMIG: f.destroyUnownedMIG,
+		Failpoint: failpoint(ctx),
+	})
 	if err != nil {
 		return err
 	}
@@ -174,6 +208,24 @@ func reportPublished(ctx context.Context, client kubernetes.Interface, node stri
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// failpoint returns the test-only hook named by $FACET_FAILPOINT: when
+// prepare reaches that point the plugin logs it and hangs, so an end-to-end
+// test can SIGKILL it there. Unset in production.
+func failpoint(ctx context.Context) func(string) {
+	name := os.Getenv("FACET_FAILPOINT")
+	if name == "" {
+		return nil
+	}
+	klog.FromContext(ctx).Info("Test failpoint armed", "name", name)
+	return func(at string) {
+		if at == name {
+			klog.FromContext(ctx).Info("Failpoint reached; hanging until killed", "name", name)
+			klog.Flush()
+			select {}
+		}
 	}
 }
 

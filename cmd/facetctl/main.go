@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"text/tabwriter"
 
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/nvml"
@@ -19,6 +20,9 @@ Commands:
   slices   print, as a YAML stream, the ResourceSlices the kubelet plugin
            publishes for a node (simulated with --machine, else real NVML)
 
+  mig-instances
+           list the MIG instances carved on the node's GPUs (real NVML, or a
+           simulated machine with the plugin's NVML state file)
   sim-driver-root
            lay out a simulated NVIDIA driver root (libraries, binaries,
            device nodes) for a machine file, for demos and tests
@@ -35,6 +39,8 @@ func main() {
 	switch os.Args[1] {
 	case "slices":
 		err = runSlices(os.Args[2:])
+	case "mig-instances":
+		err = runMIGInstances(os.Args[2:])
 	case "sim-driver-root":
 		err = runSimDriverRoot(os.Args[2:])
 	case "-h", "--help", "help":
@@ -91,6 +97,7 @@ func runSimDriverRoot(args []string) error {
 	fs := flag.NewFlagSet("sim-driver-root", flag.ExitOnError)
 	machine := fs.String("machine", "", "machine file (required)")
 	root := fs.String("root", "", "directory to lay the driver root out in (required); re-running converges it")
+	hamiLib := fs.String("hami-library", "", "also write a stand-in libvgpu.so (HAMi-core) at this path")
 	fs.Parse(args)
 	if *machine == "" || *root == "" {
 		return fmt.Errorf("--machine and --root are required")
@@ -111,6 +118,42 @@ func runSimDriverRoot(args []string) error {
 	if err := nvml.LayoutDriverRoot(*root, node.DriverVersion, minors); err != nil {
 		return err
 	}
+	if *hamiLib != "" {
+		if err := nvml.WriteSimulatedHAMiCore(*hamiLib); err != nil {
+			return err
+		}
+	}
 	fmt.Printf("simulated driver %s root for %d GPUs at %s\n", node.DriverVersion, len(minors), *root)
 	return nil
+}
+
+func runMIGInstances(args []string) error {
+	fs := flag.NewFlagSet("mig-instances", flag.ExitOnError)
+	machine := fs.String("machine", "", "machine file of a simulated node (default: the real NVML of this host)")
+	state := fs.String("nvml-state", "", "with --machine: the plugin's simulated NVML state file (<state-dir>/simulated-nvml.json)")
+	fs.Parse(args)
+	var lib *nvml.Library
+	var err error
+	switch {
+	case *machine != "" && *state != "":
+		lib, err = nvml.OpenMachine(*machine, nvml.WithStateFile(*state))
+	case *machine != "":
+		return fmt.Errorf("--machine needs --nvml-state: a simulated node's instances live in the plugin's state file")
+	default:
+		lib, err = nvml.OpenReal("")
+	}
+	if err != nil {
+		return err
+	}
+	defer lib.Close()
+	instances, err := lib.ListMIG()
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "GPU\tPROFILE\tPLACEMENT\tGI\tCI\tUUID")
+	for _, in := range instances {
+		fmt.Fprintf(w, "%d\t%s\t%d:%d\t%d\t%d\t%s\n", in.ParentIndex, in.Profile, in.Placement.Start, in.Placement.Size, in.GIID, in.CIID, in.UUID)
+	}
+	return w.Flush()
 }

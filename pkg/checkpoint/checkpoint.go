@@ -67,6 +67,40 @@ type Device struct {
 	GPUUUID string `json:"gpuUUID"`
 	// CDIDeviceIDs returned to the kubelet, e.g. "gpu.facet.dev/claim=<uid>-gpu-3".
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
+	// Kind is "gpu" (a whole GPU), "mig" or "share" (a vGPU share).
+	Kind string `json:"kind"`
+	// MIG is set for a MIG device.
+	MIG *MIG `json:"mig,omitempty"`
+	// Share is set for a vGPU share.
+	Share *Share `json:"share,omitempty"`
+}
+
+// MIG records a MIG device's intent (profile and placement, written before
+// any NVML call) and, once created, its instance IDs.
+type MIG struct {
+	Profile     string `json:"profile"`
+	GIProfileID int    `json:"giProfileID"`
+	CIProfileID int    `json:"ciProfileID"`
+	Start       int    `json:"start"`
+	Size        int    `json:"size"`
+	// Created is set once the GPU and compute instances exist; until then
+	// GIID, CIID and UUID are unknown, and a rollback looks the instance up
+	// by profile and placement.
+	Created bool   `json:"created"`
+	GIID    int    `json:"giID"`
+	CIID    int    `json:"ciID"`
+	UUID    string `json:"uuid,omitempty"`
+}
+
+// Share records a vGPU share's consumed capacity.
+type Share struct {
+	// MemoryBytes is the consumed memory in bytes.
+	MemoryBytes int64 `json:"memoryBytes"`
+	// Cores is the consumed SM time in percent (0 = best effort).
+	Cores int64 `json:"cores"`
+	// Enforced is false for a share that takes the whole GPU, or whose
+	// config opted out: HAMi-core is not injected.
+	Enforced bool `json:"enforced"`
 }
 
 // ErrCorrupt marks a record that cannot be trusted.

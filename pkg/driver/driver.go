@@ -1,14 +1,15 @@
 // Package driver is Facet's DRA kubelet plugin: it prepares and unprepares
 // ResourceClaims for the kubelet (k8s.io/dynamic-resource-allocation/kubeletplugin)
-// from the node's inventory, writing one CDI spec per claim and recording
-// every step in the checkpoint.
+// from the node's inventory: whole GPUs, MIG devices (carved at prepare,
+// destroyed at unprepare) and vGPU shares (enforced by HAMi-core). Each
+// claim gets one CDI spec, and every step is recorded in the checkpoint
+// first, so a crash at any point is repaired at the next start or retry.
 package driver
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 
@@ -22,7 +23,9 @@ import (
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/nvml"
 )
 
 // EditSource yields the NVIDIA driver's CDI edits (package nvml, via nvcdi).
@@ -32,6 +35,16 @@ type EditSource interface {
 	CommonEdits() (*cdispec.ContainerEdits, error)
 	// GPUEdits are one whole GPU's own edits (its /dev/nvidiaN).
 	GPUEdits(uuid string) (*cdispec.ContainerEdits, error)
+	// MIGEdits are one MIG device's edits (parent node, nvidia-caps nodes).
+	MIGEdits(parentUUID string, giID, ciID int) (*cdispec.ContainerEdits, error)
+}
+
+// MIGManager creates and destroys MIG instances (package nvml).
+type MIGManager interface {
+	EnableMIG(parentUUID string) (bool, error)
+	CreateMIG(parentUUID string, giProfileID, placementStart int) (nvml.MIGInstance, error)
+	DestroyMIG(parentUUID string, giID, ciID int) error
+	ListMIG() ([]nvml.MIGInstance, error)
 }
 
 // Driver implements kubeletplugin.DRAPlugin.
@@ -41,13 +54,18 @@ type Driver struct {
 	store    *checkpoint.Store
 	cdi      *cdi.Writer
 	edits    EditSource
+	mig      MIGManager
+	hami     *hami.Editor
+	fail     func(string)
 
 	// common edits are the same for every claim; computed once.
 	common *cdispec.ContainerEdits
 
 	mu sync.Mutex
-	// owner maps a reserved exclusive device to the claim holding it.
-	owner map[string]claimRef
+	// occ is what is prepared on each GPU. Held under mu only for
+	// admission: NVML calls happen outside it, so claims on other GPUs
+	// never wait for them.
+	occ occupancy
 	// busy marks claims being prepared or unprepared, so two calls for one
 	// claim never interleave.
 	busy map[types.UID]bool
@@ -68,11 +86,25 @@ type Options struct {
 	Store     *checkpoint.Store
 	CDI       *cdi.Writer
 	Edits     EditSource
+	// MIG is required when the inventory publishes MIG devices.
+	MIG MIGManager
+	// HAMi enforces vGPU shares; without it a claim for an enforced share
+	// fails (a share that takes the whole GPU needs no HAMi-core).
+	HAMi *hami.Editor
+	// Failpoint, when set, is called at named points of prepare so tests
+	// can kill the plugin there ("after-mig-create": the instance exists
+	// but the checkpoint does not know its IDs yet).
+	Failpoint func(name string)
+	// DestroyUnownedMIG destroys, at start, MIG instances that no prepared
+	// claim owns. Off by default: they are only reported, because someone
+	// else (an admin with nvidia-smi) may have made them.
+	DestroyUnownedMIG bool
 }
 
 // New restores the prepared claims from the checkpoint, rolls back claims
-// whose preparation a crash interrupted, and removes Facet CDI specs that
-// no record owns. Corrupt records are logged and left for an operator; the
+// whose preparation a crash interrupted (destroying their MIG instances),
+// removes Facet CDI specs that no record owns, and reports MIG instances no
+// claim owns. Corrupt records are logged and left for an operator; the
 // plugin still starts.
 func New(ctx context.Context, o Options) (*Driver, error) {
 	logger := klog.FromContext(ctx)
@@ -82,7 +114,10 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		store:    o.Store,
 		cdi:      o.CDI,
 		edits:    o.Edits,
-		owner:    map[string]claimRef{},
+		mig:      o.MIG,
+		hami:     o.HAMi,
+		fail:     o.Failpoint,
+		occ:      occupancy{},
 		busy:     map[types.UID]bool{},
 	}
 	common, err := o.Edits.CommonEdits()
@@ -98,25 +133,27 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 	known := map[types.UID]bool{}
 	for uid, err := range corrupt {
 		known[uid] = true
-		logger.Error(err, "Checkpoint record unreadable; its claim fails to prepare until the record is removed", "claimUID", uid)
+		logger.Error(err, "Checkpoint record unreadable; its claim fails to prepare until it is unprepared or the record is removed", "claimUID", uid)
 	}
+	owned := map[string]bool{} // "<parent>/<gi>/<ci>" of MIG instances prepared claims hold
 	for _, c := range claims {
 		known[c.UID] = true
 		ref := claimRef{c.UID, c.Namespace, c.Name}
 		if c.State != checkpoint.StatePrepared {
 			logger.Info("Rolling back a claim whose preparation was interrupted", "claim", ref)
-			if err := d.rollback(c.UID); err != nil {
-				return nil, err
+			if err := d.rollback(ctx, c.UID, c); err != nil {
+				return nil, fmt.Errorf("roll back claim %s: %w", ref, err)
 			}
 			continue
 		}
 		for _, dev := range c.Devices {
-			if prev, taken := d.owner[dev.Device]; taken {
-				// Two records own one device: do not guess which is right.
-				logger.Error(nil, "Device recorded as prepared for two claims", "device", dev.Device, "claim", ref, "other", prev)
-				continue
+			if err := d.occ.admit(dev.GPUUUID, d.limits(dev.GPUUUID), useOf(ref, dev)); err != nil {
+				// Two records overlap: do not guess which is right.
+				logger.Error(err, "Checkpoint records conflict", "claim", ref)
 			}
-			d.owner[dev.Device] = ref
+			if dev.MIG != nil && dev.MIG.Created {
+				owned[fmt.Sprintf("%s/%d/%d", dev.GPUUUID, dev.MIG.GIID, dev.MIG.CIID)] = true
+			}
 		}
 		logger.V(2).Info("Restored prepared claim", "claim", ref, "devices", len(c.Devices))
 	}
@@ -132,7 +169,55 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 			}
 		}
 	}
+	if d.mig != nil && anyMIGCapable(d.inv) {
+		if err := d.reconcileMIG(ctx, owned, o.DestroyUnownedMIG); err != nil {
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+// reconcileMIG reports (and, if asked, destroys) MIG instances on GPUs
+// Facet manages that no prepared claim owns.
+func (d *Driver) reconcileMIG(ctx context.Context, owned map[string]bool, destroy bool) error {
+	logger := klog.FromContext(ctx)
+	instances, err := d.mig.ListMIG()
+	if err != nil {
+		return fmt.Errorf("list MIG instances: %w", err)
+	}
+	for _, in := range instances {
+		if owned[fmt.Sprintf("%s/%d/%d", in.ParentUUID, in.GIID, in.CIID)] {
+			continue
+		}
+		if !destroy {
+			logger.Info("MIG instance not owned by any prepared claim; it blocks overlapping placements (start with --destroy-unowned-mig to remove such instances)",
+				"gpu", in.ParentIndex, "profile", in.Profile, "placement", in.Placement.Start, "gi", in.GIID, "ci", in.CIID)
+			continue
+		}
+		logger.Info("Destroying MIG instance not owned by any prepared claim", "gpu", in.ParentIndex, "profile", in.Profile, "placement", in.Placement.Start, "gi", in.GIID, "ci", in.CIID)
+		if err := d.mig.DestroyMIG(in.ParentUUID, in.GIID, in.CIID); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func anyMIGCapable(inv *inventory.Inventory) bool {
+	for _, g := range inv.GPUs {
+		if g.MIGCapable {
+			return true
+		}
+	}
+	return false
+}
+
+func (d *Driver) limits(gpuUUID string) gpuLimits {
+	for _, g := range d.inv.GPUs {
+		if g.UUID == gpuUUID {
+			return gpuLimits{memory: int64(g.MemoryBytes)}
+		}
+	}
+	return gpuLimits{}
 }
 
 // PrepareResourceClaims prepares each claim independently and concurrently:
@@ -142,9 +227,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, claim := range claims {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			devices, err := d.prepareClaim(ctx, claim)
 			if err != nil {
 				err = fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
@@ -153,7 +236,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			mu.Lock()
 			results[claim.UID] = kubeletplugin.PrepareResult{Devices: devices, Err: err}
 			mu.Unlock()
-		}()
+		})
 	}
 	wg.Wait()
 	return results, nil
@@ -165,9 +248,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, claim := range claims {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			err := d.unprepareClaim(ctx, claim)
 			if err != nil {
 				err = fmt.Errorf("claim %s: %w", claim.NamespacedName, err)
@@ -175,7 +256,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			mu.Lock()
 			results[claim.UID] = err
 			mu.Unlock()
-		}()
+		})
 	}
 	wg.Wait()
 	return results, nil
@@ -187,8 +268,8 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	utilruntime.HandleErrorWithContext(ctx, err, msg)
 }
 
-// lock marks a claim busy; the second caller for one claim waits its turn
-// by failing fast, and the kubelet retries.
+// lock marks a claim busy; a second call for the same claim fails fast and
+// the kubelet retries it.
 func (d *Driver) lock(uid types.UID) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -203,12 +284,6 @@ func (d *Driver) unlock(uid types.UID) {
 	d.mu.Lock()
 	delete(d.busy, uid)
 	d.mu.Unlock()
-}
-
-// planned is one allocated device resolved against the inventory.
-type planned struct {
-	result resourceapi.DeviceRequestAllocationResult
-	device *inventory.Device
 }
 
 func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
@@ -226,54 +301,56 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		return resultDevices(rec), nil
 	}
 	if rec != nil {
-		if err := d.rollback(claim.UID); err != nil {
+		if err := d.rollback(ctx, claim.UID, rec); err != nil {
 			return nil, err
 		}
 	}
 
-	plan, err := d.plan(claim)
+	p, err := d.plan(claim)
 	if err != nil {
 		return nil, err
 	}
 	ref := claimRef{claim.UID, claim.Namespace, claim.Name}
-	if err := d.reserve(ref, plan); err != nil {
+	if err := d.admit(ref, p.devices); err != nil {
 		return nil, err
 	}
-	rec = &checkpoint.Claim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.StatePreparing}
-	for _, p := range plan {
-		rec.Devices = append(rec.Devices, checkpoint.Device{
-			Requests: []string{p.result.Request},
-			Pool:     p.result.Pool,
-			Device:   p.result.Device,
-			ShareID:  p.result.ShareID,
-			GPUUUID:  p.device.GPU.UUID,
-		})
-	}
-	// The Preparing record comes first: from here on a crash is rolled
-	// back at the next start, so no side effect outlives it unrecorded.
+	rec = &checkpoint.Claim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.StatePreparing, Devices: p.devices}
+	// Record the intent before any side effect: from here on a crash is
+	// rolled back at the next start, so nothing outlives it unrecorded.
 	if err := d.store.Put(rec); err != nil {
-		d.release(ref.uid)
+		d.release(ref)
 		return nil, err
 	}
-	if err := d.writeSpec(rec); err != nil {
-		return nil, errors.Join(err, d.rollback(claim.UID))
+	if err := d.carveMIG(rec); err != nil {
+		return nil, errors.Join(err, d.rollback(ctx, claim.UID, rec))
+	}
+	if err := d.writeSpec(rec, p.vgpu); err != nil {
+		return nil, errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	rec.State = checkpoint.StatePrepared
 	if err := d.store.Put(rec); err != nil {
-		return nil, errors.Join(err, d.rollback(claim.UID))
+		return nil, errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	klog.FromContext(ctx).V(2).Info("Prepared claim", "claim", klog.KObj(claim), "devices", len(rec.Devices))
 	return resultDevices(rec), nil
 }
 
+// plan is a claim's devices resolved against the inventory.
+type plan struct {
+	devices []checkpoint.Device
+	// vgpu is the claim's effective VgpuConfig when it has enforced shares.
+	vgpu *configapi.VgpuConfig
+}
+
 // plan resolves every result of this driver in the claim's allocation
 // against the inventory, and rejects what this node cannot honour.
-func (d *Driver) plan(claim *resourceapi.ResourceClaim) ([]planned, error) {
+func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*plan, error) {
 	if claim.Status.Allocation == nil {
 		return nil, fmt.Errorf("not allocated")
 	}
-	var plan []planned
-	seen := map[string]bool{}
+	configs := claim.Status.Allocation.Devices.Config
+	p := &plan{}
+	vgpuFrom := ""
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != inventory.DriverName {
 			continue
@@ -286,65 +363,161 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) ([]planned, error) {
 		if !ok {
 			return nil, fmt.Errorf("%s: no such device in this node's inventory", where)
 		}
-		if r.ShareID != nil {
+		rec := checkpoint.Device{
+			Requests: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: r.ShareID, GPUUUID: dev.GPU.UUID,
+		}
+		if r.ShareID != nil && !dev.Shareable {
 			return nil, fmt.Errorf("%s: allocated as a share (shareID %s), but %s is not shareable in mode %s", where, *r.ShareID, r.Device, dev.GPU.Mode)
 		}
-		if seen[r.Device] {
-			return nil, fmt.Errorf("%s: allocated twice in one claim", where)
+		switch {
+		case dev.Kind == inventory.KindMIG:
+			rec.Kind = kindMIG
+			rec.MIG = &checkpoint.MIG{Profile: dev.MIG.Name, GIProfileID: dev.MIG.GIProfileID, CIProfileID: dev.MIG.CIProfileID, Start: dev.Placement.Start, Size: dev.Placement.Size}
+		case dev.Shareable:
+			share, err := shareOf(r, dev)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			rec.Kind, rec.Share = kindShare, share
+			if share.Enforced {
+				cfg, err := configapi.EffectiveVgpuConfig(configs, r.Request)
+				if err != nil {
+					return nil, err
+				}
+				if p.vgpu != nil && !equalVgpu(p.vgpu, cfg) {
+					return nil, fmt.Errorf("%s: its VgpuConfig differs from that of request %q; HAMi-core takes one configuration per container", where, vgpuFrom)
+				}
+				p.vgpu, vgpuFrom = cfg, r.Request
+				share.Enforced = cfg.EnforcementEnabled()
+			}
+		default:
+			rec.Kind = kindWhole
 		}
-		// Strict decoding: a malformed or unknown config fails the claim
-		// rather than being ignored.
-		if _, err := configapi.EffectiveGpuConfig(claim.Status.Allocation.Devices.Config, r.Request); err != nil {
-			return nil, err
+		if rec.Kind != kindShare {
+			// Strict decoding: a malformed or unknown config fails the
+			// claim rather than being ignored.
+			if _, err := configapi.EffectiveGpuConfig(configs, r.Request); err != nil {
+				return nil, err
+			}
 		}
-		seen[r.Device] = true
-		plan = append(plan, planned{result: r, device: dev})
+		p.devices = append(p.devices, rec)
 	}
-	if len(plan) == 0 {
+	if len(p.devices) == 0 {
 		return nil, fmt.Errorf("allocation has no device of driver %s", inventory.DriverName)
 	}
-	return plan, nil
-}
-
-// reserve claims exclusive devices for ref, or refuses naming the holder.
-// This is the last line of defense the kubeletplugin contract asks for:
-// the scheduler should never double-book, but if it does, the second claim
-// fails and the first is untouched.
-func (d *Driver) reserve(ref claimRef, plan []planned) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, p := range plan {
-		if holder, taken := d.owner[p.result.Device]; taken && holder.uid != ref.uid {
-			return fmt.Errorf("device %s (GPU %s) is already prepared for claim %s", p.result.Device, p.device.GPU.UUID, holder)
+	if p.vgpu != nil {
+		for _, dev := range p.devices {
+			if dev.Kind == kindMIG {
+				return nil, fmt.Errorf("device %s: a claim cannot mix MIG devices with enforced vGPU shares (HAMi-core does not manage MIG devices)", dev.Device)
+			}
 		}
 	}
-	for _, p := range plan {
-		d.owner[p.result.Device] = ref
+	return p, nil
+}
+
+// shareOf reads a share's consumed capacity. The allocator records it in
+// the result; a request that asked for nothing consumes the defaults (all
+// memory, 100 % SM), which is the whole GPU and needs no enforcement.
+func shareOf(r resourceapi.DeviceRequestAllocationResult, dev *inventory.Device) (*checkpoint.Share, error) {
+	total := int64(dev.GPU.MemoryBytes)
+	s := &checkpoint.Share{MemoryBytes: total, Cores: 100}
+	if q, ok := r.ConsumedCapacity["memory"]; ok {
+		s.MemoryBytes = q.Value()
+	}
+	if q, ok := r.ConsumedCapacity["cores"]; ok {
+		s.Cores = q.Value()
+	}
+	switch {
+	case s.MemoryBytes <= 0 || s.MemoryBytes > total:
+		return nil, fmt.Errorf("consumed memory %d bytes is outside 1..%d", s.MemoryBytes, total)
+	case s.Cores < 0 || s.Cores > 100:
+		return nil, fmt.Errorf("consumed cores %d%% is outside 0..100", s.Cores)
+	}
+	s.Enforced = s.MemoryBytes < total || (s.Cores > 0 && s.Cores < 100)
+	return s, nil
+}
+
+func equalVgpu(a, b *configapi.VgpuConfig) bool {
+	return strings.Join(a.HAMiCoreEnv(), ",") == strings.Join(b.HAMiCoreEnv(), ",") && a.EnforcementEnabled() == b.EnforcementEnabled()
+}
+
+// admit reserves all of a claim's devices, or none, refusing conflicts with
+// what other claims hold (see occupancy).
+func (d *Driver) admit(ref claimRef, devices []checkpoint.Device) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, dev := range devices {
+		if err := d.occ.admit(dev.GPUUUID, d.limits(dev.GPUUUID), useOf(ref, dev)); err != nil {
+			d.occ.release(ref)
+			return fmt.Errorf("device %s: %w", dev.Device, err)
+		}
 	}
 	return nil
 }
 
-func (d *Driver) release(uid types.UID) {
+func (d *Driver) release(ref claimRef) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for dev, holder := range d.owner {
-		if holder.uid == uid {
-			delete(d.owner, dev)
-		}
-	}
+	d.occ.release(ref)
 }
 
-func (d *Driver) writeSpec(rec *checkpoint.Claim) error {
+// carveMIG creates the claim's MIG instances, recording each in the
+// checkpoint as soon as it exists.
+func (d *Driver) carveMIG(rec *checkpoint.Claim) error {
+	for i := range rec.Devices {
+		dev := &rec.Devices[i]
+		if dev.MIG == nil || dev.MIG.Created {
+			continue
+		}
+		if d.mig == nil {
+			return fmt.Errorf("device %s: MIG is not available on this node", dev.Device)
+		}
+		if _, err := d.mig.EnableMIG(dev.GPUUUID); err != nil {
+			return fmt.Errorf("device %s: %w", dev.Device, err)
+		}
+		in, err := d.mig.CreateMIG(dev.GPUUUID, dev.MIG.GIProfileID, dev.MIG.Start)
+		if err != nil {
+			return fmt.Errorf("device %s: %w", dev.Device, err)
+		}
+		if d.fail != nil {
+			d.fail("after-mig-create")
+		}
+		dev.MIG.Created, dev.MIG.GIID, dev.MIG.CIID, dev.MIG.UUID = true, in.GIID, in.CIID, in.UUID
+		if err := d.store.Put(rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *Driver) writeSpec(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) error {
 	devices := make([]cdi.Device, 0, len(rec.Devices))
 	var names, uuids []string
+	var shares []hami.Share
 	for _, dev := range rec.Devices {
-		edits, err := d.edits.GPUEdits(dev.GPUUUID)
+		var edits *cdispec.ContainerEdits
+		var err error
+		if dev.MIG != nil {
+			edits, err = d.edits.MIGEdits(dev.GPUUUID, dev.MIG.GIID, dev.MIG.CIID)
+			uuids = append(uuids, dev.MIG.UUID)
+		} else {
+			edits, err = d.edits.GPUEdits(dev.GPUUUID)
+			uuids = append(uuids, dev.GPUUUID)
+		}
 		if err != nil {
 			return fmt.Errorf("device %s: %w", dev.Device, err)
 		}
 		devices = append(devices, cdi.Device{Name: dev.Device, Edits: edits})
 		names = append(names, dev.Device)
-		uuids = append(uuids, dev.GPUUUID)
+		if dev.Share != nil || vgpu != nil {
+			// Every GPU the container sees needs a HAMi-core limit, a
+			// whole GPU's being all of it (unset means 0 to HAMi-core).
+			s := hami.Share{Device: dev.Device, PCIBusID: d.busID(dev.GPUUUID), MemoryBytes: int64(d.limits(dev.GPUUUID).memory), Cores: 100}
+			if dev.Share != nil {
+				s.MemoryBytes, s.Cores = dev.Share.MemoryBytes, dev.Share.Cores
+			}
+			shares = append(shares, s)
+		}
 	}
 	common := *d.common
 	// Claim-wide environment: which devices the container got, readable
@@ -356,6 +529,17 @@ func (d *Driver) writeSpec(rec *checkpoint.Claim) error {
 		"FACET_DEVICES="+strings.Join(names, ","),
 		"FACET_GPU_UUIDS="+strings.Join(uuids, ","),
 	)
+	if vgpu != nil && vgpu.EnforcementEnabled() {
+		if d.hami == nil {
+			return fmt.Errorf("vGPU shares need HAMi-core, but the plugin runs without --hami-library")
+		}
+		edits, err := d.hami.Edits(rec.UID, shares, vgpu)
+		if err != nil {
+			return err
+		}
+		common.Env = append(common.Env, edits.Env...)
+		common.Mounts = append(append([]*cdispec.Mount(nil), common.Mounts...), edits.Mounts...)
+	}
 	specName, ids, err := d.cdi.WriteClaim(rec.UID, &common, devices)
 	if err != nil {
 		return err
@@ -367,14 +551,64 @@ func (d *Driver) writeSpec(rec *checkpoint.Claim) error {
 	return nil
 }
 
-// rollback removes whatever a claim's preparation left: CDI spec,
-// reservations, checkpoint record. Safe on a claim with none of them.
-func (d *Driver) rollback(uid types.UID) error {
+func (d *Driver) busID(gpuUUID string) string {
+	for _, g := range d.inv.GPUs {
+		if g.UUID == gpuUUID {
+			return g.PCIBusID
+		}
+	}
+	return ""
+}
+
+// rollback removes whatever a claim's preparation left: MIG instances, CDI
+// spec, HAMi-core cache, reservations, checkpoint record. rec may be nil
+// (no or an unreadable record). It is safe to repeat: a failure leaves the
+// record in place so the next unprepare or start tries again.
+func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Claim) error {
+	if rec != nil {
+		for i := range rec.Devices {
+			dev := &rec.Devices[i]
+			if dev.MIG == nil {
+				continue
+			}
+			if err := d.destroyMIG(ctx, rec, dev); err != nil {
+				return fmt.Errorf("device %s: %w", dev.Device, err)
+			}
+		}
+	}
 	if err := d.cdi.RemoveClaim(uid); err != nil {
 		return err
 	}
-	d.release(uid)
+	if d.hami != nil {
+		if err := d.hami.Cleanup(uid); err != nil {
+			return err
+		}
+	}
+	d.release(claimRef{uid: uid})
 	return d.store.Delete(uid)
+}
+
+// destroyMIG destroys a claim's MIG instance. An instance whose creation
+// was never recorded (a crash between CreateMIG and the checkpoint write)
+// is found by its profile and placement, which no other claim can hold.
+func (d *Driver) destroyMIG(ctx context.Context, rec *checkpoint.Claim, dev *checkpoint.Device) error {
+	if d.mig == nil {
+		return fmt.Errorf("MIG is not available on this node")
+	}
+	if dev.MIG.Created {
+		return d.mig.DestroyMIG(dev.GPUUUID, dev.MIG.GIID, dev.MIG.CIID)
+	}
+	instances, err := d.mig.ListMIG()
+	if err != nil {
+		return err
+	}
+	for _, in := range instances {
+		if in.ParentUUID == dev.GPUUUID && in.GIProfileID == dev.MIG.GIProfileID && in.Placement.Start == dev.MIG.Start {
+			klog.FromContext(ctx).Info("Destroying MIG instance of an interrupted prepare", "claim", rec.Namespace+"/"+rec.Name, "device", dev.Device, "gi", in.GIID, "ci", in.CIID)
+			return d.mig.DestroyMIG(in.ParentUUID, in.GIID, in.CIID)
+		}
+	}
+	return nil
 }
 
 func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.NamespacedObject) error {
@@ -387,13 +621,14 @@ func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.Namespa
 		return err
 	}
 	if err != nil {
-		// The record is unreadable, but the spec's name derives from the
-		// UID alone, so the claim can still be cleaned up completely.
+		// The record is unreadable, but the spec and cache names derive
+		// from the UID alone, so those are still cleaned up. A MIG
+		// instance it may have held is reported at the next start.
 		klog.FromContext(ctx).Error(err, "Unpreparing a claim whose checkpoint record is corrupt", "claim", claim.NamespacedName)
 	} else if rec == nil {
 		return nil
 	}
-	if err := d.rollback(claim.UID); err != nil {
+	if err := d.rollback(ctx, claim.UID, rec); err != nil {
 		return err
 	}
 	klog.FromContext(ctx).V(2).Info("Unprepared claim", "claim", claim.NamespacedName)
@@ -410,22 +645,6 @@ func resultDevices(rec *checkpoint.Claim) []kubeletplugin.Device {
 			CDIDeviceIDs: dev.CDIDeviceIDs,
 			ShareID:      dev.ShareID,
 		})
-	}
-	return out
-}
-
-// Prepared lists the prepared claims' devices, for tests and facetctl.
-func (d *Driver) Prepared() map[string]string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := map[string]string{}
-	keys := make([]string, 0, len(d.owner))
-	for k := range d.owner {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		out[k] = d.owner[k].String()
 	}
 	return out
 }

@@ -1,10 +1,13 @@
 package driver
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
@@ -30,12 +34,20 @@ type rig struct {
 	inv                       *inventory.Inventory
 	root, cdiDir, checkpoints string
 	d                         *Driver
+	destroyUnowned            bool
 }
 
-var layoutOnce sync.Once
-var sharedRoot string
+var (
+	layoutOnce sync.Once
+	sharedRoot string
+	hamiLib    string
+	// bindErr says why MIG edits cannot be made in this process.
+	bindErr error
+)
 
-func newRig(t testing.TB) *rig {
+func newRig(t testing.TB) *rig { return newRigMode(t, inventory.Config{}) }
+
+func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("the simulated driver root needs mknod (root)")
@@ -54,8 +66,16 @@ func newRig(t testing.TB) *rig {
 		if err := nvml.LayoutDriverRoot(sharedRoot, n.DriverVersion, minors); err != nil {
 			t.Fatal(err)
 		}
+		if os.Getenv(privateNamespaceEnv) == "1" {
+			// nvcdi reads MIG caps from the fixed /proc/driver path.
+			bindErr = nvml.BindSimulatedProcDriver(sharedRoot)
+		} else {
+			bindErr = fmt.Errorf("not in a private mount namespace")
+		}
+		hamiLib = filepath.Join(sharedRoot, "libvgpu.so")
+		os.WriteFile(hamiLib, []byte("stub"), 0o644)
 	})
-	inv, err := inventory.Build(n, inventory.Config{})
+	inv, err := inventory.Build(n, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +100,11 @@ func (r *rig) start() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: editor})
+	h, err := hami.NewEditor(hami.Options{LibraryPath: hamiLib, StateDir: filepath.Join(filepath.Dir(r.checkpoints), "vgpu")})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: editor, MIG: r.lib, HAMi: h, DestroyUnownedMIG: r.destroyUnowned})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -223,7 +247,7 @@ func TestBadClaimsFailAlone(t *testing.T) {
 		{foreign, `claim ns/foreign: request "gpu": device node-b/gpu-1: pool "node-b" is not this node's pool "node-a"`},
 		{configured, `claim ns/configured: devices.config[0] (from claim): GpuConfig: strict decoding error: unknown field "x"`},
 		{share, "claim ns/share: request \"gpu\": device node-a/gpu-5: allocated as a share"},
-		{twice, "claim ns/twice: request \"gpu\": device node-a/gpu-6: allocated twice in one claim"},
+		{twice, "claim ns/twice: device gpu-6: allocated twice in one claim"},
 		{none, "claim ns/none: allocation has no device of driver gpu.facet.dev"},
 	} {
 		err := res[tc.c.UID].Err
@@ -252,7 +276,7 @@ func TestConflictRefused(t *testing.T) {
 	}
 	second := claim("second", "gpu-1", "gpu-2")
 	err := r.prepare(second)[second.UID].Err
-	if err == nil || !strings.Contains(err.Error(), "device gpu-1 (GPU "+r.inv.GPUs[1].UUID+") is already prepared for claim ns/first (uid-first)") {
+	if err == nil || !strings.Contains(err.Error(), "claim ns/second: device gpu-1: conflicts with whole GPU gpu-1 of claim ns/first (uid-first), already prepared on GPU "+r.inv.GPUs[1].UUID) {
 		t.Fatalf("conflict: %v", err)
 	}
 	if !r.specExists(first.UID) || r.specExists(second.UID) {
@@ -332,7 +356,23 @@ func TestRestart(t *testing.T) {
 	}
 }
 
+// privateNamespaceEnv marks the test binary re-run in a private mount
+// namespace, where the simulated /proc/driver can be bound for nvcdi.
+const privateNamespaceEnv = "FACET_DRIVER_TEST_MOUNT_NAMESPACE"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(privateNamespaceEnv) == "" && os.Geteuid() == 0 {
+		cmd := exec.Command(os.Args[0], os.Args[1:]...)
+		cmd.Env = append(os.Environ(), privateNamespaceEnv+"=1")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+		err := cmd.Run()
+		if cmd.ProcessState != nil {
+			os.Exit(cmd.ProcessState.ExitCode())
+		}
+		// No namespace for us: run here; MIG tests skip.
+		fmt.Fprintln(os.Stderr, "cannot re-run in a private mount namespace:", err)
+	}
 	code := m.Run()
 	if sharedRoot != "" {
 		os.RemoveAll(sharedRoot)

@@ -574,3 +574,23 @@ func sameFile(a, b string) (bool, error) {
 	}
 	return os.SameFile(fa, fb), nil
 }
+
+// WriteSimulatedHAMiCore writes a stand-in for HAMi-core's libvgpu.so at
+// path: a valid, empty ELF shared object with SONAME libvgpu.so, so that a
+// container's /etc/ld.so.preload naming it loads cleanly. It enforces
+// nothing; on a simulated node there is no GPU to enforce limits on, and
+// what the tests check is that the share's CDI spec carries the limits.
+func WriteSimulatedHAMiCore(path string) error {
+	_, machine, err := libraryTriplet()
+	if err != nil {
+		return err
+	}
+	data, err := stubSharedObject(machine, "libvgpu.so")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o755)
+}

@@ -29,8 +29,8 @@ const (
 // env is the node started by hack/cluster/up.sh (see hack/e2e.sh).
 type env struct {
 	runDir, binDir, runtime, cdiDir, kubeletRoot, kubeconfig string
-	repo, pluginBin, facetctl                                 string
-	client                                                    kubernetes.Interface
+	repo, pluginBin, facetctl                                string
+	client                                                   kubernetes.Interface
 }
 
 var e env
@@ -70,13 +70,21 @@ var pluginRuns int
 
 func startPlugin(t testing.TB, machine string, extra ...string) *plugin {
 	t.Helper()
+	return startPluginEnv(t, machine, nil, extra...)
+}
+
+// startPluginEnv starts the plugin with extra environment variables.
+func startPluginEnv(t testing.TB, machine string, env []string, extra ...string) *plugin {
+	t.Helper()
 	pluginRuns++
 	log := filepath.Join(e.runDir, "logs", fmt.Sprintf("facet-plugin-e2e-%d.log", pluginRuns))
 	f, err := os.Create(log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(e.pluginBin,
+	// A private mount namespace, where the plugin binds the simulated
+	// /proc/driver/nvidia-caps that nvcdi reads for MIG devices.
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", e.pluginBin,
 		"--node-name", nodeName,
 		"--kubeconfig", e.kubeconfig,
 		"--machine", filepath.Join(e.repo, "demo", "machines", machine+".yaml"),
@@ -86,9 +94,11 @@ func startPlugin(t testing.TB, machine string, extra ...string) *plugin {
 		"--state-dir", filepath.Join(e.runDir, "facet-state"),
 		"--kubelet-registrar-dir", filepath.Join(e.kubeletRoot, "plugins_registry"),
 		"--kubelet-plugins-dir", filepath.Join(e.kubeletRoot, "plugins"),
+		"--hami-library", filepath.Join(e.runDir, "hami", "libvgpu.so"),
 		"-v", "4",
 	)
 	cmd.Args = append(cmd.Args, extra...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -51,7 +51,7 @@ func TestWholeGPUs(t *testing.T) {
 	ctx := context.Background()
 	kubectl(t, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
 	kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
-	t.Cleanup(func() { kubectlErr("delete", "namespace", namespace, "--wait=false") })
+	t.Cleanup(func() { kubectlErr("delete", "namespace", namespace, "--wait=true", "--timeout=180s") })
 
 	p := startPlugin(t, "dgx-h100")
 	waitFor(t, "8 whole GPUs published", time.Minute, func() (bool, error) {

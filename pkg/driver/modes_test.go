@@ -1,0 +1,241 @@
+package driver
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/inventory"
+)
+
+// migDevice finds the published device of a profile at a placement.
+func (r *rig) migDevice(gpu int, profile string, start int) string {
+	r.t.Helper()
+	for _, d := range r.inv.GPUs[gpu].Devices {
+		if d.Kind == inventory.KindMIG && d.MIG.Name == profile && d.Placement.Start == start {
+			return d.Name
+		}
+	}
+	r.t.Fatalf("GPU %d publishes no %s at %d", gpu, profile, start)
+	return ""
+}
+
+func (r *rig) migCount() int {
+	r.t.Helper()
+	in, err := r.lib.ListMIG()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return len(in)
+}
+
+func needMIGEdits(t *testing.T) {
+	t.Helper()
+	if bindErr != nil {
+		t.Skipf("MIG CDI edits need the simulated /proc/driver: %v", bindErr)
+	}
+}
+
+// share is a claim for a share of a shareable gpu-<i>.
+func share(name, device string, memory string, cores int64, configJSON ...string) *resourceapi.ResourceClaim {
+	c := claim(name, device)
+	id := types.UID("share-" + name)
+	r := &c.Status.Allocation.Devices.Results[0]
+	r.ShareID = &id
+	r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{
+		"memory": resource.MustParse(memory),
+		"cores":  *resource.NewQuantity(cores, resource.DecimalSI),
+	}
+	for _, cfg := range configJSON {
+		c.Status.Allocation.Devices.Config = append(c.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
+			Source: resourceapi.AllocationConfigSourceClaim,
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: inventory.DriverName, Parameters: runtime.RawExtension{Raw: []byte(cfg)}}},
+		})
+	}
+	return c
+}
+
+func TestMIGCarvedAtPrepareDestroyedAtUnprepare(t *testing.T) {
+	needMIGEdits(t)
+	r := newRigMode(t, inventory.Config{DefaultMode: inventory.ModeMIG})
+	small := claim("small", r.migDevice(0, "1g.10gb", 6))
+	res := r.prepare(small)[small.UID]
+	if res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	in, _ := r.lib.ListMIG()
+	if len(in) != 1 || in[0].Profile != "1g.10gb" || in[0].Placement.Start != 6 || in[0].ParentIndex != 0 {
+		t.Fatalf("instances after prepare: %+v", in)
+	}
+	spec := r.spec(small.UID)
+	for _, want := range []string{"/dev/nvidia-caps/nvidia-cap", r.root + `/dev/nvidia0"`, "FACET_GPU_UUIDS=" + in[0].UUID} {
+		if !strings.Contains(spec, want) {
+			t.Errorf("spec lacks %s:\n%s", want, spec)
+		}
+	}
+	store, _ := checkpoint.Open(r.checkpoints)
+	rec, _ := store.Get(small.UID)
+	if m := rec.Devices[0].MIG; m == nil || !m.Created || m.GIID != in[0].GIID || m.UUID != in[0].UUID {
+		t.Fatalf("checkpoint: %+v", rec.Devices[0].MIG)
+	}
+	// After a 1g at the end of the GPU, a 4g still fits at slice 0.
+	big := claim("big", r.migDevice(0, "4g.40gb", 0))
+	if err := r.prepare(big)[big.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	if err := r.unprepare(small.UID, big.UID)[small.UID]; err != nil {
+		t.Fatal(err)
+	}
+	if n := r.migCount(); n != 0 || r.specExists(small.UID) {
+		t.Fatalf("%d instances left, spec left: %v", n, r.specExists(small.UID))
+	}
+}
+
+// TestConflictsAcrossModes hands prepare allocations the scheduler should
+// never make (the 1.35 double-booking bug makes some of them possible) and
+// checks the later claim is refused, naming the holder, with nothing else
+// disturbed.
+func TestConflictsAcrossModes(t *testing.T) {
+	needMIGEdits(t)
+	r := newRigMode(t, inventory.Config{DefaultMode: inventory.ModeDynamic})
+	mig := claim("mig", r.migDevice(1, "2g.20gb", 0))
+	if err := r.prepare(mig)[mig.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	s1 := share("s1", "gpu-2", "30Gi", 25)
+	if err := r.prepare(s1)[s1.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		c    *resourceapi.ResourceClaim
+		want string
+	}{
+		{claim("overlap", r.migDevice(1, "1g.10gb", 1)), "conflicts with MIG device " + r.migDevice(1, "2g.20gb", 0) + " (memory slices 0-1) of claim ns/mig"},
+		{share("share-on-mig", "gpu-1", "1Gi", 10), "conflicts with MIG device"},
+		{claim("mig-on-share", r.migDevice(2, "1g.10gb", 6)), "conflicts with vGPU share of gpu-2 (30720 MiB, 25% SM) of claim ns/s1"},
+		{share("too-much-memory", "gpu-2", "60Gi", 10), "a share of 61440 MiB does not fit on GPU"},
+		{share("too-many-cores", "gpu-2", "1Gi", 80), "a share of 80% SM does not fit"},
+	} {
+		err := r.prepare(tc.c)[tc.c.UID].Err
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "claim ns/"+tc.c.Name) {
+			t.Errorf("%s: error %v, want %q", tc.c.Name, err, tc.want)
+		}
+		if r.specExists(tc.c.UID) {
+			t.Errorf("%s: refused claim left a spec", tc.c.Name)
+		}
+	}
+	if n := r.migCount(); n != 1 {
+		t.Fatalf("%d MIG instances after refusals, want the first claim's 1", n)
+	}
+	// What the refusals named is still free where it should be.
+	ok := claim("ok", r.migDevice(1, "1g.10gb", 6))
+	s2 := share("s2", "gpu-2", "50Gi", 75)
+	res := r.prepare(ok, s2)
+	if res[ok.UID].Err != nil || res[s2.UID].Err != nil {
+		t.Fatalf("later claims: %v / %v", res[ok.UID].Err, res[s2.UID].Err)
+	}
+}
+
+func TestSharesGetHAMiCoreLimits(t *testing.T) {
+	r := newRigMode(t, inventory.Config{DefaultMode: inventory.ModeShared})
+	volcano := share("volcano", "gpu-3", "2000Mi", 20)
+	notebook := share("notebook", "gpu-3", "4Gi", 0, `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","coreUtilizationPolicy":"force"}`)
+	whole := share("whole", "gpu-4", "80Gi", 100)
+	optOut := share("opt-out", "gpu-5", "8Gi", 50, `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","enforcement":"disabled"}`)
+	bad := share("bad", "gpu-5", "8Gi", 10, `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","taskPriority":7}`)
+	res := r.prepare(volcano, notebook, whole, optOut, bad)
+	for _, c := range []*resourceapi.ResourceClaim{volcano, notebook, whole, optOut} {
+		if res[c.UID].Err != nil {
+			t.Fatalf("%s: %v", c.Name, res[c.UID].Err)
+		}
+	}
+	if err := res[bad.UID].Err; err == nil || !strings.Contains(err.Error(), "claim ns/bad: devices.config[0] (from claim): VgpuConfig: taskPriority: Invalid value: 7") {
+		t.Fatalf("bad config: %v", err)
+	}
+	for _, tc := range []struct {
+		c        *resourceapi.ResourceClaim
+		want     []string
+		wantNone []string
+	}{
+		{volcano, []string{"CUDA_DEVICE_MEMORY_LIMIT_0=2000m", "CUDA_DEVICE_SM_LIMIT_0=20", "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/claims/uid-volcano/vgpu.cache", "/usr/local/vgpu/libvgpu.so", "/etc/ld.so.preload", "GPU_CORE_UTILIZATION_POLICY=default"}, nil},
+		{notebook, []string{"CUDA_DEVICE_MEMORY_LIMIT_0=4096m", "CUDA_DEVICE_SM_LIMIT_0=0", "GPU_CORE_UTILIZATION_POLICY=force", "uid-notebook/vgpu.cache"}, nil},
+		{whole, []string{r.root + `/dev/nvidia4"`}, []string{"CUDA_DEVICE_MEMORY_LIMIT", "libvgpu.so"}},
+		{optOut, []string{r.root + `/dev/nvidia5"`}, []string{"CUDA_DEVICE_MEMORY_LIMIT", "libvgpu.so"}},
+	} {
+		spec := r.spec(tc.c.UID)
+		for _, w := range tc.want {
+			if !strings.Contains(spec, w) {
+				t.Errorf("%s: spec lacks %s", tc.c.Name, w)
+			}
+		}
+		for _, w := range tc.wantNone {
+			if strings.Contains(spec, w) {
+				t.Errorf("%s: spec has %s", tc.c.Name, w)
+			}
+		}
+	}
+	cache := filepath.Join(filepath.Dir(r.checkpoints), "vgpu", "claims", "uid-volcano")
+	if _, err := os.Stat(cache); err != nil {
+		t.Fatal(err)
+	}
+	// The whole-GPU share holds all of gpu-4.
+	if err := r.prepare(share("late", "gpu-4", "1Gi", 1))["uid-late"].Err; err == nil {
+		t.Fatal("a share fit beside a full-capacity share")
+	}
+	r.unprepare(volcano.UID)
+	if _, err := os.Stat(cache); !os.IsNotExist(err) {
+		t.Fatal("accounting region survived unprepare")
+	}
+}
+
+// TestCrashMidMIGPrepare: the plugin died after NVML created the instance
+// but before the checkpoint recorded it. The next start finds the intent
+// and destroys the instance; nothing leaks and the placement is free.
+func TestCrashMidMIGPrepare(t *testing.T) {
+	needMIGEdits(t)
+	r := newRigMode(t, inventory.Config{DefaultMode: inventory.ModeMIG})
+	dev := r.migDevice(3, "3g.40gb", 4)
+	d, _ := r.inv.Device(dev)
+	store, _ := checkpoint.Open(r.checkpoints)
+	store.Put(&checkpoint.Claim{UID: "uid-crashed", Namespace: "ns", Name: "crashed", State: checkpoint.StatePreparing,
+		Devices: []checkpoint.Device{{Requests: []string{"gpu"}, Pool: node, Device: dev, GPUUUID: d.GPU.UUID, Kind: kindMIG,
+			MIG: &checkpoint.MIG{Profile: d.MIG.Name, GIProfileID: d.MIG.GIProfileID, CIProfileID: d.MIG.CIProfileID, Start: 4, Size: d.Placement.Size}}}})
+	if _, err := r.lib.EnableMIG(d.GPU.UUID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.lib.CreateMIG(d.GPU.UUID, d.MIG.GIProfileID, 4); err != nil {
+		t.Fatal(err)
+	}
+	// And an instance nobody recorded at all (made by hand).
+	other := r.inv.GPUs[4]
+	r.lib.EnableMIG(other.UUID)
+	if _, err := r.lib.CreateMIG(other.UUID, other.MIGProfiles[0].GIProfileID, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	r.start() // report only
+	if n := r.migCount(); n != 1 {
+		t.Fatalf("%d instances after restart, want only the unowned one (reported, kept)", n)
+	}
+	if c, _ := store.Get("uid-crashed"); c != nil {
+		t.Fatal("interrupted record kept")
+	}
+	again := claim("again", dev)
+	if err := r.prepare(again)[again.UID].Err; err != nil {
+		t.Fatalf("placement not free after recovery: %v", err)
+	}
+	r.destroyUnowned = true
+	r.start()
+	in, _ := r.lib.ListMIG()
+	if len(in) != 1 || in[0].ParentUUID != d.GPU.UUID {
+		t.Fatalf("after --destroy-unowned-mig: %+v (want only the prepared claim's)", in)
+	}
+}

@@ -1,0 +1,117 @@
+package driver
+
+import (
+	"fmt"
+
+	"github.com/facet-gpu/facet/pkg/checkpoint"
+)
+
+// Kinds of prepared device, as recorded in the checkpoint.
+const (
+	kindWhole = "gpu"
+	kindMIG   = "mig"
+	kindShare = "share"
+)
+
+// use is one prepared device's hold on a physical GPU.
+type use struct {
+	owner  claimRef
+	device string
+	kind   string
+	// MIG placement [start, start+size) in memory slices.
+	start, size int
+	// vGPU share consumption.
+	memory, cores int64
+}
+
+func (u use) String() string {
+	switch u.kind {
+	case kindMIG:
+		return fmt.Sprintf("MIG device %s (memory slices %d-%d) of claim %s", u.device, u.start, u.start+u.size-1, u.owner)
+	case kindShare:
+		return fmt.Sprintf("vGPU share of %s (%d MiB, %d%% SM) of claim %s", u.device, u.memory>>20, u.cores, u.owner)
+	}
+	return fmt.Sprintf("whole GPU %s of claim %s", u.device, u.owner)
+}
+
+// occupancy is what is prepared on each physical GPU, by GPU UUID. It is the
+// driver's last line of defense: the Kubernetes 1.35 allocator can
+// double-book a GPU (kubernetes#139034: a MIG device after a saved vGPU
+// share), so every device is admitted against it before anything is
+// created, and a conflict fails the later claim only.
+type occupancy map[string][]use
+
+// gpuLimits are a physical GPU's capacities that shares divide.
+type gpuLimits struct {
+	memory int64
+}
+
+// admit checks u against the GPU's current uses and adds it, or returns an
+// error naming the holder. Rules, per GPU: a whole GPU excludes everything
+// else; MIG devices exclude shares and overlapping MIG placements; shares
+// exclude MIG devices and together fit in the GPU's memory and 100 % SM.
+func (o occupancy) admit(gpuUUID string, limits gpuLimits, u use) error {
+	var memory, cores int64
+	for _, h := range o[gpuUUID] {
+		if h.owner.uid == u.owner.uid && h.device == u.device && h.kind == u.kind && u.kind != kindShare {
+			return fmt.Errorf("allocated twice in one claim")
+		}
+		conflict := false
+		switch {
+		case u.kind == kindWhole || h.kind == kindWhole:
+			conflict = true
+		case u.kind == kindMIG && h.kind == kindMIG:
+			conflict = u.start < h.start+h.size && h.start < u.start+u.size
+		case u.kind != h.kind: // a MIG device and a share
+			conflict = true
+		default: // two shares
+			memory += h.memory
+			cores += h.cores
+		}
+		if conflict {
+			return fmt.Errorf("conflicts with %s, already prepared on GPU %s", h, gpuUUID)
+		}
+	}
+	if u.kind == kindShare {
+		if memory+u.memory > limits.memory {
+			return fmt.Errorf("a share of %d MiB does not fit on GPU %s: shares already prepared there hold %d of %d MiB", u.memory>>20, gpuUUID, memory>>20, limits.memory>>20)
+		}
+		if cores+u.cores > 100 {
+			return fmt.Errorf("a share of %d%% SM does not fit on GPU %s: shares already prepared there hold %d%%", u.cores, gpuUUID, cores)
+		}
+	}
+	o[gpuUUID] = append(o[gpuUUID], u)
+	return nil
+}
+
+// release drops every use of a claim.
+func (o occupancy) release(uid claimRef) {
+	for gpu, uses := range o {
+		kept := uses[:0]
+		for _, u := range uses {
+			if u.owner.uid != uid.uid {
+				kept = append(kept, u)
+			}
+		}
+		if len(kept) == 0 {
+			delete(o, gpu)
+		} else {
+			o[gpu] = kept
+		}
+	}
+}
+
+// useOf turns a checkpointed device into a use.
+func useOf(ref claimRef, d checkpoint.Device) use {
+	u := use{owner: ref, device: d.Device, kind: d.Kind}
+	if u.kind == "" {
+		u.kind = kindWhole // records written before kinds existed
+	}
+	if d.MIG != nil {
+		u.start, u.size = d.MIG.Start, d.MIG.Size
+	}
+	if d.Share != nil {
+		u.memory, u.cores = d.Share.MemoryBytes, d.Share.Cores
+	}
+	return u
+}

@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The demo node's layout: MIG on GPUs 0-3, vGPU shares on 4-7.
+var demoModes = []string{"--gpu-modes", "0-3=mig,4-7=shared"}
+
+// simInstances reads the simulated NVML's MIG instances from the plugin's
+// state file: "what is carved on the hardware", independent of the plugin.
+func simInstances(t testing.TB) map[string]int {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(e.runDir, "facet-state", "simulated-nvml.json"))
+	if os.IsNotExist(err) {
+		return map[string]int{}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		GPUs []struct {
+			Index        int `json:"index"`
+			GpuInstances []struct {
+				Placement struct{ Start int } `json:"placement"`
+				ProfileID int                 `json:"profileId"`
+			} `json:"gpuInstances"`
+		} `json:"gpus"`
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, g := range st.GPUs {
+		for _, gi := range g.GpuInstances {
+			out[fmt.Sprintf("gpu-%d/profile-%d/start-%d", g.Index, gi.ProfileID, gi.Placement.Start)]++
+		}
+	}
+	return out
+}
+
+func execIn(t testing.TB, pod, container, script string) string {
+	t.Helper()
+	args := []string{"exec", "-n", namespace, pod}
+	if container != "" {
+		args = append(args, "-c", container)
+	}
+	return kubectl(t, append(args, "--", "sh", "-c", script)...)
+}
+
+func envOf(out string) map[string]string {
+	env := map[string]string{}
+	for _, l := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+func waitEvent(t testing.TB, pod, reason, contains string) {
+	t.Helper()
+	waitFor(t, reason+" event for "+pod, 2*time.Minute, func() (bool, error) {
+		evs, err := e.client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod})
+		if err != nil {
+			return false, err
+		}
+		for _, ev := range evs.Items {
+			if ev.Reason == reason && strings.Contains(ev.Message, contains) {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("%d events", len(evs.Items))
+	})
+}
+
+func TestMIGAndShares(t *testing.T) {
+	kubectl(t, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
+	kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
+	t.Cleanup(func() { kubectlErr("delete", "namespace", namespace, "--wait=true", "--timeout=180s") })
+	p := startPlugin(t, "dgx-h100", demoModes...)
+	waitFor(t, "slices published", time.Minute, func() (bool, error) { return len(publishedGPUs(t)) == 8, nil })
+
+	t.Run("a MIG pod runs on an instance carved at prepare, destroyed after", func(t *testing.T) {
+		kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "mig", "one-1g10gb.yaml"))
+		pod := waitPodRunning(t, "one-1g10gb")
+		var device string
+		for _, c := range podClaims(t, pod) {
+			device = c.Status.Allocation.Devices.Results[0].Device
+		}
+		if !strings.Contains(device, "-mig-1g10gb-") {
+			t.Fatalf("allocated %q, want a 1g.10gb MIG device", device)
+		}
+		if n := len(simInstances(t)); n != 1 {
+			t.Fatalf("%d MIG instances carved, want 1: %v", n, simInstances(t))
+		}
+		out := execIn(t, "one-1g10gb", "", "env; ls /dev/nvidia-caps")
+		if env := envOf(out); !strings.HasPrefix(env["FACET_GPU_UUIDS"], "MIG-") || env["FACET_DEVICES"] != device {
+			t.Fatalf("container env: %v", env)
+		}
+		if !strings.Contains(out, "nvidia-cap") {
+			t.Fatalf("no nvidia-caps nodes in the container:\n%s", out)
+		}
+		kubectl(t, "delete", "pod", "-n", namespace, "one-1g10gb", "--wait=true", "--timeout=120s")
+		waitFor(t, "instance destroyed", time.Minute, func() (bool, error) { return len(simInstances(t)) == 0, nil })
+	})
+
+	t.Run("three vGPU shares on one GPU, each with its own limits", func(t *testing.T) {
+		for _, f := range []string{"volcano-share.yaml", "notebook.yaml", "shared-by-two-containers.yaml"} {
+			kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "vgpu", f))
+		}
+		type view struct{ pod, container, mem, sm string }
+		want := []view{
+			{"volcano-share", "", "2000m", "20"},
+			{"notebook", "", "4096m", "0"},
+		}
+		gpus := map[string]bool{}
+		caches := map[string]string{}
+		for _, w := range want {
+			waitPodRunning(t, w.pod)
+			env := envOf(execIn(t, w.pod, w.container, "env"))
+			if env["CUDA_DEVICE_MEMORY_LIMIT_0"] != w.mem || env["CUDA_DEVICE_SM_LIMIT_0"] != w.sm {
+				t.Errorf("%s: limits %q %q, want %s %s", w.pod, env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_0"], w.mem, w.sm)
+			}
+			gpus[env["FACET_GPU_UUIDS"]] = true
+			caches[w.pod] = env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+		}
+		pod := waitPodRunning(t, "shared-by-two-containers")
+		var seen []string
+		for _, c := range pod.Spec.Containers {
+			env := envOf(execIn(t, pod.Name, c.Name, "env; touch \"$CUDA_DEVICE_MEMORY_SHARED_CACHE\" && echo WRITABLE=yes"))
+			if env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "" || env["WRITABLE"] != "yes" {
+				t.Errorf("%s/%s: no limit or cache not writable: %v", pod.Name, c.Name, env)
+			}
+			gpus[env["FACET_GPU_UUIDS"]] = true
+			seen = append(seen, env["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+		}
+		// Two containers of one claim: one budget, one accounting region.
+		if len(seen) != 2 || seen[0] != seen[1] {
+			t.Errorf("containers of one claim see caches %v, want one", seen)
+		}
+		caches["shared"] = seen[0]
+		if len(gpus) != 1 {
+			t.Errorf("shares landed on %d GPUs (%v), want one", len(gpus), gpus)
+		}
+		distinct := map[string]bool{}
+		for _, c := range caches {
+			distinct[c] = true
+		}
+		if len(distinct) != 3 {
+			t.Errorf("caches %v: want one per claim", caches)
+		}
+	})
+
+	t.Run("a share that cannot fit stays Pending", func(t *testing.T) {
+		applyYAML(t, strings.ReplaceAll(strings.ReplaceAll(tooBigShare, "NAME", "too-big"), "MEM", "200Gi"))
+		waitEvent(t, "too-big", "FailedScheduling", "cannot allocate all claims")
+		pod, _ := e.client.CoreV1().Pods(namespace).Get(context.Background(), "too-big", metav1.GetOptions{})
+		if pod.Status.Phase != corev1.PodPending {
+			t.Fatalf("phase %s", pod.Status.Phase)
+		}
+	})
+
+	t.Run("a plugin killed mid-prepare leaves nothing behind", func(t *testing.T) {
+		p.stop()
+		armed := startPluginEnv(t, "dgx-h100", []string{"FACET_FAILPOINT=after-mig-create"}, demoModes...)
+		kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "mig", "at-least-20gb.yaml"))
+		waitFor(t, "failpoint", 2*time.Minute, func() (bool, error) {
+			return strings.Contains(armed.logText(), "Failpoint reached"), nil
+		})
+		armed.kill(t)
+		if n := len(simInstances(t)); n != 1 {
+			t.Fatalf("%d instances at the kill, want the one being carved", n)
+		}
+		p2 := startPlugin(t, "dgx-h100", demoModes...)
+		waitFor(t, "recovery", time.Minute, func() (bool, error) {
+			return strings.Contains(p2.logText(), "Destroying MIG instance of an interrupted prepare"), nil
+		})
+		// The kubelet retries; the pod runs on exactly one fresh instance.
+		waitPodRunning(t, "at-least-20gb")
+		if n := len(simInstances(t)); n != 1 {
+			t.Fatalf("%d instances after recovery, want 1: %v", n, simInstances(t))
+		}
+		kubectl(t, "delete", "pod", "-n", namespace, "at-least-20gb", "--wait=true", "--timeout=120s")
+		waitFor(t, "no instance left", time.Minute, func() (bool, error) { return len(simInstances(t)) == 0, nil })
+	})
+}
+
+const tooBigShare = `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: NAME, namespace: facet-demo}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: vgpu
+        exactly:
+          deviceClassName: vgpu.facet.dev
+          capacity: {requests: {memory: MEM, cores: "10"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: NAME, namespace: facet-demo}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: facet.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "86400"]
+    resources: {claims: [{name: vgpu}]}
+  resourceClaims:
+  - {name: vgpu, resourceClaimTemplateName: NAME}
+`
