@@ -33,6 +33,7 @@ demo: build
 
 ## demo-down: stop the demo node
 demo-down:
+	hack/plugin.sh stop $(RUN_DIR)
 	RUN_DIR=$(RUN_DIR) hack/cluster/down.sh
 
 bench:

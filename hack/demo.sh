@@ -15,6 +15,9 @@ step() { printf '\n\033[1m==> [%3ds] %s\033[0m\n' "$((SECONDS - T0))" "$*"; }
 
 step "Installing missing system packages"
 hack/install-deps.sh
+# up.sh restarts the node and clears its pid files: stop a plugin left by
+# an earlier demo first, or it would keep running unsupervised.
+hack/plugin.sh stop "${RUN_DIR}"
 step "Starting the node (the first run builds Kubernetes v1.35, etcd and containerd from Go modules: ~10 minutes)"
 hack/cluster/up.sh
 # shellcheck disable=SC1091

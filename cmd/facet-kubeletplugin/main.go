@@ -120,6 +120,15 @@ func run(ctx context.Context, f flags) error {
 	for _, g := range inv.GPUs {
 		logger.Info("GPU", "index", g.Index, "uuid", g.UUID, "product", g.ProductName, "mode", g.Mode, "requested", g.ModeRequested, "why", g.ModeNote, "migCapable", g.MIGCapable, "devices", len(g.Devices))
 	}
+	for _, g := range inv.GPUs {
+		if g.ModeRequested == inventory.ModeAuto {
+			logger.Info("Default mode (auto): mig on MIG-capable GPUs, exclusive on the others. " +
+				"Not dynamic: on Kubernetes 1.35 a shareable device that consumes counters meets allocator bugs " +
+				"kubernetes#139034 (a MIG instance double-booked beside a vGPU share) and kubernetes#140436 (a pod that fits stays Pending); " +
+				"set --mode or --gpu-modes to choose")
+			break
+		}
+	}
 	for _, note := range inv.Notes {
 		logger.Info("Mode fallback", "note", note)
 	}
