@@ -398,27 +398,6 @@ func (inv *Inventory) Device(name string) (*Device, bool) {
 	return d, ok
 }
 
-// sortProfiles orders profiles for best fit: less memory first, then fewer
-// compute slices, then plain before variants ("+me": the scarce media
-// engines are only taken when asked for), then by profile ID.
-func sortProfiles(profiles []nvml.MIGProfile) {
-	sort.SliceStable(profiles, func(i, j int) bool {
-		a, b := profiles[i], profiles[j]
-		if a.MemoryBytes != b.MemoryBytes {
-			return a.MemoryBytes < b.MemoryBytes
-		}
-		if a.SliceCount != b.SliceCount {
-			return a.SliceCount < b.SliceCount
-		}
-		if va, vb := isVariant(a.Name), isVariant(b.Name); va != vb {
-			return !va
-		}
-		return a.GIProfileID < b.GIProfileID
-	})
-}
-
-func isVariant(name string) bool { return strings.ContainsAny(name, "+-") }
-
 // PlacementOrder lists a profile's placements from the end of the GPU to
 // its start: the allocator takes the first free one, so small instances
 // fill the GPU from the top and leave slice 0, where the large profiles

@@ -21,12 +21,7 @@ func discover(t *testing.T, models ...string) *nvml.Node {
 	for _, model := range models {
 		m.GPUs = append(m.GPUs, nvml.MachineGPU{Model: model})
 	}
-	lib, err := nvml.OpenSimulated(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lib.Close()
-	node, err := lib.Discover()
+	node, err := nvml.DiscoverSimulated(m)
 	if err != nil {
 		t.Fatal(err)
 	}

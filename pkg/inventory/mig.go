@@ -66,8 +66,9 @@ type MIGModel struct {
 // NewMIGModel derives the counter encoding from a GPU's discovered
 // profiles.
 func NewMIGModel(discovered []nvml.MIGProfile) (*MIGModel, error) {
+	// Discovery lists profiles in best-fit order, which is the order
+	// they are published in.
 	m := &MIGModel{Profiles: append([]nvml.MIGProfile(nil), discovered...)}
-	sortProfiles(m.Profiles)
 	for _, p := range m.Profiles {
 		if len(p.Placements) == 0 {
 			return nil, fmt.Errorf("MIG profile %s has no placements", p.Name)

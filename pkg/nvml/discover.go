@@ -196,6 +196,11 @@ func discoverMIGProfiles(devlib nvdev.Interface, dev gonvml.Device, deviceMemory
 		if a.SliceCount != b.SliceCount {
 			return a.SliceCount < b.SliceCount
 		}
+		// Plain before variants ("+me"): the scarce media engines are
+		// only taken when asked for.
+		if va, vb := strings.ContainsAny(a.Name, "+-"), strings.ContainsAny(b.Name, "+-"); va != vb {
+			return !va
+		}
 		return a.GIProfileID < b.GIProfileID
 	})
 	return profiles, nil

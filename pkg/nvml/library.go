@@ -166,3 +166,23 @@ func (l *Library) Close() error {
 	})
 	return err
 }
+
+// DiscoverMachine simulates the node of a machine file and discovers it,
+// for tools and tests that want the node but not the library.
+func DiscoverMachine(path string) (*Node, error) {
+	m, err := LoadMachine(path)
+	if err != nil {
+		return nil, err
+	}
+	return DiscoverSimulated(m)
+}
+
+// DiscoverSimulated is DiscoverMachine for a Machine built in code.
+func DiscoverSimulated(m *Machine) (*Node, error) {
+	lib, err := OpenSimulated(m)
+	if err != nil {
+		return nil, err
+	}
+	defer lib.Close()
+	return lib.Discover()
+}

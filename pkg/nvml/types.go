@@ -43,7 +43,9 @@ type GPU struct {
 	// MIGEnabled is the current MIG mode (only meaningful when MIGCapable).
 	MIGEnabled bool
 	// MIGProfiles lists the GPU instance profiles whose compute instance
-	// spans the whole GPU instance, smallest first. Empty unless MIGCapable.
+	// spans the whole GPU instance, in best-fit order: less memory first,
+	// then fewer compute slices, then plain before variants ("+me"), then
+	// by profile ID. Empty unless MIGCapable.
 	MIGProfiles []MIGProfile
 }
 

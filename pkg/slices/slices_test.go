@@ -16,22 +16,6 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
 
-// Sixteen is a 16-GPU machine (two HGX H100 boards' worth), to show more
-// than 8 counter sets per node.
-func Sixteen() *nvml.Machine {
-	m := &nvml.Machine{Name: "sixteen-h100", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
-	for i := 0; i < 16; i++ {
-		numa := i / 8
-		m.GPUs = append(m.GPUs, nvml.MachineGPU{
-			Model:    "H100-SXM5-80GB",
-			PCIBusID: fmt.Sprintf("0000:%02x:00.0", 0x10+i*8),
-			PCIeRoot: fmt.Sprintf("pci0000:%02x", 0x10+(i/2)*0x10),
-			NUMANode: &numa,
-		})
-	}
-	return m
-}
-
 func render(t *testing.T, machine string, cfg inventory.Config) []byte {
 	t.Helper()
 	var buf bytes.Buffer
@@ -43,18 +27,7 @@ func render(t *testing.T, machine string, cfg inventory.Config) []byte {
 
 func objects(t *testing.T, machine string, cfg inventory.Config) []*resourceapi.ResourceSlice {
 	t.Helper()
-	var lib *nvml.Library
-	var err error
-	if machine == "sixteen-h100" {
-		lib, err = nvml.OpenSimulated(Sixteen())
-	} else {
-		lib, err = nvml.OpenMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lib.Close()
-	node, err := lib.Discover()
+	node, err := nvml.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

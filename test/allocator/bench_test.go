@@ -90,12 +90,7 @@ func BenchmarkAllocateOneMIG(b *testing.B) {
 
 func benchInventory(b testing.TB, mode inventory.Mode) *inventory.Inventory {
 	b.Helper()
-	lib, err := nvml.OpenMachine(repo + "/demo/machines/dgx-h100.yaml")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer lib.Close()
-	node, err := lib.Discover()
+	node, err := nvml.DiscoverMachine(repo + "/demo/machines/dgx-h100.yaml")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -179,12 +174,7 @@ func nvidiaShape(inv *inventory.Inventory, node string) []*resourceapi.ResourceS
 // the same devices, within the API's limits, and the NVIDIA shape has 15
 // counters per GPU in one counter slice.
 func TestBenchmarkShapes(t *testing.T) {
-	lib, err := nvml.OpenMachine(repo + "/demo/machines/dgx-h100.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lib.Close()
-	node, err := lib.Discover()
+	node, err := nvml.DiscoverMachine(repo + "/demo/machines/dgx-h100.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,9 @@
 package allocator
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -28,22 +26,6 @@ func oneGPU(model string) *nvml.Machine {
 	}
 }
 
-// sixteen is a 16-GPU H100 machine: more than the 8 counter sets one slice
-// holds.
-func sixteen() *nvml.Machine {
-	m := &nvml.Machine{Name: "sixteen-h100", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
-	for i := 0; i < 16; i++ {
-		numa := i / 8
-		m.GPUs = append(m.GPUs, nvml.MachineGPU{
-			Model:    "H100-SXM5-80GB",
-			PCIBusID: fmt.Sprintf("0000:%02x:00.0", 0x10+i*8),
-			PCIeRoot: fmt.Sprintf("pci0000:%02x", 0x10+(i/2)*0x10),
-			NUMANode: &numa,
-		})
-	}
-	return m
-}
-
 // machineSlices writes m as a machine file and runs `facetctl slices` on it.
 func machineSlices(t testing.TB, m *nvml.Machine, node string, args ...string) []*resourceapi.ResourceSlice {
 	t.Helper()
@@ -55,18 +37,7 @@ func machineSlices(t testing.TB, m *nvml.Machine, node string, args ...string) [
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(facetctl, append([]string{"slices", "--machine", path, "--node", node}, args...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("facetctl slices %s: %v\n%s", m.Name, err, stderr.String())
-	}
-	slices, _, _, err := ReadObjects(bytes.NewReader(out))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return slices
+	return facetctlSlices(t, path, node, args...)
 }
 
 // request builds an exact-count request of a class with CEL selectors.

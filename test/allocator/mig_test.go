@@ -254,7 +254,7 @@ func TestMIGAndWholeGPU(t *testing.T) {
 // TestMoreThanEightGPUs: a 16-GPU node has two counter slices; claims land
 // on GPUs 8-15 too, and their counters work.
 func TestMoreThanEightGPUs(t *testing.T) {
-	sl := machineSlices(t, sixteen(), "node-a", "--mode", "mig")
+	sl := nodeSlices(t, "sixteen-h100", "node-a", "--mode", "mig")
 	counterSlices := 0
 	for _, s := range sl {
 		if len(s.Spec.SharedCounters) > 0 {

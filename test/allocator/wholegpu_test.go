@@ -35,15 +35,23 @@ func TestMain(m *testing.M) {
 
 const repo = "../.."
 
-// nodeSlices runs `facetctl slices` for a machine file, as an operator would.
+// nodeSlices runs `facetctl slices` for a demo machine file, as an operator
+// would.
 func nodeSlices(t testing.TB, machine, node string, args ...string) []*resourceapi.ResourceSlice {
 	t.Helper()
-	cmd := exec.Command(facetctl, append([]string{"slices", "--machine", filepath.Join(repo, "demo/machines", machine+".yaml"), "--node", node}, args...)...)
+	return facetctlSlices(t, filepath.Join(repo, "demo/machines", machine+".yaml"), node, args...)
+}
+
+// facetctlSlices runs `facetctl slices` on a machine file and decodes its
+// output.
+func facetctlSlices(t testing.TB, path, node string, args ...string) []*resourceapi.ResourceSlice {
+	t.Helper()
+	cmd := exec.Command(facetctl, append([]string{"slices", "--machine", path, "--node", node}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("facetctl slices %s: %v\n%s", machine, err, stderr.String())
+		t.Fatalf("facetctl slices %s: %v\n%s", path, err, stderr.String())
 	}
 	slices, _, _, err := ReadObjects(bytes.NewReader(out))
 	if err != nil {
