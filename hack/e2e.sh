@@ -8,6 +8,11 @@ cd "${REPO}"
 export RUN_DIR="${FACET_E2E_RUN_DIR:-/tmp/facet-e2e}"
 export RUNTIME="${FACET_E2E_RUNTIME:-containerd}"
 
+# One e2e node at a time: up.sh would tear down a node another run is
+# using, so concurrent runs wait for each other here.
+exec 9>/tmp/facet-e2e.lock
+flock 9
+
 # The node uses fixed ports, so only one can run per machine.
 if [[ -f /tmp/facet-run/pids/kube-apiserver.pid ]] && kill -0 "$(cat /tmp/facet-run/pids/kube-apiserver.pid)" 2>/dev/null; then
   echo "e2e: the demo node is running; stop it first with 'make demo-down'" >&2

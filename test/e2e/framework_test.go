@@ -222,3 +222,22 @@ func applyYAML(t testing.TB, manifest string) {
 	}
 	kubectl(t, "apply", "-f", path)
 }
+
+// deleteNamespaceAtEnd deletes the demo namespace when t ends. Register it
+// after the last plugin has been started on t: cleanups run last-in
+// first-out, and the kubelet needs a plugin to unprepare the pods' claims.
+func deleteNamespaceAtEnd(t testing.TB) {
+	t.Cleanup(func() { kubectlErr("delete", "namespace", namespace, "--wait=true", "--timeout=180s") })
+}
+
+// setupNamespace applies the DeviceClasses and a fresh demo namespace,
+// first waiting out a namespace an earlier test left terminating.
+func setupNamespace(t testing.TB) {
+	t.Helper()
+	waitFor(t, "namespace "+namespace+" gone", 3*time.Minute, func() (bool, error) {
+		ns, err := e.client.CoreV1().Namespaces().Get(context.Background(), namespace, metav1.GetOptions{})
+		return err != nil || ns.DeletionTimestamp == nil, err
+	})
+	kubectl(t, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
+	kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
+}

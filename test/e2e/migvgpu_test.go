@@ -17,6 +17,13 @@ import (
 // The demo node's layout: MIG on GPUs 0-3, vGPU shares on 4-7.
 var demoModes = []string{"--gpu-modes", "0-3=mig,4-7=shared"}
 
+func demoMode(index int64) string {
+	if index < 4 {
+		return "mig"
+	}
+	return "shared"
+}
+
 // simInstances reads the simulated NVML's MIG instances from the plugin's
 // state file: "what is carved on the hardware", independent of the plugin.
 func simInstances(t testing.TB) map[string]int {
@@ -85,11 +92,10 @@ func waitEvent(t testing.TB, pod, reason, contains string) {
 }
 
 func TestMIGAndShares(t *testing.T) {
-	kubectl(t, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
-	kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
-	t.Cleanup(func() { kubectlErr("delete", "namespace", namespace, "--wait=true", "--timeout=180s") })
+	setupNamespace(t)
 	p := startPlugin(t, "dgx-h100", demoModes...)
-	waitFor(t, "slices published", time.Minute, func() (bool, error) { return len(publishedGPUs(t)) == 8, nil })
+	deleteNamespaceAtEnd(t)
+	waitModes(t, demoMode)
 
 	t.Run("a MIG pod runs on an instance carved at prepare, destroyed after", func(t *testing.T) {
 		kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "mig", "one-1g10gb.yaml"))
@@ -171,9 +177,10 @@ func TestMIGAndShares(t *testing.T) {
 		}
 	})
 
+	outer := t
 	t.Run("a plugin killed mid-prepare leaves nothing behind", func(t *testing.T) {
 		p.stop()
-		armed := startPluginEnv(t, "dgx-h100", []string{"FACET_FAILPOINT=after-mig-create"}, demoModes...)
+		armed := startPluginEnv(outer, "dgx-h100", []string{"FACET_FAILPOINT=after-mig-create"}, demoModes...)
 		kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "mig", "at-least-20gb.yaml"))
 		waitFor(t, "failpoint", 2*time.Minute, func() (bool, error) {
 			return strings.Contains(armed.logText(), "Failpoint reached"), nil
@@ -182,17 +189,31 @@ func TestMIGAndShares(t *testing.T) {
 		if n := len(simInstances(t)); n != 1 {
 			t.Fatalf("%d instances at the kill, want the one being carved", n)
 		}
-		p2 := startPlugin(t, "dgx-h100", demoModes...)
+		// Started on the outer test so the namespace cleanup, registered
+		// after it, can unprepare the share pods through it.
+		p2 := startPlugin(outer, "dgx-h100", demoModes...)
+		deleteNamespaceAtEnd(outer)
 		waitFor(t, "recovery", time.Minute, func() (bool, error) {
 			return strings.Contains(p2.logText(), "Destroying MIG instance of an interrupted prepare"), nil
 		})
-		// The kubelet retries; the pod runs on exactly one fresh instance.
-		waitPodRunning(t, "at-least-20gb")
-		if n := len(simInstances(t)); n != 1 {
-			t.Fatalf("%d instances after recovery, want 1: %v", n, simInstances(t))
+		// Recovery ran at start, before the kubelet's next retry: nothing
+		// of the interrupted prepare is left.
+		if n := len(simInstances(t)); n != 0 {
+			t.Fatalf("%d instances after recovery, want 0: %v", n, simInstances(t))
+		}
+		pod, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), "at-least-20gb", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range podClaims(t, pod) {
+			if fileExists(checkpointPath(c.UID)) || fileExists(specPath(c.UID)) {
+				t.Fatalf("claim %s kept a checkpoint record or CDI spec after recovery", c.Name)
+			}
 		}
 		kubectl(t, "delete", "pod", "-n", namespace, "at-least-20gb", "--wait=true", "--timeout=120s")
-		waitFor(t, "no instance left", time.Minute, func() (bool, error) { return len(simInstances(t)) == 0, nil })
+		if n := len(simInstances(t)); n != 0 {
+			t.Fatalf("%d instances after the pod went", n)
+		}
 	})
 }
 

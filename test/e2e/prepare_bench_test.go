@@ -84,7 +84,7 @@ func setupBench(b *testing.B) drapb.DRAPluginClient {
 	kubectl(b, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
 	b.Cleanup(func() { kubectlErr("delete", "resourceclaims", "-n", namespace, "--all", "--wait=false") })
 	startPlugin(b, "dgx-h100")
-	waitFor(b, "slices published", time.Minute, func() (bool, error) { return len(publishedGPUs(b)) == 8, nil })
+	waitModes(b, func(int64) string { return "mig" })
 	client := draClient(b)
 	waitFor(b, "plugin socket", time.Minute, func() (bool, error) {
 		_, err := client.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{})

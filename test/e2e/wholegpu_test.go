@@ -23,6 +23,7 @@ import (
 type gpuInfo struct {
 	uuid  string
 	index int64
+	mode  string
 }
 
 func publishedGPUs(t testing.TB) map[string]gpuInfo {
@@ -30,7 +31,7 @@ func publishedGPUs(t testing.TB) map[string]gpuInfo {
 	for _, s := range ourSlices(t) {
 		for _, d := range s.Spec.Devices {
 			if v := d.Attributes["type"].StringValue; v != nil && *v == "gpu" {
-				out[d.Name] = gpuInfo{uuid: *d.Attributes["uuid"].StringValue, index: *d.Attributes["index"].IntValue}
+				out[d.Name] = gpuInfo{uuid: *d.Attributes["uuid"].StringValue, index: *d.Attributes["index"].IntValue, mode: *d.Attributes["mode"].StringValue}
 			}
 		}
 	}
@@ -45,19 +46,35 @@ func checkpointPath(uid types.UID) string {
 	return filepath.Join(e.runDir, "facet-state", "claims", string(uid)+".json")
 }
 
+// waitModes waits until the API server holds this plugin's slices: all 8
+// GPUs with the mode each should have. Counting devices is not enough: a
+// previous plugin's slices, in other modes, have as many until replaced,
+// and a claim the scheduler allocates from them is refused at prepare.
+func waitModes(t testing.TB, want func(index int64) string) {
+	t.Helper()
+	waitFor(t, "slices in the expected modes", time.Minute, func() (bool, error) {
+		gpus := publishedGPUs(t)
+		if len(gpus) != 8 {
+			return false, fmt.Errorf("%d GPUs", len(gpus))
+		}
+		for name, g := range gpus {
+			if g.mode != want(g.index) {
+				return false, fmt.Errorf("%s in mode %s", name, g.mode)
+			}
+		}
+		return true, nil
+	})
+}
+
 // TestWholeGPUs runs the whole-GPU path on the real node, in order:
 // publish, run pods, refuse the impossible, survive SIGKILL, clean up.
 func TestWholeGPUs(t *testing.T) {
 	ctx := context.Background()
-	kubectl(t, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
-	kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
-	t.Cleanup(func() { kubectlErr("delete", "namespace", namespace, "--wait=true", "--timeout=180s") })
+	setupNamespace(t)
 
 	p := startPlugin(t, "dgx-h100")
-	waitFor(t, "8 whole GPUs published", time.Minute, func() (bool, error) {
-		n := len(publishedGPUs(t))
-		return n == 8, fmt.Errorf("%d devices", n)
-	})
+	deleteNamespaceAtEnd(t)
+	waitModes(t, func(int64) string { return "mig" }) // auto on H100s
 	gpus := publishedGPUs(t)
 
 	claimUIDs := map[string]types.UID{}
@@ -84,24 +101,14 @@ func TestWholeGPUs(t *testing.T) {
 
 	t.Run("an impossible claim stays Pending with a scheduler event", func(t *testing.T) {
 		applyYAML(t, impossiblePod)
-		waitFor(t, "FailedScheduling event", 2*time.Minute, func() (bool, error) {
-			evs, err := e.client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=nine-gpus"})
-			if err != nil {
-				return false, err
-			}
-			for _, ev := range evs.Items {
-				if ev.Reason == "FailedScheduling" && strings.Contains(ev.Message, "cannot allocate all claims") {
-					return true, nil
-				}
-			}
-			return false, fmt.Errorf("%d events", len(evs.Items))
-		})
+		waitEvent(t, "nine-gpus", "FailedScheduling", "cannot allocate all claims")
 		pod, err := e.client.CoreV1().Pods(namespace).Get(ctx, "nine-gpus", metav1.GetOptions{})
 		if err != nil || pod.Status.Phase != corev1.PodPending || pod.Spec.NodeName != "" {
 			t.Fatalf("nine-gpus: %v phase %s node %q", err, pod.Status.Phase, pod.Spec.NodeName)
 		}
 	})
 
+	outer := t
 	t.Run("SIGKILL and restart keep prepared claims, then unprepare cleanly", func(t *testing.T) {
 		p.kill(t)
 		for _, uid := range claimUIDs {
@@ -109,7 +116,10 @@ func TestWholeGPUs(t *testing.T) {
 				t.Fatalf("claim %s lost its spec or checkpoint with the plugin down", uid)
 			}
 		}
-		p2 := startPlugin(t, "dgx-h100")
+		// Started on the outer test so it outlives this subtest and the
+		// namespace cleanup can unprepare through it.
+		p2 := startPlugin(outer, "dgx-h100")
+		deleteNamespaceAtEnd(outer)
 		waitFor(t, "restart restores both claims", time.Minute, func() (bool, error) {
 			n := strings.Count(p2.logText(), "Restored prepared claim")
 			return n == 2, fmt.Errorf("%d restored", n)
