@@ -12,7 +12,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 )
 
@@ -30,6 +32,11 @@ func draClient(b testing.TB) drapb.DRAPluginClient {
 // allocatedClaim creates a claim in the API server whose status says the
 // scheduler allocated it devices of this node, as the kubelet would find it.
 func allocatedClaim(b testing.TB, name string, devices ...string) *drapb.Claim {
+	return allocatedShare(b, name, nil, devices...)
+}
+
+// allocatedShare is allocatedClaim for vGPU shares consuming share.
+func allocatedShare(b testing.TB, name string, share map[resourceapi.QualifiedName]resource.Quantity, devices ...string) *drapb.Claim {
 	ctx := context.Background()
 	c := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
@@ -43,8 +50,12 @@ func allocatedClaim(b testing.TB, name string, devices ...string) *drapb.Claim {
 	}
 	c.Status.Allocation = &resourceapi.AllocationResult{}
 	for _, d := range devices {
-		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
-			resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: driverName, Pool: nodeName, Device: d})
+		r := resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: driverName, Pool: nodeName, Device: d}
+		if share != nil {
+			id := uuid.NewUUID()
+			r.ShareID, r.ConsumedCapacity = &id, share
+		}
+		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results, r)
 	}
 	if c, err = e.client.ResourceV1().ResourceClaims(namespace).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
 		b.Fatal(err)
@@ -83,8 +94,8 @@ func setupBench(b *testing.B) drapb.DRAPluginClient {
 	kubectl(b, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
 	kubectl(b, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
 	b.Cleanup(func() { kubectlErr("delete", "resourceclaims", "-n", namespace, "--all", "--wait=false") })
-	startPlugin(b, "dgx-h100")
-	waitModes(b, func(int64) string { return "mig" })
+	startPlugin(b, "dgx-h100", demoModes...)
+	waitModes(b, demoMode)
 	client := draClient(b)
 	waitFor(b, "plugin socket", time.Minute, func() (bool, error) {
 		_, err := client.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{})
@@ -108,7 +119,18 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 func BenchmarkNodePrepareResources(b *testing.B) {
 	client := setupBench(b)
 	b.Run("whole-gpu", func(b *testing.B) {
-		claim := allocatedClaim(b, "bench-one", "gpu-5")
+		claim := allocatedClaim(b, "bench-one", "gpu-3")
+		lat := make([]time.Duration, 0, b.N)
+		for b.Loop() {
+			lat = append(lat, prepare(b, client, claim))
+			unprepare(b, client, claim)
+		}
+		reportLatency(b, lat)
+	})
+	volcano := map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("2000Mi"), "cores": resource.MustParse("10")}
+	// A vGPU share: HAMi-core edits and a fresh accounting region too.
+	b.Run("vgpu-share", func(b *testing.B) {
+		claim := allocatedShare(b, "bench-share", volcano, "gpu-4")
 		lat := make([]time.Duration, 0, b.N)
 		for b.Loop() {
 			lat = append(lat, prepare(b, client, claim))
@@ -117,35 +139,51 @@ func BenchmarkNodePrepareResources(b *testing.B) {
 		reportLatency(b, lat)
 	})
 	// The kubelet sends one request per pod, and pods start in parallel:
-	// 8 concurrent requests of one claim each, one GPU per claim.
-	b.Run("8-concurrent-pods", func(b *testing.B) {
+	// 8 concurrent requests of one claim each.
+	b.Run("8-concurrent-whole-gpus", func(b *testing.B) {
 		var claims []*drapb.Claim
-		for i := range 8 {
+		for i := range 4 {
 			claims = append(claims, allocatedClaim(b, fmt.Sprintf("bench-par-%d", i), fmt.Sprintf("gpu-%d", i)))
 		}
-		var lat []time.Duration
-		var mu sync.Mutex
-		var wall time.Duration
-		n := 0
-		for b.Loop() {
-			round := time.Now()
-			var wg sync.WaitGroup
-			for _, c := range claims {
-				wg.Go(func() {
-					d := prepare(b, client, c)
-					mu.Lock()
-					lat = append(lat, d)
-					mu.Unlock()
-				})
-			}
-			wg.Wait()
-			wall += time.Since(round)
-			n += len(claims)
-			b.StopTimer()
-			unprepare(b, client, claims...)
-			b.StartTimer()
+		for i := 4; i < 8; i++ {
+			claims = append(claims, allocatedShare(b, fmt.Sprintf("bench-par-%d", i), nil, fmt.Sprintf("gpu-%d", i)))
 		}
-		b.ReportMetric(float64(n)/wall.Seconds(), "claims/s")
-		reportLatency(b, lat)
+		concurrentPrepare(b, client, claims)
 	})
+	b.Run("8-concurrent-shares", func(b *testing.B) {
+		var claims []*drapb.Claim
+		for i := range 8 {
+			claims = append(claims, allocatedShare(b, fmt.Sprintf("bench-shares-%d", i), volcano, fmt.Sprintf("gpu-%d", 4+i%4)))
+		}
+		concurrentPrepare(b, client, claims)
+	})
+}
+
+// concurrentPrepare prepares claims in parallel, one gRPC call each, and
+// reports claims per second and the per-call latency.
+func concurrentPrepare(b *testing.B, client drapb.DRAPluginClient, claims []*drapb.Claim) {
+	var lat []time.Duration
+	var mu sync.Mutex
+	var wall time.Duration
+	n := 0
+	for b.Loop() {
+		round := time.Now()
+		var wg sync.WaitGroup
+		for _, c := range claims {
+			wg.Go(func() {
+				d := prepare(b, client, c)
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		wall += time.Since(round)
+		n += len(claims)
+		b.StopTimer()
+		unprepare(b, client, claims...)
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(n)/wall.Seconds(), "claims/s")
+	reportLatency(b, lat)
 }
