@@ -169,6 +169,20 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 			}
 		}
 	}
+	if d.hami != nil {
+		caches, err := d.hami.ClaimCaches()
+		if err != nil {
+			return nil, err
+		}
+		for _, uid := range caches {
+			if !known[uid] {
+				logger.Info("Removing orphaned HAMi-core accounting region", "claimUID", uid)
+				if err := d.hami.Cleanup(uid); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
 	if d.mig != nil && anyMIGCapable(d.inv) {
 		if err := d.reconcileMIG(ctx, owned, o.DestroyUnownedMIG); err != nil {
 			return nil, err

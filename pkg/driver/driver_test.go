@@ -313,6 +313,9 @@ func TestRestart(t *testing.T) {
 	w.WriteClaim("uid-interrupted", nil, []cdi.Device{{Name: "gpu-1"}})
 	// A spec no record owns (its record was lost).
 	w.WriteClaim("uid-orphan", nil, []cdi.Device{{Name: "gpu-2"}})
+	// An accounting region whose claim's record was lost.
+	orphanCache := filepath.Join(filepath.Dir(r.checkpoints), "vgpu", "claims", "uid-orphan")
+	os.MkdirAll(orphanCache, 0o777)
 	// A record damaged on disk.
 	os.WriteFile(filepath.Join(r.checkpoints, "uid-broken.json"), []byte(`{"version":1,"checksum":"x","claim":{}}`), 0o600)
 
@@ -323,6 +326,9 @@ func TestRestart(t *testing.T) {
 	}
 	if r.specExists("uid-interrupted") || r.specExists("uid-orphan") {
 		t.Fatal("restart left an interrupted or orphaned spec")
+	}
+	if _, err := os.Stat(orphanCache); !os.IsNotExist(err) {
+		t.Fatal("restart left an orphaned HAMi-core accounting region")
 	}
 	if c, _ := store.Get("uid-interrupted"); c != nil {
 		t.Fatal("restart kept the interrupted record")

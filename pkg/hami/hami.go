@@ -149,3 +149,19 @@ func (e *Editor) Cleanup(claimUID types.UID) error {
 	}
 	return nil
 }
+
+// ClaimCaches lists the claim UIDs that have an accounting region, so that
+// regions no prepared claim owns (left by a crash) can be removed.
+func (e *Editor) ClaimCaches() ([]types.UID, error) {
+	entries, err := os.ReadDir(filepath.Join(e.opts.StateDir, "claims"))
+	if err != nil {
+		return nil, fmt.Errorf("list HAMi-core caches: %w", err)
+	}
+	var uids []types.UID
+	for _, en := range entries {
+		if en.IsDir() {
+			uids = append(uids, types.UID(en.Name()))
+		}
+	}
+	return uids, nil
+}
