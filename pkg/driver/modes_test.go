@@ -4,7 +4,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -237,5 +239,51 @@ func TestCrashMidMIGPrepare(t *testing.T) {
 	in, _ := r.lib.ListMIG()
 	if len(in) != 1 || in[0].ParentUUID != d.GPU.UUID {
 		t.Fatalf("after --destroy-unowned-mig: %+v (want only the prepared claim's)", in)
+	}
+}
+
+// TestSlowNVMLDoesNotBlockOtherGPUs: while one claim's MIG create hangs in
+// NVML (held at the failpoint right after CreateMIG), claims on other GPUs,
+// MIG or whole, prepare to completion.
+func TestSlowNVMLDoesNotBlockOtherGPUs(t *testing.T) {
+	needMIGEdits(t)
+	r := newRigMode(t, inventory.Config{DefaultMode: inventory.ModeMIG})
+	held, release := make(chan struct{}), make(chan struct{})
+	// Only the first create is held. (Not sync.Once: its Do makes later
+	// callers wait for the first, which is the blocking under test.)
+	var first atomic.Bool
+	r.failpoint = func(name string) {
+		if first.CompareAndSwap(false, true) {
+			close(held)
+			<-release
+		}
+	}
+	r.start()
+
+	slow := claim("slow", r.migDevice(0, "7g.80gb", 0))
+	slowDone := make(chan error, 1)
+	go func() { slowDone <- r.prepare(slow)[slow.UID].Err }()
+	<-held
+
+	other := claim("other-gpu-mig", r.migDevice(1, "1g.10gb", 6))
+	whole := claim("other-gpu-whole", "gpu-2")
+	done := make(chan map[types.UID]error, 1)
+	go func() {
+		res := r.prepare(other, whole)
+		done <- map[types.UID]error{other.UID: res[other.UID].Err, whole.UID: res[whole.UID].Err}
+	}()
+	select {
+	case errs := <-done:
+		for uid, err := range errs {
+			if err != nil {
+				t.Fatalf("%s: %v", uid, err)
+			}
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("claims on GPUs 1 and 2 waited for GPU 0's NVML call")
+	}
+	close(release)
+	if err := <-slowDone; err != nil {
+		t.Fatal(err)
 	}
 }
