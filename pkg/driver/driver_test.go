@@ -35,6 +35,7 @@ type rig struct {
 	root, cdiDir, checkpoints string
 	d                         *Driver
 	destroyUnowned            bool
+	failpoint                 func(string)
 }
 
 var (
@@ -104,7 +105,7 @@ func (r *rig) start() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: editor, MIG: r.lib, HAMi: h, DestroyUnownedMIG: r.destroyUnowned})
+	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: editor, MIG: r.lib, HAMi: h, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint})
 	if err != nil {
 		r.t.Fatal(err)
 	}
