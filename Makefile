@@ -22,6 +22,9 @@ test: unit e2e
 unit:
 	$(GO) vet ./...
 	$(GO) test ./api/... ./pkg/... ./cmd/... ./test/allocator/...
+	# The Helm chart, rendered with Helm as a library (its own module, so
+	# Helm's dependencies stay out of Facet's go.mod).
+	cd test/helm && $(GO) test ./...
 
 ## e2e: start a real Kubernetes 1.35 node with containerd and run test/e2e
 e2e: build

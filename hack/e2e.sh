@@ -26,3 +26,9 @@ source "${RUN_DIR}/env.sh"
 hack/sim-node.sh "${RUN_DIR}" demo/machines/dgx-h100.yaml
 # Extra arguments go to go test, e.g. -run '^$' -bench . for the prepare benchmarks.
 go test ./test/e2e/ -count=1 -v -timeout 30m "$@"
+# The chart against the real apiserver: server-side dry run of every
+# rendered object, the per-node ResourceSlice policy with a pod-bound token,
+# and the webhook behind the chart's own configuration.
+if [[ $# -eq 0 ]]; then
+  (cd test/helm && go test ./... -count=1 -v -run Live)
+fi

@@ -1,0 +1,100 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// HealthzPath answers 200 once the server is up; it needs no client
+// certificate and no body, so kubelet probes (scheme HTTPS) can use it.
+const HealthzPath = "/healthz"
+
+// ServerOptions configures Serve.
+type ServerOptions struct {
+	// Address is the TCP address to listen on, e.g. ":8443".
+	Address string
+	// CertFile and KeyFile are the serving certificate and its key (PEM).
+	// They are re-read when they change; see CertReloader.
+	CertFile, KeyFile string
+	// ReloadInterval bounds how often the files are looked at; 0 means the
+	// default of one second.
+	ReloadInterval time.Duration
+	// ShutdownTimeout bounds the graceful shutdown; 0 means 10 seconds.
+	ShutdownTimeout time.Duration
+	// Listening, when set, is called with the bound address once the
+	// server accepts connections (for tests that listen on port 0).
+	Listening func(net.Addr)
+}
+
+// Serve runs the webhook's HTTPS server until ctx is done, then shuts it
+// down gracefully. It serves ValidatePath (AdmissionReviews) and HealthzPath.
+func Serve(ctx context.Context, opts ServerOptions) error {
+	logger := klog.FromContext(ctx)
+	if opts.CertFile == "" || opts.KeyFile == "" {
+		return errors.New("a TLS certificate file and key file are required (the API server only calls webhooks over HTTPS)")
+	}
+	if opts.ReloadInterval == 0 {
+		opts.ReloadInterval = time.Second
+	}
+	if opts.ShutdownTimeout == 0 {
+		opts.ShutdownTimeout = 10 * time.Second
+	}
+	certs, err := NewCertReloader(opts.CertFile, opts.KeyFile, opts.ReloadInterval, logger)
+	if err != nil {
+		return err
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle(ValidatePath, NewHandler(logger))
+	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Write([]byte("ok\n"))
+	})
+	srv := &http.Server{
+		Handler: mux,
+		TLSConfig: &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: certs.GetCertificate,
+		},
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          klog.NewStandardLogger("INFO"),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+
+	ln, err := net.Listen("tcp", opts.Address)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", opts.Address, err)
+	}
+	logger.Info("Serving", "address", ln.Addr().String(), "validate", ValidatePath, "healthz", HealthzPath)
+	if opts.Listening != nil {
+		opts.Listening(ln.Addr())
+	}
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("Shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), opts.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,453 @@
+package helm
+
+import (
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
+
+	"github.com/facet-gpu/facet/pkg/inventory"
+)
+
+// pluginFlag is one flag of cmd/facet-kubeletplugin, read from its source.
+type pluginFlag struct {
+	name, kind string // kind: StringVar, BoolVar, IntVar, Float64Var, ...
+	def        string // the default when it is a string literal
+}
+
+// pluginFlags reads the flags facet-kubeletplugin defines in main.go, so
+// that a flag added there without a decision here fails this test.
+func pluginFlags(t testing.TB) map[string]pluginFlag {
+	t.Helper()
+	src := filepath.Join(repoRoot, "cmd", "facet-kubeletplugin", "main.go")
+	f, err := parser.ParseFile(token.NewFileSet(), src, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]pluginFlag{}
+	ast.Inspect(f, func(n ast.Node) bool {
+		call, ok := n.(*ast.CallExpr)
+		if !ok || len(call.Args) < 3 {
+			return true
+		}
+		sel, ok := call.Fun.(*ast.SelectorExpr)
+		if !ok || !strings.HasSuffix(sel.Sel.Name, "Var") {
+			return true
+		}
+		if x, ok := sel.X.(*ast.Ident); !ok || x.Name != "fs" {
+			return true
+		}
+		lit, ok := call.Args[1].(*ast.BasicLit)
+		if !ok || lit.Kind != token.STRING {
+			return true
+		}
+		name, _ := strconv.Unquote(lit.Value)
+		pf := pluginFlag{name: name, kind: sel.Sel.Name}
+		if d, ok := call.Args[2].(*ast.BasicLit); ok && d.Kind == token.STRING {
+			pf.def, _ = strconv.Unquote(d.Value)
+		}
+		out[name] = pf
+		return true
+	})
+	if len(out) < 10 {
+		t.Fatalf("found only %d flags in %s; has the flag set been renamed?", len(out), src)
+	}
+	return out
+}
+
+// What each flag of the plugin means for the DaemonSet. Every flag that
+// main.go defines must be in exactly one of these.
+var (
+	// mountedPathFlags: host paths the plugin itself opens. The function
+	// returns the path it opens for a flag value.
+	mountedPathFlags = map[string]func(string) string{
+		"driver-root":           identity,
+		"dev-root":              func(v string) string { return path.Join(v, "dev") },
+		"nvml-library":          identity,
+		"cdi-dir":               identity,
+		"state-dir":             identity,
+		"kubelet-registrar-dir": identity,
+		// The plugin works in <dir>/gpu.facet.dev only.
+		"kubelet-plugins-dir": func(v string) string { return path.Join(v, inventory.DriverName) },
+		"hami-library":        identity,
+	}
+	// hostOnlyPathFlags: host paths the plugin only writes into CDI specs,
+	// for the container runtime; they need not be mounted.
+	hostOnlyPathFlags = map[string]bool{"nvidia-cdi-hook": true}
+	// otherFlags are not paths. forbidden ones must not be set by the chart.
+	otherFlags = map[string]bool{
+		"node-name": true, "kube-api-qps": true, "kube-api-burst": true, "destroy-unowned-mig": true,
+	}
+	forbiddenFlags = map[string]string{
+		"kubeconfig": "the plugin runs in-cluster",
+		"machine":    "a simulated node is for demos and tests",
+	}
+)
+
+func identity(v string) string { return v }
+
+func TestEveryPluginFlagIsClassified(t *testing.T) {
+	for name := range pluginFlags(t) {
+		n := 0
+		if _, ok := mountedPathFlags[name]; ok {
+			n++
+		}
+		if hostOnlyPathFlags[name] {
+			n++
+		}
+		if otherFlags[name] {
+			n++
+		}
+		if _, ok := forbiddenFlags[name]; ok {
+			n++
+		}
+		if n != 1 {
+			t.Errorf("facet-kubeletplugin flag --%s is in %d of the classes in test/helm/kubeletplugin_test.go, want 1: "+
+				"decide whether the DaemonSet must mount it, and teach the chart", name, n)
+		}
+	}
+}
+
+// parsedArgs is a plugin container's command line, parsed with the
+// plugin's own flags (and the mode flags' own parser).
+type parsedArgs struct {
+	set   map[string]string // flags given, by name
+	modes inventory.ModeFlags
+}
+
+func parsePluginArgs(t testing.TB, flags map[string]pluginFlag, args []string) parsedArgs {
+	t.Helper()
+	fs := flag.NewFlagSet("facet-kubeletplugin", flag.ContinueOnError)
+	for _, f := range flags {
+		switch f.kind {
+		case "BoolVar":
+			fs.Bool(f.name, false, "")
+		default:
+			fs.String(f.name, f.def, "")
+		}
+	}
+	var out parsedArgs
+	out.modes.Register(fs)
+	klog.InitFlags(fs)
+	for _, a := range args {
+		if !strings.HasPrefix(a, "-") || !strings.Contains(a, "=") {
+			t.Errorf("argument %q: the chart writes every flag as --name=value", a)
+		}
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("the plugin would refuse its arguments %q: %v", args, err)
+	}
+	if fs.NArg() > 0 {
+		t.Errorf("stray arguments %q", fs.Args())
+	}
+	out.set = map[string]string{}
+	fs.Visit(func(f *flag.Flag) { out.set[f.Name] = f.Value.String() })
+	if _, err := out.modes.Config(); err != nil {
+		t.Errorf("the plugin would refuse its mode flags: %v", err)
+	}
+	return out
+}
+
+// value returns a flag's value: given, or main.go's default.
+func (p parsedArgs) value(flags map[string]pluginFlag, name string) (string, bool) {
+	if v, ok := p.set[name]; ok {
+		return v, true
+	}
+	return flags[name].def, flags[name].def != ""
+}
+
+func daemonSets(t testing.TB, objs []object) []*appsv1.DaemonSet {
+	var out []*appsv1.DaemonSet
+	for _, o := range ofKind(objs, "DaemonSet") {
+		ds := &appsv1.DaemonSet{}
+		into(t, o, ds)
+		out = append(out, ds)
+	}
+	return out
+}
+
+func container(t testing.TB, spec *corev1.PodSpec, name string, init bool) *corev1.Container {
+	t.Helper()
+	list := spec.Containers
+	if init {
+		list = spec.InitContainers
+	}
+	for i := range list {
+		if list[i].Name == name {
+			return &list[i]
+		}
+	}
+	t.Fatalf("no container %q", name)
+	return nil
+}
+
+// mountFor returns the volume mount whose mountPath holds p, and its volume.
+func mountFor(spec *corev1.PodSpec, c *corev1.Container, p string) (*corev1.VolumeMount, *corev1.Volume) {
+	var best *corev1.VolumeMount
+	for i, m := range c.VolumeMounts {
+		if p == m.MountPath || strings.HasPrefix(p, strings.TrimSuffix(m.MountPath, "/")+"/") {
+			if best == nil || len(m.MountPath) > len(best.MountPath) {
+				best = &c.VolumeMounts[i]
+			}
+		}
+	}
+	if best == nil {
+		return nil, nil
+	}
+	for i, v := range spec.Volumes {
+		if v.Name == best.Name {
+			return best, &spec.Volumes[i]
+		}
+	}
+	return best, nil
+}
+
+// TestPluginMountsEveryHostPathItUses is the check that the plugin, as the
+// chart runs it, finds every host path its flags name: each path the plugin
+// opens is under a hostPath volume mounted at the same path (the plugin
+// writes host paths into CDI specs and registers its socket's path with
+// the kubelet, so a path must mean the same inside and outside).
+func TestPluginMountsEveryHostPathItUses(t *testing.T) {
+	flags := pluginFlags(t)
+	for cfgName, vals := range configurations(t) {
+		objs := render(t, vals)
+		dss := daemonSets(t, objs)
+		if len(dss) == 0 {
+			t.Fatalf("%s: no DaemonSet rendered", cfgName)
+		}
+		for _, ds := range dss {
+			t.Run(cfgName+"/"+ds.Name, func(t *testing.T) {
+				spec := &ds.Spec.Template.Spec
+				c := container(t, spec, "plugin", false)
+				if len(c.Command) != 1 || c.Command[0] != "facet-kubeletplugin" {
+					t.Errorf("command %q", c.Command)
+				}
+				args := parsePluginArgs(t, flags, c.Args)
+				for name, why := range forbiddenFlags {
+					if _, ok := args.set[name]; ok {
+						t.Errorf("--%s is set: %s", name, why)
+					}
+				}
+				var names []string
+				for name := range mountedPathFlags {
+					names = append(names, name)
+				}
+				sort.Strings(names)
+				for _, name := range names {
+					v, ok := args.value(flags, name)
+					if !ok {
+						continue // unset, no default: the plugin does without
+					}
+					if !path.IsAbs(v) {
+						t.Errorf("--%s=%s is not absolute", name, v)
+						continue
+					}
+					p := mountedPathFlags[name](v)
+					m, vol := mountFor(spec, c, p)
+					switch {
+					case m == nil:
+						t.Errorf("--%s=%s: %s is under no volume mount", name, v, p)
+					case vol == nil || vol.HostPath == nil:
+						t.Errorf("--%s=%s: %s is under mount %s, which is not a hostPath volume", name, v, p, m.MountPath)
+					case path.Clean(vol.HostPath.Path) != path.Clean(m.MountPath):
+						t.Errorf("--%s=%s: volume %s mounts host %s at %s; a host path must keep its path", name, v, vol.Name, vol.HostPath.Path, m.MountPath)
+					}
+				}
+				for name := range hostOnlyPathFlags {
+					if v, ok := args.value(flags, name); ok && !path.IsAbs(v) {
+						t.Errorf("--%s=%s is not absolute", name, v)
+					}
+				}
+				if v, ok := args.set["nvidia-cdi-hook"]; ok && path.Base(v) != "nvidia-cdi-hook" {
+					t.Errorf("--nvidia-cdi-hook=%s: nvcdi needs the file to be named nvidia-cdi-hook", v)
+				}
+
+				// The node's name, from the downward API.
+				var nodeEnv bool
+				for _, e := range c.Env {
+					if e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
+						nodeEnv = true
+					}
+				}
+				if _, set := args.set["node-name"]; !nodeEnv && !set {
+					t.Error("neither NODE_NAME from spec.nodeName nor --node-name")
+				}
+				if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+					t.Error("the plugin container is not privileged")
+				}
+				if sa := spec.ServiceAccountName; sa == "" || sa == "default" {
+					t.Errorf("service account %q", sa)
+				}
+
+				// HAMi-core: the init container installs the file the
+				// plugin is pointed at.
+				if lib, ok := args.set["hami-library"]; ok {
+					ic := container(t, spec, "install-hami-core", true)
+					var dir string
+					for _, e := range ic.Env {
+						if e.Name == "HAMI_CORE_DIR" {
+							dir = e.Value
+						}
+					}
+					if path.Join(dir, "libvgpu.so") != lib {
+						t.Errorf("init container installs into %q, the plugin loads %s", dir, lib)
+					}
+					if m, vol := mountFor(spec, ic, lib); m == nil || vol == nil || vol.HostPath == nil || m.ReadOnly || vol.HostPath.Path != m.MountPath {
+						t.Errorf("init container cannot write %s on the host", lib)
+					}
+				} else if len(spec.InitContainers) > 0 {
+					t.Errorf("init containers %v without --hami-library", spec.InitContainers)
+				}
+			})
+		}
+	}
+}
+
+// TestNodeGroupsAreDisjoint evaluates each DaemonSet's node selection with
+// the scheduler's own matcher on a few nodes: no node may get two plugins,
+// and each node gets the group its label names.
+func TestNodeGroupsAreDisjoint(t *testing.T) {
+	objs := render(t, values(t, `
+kubeletPlugin:
+  nodeSelector: {facet.dev/test: "yes"}
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+        - matchExpressions: [{key: nvidia.com/gpu.present, operator: In, values: ["true"]}]
+        - matchExpressions: [{key: feature.node.kubernetes.io/pci-10de.present, operator: In, values: ["true"]}]
+  nodeGroups:
+    shared: {mode: shared, nodeSelector: {extra: "1"}}
+    mig: {mode: mig}
+`))
+	dss := daemonSets(t, objs)
+	if len(dss) != 3 {
+		t.Fatalf("%d DaemonSets, want default, mig and shared", len(dss))
+	}
+	gpu := map[string]string{"nvidia.com/gpu.present": "true", "facet.dev/test": "yes", "extra": "1"}
+	nfd := map[string]string{"feature.node.kubernetes.io/pci-10de.present": "true", "facet.dev/test": "yes"}
+	with := func(base map[string]string, kv ...string) map[string]string {
+		out := map[string]string{}
+		for k, v := range base {
+			out[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			out[kv[i]] = kv[i+1]
+		}
+		return out
+	}
+	const label = "gpu.facet.dev/node-group"
+	nodes := []struct {
+		name   string
+		labels map[string]string
+		want   string // the group's DaemonSet suffix, "" for none
+	}{
+		{"unlabelled GPU node", gpu, "default"},
+		{"unlabelled GPU node found by NFD", nfd, "default"},
+		{"explicitly default", with(gpu, label, "default"), "default"},
+		{"shared", with(gpu, label, "shared"), "shared"},
+		{"shared without the group's extra selector", with(nfd, label, "shared"), ""},
+		{"mig", with(nfd, label, "mig"), "mig"},
+		{"a group that does not exist", with(gpu, label, "nope"), ""},
+		{"not a GPU node", map[string]string{"facet.dev/test": "yes"}, ""},
+		{"GPU node outside the common nodeSelector", map[string]string{"nvidia.com/gpu.present": "true"}, ""},
+	}
+	for _, n := range nodes {
+		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: n.labels}}
+		var got []string
+		for _, ds := range dss {
+			pod := &corev1.Pod{Spec: ds.Spec.Template.Spec}
+			ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node)
+			if err != nil {
+				t.Fatalf("%s: %v", ds.Name, err)
+			}
+			if ok {
+				got = append(got, strings.TrimPrefix(ds.Name, releaseName+"-kubelet-plugin-"))
+			}
+		}
+		want := []string{}
+		if n.want != "" {
+			want = []string{n.want}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) && !(len(got) == 0 && len(want) == 0) {
+			t.Errorf("%s: plugins %v, want %v", n.name, got, want)
+		}
+	}
+	// The groups' mode flags reach their DaemonSets.
+	flags := pluginFlags(t)
+	for _, ds := range dss {
+		args := parsePluginArgs(t, flags, container(t, &ds.Spec.Template.Spec, "plugin", false).Args)
+		group := ds.Spec.Template.Labels["gpu.facet.dev/node-group"]
+		want := map[string]string{"default": "auto", "shared": "shared", "mig": "mig"}[group]
+		if args.modes.Default != want {
+			t.Errorf("%s: --mode=%s, want %s", ds.Name, args.modes.Default, want)
+		}
+	}
+}
+
+func TestRemovingTheDefaultGroup(t *testing.T) {
+	objs := render(t, values(t, "kubeletPlugin:\n  nodeGroups:\n    default: null\n    a100: {mode: mig}\n"))
+	dss := daemonSets(t, objs)
+	if len(dss) != 1 || dss[0].Name != releaseName+"-kubelet-plugin-a100" {
+		var names []string
+		for _, ds := range dss {
+			names = append(names, ds.Name)
+		}
+		t.Fatalf("DaemonSets %v, want only the a100 group's", names)
+	}
+}
+
+// TestPluginRBAC pins the plugin's permissions to what the kubelet plugin
+// helper calls, and nothing else.
+func TestPluginRBAC(t *testing.T) {
+	objs := render(t, values(t, ""))
+	role := find(t, objs, "ClusterRole", releaseName+"-kubelet-plugin")
+	got := fmt.Sprint(role.Object["rules"])
+	want := fmt.Sprint([]any{
+		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceslices"}, "verbs": []any{"get", "list", "watch", "create", "update", "delete"}},
+		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceclaims"}, "verbs": []any{"get"}},
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get"}},
+	})
+	if got != want {
+		t.Errorf("ClusterRole rules\n%s\nwant\n%s", got, want)
+	}
+	if n := len(ofKind(objs, "Role")) + len(ofKind(objs, "RoleBinding")); n != 0 {
+		t.Errorf("%d Roles or RoleBindings; only the plugin has permissions, cluster-wide", n)
+	}
+	crbs := ofKind(objs, "ClusterRoleBinding")
+	if len(crbs) != 1 {
+		t.Fatalf("%d ClusterRoleBindings, want the plugin's only (the webhook needs no API access)", len(crbs))
+	}
+	subjects := fmt.Sprint(crbs[0].Object["subjects"])
+	if !strings.Contains(subjects, "name:"+releaseName+"-kubelet-plugin") || !strings.Contains(subjects, "namespace:"+releaseNamespace) {
+		t.Errorf("ClusterRoleBinding subjects %s", subjects)
+	}
+}
+
+// TestNodeRestrictionPolicy checks the policy's match on the plugin's
+// service account; live_test.go checks what it does on a real API server.
+func TestNodeRestrictionPolicy(t *testing.T) {
+	objs := render(t, values(t, ""))
+	vap := find(t, objs, "ValidatingAdmissionPolicy", releaseName+"-resourceslices-own-node")
+	conds := fmt.Sprint(vap.Object["spec"].(map[string]any)["matchConditions"])
+	if want := `system:serviceaccount:` + releaseNamespace + `:` + releaseName + `-kubelet-plugin`; !strings.Contains(conds, want) {
+		t.Errorf("matchConditions %s do not name %s", conds, want)
+	}
+	b := find(t, objs, "ValidatingAdmissionPolicyBinding", releaseName+"-resourceslices-own-node")
+	if got := fmt.Sprint(b.Object["spec"]); !strings.Contains(got, "policyName:"+releaseName+"-resourceslices-own-node") || !strings.Contains(got, "validationActions:[Deny]") {
+		t.Errorf("binding spec %s", got)
+	}
+}

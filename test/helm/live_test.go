@@ -1,0 +1,488 @@
+package helm
+
+// Tests against a real API server: hack/e2e.sh's local node, found through
+// KUBECONFIG, FACET_RUN_DIR and FACET_BIN_DIR (as test/e2e finds it). They
+// are skipped when those are not set.
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+)
+
+type live struct {
+	kubeconfig, kubectl, runDir string
+	config                      *rest.Config
+	client                      kubernetes.Interface
+}
+
+func liveCluster(t *testing.T) *live {
+	t.Helper()
+	l := &live{kubeconfig: os.Getenv("KUBECONFIG"), runDir: os.Getenv("FACET_RUN_DIR")}
+	if l.kubeconfig == "" || l.runDir == "" || os.Getenv("FACET_BIN_DIR") == "" {
+		t.Skip("needs the local node of hack/e2e.sh (KUBECONFIG, FACET_RUN_DIR, FACET_BIN_DIR)")
+	}
+	l.kubectl = filepath.Join(os.Getenv("FACET_BIN_DIR"), "kubectl")
+	cfg, err := clientcmd.BuildConfigFromFlags("", l.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.config = cfg
+	l.client = kubernetes.NewForConfigOrDie(cfg)
+	return l
+}
+
+// run runs kubectl with stdin.
+func (l *live) run(stdin string, args ...string) (string, error) {
+	cmd := exec.Command(l.kubectl, append([]string{"--kubeconfig", l.kubeconfig}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	err := cmd.Run()
+	return buf.String(), err
+}
+
+func (l *live) must(t testing.TB, stdin string, args ...string) string {
+	t.Helper()
+	out, err := l.run(stdin, args...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// namespace creates a namespace that is deleted after the test.
+func (l *live) namespace(t *testing.T, name string) {
+	t.Helper()
+	l.must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+name+"}\n", "apply", "-f", "-")
+	t.Cleanup(func() { l.run("", "delete", "namespace", name, "--wait=true", "--timeout=120s") })
+}
+
+func stream(t testing.TB, objs []object) string {
+	t.Helper()
+	var b strings.Builder
+	for _, o := range objs {
+		y, err := yaml.Marshal(o.Object)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString("---\n")
+		b.Write(y)
+	}
+	return b.String()
+}
+
+func waitUntil(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		last = err
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %v waiting for %s (last: %v)", timeout, what, last)
+}
+
+// TestLiveServerDryRun sends every object of every configuration through
+// the API server's validation and admission (kubectl apply
+// --dry-run=server): schemas, CEL of the policies and of the webhook's
+// matchConditions, RBAC objects. cert-manager's kinds are left out when
+// the cluster does not serve them.
+func TestLiveServerDryRun(t *testing.T) {
+	l := liveCluster(t)
+	const ns = "facet-helm-dryrun"
+	l.namespace(t, ns)
+	out, _ := l.run("", "api-resources", "--api-group=cert-manager.io", "-o", "name")
+	certManager := strings.TrimSpace(out) != ""
+	for name, vals := range configurations(t) {
+		t.Run(name, func(t *testing.T) {
+			var objs []object
+			for _, o := range renderAs(t, vals, "facet-dryrun", ns) {
+				if strings.HasPrefix(o.GetAPIVersion(), "cert-manager.io/") && !certManager {
+					t.Logf("skipped %s %s: cert-manager is not installed", o.GetKind(), o.GetName())
+					continue
+				}
+				objs = append(objs, o)
+			}
+			out, err := l.run(stream(t, objs), "apply", "--dry-run=server", "-f", "-")
+			if err != nil {
+				t.Fatalf("server-side dry run: %v\n%s", err, out)
+			}
+			if n := strings.Count(out, "(server dry run)"); n != len(objs) {
+				t.Errorf("%d objects, %d dry-run results:\n%s", len(objs), n, out)
+			}
+		})
+	}
+}
+
+// TestLiveNodeRestriction installs the chart's plugin service account,
+// RBAC and ResourceSlice policy, and acts as the plugin of a pod on a real
+// node with a token bound to that pod: it may write its own node's slices
+// of gpu.facet.dev, and nothing else.
+func TestLiveNodeRestriction(t *testing.T) {
+	l := liveCluster(t)
+	ctx := context.Background()
+	const ns, release = "facet-helm-noderestriction", "facet-helmtest"
+	l.namespace(t, ns)
+
+	objs := renderAs(t, values(t, `
+deviceClasses: {enabled: false}
+admission: {policies: {enabled: false}, webhook: {enabled: false}}
+`), release, ns)
+	var install []object
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			install = append(install, o)
+		}
+	}
+	if len(install) != 5 {
+		t.Fatalf("%d objects to install, want 5", len(install))
+	}
+	manifest := stream(t, install)
+	t.Cleanup(func() { l.run(manifest, "delete", "--ignore-not-found", "-f", "-") })
+	l.must(t, manifest, "apply", "-f", "-")
+	sa := release + "-kubelet-plugin"
+	policy := release + "-resourceslices-own-node"
+
+	nodes, err := l.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Items) == 0 {
+		t.Skip("no node to bind a pod to")
+	}
+	node := nodes.Items[0].Name
+
+	// A pod of the service account on the node; it need not run.
+	pod, err := l.client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "plugin"},
+		Spec: corev1.PodSpec{
+			ServiceAccountName:            sa,
+			AutomountServiceAccountToken:  ptr.To(false),
+			NodeName:                      node,
+			TerminationGracePeriodSeconds: ptr.To[int64](0),
+			Containers:                    []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10", ImagePullPolicy: corev1.PullNever}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asPlugin := func(boundToPod bool) kubernetes.Interface {
+		t.Helper()
+		req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}
+		if boundToPod {
+			req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+		}
+		tok, err := l.client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, req, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := rest.AnonymousClientConfig(l.config)
+		cfg.BearerToken = tok.Status.Token
+		return kubernetes.NewForConfigOrDie(cfg)
+	}
+	plugin := asPlugin(true)
+
+	slice := func(name, driver, nodeName string) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourceapi.ResourceSliceSpec{
+				Driver:   driver,
+				Pool:     resourceapi.ResourcePool{Name: "facet-helm-test", ResourceSliceCount: 1},
+				NodeName: ptr.To(nodeName),
+			},
+		}
+	}
+	for _, n := range []string{"facet-helm-own", "facet-helm-other", "facet-helm-driver", "facet-helm-unbound", "facet-helm-admin"} {
+		t.Cleanup(func() { l.client.ResourceV1().ResourceSlices().Delete(ctx, n, metav1.DeleteOptions{}) })
+	}
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+
+	// Until the policy is loaded the plugin could write anywhere: probe
+	// with dry runs only.
+	waitUntil(t, "policy "+policy+" enforced", time.Minute, func() (bool, error) {
+		_, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice("facet-helm-other", "gpu.facet.dev", "not-"+node), dryRun)
+		return err != nil && strings.Contains(err.Error(), policy), err
+	})
+
+	t.Run("own node: create, update, delete", func(t *testing.T) {
+		s, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice("facet-helm-own", "gpu.facet.dev", node), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Labels = map[string]string{"updated": "yes"}
+		if _, err := plugin.ResourceV1().ResourceSlices().Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := plugin.ResourceV1().ResourceSlices().Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	refused := []struct {
+		name   string
+		client kubernetes.Interface
+		slice  *resourceapi.ResourceSlice
+		want   string
+	}{
+		{"another node's slice", plugin, slice("facet-helm-other", "gpu.facet.dev", "not-"+node),
+			fmt.Sprintf("Facet's kubelet plugin on node '%s' may only write the ResourceSlices of its own node, not those of node 'not-%s'", node, node)},
+		{"another driver's slice", plugin, slice("facet-helm-driver", "other.example.com", node),
+			"may only write ResourceSlices of driver gpu.facet.dev, not 'other.example.com'"},
+		{"a token that names no node", asPlugin(false), slice("facet-helm-unbound", "gpu.facet.dev", node),
+			"This request's token names no node"},
+	}
+	for _, tc := range refused {
+		t.Run("refused: "+tc.name, func(t *testing.T) {
+			_, err := tc.client.ResourceV1().ResourceSlices().Create(ctx, tc.slice, metav1.CreateOptions{})
+			if err == nil {
+				t.Fatal("created")
+			}
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v\nwant Forbidden with %q", err, tc.want)
+			}
+		})
+	}
+
+	t.Run("another node's slice cannot be deleted", func(t *testing.T) {
+		if _, err := l.client.ResourceV1().ResourceSlices().Create(ctx, slice("facet-helm-admin", "gpu.facet.dev", "not-"+node), metav1.CreateOptions{}); err != nil {
+			t.Fatalf("the admin is not restricted: %v", err)
+		}
+		err := plugin.ResourceV1().ResourceSlices().Delete(ctx, "facet-helm-admin", metav1.DeleteOptions{})
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "not those of node 'not-"+node+"'") {
+			t.Fatalf("delete: %v", err)
+		}
+	})
+
+	t.Run("RBAC: no more than the kubelet plugin needs", func(t *testing.T) {
+		_, err := plugin.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, dryRun)
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("creating a claim: %v, want Forbidden", err)
+		}
+		if _, err := plugin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err != nil {
+			t.Errorf("getting its node: %v", err)
+		}
+		if _, err := plugin.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("listing nodes: %v, want Forbidden", err)
+		}
+	})
+}
+
+// TestLiveChartWebhook runs facet-webhook as a local process behind the
+// chart's own ValidatingWebhookConfiguration, pointed at it by url and
+// confined to a test namespace and label: the rules and matchConditions
+// the chart ships, on the real API server.
+func TestLiveChartWebhook(t *testing.T) {
+	l := liveCluster(t)
+	const ns, release = "facet-helm-webhook", "facet-helmtest"
+	l.namespace(t, ns)
+	dir := t.TempDir()
+
+	bin := filepath.Join(dir, "facet-webhook")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/facet-gpu/facet/cmd/facet-webhook").CombinedOutput(); err != nil {
+		t.Fatalf("build facet-webhook: %v\n%s", err, out)
+	}
+	caPEM := writeServingCert(t, dir)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	logPath := filepath.Join(dir, "webhook.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(bin, "--bind-address", addr, "--tls-cert-file", filepath.Join(dir, "tls.crt"),
+		"--tls-private-key-file", filepath.Join(dir, "tls.key"), "-v", "2")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			cmd.Process.Kill()
+		}
+	})
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	waitUntil(t, "facet-webhook healthz", 30*time.Second, func() (bool, error) {
+		resp, err := hc.Get("https://" + addr + "/healthz")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+
+	caBundle := base64.StdEncoding.EncodeToString(caPEM)
+	objs := renderAs(t, values(t, "admission: {webhook: {tls: {mode: secret, secret: {name: unused, caBundle: "+caBundle+"}}}}"), release, ns)
+	vwc := find(t, objs, "ValidatingWebhookConfiguration", release+"-webhook")
+	webhooks := vwc.Object["webhooks"].([]any)
+	for _, w := range webhooks {
+		w := w.(map[string]any)
+		w["clientConfig"] = map[string]any{"url": "https://" + addr + "/validate", "caBundle": caBundle}
+		if w["name"] == "deviceclasses.gpu.facet.dev" {
+			w["objectSelector"] = map[string]any{"matchLabels": map[string]any{"facet.dev/helm-test": "true"}}
+		} else {
+			w["namespaceSelector"] = map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": ns}}
+		}
+	}
+	manifest := stream(t, []object{vwc})
+	t.Cleanup(func() { l.run(manifest, "delete", "--ignore-not-found", "-f", "-") })
+	l.must(t, manifest, "apply", "-f", "-")
+
+	claim := func(kind, name, config string) string {
+		devices := "requests:\n- name: share\n  exactly:\n    deviceClassName: vgpu.facet.dev\n    capacity: {requests: {memory: 4Gi}}\n" + config
+		m := "apiVersion: resource.k8s.io/v1\nkind: " + kind + "\nmetadata: {name: " + name + ", namespace: " + ns + "}\nspec:\n"
+		if kind == "ResourceClaimTemplate" {
+			return m + "  spec:\n    devices:\n" + indent(devices, "      ")
+		}
+		return m + "  devices:\n" + indent(devices, "    ")
+	}
+	facetConfig := func(params string) string {
+		return "config:\n- opaque:\n    driver: gpu.facet.dev\n    parameters: " + params + "\n"
+	}
+	bad := facetConfig("{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, taskPriority: 7}")
+	waitUntil(t, "webhook registered", time.Minute, func() (bool, error) {
+		out, err := l.run(claim("ResourceClaim", "probe", bad), "apply", "--dry-run=server", "-f", "-")
+		return err != nil && strings.Contains(out, "denied the request"), fmt.Errorf("%v: %s", err, out)
+	})
+
+	for _, tc := range []struct{ name, manifest, want string }{
+		{"claim", claim("ResourceClaim", "bad", bad),
+			`admission webhook "resourceclaims.gpu.facet.dev" denied the request: spec.devices.config[0].opaque.parameters: VgpuConfig: taskPriority: Invalid value: 7`},
+		{"template", claim("ResourceClaimTemplate", "bad", bad),
+			`admission webhook "resourceclaimtemplates.gpu.facet.dev" denied the request: spec.spec.devices.config[0].opaque.parameters: VgpuConfig: taskPriority`},
+		{"device class", `apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: helm-test-bad.gpu.facet.dev, labels: {facet.dev/helm-test: "true"}}
+spec:
+  config:
+  - opaque:
+      driver: gpu.facet.dev
+      parameters: {apiVersion: gpu.facet.dev/v1alpha1, kind: GpuConfig, mode: mig}
+`, `admission webhook "deviceclasses.gpu.facet.dev" denied the request: spec.config[0].opaque.parameters: GpuConfig: strict decoding error: unknown field "mode"`},
+	} {
+		t.Run("refused: "+tc.name, func(t *testing.T) {
+			out, err := l.run(tc.manifest, "apply", "-f", "-")
+			if err == nil || !strings.Contains(out, tc.want) {
+				t.Fatalf("%v\n%s\nwant a refusal with %q", err, out, tc.want)
+			}
+		})
+	}
+
+	t.Run("objects without a Facet config never reach the webhook", func(t *testing.T) {
+		for name, config := range map[string]string{
+			"no-config":    "",
+			"other-driver": "config:\n- opaque:\n    driver: gpu.example.com\n    parameters: {anything: 7}\n",
+		} {
+			l.must(t, claim("ResourceClaim", name, config), "apply", "-f", "-")
+			log, _ := os.ReadFile(logPath)
+			if strings.Contains(string(log), `name="`+name+`"`) {
+				t.Errorf("claim %s was sent to the webhook; the matchCondition should have skipped it", name)
+			}
+		}
+		l.must(t, claim("ResourceClaim", "good", facetConfig("{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, logLevel: 4}")), "apply", "-f", "-")
+		if log, _ := os.ReadFile(logPath); !strings.Contains(string(log), `"Allowed" kind="ResourceClaim" namespace="`+ns+`" name="good"`) {
+			t.Errorf("the good claim did not go through the webhook:\n%s", log)
+		}
+	})
+}
+
+// writeServingCert writes tls.crt and tls.key for 127.0.0.1 into dir and
+// returns the PEM of the CA that signed them.
+func writeServingCert(t *testing.T, dir string) []byte {
+	t.Helper()
+	newKey := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	caKey, key := newKey(), newKey()
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "facet-helm-test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "facet-webhook"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, block := range map[string]*pem.Block{
+		"tls.crt": {Type: "CERTIFICATE", Bytes: der},
+		"tls.key": {Type: "EC PRIVATE KEY", Bytes: kder},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	for i, l := range lines {
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n") + "\n"
+}

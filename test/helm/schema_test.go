@@ -1,0 +1,61 @@
+package helm
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestValuesRejected: values.schema.json (and the templates' own checks)
+// refuse bad values at `helm install` time, naming what is wrong.
+func TestValuesRejected(t *testing.T) {
+	tests := []struct {
+		name, values string
+		want         []string // substrings of the error
+	}{
+		{"misspelt top-level key", "kubeletplugin: {}", []string{"kubeletplugin"}},
+		{"misspelt nested key", "kubeletPlugin: {stateDirectory: /x}", []string{"stateDirectory"}},
+		{"unknown mode", "kubeletPlugin: {nodeGroups: {default: {mode: turbo}}}", []string{"nodeGroups/default/mode", "must be one of"}},
+		{"bad per-GPU modes", `kubeletPlugin: {nodeGroups: {default: {gpuModes: "0-3=turbo"}}}`, []string{"gpuModes"}},
+		{"per-GPU modes without an index", `kubeletPlugin: {nodeGroups: {default: {gpuModes: "mig"}}}`, []string{"gpuModes"}},
+		{"unknown order", "kubeletPlugin: {nodeGroups: {default: {gpuOrder: random}}}", []string{"gpuOrder"}},
+		{"unknown group field", "kubeletPlugin: {nodeGroups: {default: {modes: mig}}}", []string{"modes"}},
+		{"group name that is no label value", "kubeletPlugin: {nodeGroups: {GPU_nodes: {mode: mig}}}", []string{"GPU_nodes"}},
+		{"relative state dir", "kubeletPlugin: {stateDir: var/lib/facet}", []string{"stateDir"}},
+		{"driver root /", "kubeletPlugin: {driver: {root: /}}", []string{"driver/root"}},
+		{"driver root that cleans to /", "kubeletPlugin: {driver: {root: /.}}", []string{`kubeletPlugin.driver.root must not be "/"`}},
+		{"hook not named nvidia-cdi-hook", "kubeletPlugin: {driver: {nvidiaCDIHookPath: /usr/bin/nvidia-ctk}}", []string{"nvidiaCDIHookPath"}},
+		{"extra argument that is no flag", "kubeletPlugin: {extraArgs: [mig]}", []string{"extraArgs"}},
+		{"zero QPS", "kubeletPlugin: {kubeAPI: {qps: 0}}", []string{"qps"}},
+		{"bad pull policy", "kubeletPlugin: {hamiCore: {image: {pullPolicy: Sometimes}}}", []string{"pullPolicy"}},
+		{"relative HAMi-core source", "kubeletPlugin: {hamiCore: {librarySource: libvgpu.so}}", []string{"librarySource"}},
+		{"bad failure policy", "admission: {webhook: {failurePolicy: Maybe}}", []string{"failurePolicy"}},
+		{"unknown TLS mode", "admission: {webhook: {tls: {mode: helm}}}", []string{"tls/mode"}},
+		{"secret TLS without a Secret", "admission: {webhook: {tls: {mode: secret, secret: {caBundle: " + testCABundle + "}}}}", []string{"admission.webhook.tls.secret.name is required"}},
+		{"secret TLS without a CA", "admission: {webhook: {tls: {mode: secret, secret: {name: tls}}}}", []string{"admission.webhook.tls.secret.caBundle is required"}},
+		{"CA that is no base64", "admission: {webhook: {tls: {mode: secret, secret: {name: tls, caBundle: '-----BEGIN'}}}}", []string{"caBundle"}},
+		{"issuer of an unknown kind", "admission: {webhook: {tls: {certManager: {issuerRef: {name: x, kind: Vault}}}}}", []string{"kind"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := renderErr(t, values(t, tc.values), releaseName, releaseNamespace)
+			if err == nil {
+				t.Fatalf("values accepted:\n%s", tc.values)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not mention %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestValuesAccepted(t *testing.T) {
+	for name, vals := range configurations(t) {
+		t.Run(name, func(t *testing.T) {
+			if _, err := renderErr(t, vals, releaseName, releaseNamespace); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -1,0 +1,147 @@
+package helm
+
+import (
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+func TestWebhookConfiguration(t *testing.T) {
+	tests := []struct {
+		name   string
+		values string
+		// wantCertManager lists the cert-manager objects expected, by kind/name.
+		wantCertManager []string
+		wantCABundle    bool
+		wantInject      bool
+		wantSecret      string
+	}{
+		{
+			name:   "cert-manager with the chart's own CA",
+			values: "",
+			wantCertManager: []string{
+				"Issuer/facet-webhook-selfsigned", "Certificate/facet-webhook-ca", "Issuer/facet-webhook-ca", "Certificate/facet-webhook",
+			},
+			wantInject: true,
+			wantSecret: "facet-webhook-tls",
+		},
+		{
+			name:            "cert-manager with an existing issuer",
+			values:          "admission: {webhook: {tls: {certManager: {issuerRef: {name: corp-ca, kind: ClusterIssuer}}}}}",
+			wantCertManager: []string{"Certificate/facet-webhook"},
+			wantInject:      true,
+			wantSecret:      "facet-webhook-tls",
+		},
+		{
+			name:         "existing Secret",
+			values:       "admission: {webhook: {tls: {mode: secret, secret: {name: my-tls, caBundle: " + testCABundle + "}}}}",
+			wantCABundle: true,
+			wantSecret:   "my-tls",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, values(t, tc.values))
+			var got []string
+			for _, o := range objs {
+				if strings.HasPrefix(o.GetAPIVersion(), "cert-manager.io/") {
+					got = append(got, o.GetKind()+"/"+o.GetName())
+				}
+			}
+			if strings.Join(got, ",") != strings.Join(tc.wantCertManager, ",") {
+				t.Errorf("cert-manager objects %v, want %v", got, tc.wantCertManager)
+			}
+			if tc.name == "cert-manager with an existing issuer" {
+				cert := find(t, objs, "Certificate", "facet-webhook")
+				if ref := cert.Object["spec"].(map[string]any)["issuerRef"].(map[string]any); ref["name"] != "corp-ca" || ref["kind"] != "ClusterIssuer" {
+					t.Errorf("issuerRef %v", ref)
+				}
+			}
+			if len(tc.wantCertManager) > 0 {
+				cert := find(t, objs, "Certificate", "facet-webhook")
+				dns := cert.Object["spec"].(map[string]any)["dnsNames"].([]any)
+				if len(dns) == 0 || dns[0] != "facet-webhook."+releaseNamespace+".svc" {
+					t.Errorf("dnsNames %v: the API server calls facet-webhook.%s.svc", dns, releaseNamespace)
+				}
+			}
+
+			vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+			into(t, find(t, objs, "ValidatingWebhookConfiguration", "facet-webhook"), vwc)
+			_, inject := vwc.Annotations["cert-manager.io/inject-ca-from"]
+			if inject != tc.wantInject {
+				t.Errorf("cert-manager CA injection %v, want %v", inject, tc.wantInject)
+			}
+			resources := map[string]bool{}
+			for _, w := range vwc.Webhooks {
+				if w.SideEffects == nil || *w.SideEffects != admissionregistrationv1.SideEffectClassNone {
+					t.Errorf("%s: sideEffects %v; dry runs need None", w.Name, w.SideEffects)
+				}
+				if strings.Join(w.AdmissionReviewVersions, ",") != "v1" {
+					t.Errorf("%s: admissionReviewVersions %v; the webhook speaks v1 only", w.Name, w.AdmissionReviewVersions)
+				}
+				s := w.ClientConfig.Service
+				if s == nil || s.Name != "facet-webhook" || s.Namespace != releaseNamespace || s.Path == nil || *s.Path != "/validate" {
+					t.Errorf("%s: clientConfig %+v", w.Name, w.ClientConfig)
+				}
+				if (len(w.ClientConfig.CABundle) > 0) != tc.wantCABundle {
+					t.Errorf("%s: caBundle set = %v", w.Name, len(w.ClientConfig.CABundle) > 0)
+				}
+				if len(w.MatchConditions) != 1 || !strings.Contains(w.MatchConditions[0].Expression, "c.opaque.driver == 'gpu.facet.dev'") {
+					t.Errorf("%s: matchConditions %v; only objects with a Facet config may depend on the webhook", w.Name, w.MatchConditions)
+				}
+				for _, r := range w.Rules {
+					for _, res := range r.Resources {
+						resources[res] = true
+					}
+					for _, op := range r.Operations {
+						if op != admissionregistrationv1.Create && op != admissionregistrationv1.Update {
+							t.Errorf("%s: operation %s", w.Name, op)
+						}
+					}
+				}
+			}
+			for _, res := range []string{"resourceclaims", "resourceclaimtemplates", "deviceclasses"} {
+				if !resources[res] {
+					t.Errorf("%s is not sent to the webhook", res)
+				}
+			}
+
+			dep := &appsv1.Deployment{}
+			into(t, find(t, objs, "Deployment", "facet-webhook"), dep)
+			spec := dep.Spec.Template.Spec
+			if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+				t.Error("the webhook gets an API token it does not need")
+			}
+			if len(spec.Volumes) != 1 || spec.Volumes[0].Secret == nil || spec.Volumes[0].Secret.SecretName != tc.wantSecret {
+				t.Errorf("TLS volume %+v, want Secret %s", spec.Volumes, tc.wantSecret)
+			}
+			c := spec.Containers[0]
+			args := strings.Join(c.Args, " ")
+			for _, want := range []string{"--tls-cert-file=" + c.VolumeMounts[0].MountPath + "/tls.crt", "--tls-private-key-file=" + c.VolumeMounts[0].MountPath + "/tls.key"} {
+				if !strings.Contains(args, want) {
+					t.Errorf("args %q lack %s", args, want)
+				}
+			}
+			if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+				t.Errorf("readiness probe %+v", p)
+			}
+			sa := &corev1.ServiceAccount{}
+			into(t, find(t, objs, "ServiceAccount", "facet-webhook"), sa)
+			if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
+				t.Error("the webhook's service account mounts a token")
+			}
+		})
+	}
+}
+
+func TestWebhookDisabled(t *testing.T) {
+	objs := render(t, values(t, "admission: {webhook: {enabled: false}}"))
+	for _, o := range objs {
+		if strings.Contains(o.GetName(), "webhook") || strings.HasPrefix(o.GetAPIVersion(), "cert-manager.io/") {
+			t.Errorf("%s %s rendered with the webhook disabled", o.GetKind(), o.GetName())
+		}
+	}
+}
