@@ -224,7 +224,7 @@ func TestK8s140436RollbackLeak(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			run(t, c, "node-a", []step{
 				{demoClaim(t, "gpu/one-gpu.yaml"), []string{"gpu-0"}},
-				{demoClaim(t, "gpu/two-gpus.yaml"), want},
+				{demoClaim(t, "examples/pair-one-pcie-root.yaml"), want},
 			})
 		})
 	}
@@ -238,7 +238,7 @@ func TestK8s140436RollbackLeak(t *testing.T) {
 		c := NewCluster(sl, deviceClasses(t))
 		run(t, c, "node-a", []step{{demoClaim(t, "gpu/one-gpu.yaml"), []string{"gpu-0"}}})
 		c.Shuffle = rand.New(rand.NewSource(seed))
-		res, err := c.Allocate(context.Background(), "node-a", demoClaim(t, "gpu/two-gpus.yaml"))
+		res, err := c.Allocate(context.Background(), "node-a", demoClaim(t, "examples/pair-one-pcie-root.yaml"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,8 +246,8 @@ func TestK8s140436RollbackLeak(t *testing.T) {
 			fits++
 		}
 	}
-	t.Logf("mig mode, gpu-0 taken: two-gpus.yaml fits in %d of %d random slice orders (correct: all)", fits, trials)
+	t.Logf("mig mode, gpu-0 taken: pair-one-pcie-root.yaml fits in %d of %d random slice orders (correct: all)", fits, trials)
 	if fits == 0 || fits == trials {
-		t.Errorf("two-gpus.yaml fits in %d of %d random slice orders; the leak should show in some, not all", fits, trials)
+		t.Errorf("pair-one-pcie-root.yaml fits in %d of %d random slice orders; the leak should show in some, not all", fits, trials)
 	}
 }

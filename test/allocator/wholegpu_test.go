@@ -115,7 +115,7 @@ func TestWholeGPUClaims(t *testing.T) {
 			{demoClaim(t, "gpu/one-gpu.yaml"), []string{"gpu-0"}},
 			// gpu-1 is free but shares no PCIe root with gpu-2: the
 			// matchAttribute constraint moves the pair to gpu-2 and gpu-3.
-			{demoClaim(t, "gpu/two-gpus.yaml"), []string{"gpu-2", "gpu-3"}},
+			{demoClaim(t, "examples/pair-one-pcie-root.yaml"), []string{"gpu-2", "gpu-3"}},
 			{gpuClaim("rest", 4), []string{"gpu-1", "gpu-4", "gpu-5", "gpu-6"}},
 			{gpuClaim("last", 1), []string{"gpu-7"}},
 			{gpuClaim("none-left", 1), nil},
@@ -172,6 +172,7 @@ func TestWholeGPUInEveryMode(t *testing.T) {
 			c = NewCluster(nodeSlices(t, "dgx-h100", "node-a", "--mode", mode), deviceClasses(t))
 			run(t, c, "node-a", []step{
 				{demoClaim(t, "gpu/two-gpus.yaml"), []string{"gpu-0", "gpu-1"}},
+				{demoClaim(t, "gpu/two-gpus.yaml"), []string{"gpu-2", "gpu-3"}},
 			})
 		})
 	}

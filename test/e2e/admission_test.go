@@ -1,21 +1,18 @@
 package e2e
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/facet-gpu/facet/internal/testenv"
 )
 
 // admissionNamespace is this test's own namespace, so that the other tests'
@@ -253,48 +250,8 @@ func testAdmissionWebhook(t *testing.T) {
 	}
 	caPEM, certFile, keyFile := webhookCerts(t, dir)
 
-	// A free port: bind, read it, release.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-
 	logPath := filepath.Join(e.runDir, "logs", "facet-webhook-e2e.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close()
-	cmd := exec.Command(bin, "--bind-address", addr, "--tls-cert-file", certFile, "--tls-private-key-file", keyFile, "-v", "2")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	waitFor(t, "facet-webhook healthz", 30*time.Second, func() (bool, error) {
-		resp, err := client.Get("https://" + addr + "/healthz")
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, fmt.Errorf("status %d", resp.StatusCode)
-	})
+	addr := testenv.StartWebhook(t, bin, logPath, certFile, keyFile, caPEM)
 
 	// Claims and templates only in this test's namespace; DeviceClasses
 	// (cluster-scoped, so namespaceSelector does not apply) only with this

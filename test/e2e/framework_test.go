@@ -241,3 +241,34 @@ func setupNamespace(t testing.TB) {
 	kubectl(t, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
 	kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
 }
+
+// claimPod is the manifest of a ResourceClaimTemplate called name with one
+// request (YAML flow mappings for `name` and `exactly`) and a busybox pod in
+// the demo namespace that uses it.
+func claimPod(name, request string) string {
+	return strings.NewReplacer("NAME", name, "REQUEST", request).Replace(`
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: NAME, namespace: facet-demo}
+spec:
+  spec:
+    devices:
+      requests:
+      - REQUEST
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: NAME, namespace: facet-demo}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: facet.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "86400"]
+    resources: {claims: [{name: req}]}
+  resourceClaims:
+  - {name: req, resourceClaimTemplateName: NAME}
+`)
+}

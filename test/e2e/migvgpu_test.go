@@ -169,7 +169,7 @@ func TestMIGAndShares(t *testing.T) {
 	})
 
 	t.Run("a share that cannot fit stays Pending", func(t *testing.T) {
-		applyYAML(t, strings.ReplaceAll(strings.ReplaceAll(tooBigShare, "NAME", "too-big"), "MEM", "200Gi"))
+		applyYAML(t, claimPod("too-big", `{name: vgpu, exactly: {deviceClassName: vgpu.facet.dev, capacity: {requests: {memory: 200Gi, cores: "10"}}}}`))
 		waitEvent(t, "too-big", "FailedScheduling", "cannot allocate all claims")
 		pod, _ := e.client.CoreV1().Pods(namespace).Get(context.Background(), "too-big", metav1.GetOptions{})
 		if pod.Status.Phase != corev1.PodPending {
@@ -216,32 +216,3 @@ func TestMIGAndShares(t *testing.T) {
 		}
 	})
 }
-
-const tooBigShare = `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: NAME, namespace: facet-demo}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: vgpu
-        exactly:
-          deviceClassName: vgpu.facet.dev
-          capacity: {requests: {memory: MEM, cores: "10"}}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: NAME, namespace: facet-demo}
-spec:
-  hostNetwork: true
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: facet.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "86400"]
-    resources: {claims: [{name: vgpu}]}
-  resourceClaims:
-  - {name: vgpu, resourceClaimTemplateName: NAME}
-`

@@ -100,7 +100,7 @@ func TestWholeGPUs(t *testing.T) {
 	}
 
 	t.Run("an impossible claim stays Pending with a scheduler event", func(t *testing.T) {
-		applyYAML(t, impossiblePod)
+		applyYAML(t, claimPod("nine-gpus", `{name: gpus, exactly: {deviceClassName: gpu.facet.dev, count: 9}}`))
 		waitEvent(t, "nine-gpus", "FailedScheduling", "cannot allocate all claims")
 		pod, err := e.client.CoreV1().Pods(namespace).Get(ctx, "nine-gpus", metav1.GetOptions{})
 		if err != nil || pod.Status.Phase != corev1.PodPending || pod.Spec.NodeName != "" {
@@ -143,33 +143,6 @@ func TestWholeGPUs(t *testing.T) {
 		}
 	})
 }
-
-const impossiblePod = `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: nine-gpus, namespace: facet-demo}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpus
-        exactly: {deviceClassName: gpu.facet.dev, count: 9}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: nine-gpus, namespace: facet-demo}
-spec:
-  hostNetwork: true
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: facet.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "86400"]
-    resources: {claims: [{name: gpus}]}
-  resourceClaims:
-  - {name: gpus, resourceClaimTemplateName: nine-gpus}
-`
 
 // checkAllocatedPod checks a running pod against its claim: the claim's
 // devices are ours, the CDI spec exists, and the container got exactly its

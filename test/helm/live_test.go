@@ -10,7 +10,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/base64"
@@ -18,14 +17,14 @@ import (
 	"fmt"
 	"math/big"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/facet-gpu/facet/internal/testenv"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -99,21 +98,6 @@ func stream(t testing.TB, objs []object) string {
 		b.Write(y)
 	}
 	return b.String()
-}
-
-func waitUntil(t *testing.T, what string, timeout time.Duration, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		last = err
-		time.Sleep(250 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %v waiting for %s (last: %v)", timeout, what, last)
 }
 
 // TestLiveServerDryRun sends every object of every configuration through
@@ -234,7 +218,7 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 
 	// Until the policy is loaded the plugin could write anywhere: probe
 	// with dry runs only.
-	waitUntil(t, "policy "+policy+" enforced", time.Minute, func() (bool, error) {
+	testenv.WaitFor(t, "policy "+policy+" enforced", time.Minute, func() (bool, error) {
 		_, err := plugin.ResourceV1().ResourceSlices().Create(ctx, slice("facet-helm-other", "gpu.facet.dev", "not-"+node), dryRun)
 		return err != nil && strings.Contains(err.Error(), policy), err
 	})
@@ -317,45 +301,8 @@ func TestLiveChartWebhook(t *testing.T) {
 		t.Fatalf("build facet-webhook: %v\n%s", err, out)
 	}
 	caPEM := writeServingCert(t, dir)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
 	logPath := filepath.Join(dir, "webhook.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close()
-	cmd := exec.Command(bin, "--bind-address", addr, "--tls-cert-file", filepath.Join(dir, "tls.crt"),
-		"--tls-private-key-file", filepath.Join(dir, "tls.key"), "-v", "2")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-		}
-	})
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	waitUntil(t, "facet-webhook healthz", 30*time.Second, func() (bool, error) {
-		resp, err := hc.Get("https://" + addr + "/healthz")
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
+	addr := testenv.StartWebhook(t, bin, logPath, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), caPEM)
 
 	caBundle := base64.StdEncoding.EncodeToString(caPEM)
 	objs := renderAs(t, values(t, "admission: {webhook: {tls: {mode: secret, secret: {name: unused, caBundle: "+caBundle+"}}}}"), release, ns)
@@ -386,7 +333,7 @@ func TestLiveChartWebhook(t *testing.T) {
 		return "config:\n- opaque:\n    driver: gpu.facet.dev\n    parameters: " + params + "\n"
 	}
 	bad := facetConfig("{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, taskPriority: 7}")
-	waitUntil(t, "webhook registered", time.Minute, func() (bool, error) {
+	testenv.WaitFor(t, "webhook registered", time.Minute, func() (bool, error) {
 		out, err := l.run(claim("ResourceClaim", "probe", bad), "apply", "--dry-run=server", "-f", "-")
 		return err != nil && strings.Contains(out, "denied the request"), fmt.Errorf("%v: %s", err, out)
 	})

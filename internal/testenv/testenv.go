@@ -1,0 +1,90 @@
+// Package testenv holds the helpers Facet's end-to-end and chart tests share
+// (test/e2e and the test/helm module): polling with a deadline, and
+// processes that are stopped when the test ends.
+package testenv
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// WaitFor polls cond every 250 ms until it reports true, failing t after
+// timeout with the last error cond gave.
+func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		lastErr = err
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %v waiting for %s (last error: %v)", timeout, what, lastErr)
+}
+
+// StartProcess runs name with args, its output in logPath, and stops it
+// when t ends: SIGTERM, then SIGKILL after 15 s.
+func StartProcess(t testing.TB, logPath, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(name, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		defer logFile.Close()
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	return cmd
+}
+
+// StartWebhook runs facet-webhook (bin) on a free loopback port with the
+// given serving certificate, waits until its /healthz answers over TLS
+// verified against caPEM, and returns its host:port. It stops with t.
+func StartWebhook(t testing.TB, bin, logPath, certFile, keyFile string, caPEM []byte) string {
+	t.Helper()
+	// A free port: bind, read it, release.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	StartProcess(t, logPath, bin, "--bind-address", addr, "--tls-cert-file", certFile, "--tls-private-key-file", keyFile, "-v", "2")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	WaitFor(t, "facet-webhook healthz", 30*time.Second, func() (bool, error) {
+		resp, err := client.Get("https://" + addr + "/healthz")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Errorf("status %d", resp.StatusCode)
+	})
+	return addr
+}
