@@ -70,7 +70,12 @@ func profileClaim(name, profile string) *resourceapi.ResourceClaim {
 // share asks for a vGPU share; an empty memory or cores leaves it to the
 // device's default.
 func share(name, memory, cores string, selectors ...string) *resourceapi.ResourceClaim {
-	req := request("vgpu", "vgpu.facet.dev", 1, selectors...)
+	return shareOfClass(name, "vgpu.facet.dev", memory, cores, selectors...)
+}
+
+// shareOfClass is share through another DeviceClass.
+func shareOfClass(name, class, memory, cores string, selectors ...string) *resourceapi.ResourceClaim {
+	req := request("vgpu", class, 1, selectors...)
 	caps := map[resourceapi.QualifiedName]resource.Quantity{}
 	if memory != "" {
 		caps["memory"] = resource.MustParse(memory)

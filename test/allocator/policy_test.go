@@ -14,7 +14,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -317,18 +316,7 @@ func TestTierInference(t *testing.T) {
 
 // notebook asks for a share through the notebook tier's class.
 func notebook(name, memory, cores string) *resourceapi.ResourceClaim {
-	req := request("vgpu", "notebook-vgpu.facet.dev", 1)
-	caps := map[resourceapi.QualifiedName]resource.Quantity{}
-	if memory != "" {
-		caps["memory"] = resource.MustParse(memory)
-	}
-	if cores != "" {
-		caps["cores"] = resource.MustParse(cores)
-	}
-	if len(caps) > 0 {
-		req.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: caps}
-	}
-	return claim(name, req)
+	return shareOfClass(name, "notebook-vgpu.facet.dev", memory, cores)
 }
 
 // TestTierNotebook: what the notebook class enforces (where shares go, and

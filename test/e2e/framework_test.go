@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/facet-gpu/facet/internal/testenv"
+
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -137,17 +139,7 @@ func (p *plugin) logText() string {
 
 func waitFor(t testing.TB, what string, timeout time.Duration, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var lastErr error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		lastErr = err
-		time.Sleep(250 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %v waiting for %s (last error: %v)", timeout, what, lastErr)
+	testenv.WaitFor(t, what, timeout, cond)
 }
 
 func kubectl(t testing.TB, args ...string) string {
@@ -216,7 +208,14 @@ func fileExists(path string) bool {
 // applyYAML applies a manifest given inline.
 func applyYAML(t testing.TB, manifest string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "manifest.yaml")
+	// Not t.TempDir(): it holds the test's name, and kubectl -f splits a
+	// path at commas.
+	dir, err := os.MkdirTemp("", "facet-e2e-manifest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	path := filepath.Join(dir, "manifest.yaml")
 	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
 		t.Fatal(err)
 	}

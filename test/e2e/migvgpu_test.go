@@ -168,6 +168,36 @@ func TestMIGAndShares(t *testing.T) {
 		}
 	})
 
+	t.Run("four 25 % shares fit on one GPU, a fifth and a whole GPU do not", func(t *testing.T) {
+		// All on gpu-5, which no other pod of this test uses.
+		onGPU5 := `selectors: [{cel: {expression: 'device.attributes["gpu.facet.dev"].index == 5'}}]`
+		quarter := `{name: vgpu, exactly: {deviceClassName: vgpu.facet.dev, ` + onGPU5 + `, capacity: {requests: {memory: 8Gi, cores: "25"}}}}`
+		for i := 1; i <= 4; i++ {
+			applyYAML(t, claimPod(fmt.Sprintf("quarter-%d", i), quarter))
+		}
+		for i := 1; i <= 4; i++ {
+			pod := waitPodRunning(t, fmt.Sprintf("quarter-%d", i))
+			for _, c := range podClaims(t, pod) {
+				if r := c.Status.Allocation.Devices.Results[0]; r.Device != "gpu-5" || r.ShareID == nil {
+					t.Fatalf("%s: allocated %+v", pod.Name, r)
+				}
+			}
+			if env := envOf(execIn(t, pod.Name, "", "env")); env["CUDA_DEVICE_SM_LIMIT_0"] != "25" || env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "8192m" {
+				t.Errorf("%s: limits %v", pod.Name, env)
+			}
+		}
+		applyYAML(t, claimPod("quarter-5", quarter))
+		waitEvent(t, "quarter-5", "FailedScheduling", "cannot allocate all claims")
+		applyYAML(t, claimPod("whole-beside-shares", `{name: gpu, exactly: {deviceClassName: gpu.facet.dev, `+onGPU5+`}}`))
+		waitEvent(t, "whole-beside-shares", "FailedScheduling", "cannot allocate all claims")
+		for _, pod := range []string{"quarter-5", "whole-beside-shares"} {
+			p, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), pod, metav1.GetOptions{})
+			if err != nil || p.Status.Phase != corev1.PodPending {
+				t.Fatalf("%s: %v %v", pod, err, p.Status.Phase)
+			}
+		}
+	})
+
 	t.Run("a share that cannot fit stays Pending", func(t *testing.T) {
 		applyYAML(t, claimPod("too-big", `{name: vgpu, exactly: {deviceClassName: vgpu.facet.dev, capacity: {requests: {memory: 200Gi, cores: "10"}}}}`))
 		waitEvent(t, "too-big", "FailedScheduling", "cannot allocate all claims")
