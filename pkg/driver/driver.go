@@ -42,6 +42,7 @@ type EditSource interface {
 // MIGManager creates and destroys MIG instances (package nvml).
 type MIGManager interface {
 	EnableMIG(parentUUID string) (bool, error)
+	DisableMIG(parentUUID string) (bool, error)
 	CreateMIG(parentUUID string, giProfileID, placementStart int) (nvml.MIGInstance, error)
 	DestroyMIG(parentUUID string, giID, ciID int) error
 	ListMIG() ([]nvml.MIGInstance, error)
@@ -338,6 +339,9 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	if err := d.carveMIG(rec); err != nil {
 		return nil, errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
+	if err := d.leaveMIG(ctx, rec); err != nil {
+		return nil, errors.Join(err, d.rollback(ctx, claim.UID, rec))
+	}
 	if err := d.writeSpec(rec, p.vgpu); err != nil {
 		return nil, errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
@@ -502,6 +506,43 @@ func (d *Driver) carveMIG(rec *checkpoint.Claim) error {
 		}
 	}
 	return nil
+}
+
+// leaveMIG turns MIG mode off on the GPUs a claim uses whole or shares:
+// with MIG mode on, CUDA sees no device there. Facet turns it on for the
+// first MIG device and leaves it on, so a GPU whose MIG claims are gone
+// comes back here. Occupancy guarantees no prepared claim holds a MIG
+// instance on the GPU; an instance nobody owns makes NVML refuse, and the
+// claim fails saying so.
+func (d *Driver) leaveMIG(ctx context.Context, rec *checkpoint.Claim) error {
+	if d.mig == nil {
+		return nil
+	}
+	for _, dev := range rec.Devices {
+		if dev.MIG != nil || !d.migCapable(dev.GPUUUID) {
+			continue
+		}
+		changed, err := d.mig.DisableMIG(dev.GPUUUID)
+		if err != nil {
+			if nvml.IsInUse(err) {
+				return fmt.Errorf("device %s: the GPU still has MIG instances that no prepared claim owns (listed at plugin start; --destroy-unowned-mig removes them): %w", dev.Device, err)
+			}
+			return fmt.Errorf("device %s: %w", dev.Device, err)
+		}
+		if changed {
+			klog.FromContext(ctx).Info("Turned MIG mode off for whole-GPU use", "device", dev.Device, "gpu", dev.GPUUUID)
+		}
+	}
+	return nil
+}
+
+func (d *Driver) migCapable(gpuUUID string) bool {
+	for _, g := range d.inv.GPUs {
+		if g.UUID == gpuUUID {
+			return g.MIGCapable
+		}
+	}
+	return false
 }
 
 func (d *Driver) writeSpec(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) error {

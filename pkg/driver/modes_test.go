@@ -287,3 +287,49 @@ func TestSlowNVMLDoesNotBlockOtherGPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWholeGPUAfterMIG: Facet turns MIG mode on for a GPU's first MIG
+// device and leaves it on; a whole-GPU claim there later must get the GPU
+// back with MIG mode off (CUDA sees no device otherwise). An instance no
+// claim owns blocks that, and the claim says so.
+func TestWholeGPUAfterMIG(t *testing.T) {
+	needMIGEdits(t)
+	r := newRigMode(t, inventory.Config{DefaultMode: inventory.ModeMIG})
+	migEnabled := func(i int) bool {
+		n, err := r.lib.Discover()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.GPUs[i].MIGEnabled
+	}
+	mig := claim("mig", r.migDevice(0, "1g.10gb", 6))
+	if err := r.prepare(mig)[mig.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	r.unprepare(mig.UID)
+	if !migEnabled(0) {
+		t.Fatal("MIG mode off after the MIG claim; this test needs it left on")
+	}
+	whole := claim("whole", "gpu-0")
+	if err := r.prepare(whole)[whole.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	if migEnabled(0) {
+		t.Fatal("a whole GPU was prepared with MIG mode on")
+	}
+
+	// An instance made by hand on gpu-1.
+	gpu1 := r.inv.GPUs[1]
+	r.lib.EnableMIG(gpu1.UUID)
+	if _, err := r.lib.CreateMIG(gpu1.UUID, gpu1.MIGProfiles[0].GIProfileID, 0); err != nil {
+		t.Fatal(err)
+	}
+	blocked := claim("blocked", "gpu-1")
+	err := r.prepare(blocked)[blocked.UID].Err
+	if err == nil || !strings.Contains(err.Error(), "MIG instances that no prepared claim owns") {
+		t.Fatalf("whole GPU over an unowned instance: %v", err)
+	}
+	if r.specExists(blocked.UID) {
+		t.Fatal("refused claim left a spec")
+	}
+}

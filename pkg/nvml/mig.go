@@ -202,6 +202,24 @@ func (g *gpuState) profile(giProfileID, start int) (MIGProfile, Placement, error
 // platforms the new mode takes effect only after a GPU reset (nvidia-smi
 // -r) or a reboot, and NVML reports the mode as pending.
 func (l *Library) EnableMIG(parentUUID string) (changed bool, err error) {
+	return l.setMIGMode(parentUUID, gonvml.DEVICE_MIG_ENABLE)
+}
+
+// DisableMIG turns MIG mode off, so the GPU can be used whole again; it
+// reports whether it changed anything. NVML refuses while GPU instances
+// exist (ERROR_IN_USE). As with EnableMIG, a change the driver accepts but
+// has not made (a GPU reset is needed) is an error that says so.
+func (l *Library) DisableMIG(parentUUID string) (changed bool, err error) {
+	return l.setMIGMode(parentUUID, gonvml.DEVICE_MIG_DISABLE)
+}
+
+// setMIGMode moves the GPU's MIG mode to want (DEVICE_MIG_ENABLE or
+// DEVICE_MIG_DISABLE).
+func (l *Library) setMIGMode(parentUUID string, want int) (changed bool, err error) {
+	verb, state := "enable", "enable"
+	if want == gonvml.DEVICE_MIG_DISABLE {
+		verb, state = "disable", "disable"
+	}
 	g, err := l.gpu(parentUUID)
 	if err != nil {
 		return false, err
@@ -209,37 +227,37 @@ func (l *Library) EnableMIG(parentUUID string) (changed bool, err error) {
 	defer g.mu.Unlock()
 	current, pending, ret := g.dev.GetMigMode()
 	if ret == gonvml.ERROR_NOT_SUPPORTED {
-		return false, fmt.Errorf("enable MIG: %s does not support MIG: %w", g, nvmlError("nvmlDeviceGetMigMode", ret))
+		return false, fmt.Errorf("%s MIG: %s does not support MIG: %w", verb, g, nvmlError("nvmlDeviceGetMigMode", ret))
 	}
 	if ret != gonvml.SUCCESS {
-		return false, fmt.Errorf("enable MIG on %s: %w", g, nvmlError("nvmlDeviceGetMigMode", ret))
+		return false, fmt.Errorf("%s MIG on %s: %w", verb, g, nvmlError("nvmlDeviceGetMigMode", ret))
 	}
-	if current == gonvml.DEVICE_MIG_ENABLE {
+	if current == want {
 		return false, nil
 	}
-	if pending == gonvml.DEVICE_MIG_ENABLE {
-		return false, fmt.Errorf("enable MIG on %s: MIG mode is pending enable: reset the GPU (nvidia-smi -r -i %d) or reboot to activate it", g, g.index)
+	if pending == want {
+		return false, fmt.Errorf("%s MIG on %s: MIG mode is pending %s: reset the GPU (nvidia-smi -r -i %d) or reboot to activate it", verb, g, state, g.index)
 	}
-	ret, activation := g.dev.SetMigMode(gonvml.DEVICE_MIG_ENABLE)
+	ret, activation := g.dev.SetMigMode(want)
 	// NVML may reset the GPU to change the mode, after which the handle
 	// and its attributes must be read again.
 	dev, index := g.dev, g.index
 	g.dev = nil
 	if ret != gonvml.SUCCESS {
-		return false, fmt.Errorf("enable MIG on GPU %d (%s): %w", index, g.uuid, nvmlError("nvmlDeviceSetMigMode", ret))
+		return false, fmt.Errorf("%s MIG on GPU %d (%s): %w", verb, index, g.uuid, nvmlError("nvmlDeviceSetMigMode", ret))
 	}
 	current, pending, ret = dev.GetMigMode()
-	if ret == gonvml.SUCCESS && current == gonvml.DEVICE_MIG_ENABLE {
+	if ret == gonvml.SUCCESS && current == want {
 		return true, nil
 	}
 	status := "activation status: " + gonvml.ErrorString(activation)
 	if ret != gonvml.SUCCESS {
 		status += "; nvmlDeviceGetMigMode: " + gonvml.ErrorString(ret)
-	} else if pending == gonvml.DEVICE_MIG_ENABLE {
-		status += "; MIG mode is pending enable"
+	} else if pending == want {
+		status += "; MIG mode is pending " + state
 	}
-	return false, fmt.Errorf("enable MIG on GPU %d (%s): the driver accepted the change but has not made it (%s): reset the GPU (nvidia-smi -r -i %d) or reboot to activate MIG mode: %w",
-		index, g.uuid, status, index, nvmlReturnError{activation})
+	return false, fmt.Errorf("%s MIG on GPU %d (%s): the driver accepted the change but has not made it (%s): reset the GPU (nvidia-smi -r -i %d) or reboot to %s MIG mode: %w",
+		verb, index, g.uuid, status, index, verb, nvmlReturnError{activation})
 }
 
 // CreateMIG creates a GPU instance of the profile at the placement starting

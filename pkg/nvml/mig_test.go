@@ -973,3 +973,39 @@ func TestSimComputeInstances(t *testing.T) {
 		t.Errorf("destroyed GPU instance: %v", gonvml.ErrorString(ret))
 	}
 }
+
+func TestDisableMIG(t *testing.T) {
+	lib, err := OpenMachine(machinePath("dgx-h100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, _ := lib.Discover()
+	gpu := node.GPUs[2]
+	if changed, err := lib.DisableMIG(gpu.UUID); err != nil || changed {
+		t.Fatalf("MIG already off: changed %v, %v", changed, err)
+	}
+	if _, err := lib.EnableMIG(gpu.UUID); err != nil {
+		t.Fatal(err)
+	}
+	in, err := lib.CreateMIG(gpu.UUID, gpu.MIGProfiles[0].GIProfileID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lib.DisableMIG(gpu.UUID); !IsInUse(err) {
+		t.Fatalf("disable with an instance: %v, want ERROR_IN_USE", err)
+	}
+	if err := lib.DestroyMIG(gpu.UUID, in.GIID, in.CIID); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := lib.DisableMIG(gpu.UUID); err != nil || !changed {
+		t.Fatalf("disable: changed %v, %v", changed, err)
+	}
+	if n, _ := lib.Discover(); n.GPUs[2].MIGEnabled {
+		t.Fatal("MIG mode still on")
+	}
+	l4, _ := OpenMachine(machinePath("l4x4"))
+	n4, _ := l4.Discover()
+	if _, err := l4.DisableMIG(n4.GPUs[0].UUID); err == nil || !strings.Contains(err.Error(), "does not support MIG") {
+		t.Fatalf("L4: %v", err)
+	}
+}
