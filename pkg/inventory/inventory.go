@@ -90,13 +90,16 @@ const AutoModeRationale = "MIG-capable GPUs default to mig and the others to exc
 var Modes = []Mode{ModeAuto, ModeExclusive, ModeMIG, ModeShared, ModeDynamic}
 
 // ParseMode checks a mode name.
-func ParseMode(s string) (Mode, error) {
-	for _, m := range Modes {
-		if string(m) == s {
-			return m, nil
+func ParseMode(s string) (Mode, error) { return parseName(s, "mode", Modes) }
+
+// parseName returns the element of known named s, or an error listing them.
+func parseName[T ~string](s, what string, known []T) (T, error) {
+	for _, k := range known {
+		if string(k) == s {
+			return k, nil
 		}
 	}
-	return "", fmt.Errorf("unknown mode %q (known: %v)", s, Modes)
+	return "", fmt.Errorf("unknown %s %q (known: %v)", what, s, known)
 }
 
 // Order is how devices of several GPUs are ordered inside one ResourceSlice.
@@ -119,14 +122,7 @@ const (
 var Orders = []Order{OrderBinpack, OrderSpread}
 
 // ParseOrder checks an order name.
-func ParseOrder(s string) (Order, error) {
-	for _, o := range Orders {
-		if string(o) == s {
-			return o, nil
-		}
-	}
-	return "", fmt.Errorf("unknown order %q (known: %v)", s, Orders)
-}
+func ParseOrder(s string) (Order, error) { return parseName(s, "order", Orders) }
 
 // Kind is what a device is.
 type Kind string
