@@ -61,6 +61,14 @@ type Driver struct {
 
 	// common edits are the same for every claim; computed once.
 	common *cdispec.ContainerEdits
+	// gpus finds an inventory GPU by UUID.
+	gpus map[string]*inventory.GPU
+	// gpuEdits caches each whole GPU's edits, which depend only on the
+	// GPU: nvcdi walks NVML and the driver root for them, which prepare
+	// need not repeat. Filled on first use, so one GPU nvcdi cannot
+	// describe fails only the claims on it.
+	editsMu  sync.Mutex
+	gpuEdits map[string]*cdispec.ContainerEdits
 
 	mu sync.Mutex
 	// occ is what is prepared on each GPU. Held under mu only for
@@ -120,6 +128,11 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		fail:     o.Failpoint,
 		occ:      occupancy{},
 		busy:     map[types.UID]bool{},
+		gpus:     map[string]*inventory.GPU{},
+		gpuEdits: map[string]*cdispec.ContainerEdits{},
+	}
+	for _, g := range o.Inventory.GPUs {
+		d.gpus[g.UUID] = g
 	}
 	common, err := o.Edits.CommonEdits()
 	if err != nil {
@@ -226,11 +239,11 @@ func anyMIGCapable(inv *inventory.Inventory) bool {
 	return false
 }
 
+// limits are a GPU's capacities; zero for a GPU the inventory lacks (a
+// record from before a GPU was removed), so nothing new fits on it.
 func (d *Driver) limits(gpuUUID string) gpuLimits {
-	for _, g := range d.inv.GPUs {
-		if g.UUID == gpuUUID {
-			return gpuLimits{memory: int64(g.MemoryBytes)}
-		}
+	if g := d.gpus[gpuUUID]; g != nil {
+		return gpuLimits{memory: int64(g.MemoryBytes)}
 	}
 	return gpuLimits{}
 }
@@ -519,7 +532,7 @@ func (d *Driver) leaveMIG(ctx context.Context, rec *checkpoint.Claim) error {
 		return nil
 	}
 	for _, dev := range rec.Devices {
-		if dev.MIG != nil || !d.migCapable(dev.GPUUUID) {
+		if g := d.gpus[dev.GPUUUID]; dev.MIG != nil || g == nil || !g.MIGCapable {
 			continue
 		}
 		changed, err := d.mig.DisableMIG(dev.GPUUUID)
@@ -536,13 +549,19 @@ func (d *Driver) leaveMIG(ctx context.Context, rec *checkpoint.Claim) error {
 	return nil
 }
 
-func (d *Driver) migCapable(gpuUUID string) bool {
-	for _, g := range d.inv.GPUs {
-		if g.UUID == gpuUUID {
-			return g.MIGCapable
-		}
+// wholeGPUEdits returns a whole GPU's edits, asking nvcdi only once per GPU.
+func (d *Driver) wholeGPUEdits(gpuUUID string) (*cdispec.ContainerEdits, error) {
+	d.editsMu.Lock()
+	defer d.editsMu.Unlock()
+	if e, ok := d.gpuEdits[gpuUUID]; ok {
+		return e, nil
 	}
-	return false
+	e, err := d.edits.GPUEdits(gpuUUID)
+	if err != nil {
+		return nil, err
+	}
+	d.gpuEdits[gpuUUID] = e
+	return e, nil
 }
 
 func (d *Driver) writeSpec(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) error {
@@ -556,7 +575,7 @@ func (d *Driver) writeSpec(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) er
 			edits, err = d.edits.MIGEdits(dev.GPUUUID, dev.MIG.GIID, dev.MIG.CIID)
 			uuids = append(uuids, dev.MIG.UUID)
 		} else {
-			edits, err = d.edits.GPUEdits(dev.GPUUUID)
+			edits, err = d.wholeGPUEdits(dev.GPUUUID)
 			uuids = append(uuids, dev.GPUUUID)
 		}
 		if err != nil {
@@ -567,7 +586,7 @@ func (d *Driver) writeSpec(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) er
 		if dev.Share != nil || vgpu != nil {
 			// Every GPU the container sees needs a HAMi-core limit, a
 			// whole GPU's being all of it (unset means 0 to HAMi-core).
-			s := hami.Share{Device: dev.Device, PCIBusID: d.busID(dev.GPUUUID), MemoryBytes: int64(d.limits(dev.GPUUUID).memory), Cores: 100}
+			s := hami.Share{Device: dev.Device, PCIBusID: d.gpus[dev.GPUUUID].PCIBusID, MemoryBytes: d.limits(dev.GPUUUID).memory, Cores: 100}
 			if dev.Share != nil {
 				s.MemoryBytes, s.Cores = dev.Share.MemoryBytes, dev.Share.Cores
 			}
@@ -604,15 +623,6 @@ func (d *Driver) writeSpec(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) er
 		rec.Devices[i].CDIDeviceIDs = []string{ids[i]}
 	}
 	return nil
-}
-
-func (d *Driver) busID(gpuUUID string) string {
-	for _, g := range d.inv.GPUs {
-		if g.UUID == gpuUUID {
-			return g.PCIBusID
-		}
-	}
-	return ""
 }
 
 // rollback removes whatever a claim's preparation left: MIG instances, CDI
