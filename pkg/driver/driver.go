@@ -217,6 +217,9 @@ func (d *Driver) reconcileMIG(ctx context.Context, owned map[string]bool, destro
 		if owned[fmt.Sprintf("%s/%d/%d", in.ParentUUID, in.GIID, in.CIID)] {
 			continue
 		}
+		if g := d.gpus[in.ParentUUID]; g != nil && g.Mode == inventory.ModeStaticMIG {
+			continue // published as a device of its own: not an orphan
+		}
 		if !destroy {
 			logger.Info("MIG instance not owned by any prepared claim; it blocks overlapping placements (start with --destroy-unowned-mig to remove such instances)",
 				"gpu", in.ParentIndex, "profile", in.Profile, "placement", in.Placement.Start, "gi", in.GIID, "ci", in.CIID)
@@ -401,15 +404,24 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*plan, error) {
 			return nil, fmt.Errorf("%s: allocated as a share (shareID %s), but %s is not shareable in mode %s", where, *r.ShareID, r.Device, dev.GPU.Mode)
 		}
 		switch {
+		case dev.Kind == inventory.KindMIG && dev.Instance != nil:
+			// static-mig: the instance exists; prepare only hands it out.
+			in := dev.Instance
+			rec.Kind = kindStaticMIG
+			rec.MIG = &checkpoint.MIG{Profile: dev.MIG.Name, GIProfileID: dev.MIG.GIProfileID, CIProfileID: dev.MIG.CIProfileID, Start: dev.Placement.Start, Size: dev.Placement.Size,
+				GIID: in.GIID, CIID: in.CIID, UUID: in.UUID}
 		case dev.Kind == inventory.KindMIG:
 			rec.Kind = kindMIG
 			rec.MIG = &checkpoint.MIG{Profile: dev.MIG.Name, GIProfileID: dev.MIG.GIProfileID, CIProfileID: dev.MIG.CIProfileID, Start: dev.Placement.Start, Size: dev.Placement.Size}
-		case dev.Shareable:
+		case dev.Shareable || dev.Kind == inventory.KindSlot:
 			share, err := shareOf(r, dev)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", where, err)
 			}
 			rec.Kind, rec.Share = kindShare, share
+			if dev.Kind == inventory.KindSlot {
+				rec.Kind = kindSlot
+			}
 			if share.Enforced {
 				cfg, err := configapi.EffectiveVgpuConfig(configs, r.Request)
 				if err != nil {
@@ -449,8 +461,14 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*plan, error) {
 // shareOf reads a share's consumed capacity. The allocator records it in
 // the result; a request that asked for nothing consumes the defaults (all
 // memory, 100 % SM), which is the whole GPU and needs no enforcement.
+//
+// A vGPU slot's share is the slot's fixed size.
 func shareOf(r resourceapi.DeviceRequestAllocationResult, dev *inventory.Device) (*checkpoint.Share, error) {
 	total := int64(dev.GPU.MemoryBytes)
+	if dev.Slot != nil {
+		return &checkpoint.Share{MemoryBytes: dev.Slot.MemoryBytes, Cores: dev.Slot.Cores,
+			Enforced: dev.Slot.MemoryBytes < total || dev.Slot.Cores < 100}, nil
+	}
 	s := &checkpoint.Share{MemoryBytes: total, Cores: 100}
 	if q, ok := r.ConsumedCapacity["memory"]; ok {
 		s.MemoryBytes = q.Value()
@@ -497,7 +515,7 @@ func (d *Driver) release(ref claimRef) {
 func (d *Driver) carveMIG(rec *checkpoint.Claim) error {
 	for i := range rec.Devices {
 		dev := &rec.Devices[i]
-		if dev.MIG == nil || dev.MIG.Created {
+		if dev.MIG == nil || dev.MIG.Created || dev.Kind == kindStaticMIG {
 			continue
 		}
 		if d.mig == nil {
@@ -633,7 +651,8 @@ func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Cl
 	if rec != nil {
 		for i := range rec.Devices {
 			dev := &rec.Devices[i]
-			if dev.MIG == nil {
+			if dev.MIG == nil || dev.Kind == kindStaticMIG {
+				// A static instance outlives its claims: it is the device.
 				continue
 			}
 			if err := d.destroyMIG(ctx, rec, dev); err != nil {

@@ -11,6 +11,12 @@ const (
 	kindWhole = "gpu"
 	kindMIG   = "mig"
 	kindShare = "share"
+	// kindStaticMIG is a MIG instance that existed before its claim
+	// (static-mig mode): never carved nor destroyed by prepare.
+	kindStaticMIG = "mig-static"
+	// kindSlot is a fixed-size vGPU slot (slots mode): a share that holds
+	// its device alone.
+	kindSlot = "slot"
 )
 
 // use is one prepared device's hold on a physical GPU.
@@ -22,6 +28,9 @@ type use struct {
 	start, size int
 	// vGPU share consumption.
 	memory, cores int64
+	// slot is set for a vGPU slot, a share of kind kindShare that holds
+	// its device exclusively.
+	slot bool
 }
 
 func (u use) String() string {
@@ -58,6 +67,10 @@ func (o occupancy) admit(gpuUUID string, limits gpuLimits, u use) error {
 		}
 		conflict := false
 		switch {
+		case u.slot && h.device == u.device:
+			// A slot is one device for one claim; the API server on
+			// stock 1.35 cannot share it.
+			conflict = true
 		case u.kind == kindWhole || h.kind == kindWhole:
 			conflict = true
 		case u.kind == kindMIG && h.kind == kindMIG:
@@ -104,8 +117,13 @@ func (o occupancy) release(uid claimRef) {
 // useOf turns a checkpointed device into a use.
 func useOf(ref claimRef, d checkpoint.Device) use {
 	u := use{owner: ref, device: d.Device, kind: d.Kind}
-	if u.kind == "" {
+	switch u.kind {
+	case "":
 		u.kind = kindWhole // records written before kinds existed
+	case kindStaticMIG:
+		u.kind = kindMIG // excludes what a carved instance excludes
+	case kindSlot:
+		u.kind, u.slot = kindShare, true
 	}
 	if d.MIG != nil {
 		u.start, u.size = d.MIG.Start, d.MIG.Size

@@ -10,15 +10,19 @@ import (
 // ModeFlags are the command-line flags that choose GPU modes. The plugin
 // and facetctl share them so both read a node the same way.
 type ModeFlags struct {
-	Default string
-	PerGPU  string
-	Order   string
+	Default     string
+	PerGPU      string
+	Order       string
+	Slots       string
+	PerGPUSlots string
 }
 
 // Register adds --mode, --gpu-modes and --gpu-order to fs.
 func (f *ModeFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.Default, "mode", string(ModeAuto), fmt.Sprintf("mode of every GPU without a --gpu-modes entry, one of %v; auto is mig on MIG-capable GPUs and exclusive on the others", Modes))
 	fs.StringVar(&f.PerGPU, "gpu-modes", "", `per-GPU modes by NVML index, e.g. "0-3=mig,4-7=exclusive"`)
+	fs.StringVar(&f.Slots, "slots", DefaultSlotLayout.String(), `slot layout of every slots-mode GPU without a --gpu-slots entry: groups joined by "+", each COUNT (equal parts) or COUNTxMEMORY/PERCENT, e.g. "4x20Gi/25"`)
+	fs.StringVar(&f.PerGPUSlots, "gpu-slots", "", `per-GPU slot layouts by NVML index, e.g. "4-7=2x10Gi/10+1x40Gi/50"`)
 	fs.StringVar(&f.Order, "gpu-order", string(OrderBinpack), fmt.Sprintf("order of the GPUs sharing a ResourceSlice, one of %v: binpack fills one GPU before the next, spread makes equal MIG claims take turns", Orders))
 }
 
@@ -42,21 +46,34 @@ func (f *ModeFlags) Config() (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("--gpu-order: %w", err)
 	}
-	return Config{DefaultMode: def, PerGPU: per, Order: order}, nil
+	cfg := Config{DefaultMode: def, PerGPU: per, Order: order}
+	if f.Slots != "" {
+		if cfg.DefaultSlots, err = ParseSlotLayout(f.Slots); err != nil {
+			return Config{}, fmt.Errorf("--slots: %w", err)
+		}
+	}
+	if cfg.PerGPUSlots, err = ParsePerGPU(f.PerGPUSlots, "layout", ParseSlotLayout); err != nil {
+		return Config{}, fmt.Errorf("--gpu-slots: %w", err)
+	}
+	return cfg, nil
 }
 
 // ParsePerGPUModes parses "0-3=mig,4=exclusive,5-7=shared".
-func ParsePerGPUModes(s string) (map[int]Mode, error) {
-	out := map[int]Mode{}
+func ParsePerGPUModes(s string) (map[int]Mode, error) { return ParsePerGPU(s, "mode", ParseMode) }
+
+// ParsePerGPU parses per-GPU values, "0-3=A,4=B,5-7=C", each value by
+// parse; what names the value in errors ("INDEX[-INDEX]=MODE").
+func ParsePerGPU[T any](s, what string, parse func(string) (T, error)) (map[int]T, error) {
+	out := map[int]T{}
 	if strings.TrimSpace(s) == "" {
 		return out, nil
 	}
 	for _, entry := range strings.Split(s, ",") {
 		rng, name, ok := strings.Cut(strings.TrimSpace(entry), "=")
 		if !ok {
-			return nil, fmt.Errorf("%q: want INDEX[-INDEX]=MODE", entry)
+			return nil, fmt.Errorf("%q: want INDEX[-INDEX]=%s", entry, strings.ToUpper(what))
 		}
-		mode, err := ParseMode(name)
+		mode, err := parse(name)
 		if err != nil {
 			return nil, fmt.Errorf("%q: %w", entry, err)
 		}
@@ -72,7 +89,7 @@ func ParsePerGPUModes(s string) (map[int]Mode, error) {
 		}
 		for i := first; i <= last; i++ {
 			if prev, dup := out[i]; dup {
-				return nil, fmt.Errorf("%q: GPU %d already set to %s", entry, i, prev)
+				return nil, fmt.Errorf("%q: GPU %d already set to %v", entry, i, prev)
 			}
 			out[i] = mode
 		}

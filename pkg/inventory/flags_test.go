@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 func TestParsePerGPUModes(t *testing.T) {
@@ -40,9 +42,14 @@ func TestModeFlags(t *testing.T) {
 		want    Config
 		wantErr string
 	}{
-		{ModeFlags{}, Config{DefaultMode: ModeAuto, PerGPU: map[int]Mode{}, Order: OrderBinpack}, ""},
+		{ModeFlags{}, Config{DefaultMode: ModeAuto, PerGPU: map[int]Mode{}, Order: OrderBinpack, PerGPUSlots: map[int]SlotLayout{}}, ""},
 		{ModeFlags{Default: "dynamic", PerGPU: "0-1=mig,2=shared", Order: "spread"},
-			Config{DefaultMode: ModeDynamic, PerGPU: map[int]Mode{0: ModeMIG, 1: ModeMIG, 2: ModeShared}, Order: OrderSpread}, ""},
+			Config{DefaultMode: ModeDynamic, PerGPU: map[int]Mode{0: ModeMIG, 1: ModeMIG, 2: ModeShared}, Order: OrderSpread, PerGPUSlots: map[int]SlotLayout{}}, ""},
+		{ModeFlags{Default: "slots", Slots: "2", PerGPUSlots: "1=1x8Gi/50"},
+			Config{DefaultMode: ModeSlots, PerGPU: map[int]Mode{}, Order: OrderBinpack, DefaultSlots: SlotLayout{{Count: 2}},
+				PerGPUSlots: map[int]SlotLayout{1: {{Count: 1, Memory: resource.MustParse("8Gi"), Cores: 50}}}}, ""},
+		{ModeFlags{Slots: "0"}, Config{}, "--slots"},
+		{ModeFlags{PerGPUSlots: "0=4x20Gi"}, Config{}, "--gpu-slots"},
 		{ModeFlags{Default: "turbo"}, Config{}, "--mode"},
 		{ModeFlags{PerGPU: "0=x"}, Config{}, "--gpu-modes"},
 		{ModeFlags{Order: "random"}, Config{}, "--gpu-order"},

@@ -16,6 +16,12 @@
 //	shared     gpu-i (allowMultipleAllocations, memory+cores)       none
 //	dynamic    gpu-i (allowMultipleAllocations, consumes all)       gpu-i-counters
 //	           + every MIG placement
+//	static-mig gpu-i-mig-<profile>-<start> per existing MIG instance none
+//	slots      gpu-i-slot-<k> per fixed-size vGPU slot              none
+//
+// mig, shared and dynamic need DRA features that are alpha and off in
+// Kubernetes 1.35 (package features); exclusive, static-mig and slots use
+// GA fields only and work on every 1.35 cluster.
 package inventory
 
 import (
@@ -23,19 +29,23 @@ import (
 	"sort"
 	"strings"
 
+	utilversion "k8s.io/apimachinery/pkg/util/version"
+
+	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
 
 // DriverName is Facet's DRA driver name; it is also the domain of every
 // attribute and capacity Facet publishes.
-const DriverName = "gpu.facet.dev"
+const DriverName = names.DriverName
 
 // Mode says how a physical GPU may be used. Modes are exclusive per GPU.
 type Mode string
 
 const (
-	// ModeAuto is not a mode of its own but the default policy: ModeMIG on
-	// MIG-capable GPUs and ModeExclusive on the others. See AutoModeRationale.
+	// ModeAuto is not a mode of its own but the default policy; see
+	// resolveAuto.
 	ModeAuto Mode = "auto"
 	// ModeExclusive publishes gpu-<i> alone, for one claim at a time.
 	ModeExclusive Mode = "exclusive"
@@ -53,41 +63,37 @@ const (
 	// all of the GPU's counters (charged once, by its first share), so vGPU
 	// shares and MIG instances exclude each other per GPU. Non-MIG GPUs fall
 	// back to ModeShared. On Kubernetes 1.35 this mode meets two allocator
-	// bugs (kubernetes#139034, kubernetes#140436); see AutoModeRationale.
+	// bugs (kubernetes#139034, kubernetes#140436); see resolveAuto.
 	ModeDynamic Mode = "dynamic"
+	// ModeStaticMIG publishes each MIG instance that exists on the GPU (made
+	// by mig-parted, the GPU Operator, an admin, or Facet applying a
+	// layout at start) as a plain device. Prepare carves and destroys
+	// nothing. GA fields only: works on stock Kubernetes 1.35.
+	ModeStaticMIG Mode = "static-mig"
+	// ModeSlots splits the GPU into fixed-size vGPU slots (a SlotLayout),
+	// each a plain device with its memory and compute share as capacity,
+	// enforced by HAMi-core at prepare, like NVIDIA vGPU profiles. GA fields
+	// only: works on stock Kubernetes 1.35.
+	ModeSlots Mode = "slots"
 )
 
-// AutoModeRationale explains the default (ModeAuto) for logs and docs.
-//
-// Why mig and not dynamic: on Kubernetes 1.35 (k8s.io/dynamic-resource-
-// allocation v0.35.x) a multi-allocatable device that consumes counters,
-// which only dynamic mode publishes, meets two allocator bugs that can put
-// a MIG instance and a vGPU share on one GPU (double-booking,
-// kubernetes#139034) or leave a pod that fits Pending (rollback leak,
-// kubernetes#140436). In mig mode nothing is ever over-committed.
-//
-// What mig mode still meets on 1.35: the rollback leak has a second path,
-// for any device that consumes counters: a device that a claim's
-// matchAttribute constraint rejects keeps the counters it had reserved
-// (test/allocator TestK8s140436RollbackLeak). A multi-device claim with a
-// constraint (two whole GPUs on one PCIe root) can then be refused on a
-// node that has room; the scheduler retries with another slice order, so
-// it usually schedules later, but it can stay Pending. Exclusive mode has
-// no counters and no such case.
-//
-// Why not exclusive everywhere: MIG is what makes an A100/H100 usable by
-// small jobs, and mig mode is the one mode with MIG that 1.35 allocates
-// correctly.
-const AutoModeRationale = "MIG-capable GPUs default to mig and the others to exclusive: " +
-	"in mig mode no multi-allocatable device consumes counters, so the 1.35 allocator's " +
-	"double-booking (kubernetes#139034) cannot happen; " +
-	"mig needs the DRAPartitionableDevices feature gate on kube-apiserver and kube-scheduler " +
-	"(alpha, off by default in 1.35), and on 1.35 a claim whose matchAttribute constraint spans " +
-	"several mig-mode devices can stay Pending (kubernetes#140436); " +
-	"set --mode=exclusive where either matters"
+// Needs lists the DRA feature gates a mode's ResourceSlices need the
+// cluster to enforce; the API server silently drops the fields of a gate
+// that is off, and the scheduler then over-commits the GPU.
+func (m Mode) Needs() []features.Gate {
+	switch m {
+	case ModeMIG:
+		return []features.Gate{features.PartitionableDevices}
+	case ModeShared:
+		return []features.Gate{features.ConsumableCapacity}
+	case ModeDynamic:
+		return []features.Gate{features.PartitionableDevices, features.ConsumableCapacity}
+	}
+	return nil
+}
 
 // Modes lists the modes (and the auto policy) this build accepts.
-var Modes = []Mode{ModeAuto, ModeExclusive, ModeMIG, ModeShared, ModeDynamic}
+var Modes = []Mode{ModeAuto, ModeExclusive, ModeMIG, ModeShared, ModeDynamic, ModeStaticMIG, ModeSlots}
 
 // ParseMode checks a mode name.
 func ParseMode(s string) (Mode, error) { return parseName(s, "mode", Modes) }
@@ -132,8 +138,12 @@ const (
 	// shares of it).
 	KindGPU Kind = "gpu"
 	// KindMIG is one MIG instance: a GPU instance of one profile at one
-	// placement, with one compute instance spanning all of it.
+	// placement, with one compute instance spanning all of it. In
+	// static-mig mode the instance exists already (Device.Instance).
 	KindMIG Kind = "mig"
+	// KindSlot is one fixed-size vGPU slot (Device.Slot) of a GPU in slots
+	// mode.
+	KindSlot Kind = "vgpu-slot"
 )
 
 // Device is one DRA device of the inventory.
@@ -156,6 +166,11 @@ type Device struct {
 	// Counters are the names of the counters, in GPU.CounterSet, that the
 	// device consumes (one unit each); empty when it consumes none.
 	Counters []string
+	// Instance is the existing MIG instance a static-mig device stands
+	// for; nil for every other device.
+	Instance *nvml.MIGInstance
+	// Slot is a KindSlot device's share of its GPU; nil otherwise.
+	Slot *Slot
 }
 
 // GPU is a physical GPU with the mode it is published under.
@@ -204,6 +219,30 @@ type Config struct {
 	PerGPU map[int]Mode
 	// Order of GPUs inside a slice; empty means OrderBinpack.
 	Order Order
+	// Features is what the cluster enforces. A mode that needs a gate it
+	// lacks is refused, and ModeAuto picks among the modes it allows. nil
+	// stands for a current cluster with every feature on (offline tools
+	// and tests that are about the devices, not the cluster).
+	Features *features.Set
+	// MIGInstances are the MIG instances that exist on the node
+	// (nvml ListMIG): what static-mig mode publishes, and what makes
+	// ModeAuto choose static-mig for a GPU.
+	MIGInstances []nvml.MIGInstance
+	// DefaultSlots is the slot layout of slots-mode GPUs without an entry
+	// in PerGPUSlots; nil means DefaultSlotLayout.
+	DefaultSlots SlotLayout
+	// PerGPUSlots maps an NVML index to its slot layout.
+	PerGPUSlots map[int]SlotLayout
+}
+
+// gates returns the cluster's features, or every gate on for nil.
+func (c Config) gates() features.Set {
+	if c.Features != nil {
+		return *c.Features
+	}
+	all := features.AllOn("assumed")
+	all.ServerVersion = "v" + countersScaleFrom.String()
+	return all
 }
 
 // Build turns a discovered node into an inventory. It fails when the
@@ -227,10 +266,17 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 		Order:             cfg.Order,
 		byName:            map[string]*Device{},
 	}
-	for idx := range cfg.PerGPU {
-		if idx < 0 || idx >= len(node.GPUs) {
-			return nil, fmt.Errorf("mode configured for GPU %d, but the node has GPUs 0-%d", idx, len(node.GPUs)-1)
+	for _, per := range []map[int]bool{keys(cfg.PerGPU), keys(cfg.PerGPUSlots)} {
+		for idx := range per {
+			if idx < 0 || idx >= len(node.GPUs) {
+				return nil, fmt.Errorf("mode or layout configured for GPU %d, but the node has GPUs 0-%d", idx, len(node.GPUs)-1)
+			}
 		}
+	}
+	gates := cfg.gates()
+	instances := map[string][]nvml.MIGInstance{}
+	for _, in := range cfg.MIGInstances {
+		instances[in.ParentUUID] = append(instances[in.ParentUUID], in)
 	}
 	for _, g := range node.GPUs {
 		requested := cfg.DefaultMode
@@ -240,7 +286,10 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 		if _, err := ParseMode(string(requested)); err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", g.Index, err)
 		}
-		mode, note, fallback := resolveMode(requested, g)
+		if missing := gates.Missing(requested.Needs()...); len(missing) > 0 {
+			return nil, fmt.Errorf("GPU %d: %w", g.Index, needsError(requested, missing, gates))
+		}
+		mode, note, fallback := resolveMode(requested, g, gates, len(instances[g.UUID]) > 0)
 		var model *MIGModel
 		if mode == ModeMIG || mode == ModeDynamic {
 			var err error
@@ -255,7 +304,24 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 		if fallback {
 			inv.Notes = append(inv.Notes, fmt.Sprintf("GPU %d (%s): %s", g.Index, g.ProductName, note))
 		}
-		if err := gpu.build(model); err != nil {
+		var err error
+		switch mode {
+		case ModeStaticMIG:
+			var skipped []string
+			skipped, err = gpu.buildStatic(instances[g.UUID])
+			for _, s := range skipped {
+				inv.Notes = append(inv.Notes, fmt.Sprintf("GPU %d (%s): %s", g.Index, g.ProductName, s))
+			}
+		case ModeSlots:
+			layout := cfg.DefaultSlots
+			if l, ok := cfg.PerGPUSlots[g.Index]; ok {
+				layout = l
+			}
+			err = gpu.buildSlots(layout)
+		default:
+			err = gpu.build(model)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("GPU %d (%s): %w", g.Index, g.ProductName, err)
 		}
 		for _, d := range gpu.Devices {
@@ -275,13 +341,17 @@ func migUsable(g nvml.GPU) bool { return g.MIGCapable && len(g.MIGProfiles) > 0 
 
 // resolveMode turns a requested mode into the one in force, with a note
 // when they differ; fallback is set when the request could not be honoured.
-func resolveMode(requested Mode, g nvml.GPU) (mode Mode, note string, fallback bool) {
+// hasInstances says whether MIG instances exist on the GPU.
+func resolveMode(requested Mode, g nvml.GPU, gates features.Set, hasInstances bool) (mode Mode, note string, fallback bool) {
 	switch requested {
 	case ModeAuto:
-		if migUsable(g) {
-			return ModeMIG, "auto: mig, the default for MIG-capable GPUs", false
+		return resolveAuto(g, gates, hasInstances)
+	case ModeStaticMIG:
+		if !g.MIGCapable {
+			return ModeExclusive, "mode static-mig requested, but the GPU has no MIG; using exclusive", true
 		}
-		return ModeExclusive, "auto: exclusive, the default for GPUs without MIG", false
+	case ModeSlots:
+		// Any GPU can be sliced by HAMi-core.
 	case ModeMIG:
 		if !migUsable(g) {
 			return ModeExclusive, "mode mig requested, but the GPU has no MIG; using exclusive", true
@@ -342,6 +412,71 @@ func (gpu *GPU) build(model *MIGModel) error {
 		}
 	}
 	return nil
+}
+
+// countersScaleFrom is the first Kubernetes release whose allocator
+// handles shared counters at cluster scale: through the real 1.35.4 and
+// 1.36.3 schedulers, mig mode cost 0.73 s of Filter per pod at 100 nodes and
+// 11-12.5 s at 500, against 43 ms on 1.37.2 (issue 14's measurements).
+var countersScaleFrom = utilversion.MajorMinor(1, 37)
+
+// resolveAuto is the default policy, per GPU:
+//   - MIG instances exist: static-mig, on every cluster. Someone carved the
+//     GPU on purpose; publishing the instances is correct everywhere and
+//     costs the scheduler nothing.
+//   - MIG-capable, no instances: mig where the cluster enforces partitionable
+//     devices and is 1.37 or later; else exclusive. Before 1.37, counters
+//     make scheduling slow at scale, and on 1.35 the allocator's rollback
+//     leak (kubernetes#140436) can leave a pod that fits Pending.
+//   - Others: exclusive.
+//
+// dynamic is never the default: a shareable device that consumes counters
+// met kubernetes#139034 (a MIG instance double-booked beside a vGPU share)
+// before 1.36.2.
+func resolveAuto(g nvml.GPU, gates features.Set, hasInstances bool) (Mode, string, bool) {
+	switch {
+	case g.MIGCapable && hasInstances:
+		return ModeStaticMIG, "auto: static-mig, because the GPU has MIG instances", false
+	case !migUsable(g):
+		return ModeExclusive, "auto: exclusive, the default for GPUs without MIG", false
+	case !gates.Has(features.PartitionableDevices):
+		return ModeExclusive, "auto: exclusive, because the cluster does not enforce " + string(features.PartitionableDevices) +
+			" (dynamic MIG); carve instances or use --mode=static-mig with --mig-layouts for MIG", false
+	case !atLeast(gates.ServerVersion, countersScaleFrom):
+		return ModeExclusive, fmt.Sprintf("auto: exclusive, because dynamic MIG's counters do not scale in the scheduler before Kubernetes %s (cluster: %s); "+
+			"--mode=mig is fine for small clusters, static-mig for large ones", countersScaleFrom, gates.ServerVersion), false
+	}
+	return ModeMIG, "auto: mig (dynamic MIG), the default for MIG-capable GPUs on Kubernetes " + countersScaleFrom.String() + " and later", false
+}
+
+// atLeast reports whether a server's gitVersion is at least want; an
+// unparseable or empty version is not.
+func atLeast(gitVersion string, want *utilversion.Version) bool {
+	v, err := utilversion.ParseGeneric(gitVersion)
+	return err == nil && v.AtLeast(want)
+}
+
+// needsError explains a mode the cluster cannot enforce, naming the gates
+// and how to turn them on.
+func needsError(m Mode, missing []features.Gate, gates features.Set) error {
+	list := make([]string, len(missing))
+	on := make([]string, len(missing))
+	for i, g := range missing {
+		list[i] = fmt.Sprintf("%s (%s)", g, gates.Source[g])
+		on[i] = string(g) + "=true"
+	}
+	return fmt.Errorf("mode %s needs the DRA feature gate %s, which the cluster does not enforce: the API server would drop the fields it needs and the scheduler would over-commit the GPU. "+
+		"Turn it on in kube-apiserver and kube-scheduler (--feature-gates=%s; on by default from Kubernetes 1.36), "+
+		"or use a mode that works without it: exclusive, static-mig or slots",
+		m, strings.Join(list, ", "), strings.Join(on, ","))
+}
+
+func keys[V any](m map[int]V) map[int]bool {
+	out := make(map[int]bool, len(m))
+	for k := range m {
+		out[k] = true
+	}
+	return out
 }
 
 // maxDeviceName is the API's limit on device names (a DNS label).

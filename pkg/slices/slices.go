@@ -5,6 +5,7 @@ package slices
 
 import (
 	"fmt"
+	"sort"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -118,26 +119,55 @@ func Resources(inv *inventory.Inventory, nodeName string) resourceslice.DriverRe
 
 // ordered renders the devices of GPUs sharing one slice in inv.Order.
 func ordered(inv *inventory.Inventory, gpus []*inventory.GPU) []resourceapi.Device {
-	var out []resourceapi.Device
+	var devs []*inventory.Device
 	if inv.Order != inventory.OrderSpread {
 		for _, gpu := range gpus {
-			for _, d := range gpu.Devices {
-				out = append(out, device(inv, d))
+			devs = append(devs, gpu.Devices...)
+		}
+	} else {
+		for k := 0; ; k++ {
+			more := false
+			for _, gpu := range gpus {
+				if k < len(gpu.Devices) {
+					devs = append(devs, gpu.Devices[k])
+					more = true
+				}
+			}
+			if !more {
+				break
 			}
 		}
-		return out
 	}
-	for k := 0; ; k++ {
-		more := false
-		for _, gpu := range gpus {
-			if k < len(gpu.Devices) {
-				out = append(out, device(inv, gpu.Devices[k]))
-				more = true
-			}
+	smallestSlotsFirst(devs)
+	out := make([]resourceapi.Device, len(devs))
+	for i, d := range devs {
+		out[i] = device(inv, d)
+	}
+	return out
+}
+
+// smallestSlotsFirst reorders the vGPU slots of a slice, in the places
+// slots hold, smallest first (memory, then SM share), stable, so the
+// allocator gives a request the smallest slot that fits even when GPUs of
+// one slice have different layouts. Equal slots keep inv.Order. No other
+// device moves: only slots match a slot request.
+func smallestSlotsFirst(devs []*inventory.Device) {
+	var at []int
+	var slots []*inventory.Device
+	for i, d := range devs {
+		if d.Kind == inventory.KindSlot {
+			at, slots = append(at, i), append(slots, d)
 		}
-		if !more {
-			return out
+	}
+	sort.SliceStable(slots, func(i, j int) bool {
+		a, b := slots[i].Slot, slots[j].Slot
+		if a.MemoryBytes != b.MemoryBytes {
+			return a.MemoryBytes < b.MemoryBytes
 		}
+		return a.Cores < b.Cores
+	})
+	for k, i := range at {
+		devs[i] = slots[k]
 	}
 }
 
@@ -166,9 +196,20 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 		attrs["profile"] = str(d.MIG.Name)
 		attrs["parentUUID"] = str(g.UUID)
 		attrs["placementStart"] = intAttr(d.Placement.Start)
+		if d.Instance != nil && d.Instance.UUID != "" {
+			// A static instance's own UUID, as nvidia-smi -L shows it.
+			attrs["migUUID"] = str(d.Instance.UUID)
+		}
 		out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 			CapacityMemory:          {Value: bytesQ(d.MIG.MemoryBytes)},
 			CapacityMultiprocessors: {Value: *resource.NewQuantity(int64(d.MIG.Multiprocessors), resource.DecimalSI)},
+		}
+	case inventory.KindSlot:
+		attrs["parentUUID"] = str(g.UUID)
+		attrs["slot"] = intAttr(d.Slot.Index)
+		out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			CapacityMemory: {Value: *resource.NewQuantity(d.Slot.MemoryBytes, resource.BinarySI)},
+			CapacityCores:  {Value: *resource.NewQuantity(d.Slot.Cores, resource.DecimalSI)},
 		}
 	default:
 		attrs["uuid"] = str(g.UUID)

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 
+	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
 
@@ -30,6 +33,9 @@ func objects(t *testing.T, machine string, cfg inventory.Config) []*resourceapi.
 	node, err := nvml.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.MIGInstances == nil && cfg.DefaultMode == inventory.ModeStaticMIG {
+		cfg.MIGInstances = balanced(t, node)
 	}
 	inv, err := inventory.Build(node, cfg)
 	if err != nil {
@@ -53,6 +59,10 @@ func TestGolden(t *testing.T) {
 		{"sixteen-h100", inventory.Config{DefaultMode: inventory.ModeMIG}, "sixteen-h100-mig.yaml"},
 		{"l4x4", inventory.Config{}, "l4x4-exclusive.yaml"},
 		{"l4x4", inventory.Config{DefaultMode: inventory.ModeMIG}, "l4x4-mig.yaml"}, // falls back to exclusive
+		// Stock 1.35: GA fields only.
+		{"dgx-h100", inventory.Config{Features: &stock, DefaultMode: inventory.ModeStaticMIG}, "dgx-h100-static-mig.yaml"},
+		{"dgx-h100", inventory.Config{Features: &stock, DefaultMode: inventory.ModeSlots,
+			PerGPUSlots: map[int]inventory.SlotLayout{1: mustLayout(t, "1x40Gi/50+2"), 2: mustLayout(t, "2")}}, "dgx-h100-slots.yaml"},
 	} {
 		t.Run(tc.golden, func(t *testing.T) {
 			got := render(t, tc.machine, tc.cfg)
@@ -116,5 +126,100 @@ func TestCounterSlices(t *testing.T) {
 	}
 	if want := int64(len(objs)); objs[0].Spec.Pool.ResourceSliceCount != want {
 		t.Errorf("resourceSliceCount %d, want %d", objs[0].Spec.Pool.ResourceSliceCount, want)
+	}
+}
+
+var stock = features.Stock("test")
+
+func mustLayout(t *testing.T, s string) inventory.SlotLayout {
+	t.Helper()
+	l, err := inventory.ParseSlotLayout(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// balanced is mig-parted's all-balanced on every MIG GPU of a node, as NVML
+// would list it.
+func balanced(t *testing.T, node *nvml.Node) []nvml.MIGInstance {
+	t.Helper()
+	var out []nvml.MIGInstance
+	for _, g := range node.GPUs {
+		if !g.MIGCapable {
+			continue
+		}
+		plan, err := miglayout.Plan("all-balanced", g.MIGProfiles)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range plan {
+			giID := i + 1
+			out = append(out, nvml.MIGInstance{ParentUUID: g.UUID, ParentIndex: g.Index, Profile: p.Profile.Name,
+				GIProfileID: p.Profile.GIProfileID, CIProfileID: p.Profile.CIProfileID, Placement: p.Placement, GIID: giID, CIID: 0,
+				UUID: fmt.Sprintf("MIG-%08d-0000-0000-0000-%012d", g.Index, giID)})
+		}
+	}
+	return out
+}
+
+// TestStockPublishesOnlyWhatItKeeps renders every machine in every mode for
+// a stock 1.35 cluster: a mode that needs an alpha gate is refused, naming
+// it, and every other mode's slices carry no field the API server drops.
+func TestStockPublishesOnlyWhatItKeeps(t *testing.T) {
+	machines := []string{"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "l4x4", "sixteen-h100"}
+	for _, machine := range machines {
+		for _, mode := range inventory.Modes {
+			t.Run(fmt.Sprintf("%s/%s", machine, mode), func(t *testing.T) {
+				node, err := nvml.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg := inventory.Config{Features: &stock, DefaultMode: mode, MIGInstances: balanced(t, node)}
+				inv, err := inventory.Build(node, cfg)
+				if needs := mode.Needs(); len(needs) > 0 {
+					if err == nil || !strings.Contains(err.Error(), string(needs[0])) {
+						t.Fatalf("mode %s on stock: error %v, want one naming %s", mode, err, needs[0])
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				objs := Objects(Resources(inv, "node-a"), "node-a")
+				for _, err := range Dropped(objs, stock) {
+					t.Error(err)
+				}
+				for _, err := range CheckLimits(objs) {
+					t.Error(err)
+				}
+			})
+		}
+	}
+}
+
+// TestDroppedSeesEveryGatedField: the guard itself can fail.
+func TestDroppedSeesEveryGatedField(t *testing.T) {
+	for _, tc := range []struct {
+		mode inventory.Mode
+		want []string
+	}{
+		{inventory.ModeMIG, []string{"sharedCounters needs DRAPartitionableDevices", "device gpu-0: consumesCounters needs DRAPartitionableDevices"}},
+		{inventory.ModeShared, []string{"device gpu-0: allowMultipleAllocations needs DRAConsumableCapacity", "capacity memory requestPolicy needs DRAConsumableCapacity"}},
+	} {
+		objs := objects(t, "dgx-h100", inventory.Config{DefaultMode: tc.mode})
+		var got []string
+		for _, err := range Dropped(objs, stock) {
+			got = append(got, err.Error())
+		}
+		all := strings.Join(got, "\n")
+		for _, w := range tc.want {
+			if !strings.Contains(all, w) {
+				t.Errorf("mode %s: %q not among\n%s", tc.mode, w, all)
+			}
+		}
+		if errs := Dropped(objs, features.AllOn("test")); len(errs) > 0 {
+			t.Errorf("mode %s with every gate: %v", tc.mode, errs)
+		}
 	}
 }
