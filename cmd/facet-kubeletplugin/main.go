@@ -24,8 +24,10 @@ import (
 	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/driver"
+	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/slices"
 )
@@ -48,6 +50,10 @@ type flags struct {
 
 	hamiLibrary       string
 	destroyUnownedMIG bool
+
+	featureGates  string
+	migLayouts    string
+	featuresEvery time.Duration
 }
 
 func main() {
@@ -70,6 +76,9 @@ func main() {
 	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", 100, "burst of queries to the API server")
 	fs.StringVar(&f.hamiLibrary, "hami-library", "", "host path of HAMi-core's libvgpu.so, which enforces vGPU shares (installed by the DaemonSet's init container); without it, claims for enforced shares fail")
 	fs.BoolVar(&f.destroyUnownedMIG, "destroy-unowned-mig", false, "at start, destroy MIG instances on managed GPUs that no prepared claim owns (default: only report them)")
+	fs.StringVar(&f.featureGates, "feature-gates", "", "DRA feature gates the cluster enforces, in the Kubernetes components' syntax (DRAPartitionableDevices=true,DRAConsumableCapacity=false); overrides what the plugin detects, for clusters whose kube-scheduler runs other gates than the API server")
+	fs.StringVar(&f.migLayouts, "mig-layouts", "", `MIG layouts Facet carves at start on idle static-mig GPUs, by NVML index: all-<profile>, all-balanced, or profiles joined by "/", e.g. "0-3=all-1g.10gb,4=3g.40gb/2g.20gb/1g.10gb/1g.10gb"`)
+	fs.DurationVar(&f.featuresEvery, "feature-detection-interval", 5*time.Minute, "how often to re-detect the cluster's DRA features; on a change the plugin exits to republish")
 	f.modes.Register(fs)
 	klog.InitFlags(fs)
 	fs.Parse(os.Args[1:])
@@ -94,9 +103,27 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	overrides, err := features.ParseOverrides(f.featureGates)
+	if err != nil {
+		return err
+	}
+	layouts, err := inventory.ParsePerGPU(f.migLayouts, "layout", func(s string) (string, error) { return s, nil })
+	if err != nil {
+		return fmt.Errorf("--mig-layouts: %w", err)
+	}
 	if err := os.MkdirAll(f.stateDir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
+	client, err := kubeClient(f.kubeconfig, f.kubeAPIQPS, f.kubeAPIBurst)
+	if err != nil {
+		return err
+	}
+	ev := newNodeEvents(ctx, client, f.nodeName)
+	defer ev.stop()
+	gates := clusterFeatures(ctx, client, f.nodeName, overrides, ev)
+	logger.Info("Cluster DRA features: "+gates.Describe(), "featureGates", gates.String())
+	ev.normal(reasonFeatures, gates.Describe())
+	cfg.Features = &gates
 	var lib *nvml.Library
 	if f.machine != "" {
 		// MIG instances outlive the plugin on real GPUs; the simulation
@@ -113,24 +140,33 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return fmt.Errorf("discover GPUs: %w", err)
 	}
+	store, err := checkpoint.Open(filepath.Join(f.stateDir, "claims"))
+	if err != nil {
+		return err
+	}
+	if err := applyLayouts(ctx, lib, node, layouts, cfg, store, miglayout.NewStore(filepath.Join(f.stateDir, "mig-layouts.json")), ev); err != nil {
+		return err
+	}
+	for _, g := range node.GPUs {
+		if g.MIGCapable {
+			// What exists decides static-mig's devices and auto's choice.
+			if cfg.MIGInstances, err = lib.ListMIG(); err != nil {
+				return fmt.Errorf("list MIG instances: %w", err)
+			}
+			break
+		}
+	}
 	inv, err := inventory.Build(node, cfg)
 	if err != nil {
+		ev.warning(reasonModeFallback, err.Error())
 		return err
 	}
 	for _, g := range inv.GPUs {
 		logger.Info("GPU", "index", g.Index, "uuid", g.UUID, "product", g.ProductName, "mode", g.Mode, "requested", g.ModeRequested, "why", g.ModeNote, "migCapable", g.MIGCapable, "devices", len(g.Devices))
 	}
-	for _, g := range inv.GPUs {
-		if g.ModeRequested == inventory.ModeAuto {
-			logger.Info("Default mode (auto): mig on MIG-capable GPUs, exclusive on the others. " +
-				"Not dynamic: on Kubernetes 1.35 a shareable device that consumes counters meets allocator bugs " +
-				"kubernetes#139034 (a MIG instance double-booked beside a vGPU share) and kubernetes#140436 (a pod that fits stays Pending); " +
-				"set --mode or --gpu-modes to choose")
-			break
-		}
-	}
 	for _, note := range inv.Notes {
 		logger.Info("Mode fallback", "note", note)
+		ev.warning(reasonModeFallback, note)
 	}
 	logger.Info("Discovered node", "simulated", f.machine != "", "gpus", len(inv.GPUs), "driverVersion", inv.DriverVersion, "cudaDriverVersion", inv.CUDADriverVersion)
 
@@ -154,10 +190,6 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	store, err := checkpoint.Open(filepath.Join(f.stateDir, "claims"))
-	if err != nil {
-		return err
-	}
 	writer, err := cdi.NewWriter(f.cdiDir)
 	if err != nil {
 		return err
@@ -171,10 +203,6 @@ func run(ctx context.Context, f flags) error {
 		return err
 	}
 
-	client, err := kubeClient(f.kubeconfig, f.kubeAPIQPS, f.kubeAPIBurst)
-	if err != nil {
-		return err
-	}
 	pluginDir := filepath.Join(f.pluginsDir, inventory.DriverName)
 	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
 		return err
@@ -195,12 +223,21 @@ func run(ctx context.Context, f flags) error {
 	defer helper.Stop()
 
 	res := slices.Resources(inv, f.nodeName)
+	if errs := slices.Dropped(slices.Objects(res, f.nodeName), gates); len(errs) > 0 {
+		// Guard against a mode that slipped past inventory.Build's check.
+		return fmt.Errorf("internal error: the slices use fields the cluster drops: %v", errors.Join(errs...))
+	}
 	if err := helper.PublishResources(ctx, res); err != nil {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	want := len(res.Pools[f.nodeName].Slices)
 	go reportPublished(ctx, client, f.nodeName, want, start)
 
+	if f.featuresEvery > 0 {
+		if err := watchFeatures(ctx, client, f.nodeName, overrides, gates, f.featuresEvery, ev); err != nil {
+			return err
+		}
+	}
 	<-ctx.Done()
 	logger.Info("Shutting down")
 	return nil

@@ -4,12 +4,19 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"text/tabwriter"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/slices"
 )
@@ -18,7 +25,10 @@ const usage = `facetctl: Facet's operator CLI
 
 Commands:
   slices   print, as a YAML stream, the ResourceSlices the kubelet plugin
-           publishes for a node (simulated with --machine, else real NVML)
+           publishes for a node (simulated with --machine, else real NVML),
+           on a cluster with the given --feature-gates
+  features ask a cluster's API server which DRA features it enforces, as the
+           kubelet plugin does at start
 
   mig-instances
            list the MIG instances carved on the node's GPUs (real NVML, or a
@@ -39,6 +49,8 @@ func main() {
 	switch os.Args[1] {
 	case "slices":
 		err = runSlices(os.Args[2:])
+	case "features":
+		err = runFeatures(os.Args[2:])
 	case "mig-instances":
 		err = runMIGInstances(os.Args[2:])
 	case "sim-driver-root":
@@ -60,6 +72,9 @@ func runSlices(args []string) error {
 	fs := flag.NewFlagSet("slices", flag.ExitOnError)
 	machine := fs.String("machine", "", "machine file of a simulated node (default: the real NVML of this host)")
 	node := fs.String("node", "", "node name: the pool's name and the slices' nodeName (required)")
+	gates := fs.String("feature-gates", "", "the cluster's DRA feature gates, as for the plugin (DRAPartitionableDevices=true,...); a gate not named is off, as on stock Kubernetes 1.35. Without this flag every gate is on")
+	version := fs.String("kubernetes-version", "v1.35.4", "with --feature-gates: the cluster's Kubernetes version (the default mode depends on it)")
+	layouts := fs.String("mig-layouts", "", "preview MIG layouts on static-mig GPUs, as the plugin's --mig-layouts would carve them on idle GPUs")
 	var modes inventory.ModeFlags
 	modes.Register(fs)
 	fs.Parse(args)
@@ -70,6 +85,18 @@ func runSlices(args []string) error {
 	if err != nil {
 		return err
 	}
+	var set features.Set
+	gatesGiven := false
+	fs.Visit(func(f *flag.Flag) { gatesGiven = gatesGiven || f.Name == "feature-gates" })
+	if gatesGiven {
+		overrides, err := features.ParseOverrides(*gates)
+		if err != nil {
+			return err
+		}
+		set = features.Stock("off unless named").Apply(overrides)
+		set.ServerVersion = *version
+		cfg.Features = &set
+	}
 	lib, err := openLibrary(*machine)
 	if err != nil {
 		return err
@@ -79,11 +106,73 @@ func runSlices(args []string) error {
 	if err != nil {
 		return err
 	}
+	if cfg.MIGInstances, err = lib.ListMIG(); err != nil {
+		return err
+	}
+	perGPU, err := inventory.ParsePerGPU(*layouts, "layout", func(s string) (string, error) { return s, nil })
+	if err != nil {
+		return fmt.Errorf("--mig-layouts: %w", err)
+	}
+	for idx, layout := range perGPU {
+		if idx >= len(discovered.GPUs) {
+			return fmt.Errorf("--mig-layouts: GPU %d, but the node has GPUs 0-%d", idx, len(discovered.GPUs)-1)
+		}
+		g := discovered.GPUs[idx]
+		plan, err := miglayout.Plan(layout, g.MIGProfiles)
+		if err != nil {
+			return fmt.Errorf("GPU %d: %w", idx, err)
+		}
+		kept := cfg.MIGInstances[:0]
+		for _, in := range cfg.MIGInstances {
+			if in.ParentUUID != g.UUID {
+				kept = append(kept, in)
+			}
+		}
+		cfg.MIGInstances = append(kept, miglayout.Preview(g, plan)...)
+	}
 	inv, err := inventory.Build(discovered, cfg)
 	if err != nil {
 		return err
 	}
-	return slices.WriteYAML(os.Stdout, slices.Objects(slices.Resources(inv, *node), *node))
+	for _, n := range inv.Notes {
+		fmt.Fprintln(os.Stderr, "# note:", n)
+	}
+	objs := slices.Objects(slices.Resources(inv, *node), *node)
+	if gatesGiven {
+		if errs := slices.Dropped(objs, set); len(errs) > 0 {
+			return fmt.Errorf("internal error: %v", errors.Join(errs...))
+		}
+	}
+	return slices.WriteYAML(os.Stdout, objs)
+}
+
+func runFeatures(args []string) error {
+	fs := flag.NewFlagSet("features", flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster (default $KUBECONFIG)")
+	node := fs.String("node", "facetctl-probe", "node name the probe ResourceSlice names (nothing is created: dry-run)")
+	fs.Parse(args)
+	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	s, err := features.Detect(context.Background(), client, *node)
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "Kubernetes %s\n\nGATE\tENFORCED\tHOW KNOWN\n", s.ServerVersion)
+	for _, g := range features.Gates {
+		fmt.Fprintf(w, "%s\t%t\t%s\n", g, s.Enabled[g], s.Source[g])
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	fmt.Printf("\n%s\n\nThe plugin's --feature-gates (to pin this): %s\n", s.Describe(), s)
+	return nil
 }
 
 func openLibrary(machine string) (*nvml.Library, error) {

@@ -195,3 +195,19 @@ func Matches(plan []Instance, existing []nvml.MIGInstance) bool {
 	}
 	return true
 }
+
+// Preview is the MIG instances NVML would list on gpu once plan is
+// carved, for showing what a layout publishes without carving it (facetctl
+// slices, tests). GI IDs are numbered from 1 in placement order; the
+// instances have no UUIDs, which only NVML can give.
+func Preview(gpu nvml.GPU, plan []Instance) []nvml.MIGInstance {
+	out := make([]nvml.MIGInstance, len(plan))
+	for i, p := range plan {
+		out[i] = nvml.MIGInstance{
+			ParentUUID: gpu.UUID, ParentIndex: gpu.Index, Profile: p.Profile.Name,
+			GIProfileID: p.Profile.GIProfileID, CIProfileID: p.Profile.CIProfileID,
+			Placement: p.Placement, GIID: i + 1, CIID: 0,
+		}
+	}
+	return out
+}

@@ -153,11 +153,9 @@ func balanced(t *testing.T, node *nvml.Node) []nvml.MIGInstance {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, p := range plan {
-			giID := i + 1
-			out = append(out, nvml.MIGInstance{ParentUUID: g.UUID, ParentIndex: g.Index, Profile: p.Profile.Name,
-				GIProfileID: p.Profile.GIProfileID, CIProfileID: p.Profile.CIProfileID, Placement: p.Placement, GIID: giID, CIID: 0,
-				UUID: fmt.Sprintf("MIG-%08d-0000-0000-0000-%012d", g.Index, giID)})
+		for _, in := range miglayout.Preview(g, plan) {
+			in.UUID = fmt.Sprintf("MIG-%08d-0000-0000-0000-%012d", g.Index, in.GIID)
+			out = append(out, in)
 		}
 	}
 	return out

@@ -34,6 +34,14 @@ var Features = structured.Features{
 	ConsumableCapacity:     true,
 }
 
+// StockFeatures are the DRA features of a stock Kubernetes 1.35 cluster:
+// the beta ones, on by default; every alpha gate off.
+var StockFeatures = structured.Features{
+	PrioritizedList:        true,
+	DeviceBindingAndStatus: true,
+	AdminAccess:            true,
+}
+
 // celCache holds compiled CEL selectors for every Cluster, as the
 // scheduler keeps one for its lifetime.
 var celCache = cel.NewCache(1000, cel.Features{EnableConsumableCapacity: true})
@@ -49,8 +57,11 @@ type Cluster struct {
 	// threadSafeMap.List, reached through resourceslice/tracker
 	// ListPatchedResourceSlices). Without it they come in Slices' order.
 	Shuffle *rand.Rand
-	state   structured.AllocatedState
-	cache   *cel.Cache
+	// Features, when set, replaces the package's Features: StockFeatures
+	// runs the allocator as a stock 1.35 scheduler does.
+	Features *structured.Features
+	state    structured.AllocatedState
+	cache    *cel.Cache
 }
 
 // NewCluster starts with nothing allocated.
@@ -120,7 +131,11 @@ func (c *Cluster) Try(ctx context.Context, node string, claims ...*resourceapi.R
 		slices = append([]*resourceapi.ResourceSlice(nil), c.Slices...)
 		c.Shuffle.Shuffle(len(slices), func(i, j int) { slices[i], slices[j] = slices[j], slices[i] })
 	}
-	a, err := structured.NewAllocator(ctx, Features, c.state, c, slices, c.cache)
+	features := Features
+	if c.Features != nil {
+		features = *c.Features
+	}
+	a, err := structured.NewAllocator(ctx, features, c.state, c, slices, c.cache)
 	if err != nil {
 		return nil, err
 	}
