@@ -26,9 +26,12 @@ unit:
 	# Helm's dependencies stay out of Facet's go.mod).
 	cd test/helm && $(GO) test ./...
 
-## e2e: start a real Kubernetes 1.35 node with containerd and run test/e2e
+## e2e: start a real Kubernetes 1.35 node with containerd and run test/e2e,
+## twice: with the DRA alpha gates on, and as stock 1.35 (every alpha gate
+## off), where the tests of gated modes skip and TestStock matters most.
 e2e: build
 	hack/e2e.sh
+	FACET_FEATURE_GATES= hack/e2e.sh
 
 ## demo: the main job on a simulated DGX H100 node; the node stays up
 demo: build

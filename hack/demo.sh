@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # `make demo`: a real Kubernetes 1.35 node (containerd 2 applying CDI) with
-# Facet's kubelet plugin on a simulated DGX H100 (GPUs 0-3 in mig mode,
-# 4-7 shared), and the demo/ examples running on it: whole GPUs, a MIG
-# instance carved at prepare, and three vGPU shares on one GPU. The node
-# stays up; `make demo-down` stops it.
+# Facet's kubelet plugin on a simulated DGX H100, and the demo/ examples
+# running on it. The node stays up; `make demo-down` stops it.
+#
+# With the DRA alpha gates on (the default here): GPUs 0-3 in mig mode, 4-7
+# shared; whole GPUs, a MIG instance carved at prepare, three vGPU shares.
+# With FACET_FEATURE_GATES= (stock Kubernetes 1.35, every alpha gate off):
+# GPUs 0-1 carved all-balanced at start and published as static MIG
+# devices, GPU 4 split into vGPU slots, the rest whole GPUs; whole GPUs, the
+# smallest MIG instance of at least 3 GiB, and Volcano's and HAMi's vGPU
+# requests as slots.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO}"
@@ -24,23 +30,35 @@ hack/cluster/up.sh
 source "${RUN_DIR}/env.sh"
 k() { "${FACET_BIN_DIR}/kubectl" "$@"; }
 
-step "Starting facet-kubeletplugin on ${MACHINE}"
-hack/plugin.sh start "${RUN_DIR}" "${MACHINE}" --gpu-modes "${FACET_DEMO_GPU_MODES:-0-3=mig,4-7=shared}"
+stock=false
+[[ ",${FACET_FEATURE_GATES}," == *",DRAPartitionableDevices=true,"* && ",${FACET_FEATURE_GATES}," == *",DRAConsumableCapacity=true,"* ]] || stock=true
+if ${stock}; then
+  step "Starting facet-kubeletplugin on ${MACHINE}, stock 1.35 shapes (gates: '${FACET_FEATURE_GATES}')"
+  hack/plugin.sh start "${RUN_DIR}" "${MACHINE}" --gpu-modes "${FACET_DEMO_GPU_MODES:-0-1=static-mig,4=slots}" \
+    --mig-layouts 0-1=all-balanced --gpu-slots "4=1x40Gi/50+2"
+  examples=(demo/gpu/ demo/stock/)
+  pods=(one-gpu two-gpus mig-3gb volcano-slot hami-slot)
+else
+  step "Starting facet-kubeletplugin on ${MACHINE}"
+  hack/plugin.sh start "${RUN_DIR}" "${MACHINE}" --gpu-modes "${FACET_DEMO_GPU_MODES:-0-3=mig,4-7=shared}"
+  examples=(demo/gpu/ demo/mig/one-1g10gb.yaml demo/vgpu/)
+  pods=(one-gpu two-gpus one-1g10gb volcano-share notebook shared-by-two-containers)
+fi
 for _ in $(seq 120); do
   n=$(k get resourceslices --field-selector spec.driver=gpu.facet.dev -o name 2>/dev/null | wc -l)
   [[ "${n}" -gt 0 ]] && break
   sleep 0.5
 done
 grep -m1 "ResourceSlices published" "${RUN_DIR}/logs/facet-plugin.log" || { echo "no ResourceSlices; plugin log:"; tail -40 "${RUN_DIR}/logs/facet-plugin.log"; exit 1; }
+echo "What the plugin detected (also an Event on the Node: kubectl describe node localhost):"
+grep -m1 -o 'Cluster DRA features: [^"]*' "${RUN_DIR}/logs/facet-plugin.log" | fold -s -w 100 | sed 's/^/  /'
+
 k get resourceslices -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name'
 
 step "Applying DeviceClasses and the demo/ examples"
 k apply -f deployments/deviceclasses.yaml
 k apply -f demo/gpu/namespace.yaml
-k apply -f demo/gpu/
-k apply -f demo/mig/one-1g10gb.yaml
-k apply -f demo/vgpu/
-pods=(one-gpu two-gpus one-1g10gb volcano-share notebook shared-by-two-containers)
+for ex in "${examples[@]}"; do k apply -f "${ex}"; done
 for p in "${pods[@]}"; do
   k wait -n facet-demo --for=condition=Ready "pod/${p}" --timeout=180s
 done

@@ -37,8 +37,9 @@ K8S_VERSION="v1.35.4"
 # exists in v1.35.4 pkg/features/kube_features.go. Every component gets them:
 # the apiserver drops gated fields otherwise, the scheduler ignores them, the
 # controller-manager and kubelet act on them.
-# FACET_FEATURE_GATES replaces the list (e.g. to test with a gate off).
-FEATURE_GATES="${FACET_FEATURE_GATES:-DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRAExtendedResource=true,DRADeviceTaints=true}"
+# FACET_FEATURE_GATES replaces the list (e.g. to test with a gate off); set
+# and empty, it is stock Kubernetes 1.35: every alpha gate off.
+FEATURE_GATES="${FACET_FEATURE_GATES-DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRAExtendedResource=true,DRADeviceTaints=true}"
 
 T0=${SECONDS}
 log() { printf '[up %3ds] %s\n' "$((SECONDS - T0))" "$*"; }
@@ -420,6 +421,7 @@ export KUBECONFIG="${ADMIN_KUBECONFIG}"
 export FACET_RUN_DIR="${RUN_DIR}"
 export FACET_BIN_DIR="${BIN_DIR}"
 export FACET_RUNTIME="${RUNTIME}"
+export FACET_FEATURE_GATES="${FEATURE_GATES}"
 export FACET_CDI_DIR="${CDI_DIR}"
 export FACET_KUBELET_ROOT="${KUBELET_ROOT}"
 export FACET_CRI_SOCKET="${CRI_SOCK}"

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/facet-gpu/facet/internal/testenv"
+	"github.com/facet-gpu/facet/pkg/features"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -33,6 +34,9 @@ type env struct {
 	runDir, binDir, runtime, cdiDir, kubeletRoot, kubeconfig string
 	repo, pluginBin, facetctl                                string
 	client                                                   kubernetes.Interface
+	// gates are the DRA feature gates the node runs (hack/cluster/up.sh's
+	// FACET_FEATURE_GATES); none is stock Kubernetes 1.35.
+	gates features.Set
 }
 
 var e env
@@ -59,7 +63,22 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	e.client = kubernetes.NewForConfigOrDie(cfg)
+	overrides, err := features.ParseOverrides(os.Getenv("FACET_FEATURE_GATES"))
+	if err != nil {
+		panic(err)
+	}
+	e.gates = features.Stock("hack/cluster/up.sh").Apply(overrides)
+	fmt.Printf("e2e: cluster feature gates %s\n", e.gates)
 	os.Exit(m.Run())
+}
+
+// needGates skips a test whose modes the node's cluster does not enforce:
+// the plugin refuses to start in them (TestStock covers that cluster).
+func needGates(t testing.TB, gates ...features.Gate) {
+	t.Helper()
+	if missing := e.gates.Missing(gates...); len(missing) > 0 {
+		t.Skipf("needs %v, off on this cluster (%s)", missing, e.gates)
+	}
 }
 
 // plugin is a running facet-kubeletplugin.

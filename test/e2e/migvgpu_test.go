@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/facet-gpu/facet/pkg/features"
 )
 
 // The demo node's layout: MIG on GPUs 0-3, vGPU shares on 4-7.
@@ -92,6 +94,7 @@ func waitEvent(t testing.TB, pod, reason, contains string) {
 }
 
 func TestMIGAndShares(t *testing.T) {
+	needGates(t, features.PartitionableDevices, features.ConsumableCapacity)
 	setupNamespace(t)
 	p := startPlugin(t, "dgx-h100", demoModes...)
 	deleteNamespaceAtEnd(t)

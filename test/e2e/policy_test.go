@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/facet-gpu/facet/pkg/features"
 )
 
 // extendedResourcePod is a pod as written for NVIDIA's device plugin: no
@@ -76,6 +78,7 @@ func requestsOf(c *resourceapi.ResourceClaim) string {
 // tier examples against the apiserver's validation, and ResourceQuota per
 // DeviceClass.
 func TestPolicy(t *testing.T) {
+	needGates(t, features.PartitionableDevices, features.ConsumableCapacity, features.ExtendedResource)
 	ctx := context.Background()
 	setupNamespace(t)
 

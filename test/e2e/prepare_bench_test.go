@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/uuid"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/facet-gpu/facet/pkg/features"
 )
 
 // draClient talks to the plugin's socket exactly as the kubelet does.
@@ -91,6 +93,7 @@ func unprepare(b testing.TB, client drapb.DRAPluginClient, claims ...*drapb.Clai
 }
 
 func setupBench(b *testing.B) drapb.DRAPluginClient {
+	needGates(b, features.PartitionableDevices, features.ConsumableCapacity)
 	kubectl(b, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
 	kubectl(b, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
 	b.Cleanup(func() { kubectlErr("delete", "resourceclaims", "-n", namespace, "--all", "--wait=false") })

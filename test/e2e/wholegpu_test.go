@@ -74,7 +74,8 @@ func TestWholeGPUs(t *testing.T) {
 
 	p := startPlugin(t, "dgx-h100")
 	deleteNamespaceAtEnd(t)
-	waitModes(t, func(int64) string { return "mig" }) // auto on H100s
+	// auto on H100s without MIG instances: exclusive before Kubernetes 1.37.
+	waitModes(t, func(int64) string { return "exclusive" })
 	gpus := publishedGPUs(t)
 
 	claimUIDs := map[string]types.UID{}

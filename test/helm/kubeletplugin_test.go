@@ -90,6 +90,7 @@ var (
 	// otherFlags are not paths. forbidden ones must not be set by the chart.
 	otherFlags = map[string]bool{
 		"node-name": true, "kube-api-qps": true, "kube-api-burst": true, "destroy-unowned-mig": true,
+		"feature-gates": true, "mig-layouts": true, "feature-detection-interval": true,
 	}
 	forbiddenFlags = map[string]string{
 		"kubeconfig": "the plugin runs in-cluster",
@@ -420,6 +421,8 @@ func TestPluginRBAC(t *testing.T) {
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceslices"}, "verbs": []any{"get", "list", "watch", "create", "update", "delete"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceclaims"}, "verbs": []any{"get"}},
 		map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get"}},
+		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"deviceclasses"}, "verbs": []any{"get"}},
+		map[string]any{"apiGroups": []any{"", "events.k8s.io"}, "resources": []any{"events"}, "verbs": []any{"create", "patch"}},
 	})
 	if got != want {
 		t.Errorf("ClusterRole rules\n%s\nwant\n%s", got, want)
