@@ -432,6 +432,9 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*plan, error) {
 				}
 				p.vgpu, vgpuFrom = cfg, r.Request
 				share.Enforced = cfg.EnforcementEnabled()
+				if share.MemoryBytes, share.Cores, err = cfg.Limit(share.MemoryBytes, share.Cores); err != nil {
+					return nil, fmt.Errorf("%s: VgpuConfig: %w", where, err)
+				}
 			}
 		default:
 			rec.Kind = kindWhole

@@ -55,6 +55,11 @@ func share(name, device string, memory string, cores int64, configJSON ...string
 		"memory": resource.MustParse(memory),
 		"cores":  *resource.NewQuantity(cores, resource.DecimalSI),
 	}
+	return withConfig(c, configJSON...)
+}
+
+// withConfig adds opaque configs from the claim to an allocated claim.
+func withConfig(c *resourceapi.ResourceClaim, configJSON ...string) *resourceapi.ResourceClaim {
 	for _, cfg := range configJSON {
 		c.Status.Allocation.Devices.Config = append(c.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
 			Source: resourceapi.AllocationConfigSourceClaim,

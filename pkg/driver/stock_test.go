@@ -120,3 +120,26 @@ func (r *rig) rebuild(cfg inventory.Config) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestSlotLimitedByVgpuConfig: a claim's VgpuConfig lowers its slot's
+// limits (HAMi's 3000 MiB / 10 % on a 20 GiB / 25 % slot), and asking for
+// more than the slot fails that claim alone, naming the field.
+func TestSlotLimitedByVgpuConfig(t *testing.T) {
+	r := newRigMode(t, inventory.Config{Features: &stockCluster, DefaultMode: inventory.ModeExclusive, PerGPU: map[int]inventory.Mode{3: inventory.ModeSlots}})
+	hami := withConfig(claim("hami", "gpu-3-slot-0"), `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","memory":"3000Mi","cores":10}`)
+	greedy := withConfig(claim("greedy", "gpu-3-slot-1"), `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","memory":"30Gi"}`)
+	res := r.prepare(hami, greedy)
+	if err := res[hami.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	spec := r.spec(hami.UID)
+	for _, w := range []string{"CUDA_DEVICE_MEMORY_LIMIT_0=3000m", "CUDA_DEVICE_SM_LIMIT_0=10"} {
+		if !strings.Contains(spec, w) {
+			t.Errorf("spec lacks %s", w)
+		}
+	}
+	want := `claim ns/greedy: request "gpu": device node-a/gpu-3-slot-1: VgpuConfig: memory: Invalid value: "30Gi": more than the 20480 MiB the device gives`
+	if err := res[greedy.UID].Err; err == nil || err.Error() != want {
+		t.Errorf("error %v\nwant  %s", err, want)
+	}
+}

@@ -118,8 +118,8 @@ func TestDecode(t *testing.T) {
 		// Strictness.
 		{
 			name:    "unknown field",
-			in:      vgpuJSON(`"memory":"4Gi"`),
-			wantErr: `VgpuConfig: strict decoding error: unknown field "memory"`,
+			in:      vgpuJSON(`"gpumem":"4Gi"`),
+			wantErr: `VgpuConfig: strict decoding error: unknown field "gpumem"`,
 		},
 		{
 			name:    "field names are case-sensitive",

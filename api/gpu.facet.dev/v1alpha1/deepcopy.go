@@ -28,6 +28,14 @@ func (c *VgpuConfig) DeepCopyInto(out *VgpuConfig) {
 		v := *c.LogLevel
 		out.LogLevel = &v
 	}
+	if c.Memory != nil {
+		v := c.Memory.DeepCopy()
+		out.Memory = &v
+	}
+	if c.Cores != nil {
+		v := *c.Cores
+		out.Cores = &v
+	}
 }
 
 // DeepCopy returns a deep copy of c.

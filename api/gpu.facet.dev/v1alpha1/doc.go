@@ -15,13 +15,18 @@
 // # Kinds
 //
 // VgpuConfig configures a vGPU share, a partial allocation of a gpu-<i>
-// device whose limits HAMi-core (libvgpu.so, preloaded into the container)
-// enforces. The share's size is not part of it: memory and SM percentage
-// come from the capacity the allocator consumed on the device (the
-// allocation result's consumedCapacity), and the driver writes them as
-// CUDA_DEVICE_MEMORY_LIMIT_<n> and CUDA_DEVICE_SM_LIMIT_<n>. A VgpuConfig
-// only tunes how HAMi-core behaves, and is ignored for devices that are not
+// device or a fixed-size vGPU slot, whose limits HAMi-core (libvgpu.so,
+// preloaded into the container) enforces. The share's size comes from the
+// capacity the allocator consumed on the device (the allocation result's
+// consumedCapacity) or from the slot, and the driver writes it as
+// CUDA_DEVICE_MEMORY_LIMIT_<n> and CUDA_DEVICE_SM_LIMIT_<n>; memory and cores
+// below may only lower it. A VgpuConfig is ignored for devices that are not
 // vGPU shares (a whole GPU, a MIG device). Its fields, all optional:
+//
+//   - memory (a quantity, bytes, e.g. "3000Mi") and cores (percent, 1-100):
+//     lower limits than the device gives, e.g. HAMi's gpumem 3000 /
+//     gpucores 10 on a 20 GiB / 25 % slot. More than the device gives fails
+//     the claim, naming the field.
 //
 //   - enforcement: "enabled" (default) or "disabled". "disabled" is the
 //     opt-out, Facet's equivalent of HAMi's per-container

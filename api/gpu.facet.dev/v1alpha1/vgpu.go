@@ -1,8 +1,10 @@
 package v1alpha1
 
 import (
+	"fmt"
 	"strconv"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -94,6 +96,18 @@ type VgpuConfig struct {
 	// LogLevel is 0 to 4 (default 2); it becomes LIBCUDA_LOG_LEVEL.
 	// +optional
 	LogLevel *int32 `json:"logLevel,omitempty"`
+
+	// Memory caps the share's memory limit below what its device gives
+	// (bytes, a quantity such as 3000Mi; rounded down to whole MiB, as
+	// HAMi-core counts in MiB): a claim for HAMi's gpumem 3000 on a 20 GiB
+	// vGPU slot gets 3000 MiB. More than the device gives fails the claim.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
+
+	// Cores caps the share's SM limit below what its device gives, in
+	// percent, 1 to 100. More than the device gives fails the claim.
+	// +optional
+	Cores *int32 `json:"cores,omitempty"`
 }
 
 // NewVgpuConfig returns an empty VgpuConfig with its apiVersion and kind set.
@@ -146,7 +160,36 @@ func (c *VgpuConfig) validate(fldPath *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(fldPath.Child("logLevel"), *c.LogLevel,
 			validation.InclusiveRangeError(int(MinLogLevel), int(MaxLogLevel))))
 	}
+	if c.Memory != nil && c.Memory.Value() < 1<<20 {
+		errs = append(errs, field.Invalid(fldPath.Child("memory"), c.Memory.String(), "must be at least 1Mi"))
+	}
+	if c.Cores != nil && (*c.Cores < 1 || *c.Cores > 100) {
+		errs = append(errs, field.Invalid(fldPath.Child("cores"), *c.Cores, validation.InclusiveRangeError(1, 100)))
+	}
 	return errs
+}
+
+// Limit caps a share's memory (bytes) and SM share (percent; 0 is best
+// effort) by the config's Memory and Cores, which may only lower them. The
+// error names the field.
+func (c *VgpuConfig) Limit(memoryBytes, cores int64) (int64, int64, error) {
+	if c == nil {
+		return memoryBytes, cores, nil
+	}
+	if c.Memory != nil {
+		m := c.Memory.Value() &^ (1<<20 - 1)
+		if m > memoryBytes {
+			return 0, 0, field.Invalid(field.NewPath("memory"), c.Memory.String(), fmt.Sprintf("more than the %d MiB the device gives", memoryBytes>>20))
+		}
+		memoryBytes = m
+	}
+	if c.Cores != nil {
+		if cores != 0 && int64(*c.Cores) > cores {
+			return 0, 0, field.Invalid(field.NewPath("cores"), *c.Cores, fmt.Sprintf("more than the %d%% the device gives", cores))
+		}
+		cores = int64(*c.Cores)
+	}
+	return memoryBytes, cores, nil
 }
 
 // EnforcementEnabled reports whether HAMi-core is to enforce the share: true
@@ -202,6 +245,12 @@ func Merge(configs ...*VgpuConfig) *VgpuConfig {
 		}
 		if c.LogLevel != nil {
 			out.LogLevel = ptr.To(*c.LogLevel)
+		}
+		if c.Memory != nil {
+			out.Memory = ptr.To(c.Memory.DeepCopy())
+		}
+		if c.Cores != nil {
+			out.Cores = ptr.To(*c.Cores)
 		}
 	}
 	return out

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 )
@@ -179,6 +180,7 @@ func TestEnforcementEnabled(t *testing.T) {
 // config must be copied to a different address with the same value.
 func TestDeepCopyCoversEveryField(t *testing.T) {
 	in := vgpu(ptr.To(EnforcementDisabled), ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](0), ptr.To[int32](4))
+	in.Memory, in.Cores = ptr.To(resource.MustParse("3000Mi")), ptr.To[int32](50)
 	v := reflect.ValueOf(in).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		if f := v.Field(i); f.Kind() == reflect.Pointer && f.IsNil() {
@@ -225,5 +227,50 @@ func TestScheme(t *testing.T) {
 	}
 	if n := len(s.AllKnownTypes()); n != 2 {
 		t.Errorf("scheme has %d types, want 2: %v", n, s.AllKnownTypes())
+	}
+}
+
+func TestLimit(t *testing.T) {
+	const gib = int64(1) << 30
+	for _, tc := range []struct {
+		name             string
+		memory           string
+		cores            *int32
+		inMem, inCores   int64
+		wantMem, wantCor int64
+		wantErr          string
+	}{
+		{name: "nothing set", inMem: 20 * gib, inCores: 25, wantMem: 20 * gib, wantCor: 25},
+		{name: "HAMi's 3000 MiB / 10 % on a 20 GiB / 25 % slot", memory: "3000Mi", cores: ptr.To[int32](10), inMem: 20 * gib, inCores: 25, wantMem: 3000 << 20, wantCor: 10},
+		{name: "rounded down to MiB", memory: "3000.5Mi", inMem: 20 * gib, inCores: 25, wantMem: 3000 << 20, wantCor: 25},
+		{name: "more memory than the slot", memory: "21Gi", inMem: 20 * gib, inCores: 25, wantErr: "memory: Invalid value: \"21Gi\": more than the 20480 MiB the device gives"},
+		{name: "more cores than the slot", cores: ptr.To[int32](30), inMem: 20 * gib, inCores: 25, wantErr: "cores: Invalid value: 30: more than the 25% the device gives"},
+		{name: "cores on a best-effort share", cores: ptr.To[int32](30), inMem: 20 * gib, inCores: 0, wantMem: 20 * gib, wantCor: 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewVgpuConfig()
+			if tc.memory != "" {
+				c.Memory = ptr.To(resource.MustParse(tc.memory))
+			}
+			c.Cores = tc.cores
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			mem, cores, err := c.Limit(tc.inMem, tc.inCores)
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || mem != tc.wantMem || cores != tc.wantCor {
+				t.Errorf("got %d %d %v, want %d %d", mem, cores, err, tc.wantMem, tc.wantCor)
+			}
+		})
+	}
+	bad := NewVgpuConfig()
+	bad.Memory, bad.Cores = ptr.To(resource.MustParse("100Ki")), ptr.To[int32](0)
+	if err := bad.Validate(); err == nil || err.Error() != `[memory: Invalid value: "100Ki": must be at least 1Mi, cores: Invalid value: 0: must be between 1 and 100, inclusive]` {
+		t.Errorf("Validate: %v", err)
 	}
 }
