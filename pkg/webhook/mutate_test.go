@@ -589,3 +589,39 @@ func TestMemoryPercentageSelector(t *testing.T) {
 		t.Errorf("shapes %+v", shapes)
 	}
 }
+
+// TestMutatorLogsDecisionChanges: the decision is logged once, and again
+// only when it changes (the gate turned on: a class now keeps the field).
+func TestMutatorLogsDecisionChanges(t *testing.T) {
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	for _, c := range stock() {
+		indexer.Add(c)
+	}
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	m, err := NewMutator(logger, MutatorOptions{
+		Map: DefaultExtendedResourceMap(), Mode: ModeAuto,
+		Classes: resourcelisters.NewDeviceClassLister(indexer), Client: fake.NewClientset(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := logger.GetSink().(ktesting.Underlier).GetBuffer()
+	for range 3 {
+		if active, _ := m.Active(); !active {
+			t.Fatal("inactive with the gate off")
+		}
+	}
+	indexer.Update(deviceClass("gpu.facet.dev", "nvidia.com/gpu"))
+	for range 3 {
+		if active, _ := m.Active(); active {
+			t.Fatal("active with the gate on")
+		}
+	}
+	log := buf.String()
+	if n := strings.Count(log, "Extended resources:"); n != 2 {
+		t.Errorf("%d decisions logged, want 2:\n%s", n, log)
+	}
+	if !strings.Contains(log, "DRAExtendedResource is off") || !strings.Contains(log, "kept spec.extendedResourceName of DeviceClass gpu.facet.dev") {
+		t.Errorf("log does not explain the decisions:\n%s", log)
+	}
+}
