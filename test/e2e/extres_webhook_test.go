@@ -44,7 +44,11 @@ func TestExtendedResourceWebhook(t *testing.T) {
 		t.Fatal(err)
 	}
 	gateOn := class.Spec.ExtendedResourceName != nil
-	t.Logf("DRAExtendedResource on: %v (gpu.facet.dev extendedResourceName %v)", gateOn, class.Spec.ExtendedResourceName)
+	if gateOn {
+		t.Logf("DRAExtendedResource on: gpu.facet.dev kept extendedResourceName %s", *class.Spec.ExtendedResourceName)
+	} else {
+		t.Log("DRAExtendedResource off: the API server dropped gpu.facet.dev's extendedResourceName")
+	}
 
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "facet-webhook")
