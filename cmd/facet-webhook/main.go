@@ -48,10 +48,12 @@ func main() {
 	fs.Parse(os.Args[1:])
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer cancel()
 	logger := klog.Background()
 	ctx = klog.NewContext(ctx, logger)
-	if err := run(ctx, opts, mutatePods, kubeconfig, mapFile, mode, recheck); err != nil {
+	// No defer: os.Exit would skip it.
+	err := run(ctx, opts, mutatePods, kubeconfig, mapFile, mode, recheck)
+	cancel()
+	if err != nil {
 		logger.Error(err, "facet-webhook failed")
 		klog.Flush()
 		os.Exit(1)
