@@ -210,7 +210,9 @@ func podGenerateName(req *admissionv1.AdmissionRequest) string {
 			GenerateName string `json:"generateName"`
 		} `json:"metadata"`
 	}
-	json.Unmarshal(req.Object.Raw, &meta)
+	if err := json.Unmarshal(req.Object.Raw, &meta); err != nil {
+		return ""
+	}
 	return meta.Metadata.GenerateName
 }
 

@@ -291,8 +291,8 @@ func TestMutatePods(t *testing.T) {
 				if err != nil {
 					t.Fatalf("template %s: %v", tmplName, err)
 				}
-				if tmpl.Labels[ManagedByLabel] != ManagedByValue || tmpl.Spec.ObjectMeta.Labels[ManagedByLabel] != ManagedByValue {
-					t.Errorf("template %s labels %v, claim labels %v", tmplName, tmpl.Labels, tmpl.Spec.ObjectMeta.Labels)
+				if tmpl.Labels[ManagedByLabel] != ManagedByValue || tmpl.Spec.Labels[ManagedByLabel] != ManagedByValue {
+					t.Errorf("template %s labels %v, claim labels %v", tmplName, tmpl.Labels, tmpl.Spec.Labels)
 				}
 				reqs := tmpl.Spec.Spec.Devices.Requests
 				if len(reqs) != 1 || reqs[0].Exactly == nil {
@@ -595,7 +595,9 @@ func TestMemoryPercentageSelector(t *testing.T) {
 func TestMutatorLogsDecisionChanges(t *testing.T) {
 	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	for _, c := range stock() {
-		indexer.Add(c)
+		if err := indexer.Add(c); err != nil {
+			t.Fatal(err)
+		}
 	}
 	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
 	m, err := NewMutator(logger, MutatorOptions{
@@ -611,7 +613,9 @@ func TestMutatorLogsDecisionChanges(t *testing.T) {
 			t.Fatal("inactive with the gate off")
 		}
 	}
-	indexer.Update(deviceClass("gpu.facet.dev", "nvidia.com/gpu"))
+	if err := indexer.Update(deviceClass("gpu.facet.dev", "nvidia.com/gpu")); err != nil {
+		t.Fatal(err)
+	}
 	for range 3 {
 		if active, _ := m.Active(); active {
 			t.Fatal("active with the gate on")

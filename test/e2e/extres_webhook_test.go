@@ -67,7 +67,7 @@ func TestExtendedResourceWebhook(t *testing.T) {
 	// Registered after the namespace's cleanup, so removed before it, and
 	// before the webhook process stops.
 	const mwc = "facet-e2e-mutate-pods"
-	t.Cleanup(func() { kubectlErr("delete", "mutatingwebhookconfiguration", mwc, "--ignore-not-found") })
+	t.Cleanup(func() { _, _ = kubectlErr("delete", "mutatingwebhookconfiguration", mwc, "--ignore-not-found") })
 	applyYAML(t, fmt.Sprintf(`apiVersion: admissionregistration.k8s.io/v1
 kind: MutatingWebhookConfiguration
 metadata: {name: %[1]s}
