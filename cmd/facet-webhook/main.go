@@ -1,18 +1,28 @@
-// Command facet-webhook is Facet's validating admission webhook: it refuses
+// Command facet-webhook is Facet's admission webhook. It refuses
 // ResourceClaims, ResourceClaimTemplates and DeviceClasses whose opaque
-// config for gpu.facet.dev the kubelet plugin would refuse (see pkg/webhook).
-// It serves HTTPS only; the certificate and key files are re-read when they
-// change.
+// config for gpu.facet.dev the kubelet plugin would refuse (see
+// pkg/webhook), and with --mutate-pods it rewrites pods that ask for
+// extended resources (nvidia.com/gpu, nvidia.com/mig-<profile>, HAMi's and
+// Volcano's vGPUs) into DRA claims where the cluster does not map them
+// itself. It serves HTTPS only; the certificate and key files are re-read
+// when they change.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/webhook"
@@ -20,21 +30,91 @@ import (
 
 func main() {
 	var opts webhook.ServerOptions
+	var mutatePods bool
+	var kubeconfig, mapFile, mode string
+	var recheck time.Duration
 	fs := flag.NewFlagSet("facet-webhook", flag.ExitOnError)
 	fs.StringVar(&opts.Address, "bind-address", ":8443", "address to serve HTTPS on")
 	fs.StringVar(&opts.CertFile, "tls-cert-file", "", "serving certificate (PEM), re-read when it changes; required")
 	fs.StringVar(&opts.KeyFile, "tls-private-key-file", "", "serving certificate's private key (PEM), re-read when it changes; required")
 	fs.DurationVar(&opts.ReloadInterval, "tls-reload-interval", time.Second, "how often, at most, to look for a new certificate (on a TLS handshake)")
+	fs.BoolVar(&mutatePods, "mutate-pods", false, "serve "+webhook.MutatePath+", which rewrites pods' extended resources into DRA claims (needs API access)")
+	fs.StringVar(&mode, "mutate-extended-resources", string(webhook.ModeAuto),
+		"when "+webhook.MutatePath+" rewrites pods: auto (only while the API server drops DeviceClass.spec.extendedResourceName, i.e. DRAExtendedResource is off), always, never")
+	fs.StringVar(&mapFile, "extended-resource-map", "", "YAML or JSON file of the extended resources to rewrite and their DeviceClasses; default: the built-in table (see pkg/webhook DefaultExtendedResourceMap)")
+	fs.DurationVar(&recheck, "extended-resource-recheck-interval", time.Minute, "how often to re-check, and log a change of, whether pods are rewritten")
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --mutate-pods; default: the in-cluster service account")
 	klog.InitFlags(fs)
 	fs.Parse(os.Args[1:])
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer cancel()
-	ctx = klog.NewContext(ctx, klog.Background())
-	if err := webhook.Serve(ctx, opts); err != nil {
-		klog.FromContext(ctx).Error(err, "facet-webhook failed")
+	logger := klog.Background()
+	ctx = klog.NewContext(ctx, logger)
+	// No defer: os.Exit would skip it.
+	err := run(ctx, opts, mutatePods, kubeconfig, mapFile, mode, recheck)
+	cancel()
+	if err != nil {
+		logger.Error(err, "facet-webhook failed")
 		klog.Flush()
 		os.Exit(1)
 	}
 	klog.Flush()
+}
+
+func run(ctx context.Context, opts webhook.ServerOptions, mutatePods bool, kubeconfig, mapFile, mode string, recheck time.Duration) error {
+	if !mutatePods {
+		return webhook.Serve(ctx, opts)
+	}
+	logger := klog.FromContext(ctx)
+	m, err := webhook.ParseMode(mode)
+	if err != nil {
+		return fmt.Errorf("--mutate-extended-resources: %w", err)
+	}
+	table := webhook.DefaultExtendedResourceMap()
+	if mapFile != "" {
+		if table, err = webhook.LoadExtendedResourceMap(mapFile); err != nil {
+			return err
+		}
+	}
+	var cfg *rest.Config
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("API client for --mutate-pods: %w", err)
+	}
+	cfg.UserAgent = "facet-webhook"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+
+	// An informer, not a GET per pod: every pod needs the classes, and a
+	// change of gate shows in them without polling.
+	factory := informers.NewSharedInformerFactory(client, 10*time.Minute)
+	classes := factory.Resource().V1().DeviceClasses()
+	lister := classes.Lister()
+	informer := classes.Informer()
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	syncCtx, cancelSync := context.WithTimeout(ctx, time.Minute)
+	defer cancelSync()
+	if !cache.WaitForCacheSync(syncCtx.Done(), informer.HasSynced) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("the DeviceClass informer did not sync in a minute; the webhook needs get, list and watch on deviceclasses.resource.k8s.io")
+	}
+
+	mutator, err := webhook.NewMutator(logger.WithName("mutate-pods"), webhook.MutatorOptions{
+		Map: table, Mode: m, Classes: lister, Client: client,
+	})
+	if err != nil {
+		return err
+	}
+	go mutator.Run(ctx, recheck)
+	opts.Mutator = mutator
+	return webhook.Serve(ctx, opts)
 }

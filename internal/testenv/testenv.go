@@ -65,7 +65,8 @@ func StartProcess(t testing.TB, logPath, name string, args ...string) *exec.Cmd 
 // StartWebhook runs facet-webhook (bin) on a free loopback port with the
 // given serving certificate, waits until its /healthz answers over TLS
 // verified against caPEM, and returns its host:port. It stops with t.
-func StartWebhook(t testing.TB, bin, logPath, certFile, keyFile string, caPEM []byte) string {
+// extra flags come after the defaults, so they may override -v.
+func StartWebhook(t testing.TB, bin, logPath, certFile, keyFile string, caPEM []byte, extra ...string) string {
 	t.Helper()
 	// A free port: bind, read it, release.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -74,7 +75,7 @@ func StartWebhook(t testing.TB, bin, logPath, certFile, keyFile string, caPEM []
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	StartProcess(t, logPath, bin, "--bind-address", addr, "--tls-cert-file", certFile, "--tls-private-key-file", keyFile, "-v", "2")
+	StartProcess(t, logPath, bin, append([]string{"--bind-address", addr, "--tls-cert-file", certFile, "--tls-private-key-file", keyFile, "-v", "2"}, extra...)...)
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
 	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}

@@ -28,13 +28,16 @@ type ServerOptions struct {
 	ReloadInterval time.Duration
 	// ShutdownTimeout bounds the graceful shutdown; 0 means 10 seconds.
 	ShutdownTimeout time.Duration
+	// Mutator, when set, is served at MutatePath.
+	Mutator http.Handler
 	// Listening, when set, is called with the bound address once the
 	// server accepts connections (for tests that listen on port 0).
 	Listening func(net.Addr)
 }
 
 // Serve runs the webhook's HTTPS server until ctx is done, then shuts it
-// down gracefully. It serves ValidatePath (AdmissionReviews) and HealthzPath.
+// down gracefully. It serves ValidatePath (AdmissionReviews), MutatePath
+// when opts.Mutator is set, and HealthzPath.
 func Serve(ctx context.Context, opts ServerOptions) error {
 	logger := klog.FromContext(ctx)
 	if opts.CertFile == "" || opts.KeyFile == "" {
@@ -53,6 +56,9 @@ func Serve(ctx context.Context, opts ServerOptions) error {
 
 	mux := http.NewServeMux()
 	mux.Handle(ValidatePath, NewHandler(logger))
+	if opts.Mutator != nil {
+		mux.Handle(MutatePath, opts.Mutator)
+	}
 	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Write([]byte("ok\n"))
@@ -75,7 +81,11 @@ func Serve(ctx context.Context, opts ServerOptions) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", opts.Address, err)
 	}
-	logger.Info("Serving", "address", ln.Addr().String(), "validate", ValidatePath, "healthz", HealthzPath)
+	paths := []any{"validate", ValidatePath, "healthz", HealthzPath}
+	if opts.Mutator != nil {
+		paths = append(paths, "mutate", MutatePath)
+	}
+	logger.Info("Serving", append([]any{"address", ln.Addr().String()}, paths...)...)
 	if opts.Listening != nil {
 		opts.Listening(ln.Addr())
 	}

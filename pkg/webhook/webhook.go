@@ -73,6 +73,17 @@ func NewHandler(logger klog.Logger) *Handler {
 // review back with the response. Malformed HTTP requests get a plain HTTP
 // error, which the API server treats as a webhook failure (failurePolicy).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	serveAdmission(w, r, func(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
+		resp := Review(req)
+		h.log(req, resp)
+		return resp
+	})
+}
+
+// serveAdmission is the HTTP side shared by the validating and the mutating
+// handler: it checks and decodes the AdmissionReview, has review decide,
+// and writes the review back with the response and the request's UID.
+func serveAdmission(w http.ResponseWriter, r *http.Request, review func(*admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		http.Error(w, "only POST is allowed", http.StatusMethodNotAllowed)
@@ -91,25 +102,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("body larger than %d bytes", maxReviewBytes), http.StatusRequestEntityTooLarge)
 		return
 	}
-	var review admissionv1.AdmissionReview
-	if err := json.Unmarshal(body, &review); err != nil {
+	var in admissionv1.AdmissionReview
+	if err := json.Unmarshal(body, &in); err != nil {
 		http.Error(w, "decode AdmissionReview: "+err.Error(), http.StatusBadRequest)
 		return
 	}
-	if gv := review.APIVersion; gv != admissionv1.SchemeGroupVersion.String() || review.Kind != "AdmissionReview" {
-		http.Error(w, fmt.Sprintf("want an AdmissionReview of %s, got kind %q of %q", admissionv1.SchemeGroupVersion, review.Kind, gv), http.StatusBadRequest)
+	if gv := in.APIVersion; gv != admissionv1.SchemeGroupVersion.String() || in.Kind != "AdmissionReview" {
+		http.Error(w, fmt.Sprintf("want an AdmissionReview of %s, got kind %q of %q", admissionv1.SchemeGroupVersion, in.Kind, gv), http.StatusBadRequest)
 		return
 	}
-	if review.Request == nil {
+	if in.Request == nil {
 		http.Error(w, "AdmissionReview has no request", http.StatusBadRequest)
 		return
 	}
 
-	resp := Review(review.Request)
-	resp.UID = review.Request.UID
-	h.log(review.Request, resp)
+	resp := review(in.Request)
+	resp.UID = in.Request.UID
 
-	out := admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: resp}
+	out := admissionv1.AdmissionReview{TypeMeta: in.TypeMeta, Response: resp}
 	data, err := json.Marshal(out)
 	if err != nil {
 		http.Error(w, "encode AdmissionReview: "+err.Error(), http.StatusInternalServerError)

@@ -201,7 +201,7 @@ func TestEveryObjectIsWellFormed(t *testing.T) {
 	clusterScoped := map[string]bool{
 		"ClusterRole": true, "ClusterRoleBinding": true, "DeviceClass": true,
 		"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
-		"ValidatingWebhookConfiguration": true,
+		"ValidatingWebhookConfiguration": true, "MutatingWebhookConfiguration": true,
 	}
 	for name, vals := range configurations(t) {
 		t.Run(name, func(t *testing.T) {
@@ -249,6 +249,24 @@ kubeletPlugin:
 admission:
   policies: {enabled: false}
   webhook: {enabled: false}
+`),
+		"pod mutator with its own table": values(t, `
+admission:
+  webhook:
+    mutatePods:
+      enabled: true
+      mode: always
+      failurePolicy: Ignore
+      excludeNamespaces: [kube-system, monitoring]
+      namespaceSelector:
+        matchLabels: {gpu: "yes"}
+        matchExpressions: [{key: tier, operator: NotIn, values: [system]}]
+      extendedResourceMap:
+        devices:
+        - {resource: nvidia.com/gpu, deviceClassName: gpu.facet.dev}
+        - {resource: example.com/accel-*, deviceClassName: accel-*.facet.dev}
+        vgpus:
+        - {count: volcano.sh/vgpu-number, memory: volcano.sh/vgpu-memory, deviceClassName: vgpu-slot.facet.dev}
 `),
 		"external issuer and GPU Operator paths on RHEL": values(t, `
 kubeletPlugin:

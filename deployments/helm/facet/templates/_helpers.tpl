@@ -92,3 +92,45 @@ Group "default" matches nodes without the label or with the value "default".
 {{- $_ := set $affinity "nodeAffinity" $na }}
 {{- toYaml $affinity }}
 {{- end }}
+
+{{/* The pod mutator's extended resource table, as the webhook reads it. */}}
+{{- define "facet.extendedResourceMap" -}}
+{{- toYaml .Values.admission.webhook.mutatePods.extendedResourceMap }}
+{{- end }}
+
+{{/*
+facet.extendedResourceMatch: a CEL predicate on a resource name k that is
+true for every name the table maps, so that the pod webhook's
+matchCondition sends exactly the pods the webhook may rewrite.
+*/}}
+{{- define "facet.extendedResourceMatch" -}}
+{{- $t := .Values.admission.webhook.mutatePods.extendedResourceMap }}
+{{- $names := list }}
+{{- $prefixes := list }}
+{{- range $t.devices }}
+{{- if hasSuffix "*" .resource }}
+{{- $prefixes = append $prefixes (trimSuffix "*" .resource) }}
+{{- else }}
+{{- $names = append $names .resource }}
+{{- end }}
+{{- end }}
+{{- range $v := $t.vgpus }}
+{{- range $f := list "count" "memory" "cores" "memoryPercentage" }}
+{{- with index $v $f }}
+{{- $names = append $names . }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $terms := list }}
+{{- if $names }}
+{{- $quoted := list }}
+{{- range $names | uniq | sortAlpha }}
+{{- $quoted = append $quoted (printf "'%s'" .) }}
+{{- end }}
+{{- $terms = append $terms (printf "k in [%s]" (join ", " $quoted)) }}
+{{- end }}
+{{- range $prefixes | uniq | sortAlpha }}
+{{- $terms = append $terms (printf "k.startsWith('%s')" .) }}
+{{- end }}
+{{- if $terms }}{{ join " || " $terms }}{{ else }}false{{ end }}
+{{- end }}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/facet-gpu/facet/pkg/webhook"
+)
+
+// TestRunRefusesBadPodMutatorSettings: a bad setting stops the webhook at
+// start, naming the flag or file, before it serves anything.
+func TestRunRefusesBadPodMutatorSettings(t *testing.T) {
+	dir := t.TempDir()
+	badMap := filepath.Join(dir, "map.yaml")
+	if err := os.WriteFile(badMap, []byte("devices:\n- {resource: gpu, deviceClassName: gpu.facet.dev}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name                      string
+		kubeconfig, mapFile, mode string
+		want                      string
+	}{
+		{"unknown mode", "", "", "sometimes", `--mutate-extended-resources: "sometimes" is not one of auto, always, never`},
+		{"missing table", "", filepath.Join(dir, "absent.yaml"), "auto", "extended resource map: open"},
+		{"bad table", "", badMap, "auto", `devices[0]: "gpu" is not an extended resource name`},
+		{"no API", filepath.Join(dir, "absent.kubeconfig"), "", "auto", "API client for --mutate-pods"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			err := run(ctx, webhook.ServerOptions{}, true, tc.kubeconfig, tc.mapFile, tc.mode, time.Minute)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}

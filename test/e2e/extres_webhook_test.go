@@ -1,0 +1,192 @@
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/facet-gpu/facet/internal/testenv"
+	"github.com/facet-gpu/facet/pkg/webhook"
+)
+
+// mutateLabel selects the pods this test's webhook configuration sends to
+// the pod mutator, so that one left behind by a crashed run cannot touch
+// another test's pods.
+const mutateLabel = "facet.dev/e2e-mutate"
+
+// TestExtendedResourceWebhook runs facet-webhook's pod mutator as a local
+// process behind a MutatingWebhookConfiguration with a url, on the node as
+// hack/cluster/up.sh started it:
+//   - with DRAExtendedResource off (stock 1.35), an unchanged
+//     `nvidia.com/gpu: 1` pod is rewritten into a claim from a template, runs
+//     with one Facet GPU, and its claim is deleted with it;
+//   - with the gate on, the webhook leaves the pod to the scheduler's
+//     extended-resource mapping.
+//
+// Whether the gate is on is read as the webhook reads it: from whether the
+// API server kept the DeviceClasses' extendedResourceName.
+func TestExtendedResourceWebhook(t *testing.T) {
+	ctx := context.Background()
+	setupNamespace(t)
+	class, err := e.client.ResourceV1().DeviceClasses().Get(ctx, "gpu.facet.dev", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateOn := class.Spec.ExtendedResourceName != nil
+	if gateOn {
+		t.Logf("DRAExtendedResource on: gpu.facet.dev kept extendedResourceName %s", *class.Spec.ExtendedResourceName)
+	} else {
+		t.Log("DRAExtendedResource off: the API server dropped gpu.facet.dev's extendedResourceName")
+	}
+
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "facet-webhook")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/facet-webhook")
+	build.Dir = e.repo
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/facet-webhook: %v\n%s", err, out)
+	}
+	caPEM, certFile, keyFile := webhookCerts(t, dir)
+	logPath := filepath.Join(e.runDir, "logs", "facet-webhook-mutate-e2e.log")
+	addr := testenv.StartWebhook(t, bin, logPath, certFile, keyFile, caPEM,
+		"--mutate-pods", "--kubeconfig", e.kubeconfig, "--extended-resource-recheck-interval", "2s", "-v", "4")
+
+	p := startPlugin(t, "dgx-h100", "--mode", "exclusive")
+	deleteNamespaceAtEnd(t)
+	// Registered after the namespace's cleanup, so removed before it, and
+	// before the webhook process stops.
+	const mwc = "facet-e2e-mutate-pods"
+	t.Cleanup(func() { _, _ = kubectlErr("delete", "mutatingwebhookconfiguration", mwc, "--ignore-not-found") })
+	applyYAML(t, fmt.Sprintf(`apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {name: %[1]s}
+webhooks:
+- name: pods.gpu.facet.dev
+  admissionReviewVersions: [v1]
+  sideEffects: NoneOnDryRun
+  failurePolicy: Fail
+  reinvocationPolicy: IfNeeded
+  timeoutSeconds: 10
+  clientConfig: {url: %[2]q, caBundle: %[3]s}
+  namespaceSelector:
+    matchLabels: {kubernetes.io/metadata.name: %[4]s}
+  objectSelector:
+    matchLabels: {%[5]s: "true"}
+  rules:
+  - {apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods], scope: Namespaced}
+  matchConditions:
+  - name: asksForMappedExtendedResource
+    expression: >-
+      (object.spec.containers + object.spec.?initContainers.orValue([])).exists(c,
+      has(c.resources) && has(c.resources.limits) &&
+      c.resources.limits.exists(k, k in ['nvidia.com/gpu'] || k.startsWith('nvidia.com/mig-')))
+`, mwc, "https://"+addr+webhook.MutatePath, base64.StdEncoding.EncodeToString(caPEM), namespace, mutateLabel))
+
+	gpuPod := func(name, amount string) *corev1.Pod {
+		pod := extendedResourcePod(name, "nvidia.com/gpu")
+		pod.Labels = map[string]string{mutateLabel: "true"}
+		pod.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"] = resource.MustParse(amount)
+		return pod
+	}
+	// The configuration takes a moment to reach the API server's admission
+	// chain: wait until a server-side dry run reaches the webhook.
+	waitFor(t, "pod mutator registered", time.Minute, func() (bool, error) {
+		if _, err := e.client.CoreV1().Pods(namespace).Create(ctx, gpuPod("probe", "1"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+			return false, err
+		}
+		log, _ := os.ReadFile(logPath)
+		return strings.Contains(string(log), `name="probe"`), fmt.Errorf("the webhook has not seen the probe pod")
+	})
+	if log, _ := os.ReadFile(logPath); !strings.Contains(string(log), map[bool]string{true: "DRAExtendedResource is on", false: "DRAExtendedResource is off"}[gateOn]) {
+		t.Errorf("the webhook's log (%s) does not say the gate is %v:\n%s", logPath, gateOn, log)
+	}
+	waitModes(t, func(int64) string { return "exclusive" })
+	gpus := publishedGPUs(t)
+
+	if gateOn {
+		t.Run("gate on: the pod is left to the scheduler's extended-resource mapping", func(t *testing.T) {
+			created, err := e.client.CoreV1().Pods(namespace).Create(ctx, gpuPod("er-gpu", "1"), metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(created.Spec.ResourceClaims) != 0 || created.Annotations[webhook.RewrittenAnnotation] != "" {
+				t.Fatalf("the webhook rewrote the pod: %+v", created.Spec.ResourceClaims)
+			}
+			pod := waitPodRunning(t, "er-gpu")
+			checkAllocatedPod(t, pod, extendedResourceClaim(t, pod), gpus, 1)
+		})
+		return
+	}
+
+	t.Run("a malformed amount is refused, naming the container and the resource", func(t *testing.T) {
+		_, err := e.client.CoreV1().Pods(namespace).Create(ctx, gpuPod("half-gpu", "500m"), metav1.CreateOptions{})
+		if err == nil || !strings.Contains(err.Error(), `container "cuda": nvidia.com/gpu: 500m is not a whole number`) {
+			t.Fatalf("got %v, want a refusal from the webhook", err)
+		}
+	})
+
+	t.Run("gate off: nvidia.com/gpu becomes a pod-owned claim and runs on a Facet GPU", func(t *testing.T) {
+		created, err := e.client.CoreV1().Pods(namespace).Create(ctx, gpuPod("er-gpu", "1"), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := created.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"]; ok {
+			t.Errorf("nvidia.com/gpu is still in the limits: %v", created.Spec.Containers[0].Resources.Limits)
+		}
+		if len(created.Spec.ResourceClaims) != 1 || created.Spec.ResourceClaims[0].ResourceClaimTemplateName == nil {
+			t.Fatalf("resourceClaims %+v", created.Spec.ResourceClaims)
+		}
+		tmplName := *created.Spec.ResourceClaims[0].ResourceClaimTemplateName
+		t.Logf("rewritten: %s", created.Annotations[webhook.RewrittenAnnotation])
+		tmpl, err := e.client.ResourceV1().ResourceClaimTemplates(namespace).Get(ctx, tmplName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tmpl.Labels[webhook.ManagedByLabel] != webhook.ManagedByValue {
+			t.Errorf("template %s labels %v", tmplName, tmpl.Labels)
+		}
+
+		pod := waitPodRunning(t, "er-gpu")
+		claims := podClaims(t, pod)
+		if len(claims) != 1 {
+			t.Fatalf("%d claims: %v", len(claims), claims)
+		}
+		claim := claims[created.Spec.ResourceClaims[0].Name]
+		if claim == nil {
+			t.Fatalf("no claim for %s: %v", created.Spec.ResourceClaims[0].Name, claims)
+		}
+		if ref := metav1.GetControllerOf(claim); ref == nil || ref.Kind != "Pod" || ref.UID != pod.UID {
+			t.Errorf("claim %s is not owned by the pod: %v", claim.Name, claim.OwnerReferences)
+		}
+		if got := requestsOf(claim); got != "devices: 1 x gpu.facet.dev" {
+			t.Errorf("claim requests %s", got)
+		}
+		checkAllocatedPod(t, pod, claim, gpus, 1)
+
+		if err := e.client.CoreV1().Pods(namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "claim "+claim.Name+" garbage-collected", 2*time.Minute, func() (bool, error) {
+			_, err := e.client.ResourceV1().ResourceClaims(namespace).Get(ctx, claim.Name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), err
+		})
+		if _, err := e.client.ResourceV1().ResourceClaimTemplates(namespace).Get(ctx, tmplName, metav1.GetOptions{}); err != nil {
+			t.Errorf("the shared template is gone with the pod: %v", err)
+		}
+	})
+	if t.Failed() {
+		log, _ := os.ReadFile(logPath)
+		t.Logf("webhook log:\n%s\nplugin log:\n%s", log, p.logText())
+	}
+}
