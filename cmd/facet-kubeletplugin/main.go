@@ -55,7 +55,7 @@ func main() {
 	fs := flag.NewFlagSet("facet-kubeletplugin", flag.ExitOnError)
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name: the pool's name (env NODE_NAME)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
-	fs.StringVar(&f.machine, "machine", "", "simulate the node described by this machine file instead of loading NVML")
+	fs.StringVar(&f.machine, "machine", "", "simulate the node described by this machine file instead of loading NVML (builds with -tags facetsim only)")
 	fs.StringVar(&f.nvmlLib, "nvml-library", "", "path of libnvidia-ml.so.1 (default: the loader's search path)")
 	fs.StringVar(&f.driverRoot, "driver-root", "/", "host path of the NVIDIA driver's files (/run/nvidia/driver with the GPU Operator)")
 	fs.StringVar(&f.devRoot, "dev-root", "", "host path whose dev/ holds the NVIDIA device nodes (default: --driver-root)")
@@ -101,7 +101,7 @@ func run(ctx context.Context, f flags) error {
 	if f.machine != "" {
 		// MIG instances outlive the plugin on real GPUs; the simulation
 		// keeps them in the state directory so restarts see them too.
-		lib, err = nvml.OpenMachine(f.machine, nvml.WithStateFile(filepath.Join(f.stateDir, "simulated-nvml.json")))
+		lib, err = openMachine(f.machine, filepath.Join(f.stateDir, "simulated-nvml.json"))
 	} else {
 		lib, err = nvml.OpenReal(f.nvmlLib)
 	}
@@ -140,7 +140,7 @@ func run(ctx context.Context, f flags) error {
 		// there, in the private mount namespace the plugin must then run
 		// in (unshare --mount --propagation private). Refused on a host
 		// with a real driver or in the host's mount namespace.
-		if err := nvml.BindSimulatedProcDriver(f.driverRoot); err != nil {
+		if err := bindSimulatedProcDriver(f.driverRoot); err != nil {
 			logger.Error(err, "MIG devices cannot get CDI edits on this simulated node; MIG claims will fail to prepare")
 		}
 	}

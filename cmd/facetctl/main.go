@@ -11,6 +11,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/slices"
 )
 
@@ -88,7 +89,7 @@ func runSlices(args []string) error {
 
 func openLibrary(machine string) (*nvml.Library, error) {
 	if machine != "" {
-		return nvml.OpenMachine(machine)
+		return sim.OpenMachine(machine)
 	}
 	return nvml.OpenReal("")
 }
@@ -102,7 +103,7 @@ func runSimDriverRoot(args []string) error {
 	if *machine == "" || *root == "" {
 		return fmt.Errorf("--machine and --root are required")
 	}
-	lib, err := nvml.OpenMachine(*machine)
+	lib, err := sim.OpenMachine(*machine)
 	if err != nil {
 		return err
 	}
@@ -115,11 +116,11 @@ func runSimDriverRoot(args []string) error {
 	for _, g := range node.GPUs {
 		minors = append(minors, g.Minor)
 	}
-	if err := nvml.LayoutDriverRoot(*root, node.DriverVersion, minors); err != nil {
+	if err := sim.LayoutDriverRoot(*root, node.DriverVersion, minors); err != nil {
 		return err
 	}
 	if *hamiLib != "" {
-		if err := nvml.WriteSimulatedHAMiCore(*hamiLib); err != nil {
+		if err := sim.WriteSimulatedHAMiCore(*hamiLib); err != nil {
 			return err
 		}
 	}
@@ -136,7 +137,7 @@ func runMIGInstances(args []string) error {
 	var err error
 	switch {
 	case *machine != "" && *state != "":
-		lib, err = nvml.OpenMachine(*machine, nvml.WithStateFile(*state))
+		lib, err = sim.OpenMachine(*machine, sim.WithStateFile(*state))
 	case *machine != "":
 		return fmt.Errorf("--machine needs --nvml-state: a simulated node's instances live in the plugin's state file")
 	default:

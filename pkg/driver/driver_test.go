@@ -22,6 +22,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 const node = "node-a"
@@ -53,7 +54,7 @@ func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 	if os.Geteuid() != 0 {
 		t.Skip("the simulated driver root needs mknod (root)")
 	}
-	lib, err := nvml.OpenMachine("../../demo/machines/dgx-h100.yaml")
+	lib, err := sim.OpenMachine("../../demo/machines/dgx-h100.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,12 +65,12 @@ func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 	layoutOnce.Do(func() {
 		sharedRoot, _ = os.MkdirTemp("", "facet-driver-root")
 		minors := []int{0, 1, 2, 3, 4, 5, 6, 7}
-		if err := nvml.LayoutDriverRoot(sharedRoot, n.DriverVersion, minors); err != nil {
+		if err := sim.LayoutDriverRoot(sharedRoot, n.DriverVersion, minors); err != nil {
 			t.Fatal(err)
 		}
 		if os.Getenv(privateNamespaceEnv) == "1" {
 			// nvcdi reads MIG caps from the fixed /proc/driver path.
-			bindErr = nvml.BindSimulatedProcDriver(sharedRoot)
+			bindErr = sim.BindSimulatedProcDriver(sharedRoot)
 		} else {
 			bindErr = fmt.Errorf("not in a private mount namespace")
 		}

@@ -11,7 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/facet-gpu/facet/pkg/inventory"
-	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
@@ -27,7 +27,7 @@ func render(t *testing.T, machine string, cfg inventory.Config) []byte {
 
 func objects(t *testing.T, machine string, cfg inventory.Config) []*resourceapi.ResourceSlice {
 	t.Helper()
-	node, err := nvml.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
+	node, err := sim.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
