@@ -26,6 +26,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/driver"
 	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/slices"
 )
@@ -63,7 +64,7 @@ func main() {
 	fs.StringVar(&f.cdiDir, "cdi-dir", "/var/run/cdi", "CDI spec directory the container runtime reads")
 	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/facet", "directory of the prepared-claims checkpoint")
 	fs.StringVar(&f.registrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet's plugin registration directory")
-	fs.StringVar(&f.pluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet's plugins directory; the socket goes in <dir>/"+inventory.DriverName)
+	fs.StringVar(&f.pluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet's plugins directory; the socket goes in <dir>/"+names.Driver)
 	// client-go's default (5 QPS) throttles the helper's GET of every
 	// claim in NodePrepareResources to 200 ms once a burst is used up.
 	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server")
@@ -175,12 +176,12 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
-	pluginDir := filepath.Join(f.pluginsDir, inventory.DriverName)
+	pluginDir := filepath.Join(f.pluginsDir, names.Driver)
 	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
 		return err
 	}
 	helper, err := kubeletplugin.Start(ctx, drv,
-		kubeletplugin.DriverName(inventory.DriverName),
+		kubeletplugin.DriverName(names.Driver),
 		kubeletplugin.NodeName(f.nodeName),
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.RegistrarDirectoryPath(f.registrarDir),
@@ -209,7 +210,7 @@ func run(ctx context.Context, f flags) error {
 // reportPublished logs when the API server holds all of this node's slices,
 // the plugin's time-to-ready as a scheduler sees it.
 func reportPublished(ctx context.Context, client kubernetes.Interface, node string, want int, start time.Time) {
-	sel := fields.Set{"spec.driver": inventory.DriverName, "spec.nodeName": node}.AsSelector().String()
+	sel := fields.Set{"spec.driver": names.Driver, "spec.nodeName": node}.AsSelector().String()
 	for ctx.Err() == nil {
 		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
 		if err == nil && len(list.Items) >= want {

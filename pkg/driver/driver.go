@@ -25,6 +25,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
 
@@ -383,7 +384,7 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*plan, error) {
 	p := &plan{}
 	vgpuFrom := ""
 	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver != inventory.DriverName {
+		if r.Driver != names.Driver {
 			continue
 		}
 		where := fmt.Sprintf("request %q: device %s/%s", r.Request, r.Pool, r.Device)
@@ -434,7 +435,7 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*plan, error) {
 		p.devices = append(p.devices, rec)
 	}
 	if len(p.devices) == 0 {
-		return nil, fmt.Errorf("allocation has no device of driver %s", inventory.DriverName)
+		return nil, fmt.Errorf("allocation has no device of driver %s", names.Driver)
 	}
 	if p.vgpu != nil {
 		for _, dev := range p.devices {
@@ -452,10 +453,10 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*plan, error) {
 func shareOf(r resourceapi.DeviceRequestAllocationResult, dev *inventory.Device) (*checkpoint.Share, error) {
 	total := int64(dev.GPU.MemoryBytes)
 	s := &checkpoint.Share{MemoryBytes: total, Cores: 100}
-	if q, ok := r.ConsumedCapacity["memory"]; ok {
+	if q, ok := r.ConsumedCapacity[names.CapacityMemory]; ok {
 		s.MemoryBytes = q.Value()
 	}
-	if q, ok := r.ConsumedCapacity["cores"]; ok {
+	if q, ok := r.ConsumedCapacity[names.CapacityCores]; ok {
 		s.Cores = q.Value()
 	}
 	switch {

@@ -21,6 +21,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
@@ -154,7 +155,7 @@ func claim(name string, devices ...string) *resourceapi.ResourceClaim {
 	}
 	for _, d := range devices {
 		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
-			resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: inventory.DriverName, Pool: node, Device: d})
+			resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: names.Driver, Pool: node, Device: d})
 	}
 	return c
 }
@@ -227,7 +228,7 @@ func TestBadClaimsFailAlone(t *testing.T) {
 	configured.Status.Allocation.Devices.Config = []resourceapi.DeviceAllocationConfiguration{{
 		Source: resourceapi.AllocationConfigSourceClaim,
 		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: inventory.DriverName, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"GpuConfig","x":1}`)}}},
+			Driver: names.Driver, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"GpuConfig","x":1}`)}}},
 	}}
 	share := claim("share", "gpu-5")
 	shareID := types.UID("s1")

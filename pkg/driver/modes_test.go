@@ -15,6 +15,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // migDevice finds the published device of a profile at a placement.
@@ -59,7 +60,7 @@ func share(name, device string, memory string, cores int64, configJSON ...string
 		c.Status.Allocation.Devices.Config = append(c.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
 			Source: resourceapi.AllocationConfigSourceClaim,
 			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-				Driver: inventory.DriverName, Parameters: runtime.RawExtension{Raw: []byte(cfg)}}},
+				Driver: names.Driver, Parameters: runtime.RawExtension{Raw: []byte(cfg)}}},
 		})
 	}
 	return c

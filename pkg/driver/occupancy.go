@@ -4,13 +4,14 @@ import (
 	"fmt"
 
 	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // Kinds of prepared device, as recorded in the checkpoint.
 const (
-	kindWhole = "gpu"
-	kindMIG   = "mig"
-	kindShare = "share"
+	kindWhole = names.KindGPU
+	kindMIG   = names.KindMIG
+	kindShare = names.KindShare
 )
 
 // use is one prepared device's hold on a physical GPU.

@@ -23,19 +23,16 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
-
-// DriverName is Facet's DRA driver name; it is also the domain of every
-// attribute and capacity Facet publishes.
-const DriverName = "gpu.facet.dev"
 
 // Mode says how a physical GPU may be used. Modes are exclusive per GPU.
 type Mode string
 
 const (
 	// ModeAuto is not a mode of its own but the default policy: ModeMIG on
-	// MIG-capable GPUs and ModeExclusive on the others. See AutoModeRationale.
+	// MIG-capable GPUs and ModeExclusive on the others (why: docs/design/resource-model.md).
 	ModeAuto Mode = "auto"
 	// ModeExclusive publishes gpu-<i> alone, for one claim at a time.
 	ModeExclusive Mode = "exclusive"
@@ -53,38 +50,9 @@ const (
 	// all of the GPU's counters (charged once, by its first share), so vGPU
 	// shares and MIG instances exclude each other per GPU. Non-MIG GPUs fall
 	// back to ModeShared. On Kubernetes 1.35 this mode meets two allocator
-	// bugs (kubernetes#139034, kubernetes#140436); see AutoModeRationale.
+	// bugs (kubernetes#139034, kubernetes#140436); see docs/design/resource-model.md.
 	ModeDynamic Mode = "dynamic"
 )
-
-// AutoModeRationale explains the default (ModeAuto) for logs and docs.
-//
-// Why mig and not dynamic: on Kubernetes 1.35 (k8s.io/dynamic-resource-
-// allocation v0.35.x) a multi-allocatable device that consumes counters,
-// which only dynamic mode publishes, meets two allocator bugs that can put
-// a MIG instance and a vGPU share on one GPU (double-booking,
-// kubernetes#139034) or leave a pod that fits Pending (rollback leak,
-// kubernetes#140436). In mig mode nothing is ever over-committed.
-//
-// What mig mode still meets on 1.35: the rollback leak has a second path,
-// for any device that consumes counters: a device that a claim's
-// matchAttribute constraint rejects keeps the counters it had reserved
-// (test/allocator TestK8s140436RollbackLeak). A multi-device claim with a
-// constraint (two whole GPUs on one PCIe root) can then be refused on a
-// node that has room; the scheduler retries with another slice order, so
-// it usually schedules later, but it can stay Pending. Exclusive mode has
-// no counters and no such case.
-//
-// Why not exclusive everywhere: MIG is what makes an A100/H100 usable by
-// small jobs, and mig mode is the one mode with MIG that 1.35 allocates
-// correctly.
-const AutoModeRationale = "MIG-capable GPUs default to mig and the others to exclusive: " +
-	"in mig mode no multi-allocatable device consumes counters, so the 1.35 allocator's " +
-	"double-booking (kubernetes#139034) cannot happen; " +
-	"mig needs the DRAPartitionableDevices feature gate on kube-apiserver and kube-scheduler " +
-	"(alpha, off by default in 1.35), and on 1.35 a claim whose matchAttribute constraint spans " +
-	"several mig-mode devices can stay Pending (kubernetes#140436); " +
-	"set --mode=exclusive where either matters"
 
 // Modes lists the modes (and the auto policy) this build accepts.
 var Modes = []Mode{ModeAuto, ModeExclusive, ModeMIG, ModeShared, ModeDynamic}
@@ -130,10 +98,10 @@ type Kind string
 const (
 	// KindGPU is a whole physical GPU (or, when Shareable, a pool of vGPU
 	// shares of it).
-	KindGPU Kind = "gpu"
+	KindGPU Kind = names.KindGPU
 	// KindMIG is one MIG instance: a GPU instance of one profile at one
 	// placement, with one compute instance spanning all of it.
-	KindMIG Kind = "mig"
+	KindMIG Kind = names.KindMIG
 )
 
 // Device is one DRA device of the inventory.
