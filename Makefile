@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN := $(CURDIR)/bin
 RUN_DIR ?= /tmp/facet-run
 
-.PHONY: all build build-release verify-release test unit e2e demo demo-down bench clean
+.PHONY: all build build-release verify-release generate verify-generate test unit e2e demo demo-down bench clean
 
 all: build
 
@@ -27,6 +27,23 @@ verify-release:
 	@if $(GO) tool nm $(BIN)/release/facet-kubeletplugin | grep -E 'go-nvml/pkg/nvml/mock|facet/pkg/nvml/sim\.' >/dev/null; then \
 		echo "bin/release/facet-kubeletplugin links simulator code" >&2; exit 1; fi
 	@echo "bin/release/facet-kubeletplugin: no simulator or go-nvml mock symbols"
+
+# deepcopy-gen, pinned in hack/tools/codegen/go.mod (a tool directive).
+DEEPCOPY_GEN := $(GO) tool -modfile=$(CURDIR)/hack/tools/codegen/go.mod deepcopy-gen
+DEEPCOPY_PKGS := ./api/gpu.facet.dev/v1alpha1
+
+## generate: regenerate the API types' deep copies (zz_generated.deepcopy.go)
+generate:
+	$(DEEPCOPY_GEN) --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(DEEPCOPY_PKGS)
+
+## verify-generate: fail if the generated files are stale (regenerates in a
+## temporary copy of the module, then diffs)
+verify-generate:
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	mkdir -p "$$tmp/hack" && cp -r go.mod go.sum api pkg "$$tmp/" && cp hack/boilerplate.go.txt "$$tmp/hack/" && \
+	find "$$tmp/api" -name zz_generated.deepcopy.go -delete && \
+	(cd "$$tmp" && $(DEEPCOPY_GEN) --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(DEEPCOPY_PKGS)) && \
+	diff -ru api "$$tmp/api" || { echo "generated files are stale: run make generate" >&2; exit 1; }
 
 ## test: unit tests, allocator tests and end-to-end tests on a real node
 test: unit e2e
