@@ -6,7 +6,7 @@
 // Data flows one way: nvml.Node (discovery) → Inventory → ResourceSlices
 // (package slices) and → prepare (package driver).
 //
-// The model is described in /work/shared/design/resource-model.md; in short,
+// The model is described in docs/design/resource-model.md; in short,
 // per physical GPU i:
 //
 //	mode       devices                                              counters
