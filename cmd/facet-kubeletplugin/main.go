@@ -52,8 +52,30 @@ type flags struct {
 }
 
 func main() {
+	f, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		// The flag set has printed the error and the usage.
+		os.Exit(2)
+	}
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+	ctx = klog.NewContext(ctx, klog.Background())
+	if err := run(ctx, f); err != nil {
+		klog.FromContext(ctx).Error(err, "facet-kubeletplugin failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+}
+
+// parseFlags parses the command line. Errors (and -h) are printed with the
+// usage by the flag set; flag.ErrHelp means -h.
+func parseFlags(args []string) (flags, error) {
 	var f flags
-	fs := flag.NewFlagSet("facet-kubeletplugin", flag.ExitOnError)
+	fs := flag.NewFlagSet("facet-kubeletplugin", flag.ContinueOnError)
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name: the pool's name (env NODE_NAME)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
 	fs.StringVar(&f.machine, "machine", "", "simulate the node described by this machine file instead of loading NVML (builds with -tags facetsim only)")
@@ -73,16 +95,8 @@ func main() {
 	fs.BoolVar(&f.destroyUnownedMIG, "destroy-unowned-mig", false, "at start, destroy MIG instances on managed GPUs that no prepared claim owns (default: only report them)")
 	f.modes.Register(fs)
 	klog.InitFlags(fs)
-	fs.Parse(os.Args[1:])
-
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer cancel()
-	ctx = klog.NewContext(ctx, klog.Background())
-	if err := run(ctx, f); err != nil {
-		klog.FromContext(ctx).Error(err, "facet-kubeletplugin failed")
-		klog.Flush()
-		os.Exit(1)
-	}
+	err := fs.Parse(args)
+	return f, err
 }
 
 func run(ctx context.Context, f flags) error {
