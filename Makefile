@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN := $(CURDIR)/bin
 RUN_DIR ?= /tmp/facet-run
 
-.PHONY: all build build-release verify-release generate verify-generate test unit e2e demo demo-down bench clean
+.PHONY: all build build-release verify-release generate verify-generate lint test unit e2e demo demo-down bench clean
 
 all: build
 
@@ -44,6 +44,22 @@ verify-generate:
 	find "$$tmp/api" -name zz_generated.deepcopy.go -delete && \
 	(cd "$$tmp" && $(DEEPCOPY_GEN) --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(DEEPCOPY_PKGS)) && \
 	diff -ru api "$$tmp/api" || { echo "generated files are stale: run make generate" >&2; exit 1; }
+
+# golangci-lint v2, built from the Go module proxy at a pinned version into
+# the same cache as the cluster's tools (outside the checkout, survives
+# make clean).
+GOLANGCI_LINT_VERSION := v2.15.0
+FACET_CACHE ?= $(HOME)/.cache/facet
+GOLANGCI_LINT := $(FACET_CACHE)/bin/golangci-lint-$(GOLANGCI_LINT_VERSION)
+
+$(GOLANGCI_LINT):
+	mkdir -p $(FACET_CACHE)/bin/.golangci-lint
+	GOBIN=$(FACET_CACHE)/bin/.golangci-lint $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(FACET_CACHE)/bin/.golangci-lint/golangci-lint $@
+
+## lint: golangci-lint over the main module (.golangci.yml)
+lint: $(GOLANGCI_LINT)
+	$(GOLANGCI_LINT) run ./...
 
 ## test: unit tests, allocator tests and end-to-end tests on a real node
 test: unit e2e

@@ -62,9 +62,10 @@ func main() {
 	}
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer cancel()
 	ctx = klog.NewContext(ctx, klog.Background())
-	if err := run(ctx, f); err != nil {
+	err = run(ctx, f)
+	cancel()
+	if err != nil {
 		klog.FromContext(ctx).Error(err, "facet-kubeletplugin failed")
 		klog.Flush()
 		os.Exit(1)

@@ -29,9 +29,10 @@ func main() {
 	fs.Parse(os.Args[1:])
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer cancel()
 	ctx = klog.NewContext(ctx, klog.Background())
-	if err := webhook.Serve(ctx, opts); err != nil {
+	err := webhook.Serve(ctx, opts)
+	cancel()
+	if err != nil {
 		klog.FromContext(ctx).Error(err, "facet-webhook failed")
 		klog.Flush()
 		os.Exit(1)

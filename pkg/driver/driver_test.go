@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
@@ -76,7 +77,9 @@ func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 			bindErr = fmt.Errorf("not in a private mount namespace")
 		}
 		hamiLib = filepath.Join(sharedRoot, "libvgpu.so")
-		os.WriteFile(hamiLib, []byte("stub"), 0o644)
+		if err := os.WriteFile(hamiLib, []byte("stub"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	})
 	inv, err := inventory.Build(n, cfg)
 	if err != nil {
@@ -311,16 +314,29 @@ func TestRestart(t *testing.T) {
 	store, _ := checkpoint.Open(r.checkpoints)
 	interrupted := &checkpoint.Claim{UID: "uid-interrupted", Namespace: "ns", Name: "interrupted", State: checkpoint.StatePreparing,
 		Devices: []checkpoint.Device{{Requests: []string{"gpu"}, Pool: node, Device: "gpu-1", GPUUUID: r.inv.GPUs[1].UUID}}}
-	store.Put(interrupted)
+	if err := store.Put(interrupted); err != nil {
+		t.Fatal(err)
+	}
 	w, _ := cdi.NewWriter(r.cdiDir)
-	w.WriteClaim("uid-interrupted", nil, []cdi.Device{{Name: "gpu-1"}})
+	nodes := func(p string) *cdispec.ContainerEdits {
+		return &cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: p}}}
+	}
+	if _, _, err := w.WriteClaim("uid-interrupted", nil, []cdi.Device{{Name: "gpu-1", Edits: nodes("/dev/nvidia1")}}); err != nil {
+		t.Fatal(err)
+	}
 	// A spec no record owns (its record was lost).
-	w.WriteClaim("uid-orphan", nil, []cdi.Device{{Name: "gpu-2"}})
+	if _, _, err := w.WriteClaim("uid-orphan", nil, []cdi.Device{{Name: "gpu-2", Edits: nodes("/dev/nvidia2")}}); err != nil {
+		t.Fatal(err)
+	}
 	// An accounting region whose claim's record was lost.
 	orphanCache := filepath.Join(filepath.Dir(r.checkpoints), "vgpu", "claims", "uid-orphan")
-	os.MkdirAll(orphanCache, 0o777)
+	if err := os.MkdirAll(orphanCache, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	// A record damaged on disk.
-	os.WriteFile(filepath.Join(r.checkpoints, "uid-broken.json"), []byte(`{"version":1,"checksum":"x","claim":{}}`), 0o600)
+	if err := os.WriteFile(filepath.Join(r.checkpoints, "uid-broken.json"), []byte(`{"version":1,"checksum":"x","claim":{}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	r.start()
 

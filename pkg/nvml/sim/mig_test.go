@@ -146,7 +146,7 @@ func TestMIGTablesAsDocumented(t *testing.T) {
 			_, g := migGPU(t, m.model, 1)
 			got := map[string]string{"profiles": fmt.Sprint(len(g.MIGProfiles))}
 			for _, p := range g.MIGProfiles {
-				key := p.Name[:strings.Index(p.Name, ".")]
+				key, _, _ := strings.Cut(p.Name, ".")
 				if strings.HasSuffix(p.Name, "+me") {
 					key += "+me"
 					if m.memSlices == 8 {
@@ -839,11 +839,15 @@ gpus:
 	} {
 		t.Run(name, func(t *testing.T) {
 			var s simState
-			json.Unmarshal(data, &s)
+			if err := json.Unmarshal(data, &s); err != nil {
+				t.Fatal(err)
+			}
 			mutate(&s)
 			bad := filepath.Join(t.TempDir(), "state.json")
 			b, _ := json.Marshal(s)
-			os.WriteFile(bad, b, 0o644)
+			if err := os.WriteFile(bad, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
 			if _, err := OpenMachine(machine, WithStateFile(bad)); err == nil || !strings.Contains(err.Error(), bad) {
 				t.Errorf("error %v", err)
 			}

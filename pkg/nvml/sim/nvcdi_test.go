@@ -470,7 +470,7 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 			if err := BindSimulatedProcDriver(n.root); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { unix.Unmount("/proc/driver", unix.MNT_DETACH) })
+			t.Cleanup(func() { _ = unix.Unmount("/proc/driver", unix.MNT_DETACH) })
 			parent := n.gpu(tc.gpu).UUID
 			if _, err := n.lib.EnableMIG(parent); err != nil {
 				t.Fatal(err)

@@ -93,7 +93,8 @@ func simulateDevice(dev *server.Device, g MachineGPU) {
 		for i := 0; i < len(id) && i < len(p.BusId)-1; i++ {
 			p.BusId[i] = int8(id[i])
 		}
-		fmt.Sscanf(g.PCIBusID, "%x:%x:%x", &p.Domain, &p.Bus, &p.Device)
+		// Validate checked the bus ID against busIDPattern.
+		_, _ = fmt.Sscanf(g.PCIBusID, "%x:%x:%x", &p.Domain, &p.Bus, &p.Device)
 		return p, gonvml.SUCCESS
 	}
 	// nvcdi asks every handle whether it is a MIG device.
