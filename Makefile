@@ -24,7 +24,8 @@ build-release:
 
 ## verify-release: fail if the shipped plugin links go-nvml's mock or the simulator
 verify-release:
-	@if $(GO) tool nm $(BIN)/release/facet-kubeletplugin | grep -E 'go-nvml/pkg/nvml/mock|facet/pkg/nvml/sim\.' >/dev/null; then \
+	@syms=$$($(GO) tool nm $(BIN)/release/facet-kubeletplugin) || exit 1; \
+	if grep -qE 'go-nvml/pkg/nvml/mock|facet/pkg/nvml/sim\.' <<<"$$syms"; then \
 		echo "bin/release/facet-kubeletplugin links simulator code" >&2; exit 1; fi
 	@echo "bin/release/facet-kubeletplugin: no simulator or go-nvml mock symbols"
 
