@@ -7,13 +7,60 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN := $(CURDIR)/bin
 RUN_DIR ?= /tmp/facet-run
 
-.PHONY: all build test unit e2e demo demo-down bench clean
+.PHONY: all build build-release verify-release generate verify-generate lint test unit e2e demo demo-down bench clean
 
 all: build
 
+## build: every binary for the demo and the end-to-end tests. -tags facetsim
+## links the simulator (pkg/nvml/sim) into facet-kubeletplugin, for --machine.
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -tags facetsim -o $(BIN)/ ./cmd/...
 	cd hack/tools/cdihook && $(GO) build -o $(BIN)/nvidia-cdi-hook github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
+
+## build-release: the shipped binaries, without the simulator, in bin/release/
+build-release:
+	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook
+	$(MAKE) verify-release
+
+## verify-release: fail if the shipped plugin links go-nvml's mock or the simulator
+verify-release:
+	@syms=$$($(GO) tool nm $(BIN)/release/facet-kubeletplugin) || exit 1; \
+	if grep -qE 'go-nvml/pkg/nvml/mock|facet/pkg/nvml/sim\.' <<<"$$syms"; then \
+		echo "bin/release/facet-kubeletplugin links simulator code" >&2; exit 1; fi
+	@echo "bin/release/facet-kubeletplugin: no simulator or go-nvml mock symbols"
+
+# deepcopy-gen, pinned in hack/tools/codegen/go.mod (a tool directive).
+DEEPCOPY_GEN := $(GO) tool -modfile=$(CURDIR)/hack/tools/codegen/go.mod deepcopy-gen
+DEEPCOPY_PKGS := ./api/gpu.facet.dev/v1alpha1
+
+## generate: regenerate the API types' deep copies (zz_generated.deepcopy.go)
+generate:
+	$(DEEPCOPY_GEN) --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(DEEPCOPY_PKGS)
+
+## verify-generate: fail if the generated files are stale (regenerates in a
+## temporary copy of the module, then diffs)
+verify-generate:
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	mkdir -p "$$tmp/hack" && cp -r go.mod go.sum api pkg "$$tmp/" && cp hack/boilerplate.go.txt "$$tmp/hack/" && \
+	find "$$tmp/api" -name zz_generated.deepcopy.go -delete && \
+	(cd "$$tmp" && $(DEEPCOPY_GEN) --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(DEEPCOPY_PKGS)) && \
+	diff -ru api "$$tmp/api" || { echo "generated files are stale: run make generate" >&2; exit 1; }
+
+# golangci-lint v2, built from the Go module proxy at a pinned version into
+# the same cache as the cluster's tools (outside the checkout, survives
+# make clean).
+GOLANGCI_LINT_VERSION := v2.15.0
+FACET_CACHE ?= $(HOME)/.cache/facet
+GOLANGCI_LINT := $(FACET_CACHE)/bin/golangci-lint-$(GOLANGCI_LINT_VERSION)
+
+$(GOLANGCI_LINT):
+	mkdir -p $(FACET_CACHE)/bin/.golangci-lint
+	GOBIN=$(FACET_CACHE)/bin/.golangci-lint $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv $(FACET_CACHE)/bin/.golangci-lint/golangci-lint $@
+
+## lint: golangci-lint over the main module (.golangci.yml)
+lint: $(GOLANGCI_LINT)
+	$(GOLANGCI_LINT) run ./...
 
 ## test: unit tests, allocator tests and end-to-end tests on a real node
 test: unit e2e
@@ -21,6 +68,7 @@ test: unit e2e
 ## unit: everything that needs no cluster (NVML simulated, upstream allocator)
 unit:
 	$(GO) vet ./...
+	$(GO) vet -tags facetsim ./cmd/...
 	$(GO) test ./api/... ./pkg/... ./cmd/... ./test/allocator/...
 	# The Helm chart, rendered with Helm as a library (its own module, so
 	# Helm's dependencies stay out of Facet's go.mod).

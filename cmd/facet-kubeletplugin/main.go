@@ -28,6 +28,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/miglayout"
+	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/slices"
 )
@@ -57,11 +58,34 @@ type flags struct {
 }
 
 func main() {
+	f, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		// The flag set has printed the error and the usage.
+		os.Exit(2)
+	}
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx = klog.NewContext(ctx, klog.Background())
+	err = run(ctx, f)
+	cancel()
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "facet-kubeletplugin failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+}
+
+// parseFlags parses the command line. Errors (and -h) are printed with the
+// usage by the flag set; flag.ErrHelp means -h.
+func parseFlags(args []string) (flags, error) {
 	var f flags
-	fs := flag.NewFlagSet("facet-kubeletplugin", flag.ExitOnError)
+	fs := flag.NewFlagSet("facet-kubeletplugin", flag.ContinueOnError)
 	fs.StringVar(&f.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name: the pool's name (env NODE_NAME)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
-	fs.StringVar(&f.machine, "machine", "", "simulate the node described by this machine file instead of loading NVML")
+	fs.StringVar(&f.machine, "machine", "", "simulate the node described by this machine file instead of loading NVML (builds with -tags facetsim only)")
 	fs.StringVar(&f.nvmlLib, "nvml-library", "", "path of libnvidia-ml.so.1 (default: the loader's search path)")
 	fs.StringVar(&f.driverRoot, "driver-root", "/", "host path of the NVIDIA driver's files (/run/nvidia/driver with the GPU Operator)")
 	fs.StringVar(&f.devRoot, "dev-root", "", "host path whose dev/ holds the NVIDIA device nodes (default: --driver-root)")
@@ -69,7 +93,7 @@ func main() {
 	fs.StringVar(&f.cdiDir, "cdi-dir", "/var/run/cdi", "CDI spec directory the container runtime reads")
 	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/facet", "directory of the prepared-claims checkpoint")
 	fs.StringVar(&f.registrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet's plugin registration directory")
-	fs.StringVar(&f.pluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet's plugins directory; the socket goes in <dir>/"+inventory.DriverName)
+	fs.StringVar(&f.pluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet's plugins directory; the socket goes in <dir>/"+names.Driver)
 	// client-go's default (5 QPS) throttles the helper's GET of every
 	// claim in NodePrepareResources to 200 ms once a burst is used up.
 	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server")
@@ -81,16 +105,8 @@ func main() {
 	fs.DurationVar(&f.featuresEvery, "feature-detection-interval", 5*time.Minute, "how often to re-detect the cluster's DRA features; on a change the plugin exits to republish")
 	f.modes.Register(fs)
 	klog.InitFlags(fs)
-	fs.Parse(os.Args[1:])
-
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer cancel()
-	ctx = klog.NewContext(ctx, klog.Background())
-	if err := run(ctx, f); err != nil {
-		klog.FromContext(ctx).Error(err, "facet-kubeletplugin failed")
-		klog.Flush()
-		os.Exit(1)
-	}
+	err := fs.Parse(args)
+	return f, err
 }
 
 func run(ctx context.Context, f flags) error {
@@ -114,21 +130,11 @@ func run(ctx context.Context, f flags) error {
 	if err := os.MkdirAll(f.stateDir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
-	client, err := kubeClient(f.kubeconfig, f.kubeAPIQPS, f.kubeAPIBurst)
-	if err != nil {
-		return err
-	}
-	ev := newNodeEvents(ctx, client, f.nodeName)
-	defer ev.stop()
-	gates := clusterFeatures(ctx, client, f.nodeName, overrides, ev)
-	logger.Info("Cluster DRA features: "+gates.Describe(), "featureGates", gates.String())
-	ev.normal(reasonFeatures, gates.Describe())
-	cfg.Features = &gates
 	var lib *nvml.Library
 	if f.machine != "" {
 		// MIG instances outlive the plugin on real GPUs; the simulation
 		// keeps them in the state directory so restarts see them too.
-		lib, err = nvml.OpenMachine(f.machine, nvml.WithStateFile(filepath.Join(f.stateDir, "simulated-nvml.json")))
+		lib, err = openMachine(f.machine, filepath.Join(f.stateDir, "simulated-nvml.json"))
 	} else {
 		lib, err = nvml.OpenReal(f.nvmlLib)
 	}
@@ -140,6 +146,16 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return fmt.Errorf("discover GPUs: %w", err)
 	}
+	client, err := kubeClient(f.kubeconfig, f.kubeAPIQPS, f.kubeAPIBurst)
+	if err != nil {
+		return err
+	}
+	ev := newNodeEvents(ctx, client, f.nodeName)
+	defer ev.stop()
+	gates := clusterFeatures(ctx, client, f.nodeName, overrides, ev)
+	logger.Info("Cluster DRA features: "+gates.Describe(), "featureGates", gates.String())
+	ev.normal(reasonFeatures, gates.Describe())
+	cfg.Features = &gates
 	store, err := checkpoint.Open(filepath.Join(f.stateDir, "claims"))
 	if err != nil {
 		return err
@@ -176,7 +192,7 @@ func run(ctx context.Context, f flags) error {
 		// there, in the private mount namespace the plugin must then run
 		// in (unshare --mount --propagation private). Refused on a host
 		// with a real driver or in the host's mount namespace.
-		if err := nvml.BindSimulatedProcDriver(f.driverRoot); err != nil {
+		if err := bindSimulatedProcDriver(f.driverRoot); err != nil {
 			logger.Error(err, "MIG devices cannot get CDI edits on this simulated node; MIG claims will fail to prepare")
 		}
 	}
@@ -203,12 +219,12 @@ func run(ctx context.Context, f flags) error {
 		return err
 	}
 
-	pluginDir := filepath.Join(f.pluginsDir, inventory.DriverName)
+	pluginDir := filepath.Join(f.pluginsDir, names.Driver)
 	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
 		return err
 	}
 	helper, err := kubeletplugin.Start(ctx, drv,
-		kubeletplugin.DriverName(inventory.DriverName),
+		kubeletplugin.DriverName(names.Driver),
 		kubeletplugin.NodeName(f.nodeName),
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.RegistrarDirectoryPath(f.registrarDir),
@@ -246,7 +262,7 @@ func run(ctx context.Context, f flags) error {
 // reportPublished logs when the API server holds all of this node's slices,
 // the plugin's time-to-ready as a scheduler sees it.
 func reportPublished(ctx context.Context, client kubernetes.Interface, node string, want int, start time.Time) {
-	sel := fields.Set{"spec.driver": inventory.DriverName, "spec.nodeName": node}.AsSelector().String()
+	sel := fields.Set{"spec.driver": names.Driver, "spec.nodeName": node}.AsSelector().String()
 	for ctx.Err() == nil {
 		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
 		if err == nil && len(list.Items) >= want {

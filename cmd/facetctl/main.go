@@ -18,6 +18,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/slices"
 )
 
@@ -122,13 +123,13 @@ func runSlices(args []string) error {
 		if err != nil {
 			return fmt.Errorf("GPU %d: %w", idx, err)
 		}
-		kept := cfg.MIGInstances[:0]
+		var kept []nvml.MIGInstance
 		for _, in := range cfg.MIGInstances {
 			if in.ParentUUID != g.UUID {
 				kept = append(kept, in)
 			}
 		}
-		cfg.MIGInstances = append(kept, miglayout.Preview(g, plan)...)
+		cfg.MIGInstances = append(kept, miglayout.Preview(g, plan)...) //nolint:gocritic // kept is a new slice: this GPU's instances replaced
 	}
 	inv, err := inventory.Build(discovered, cfg)
 	if err != nil {
@@ -177,7 +178,7 @@ func runFeatures(args []string) error {
 
 func openLibrary(machine string) (*nvml.Library, error) {
 	if machine != "" {
-		return nvml.OpenMachine(machine)
+		return sim.OpenMachine(machine)
 	}
 	return nvml.OpenReal("")
 }
@@ -191,7 +192,7 @@ func runSimDriverRoot(args []string) error {
 	if *machine == "" || *root == "" {
 		return fmt.Errorf("--machine and --root are required")
 	}
-	lib, err := nvml.OpenMachine(*machine)
+	lib, err := sim.OpenMachine(*machine)
 	if err != nil {
 		return err
 	}
@@ -204,11 +205,11 @@ func runSimDriverRoot(args []string) error {
 	for _, g := range node.GPUs {
 		minors = append(minors, g.Minor)
 	}
-	if err := nvml.LayoutDriverRoot(*root, node.DriverVersion, minors); err != nil {
+	if err := sim.LayoutDriverRoot(*root, node.DriverVersion, minors); err != nil {
 		return err
 	}
 	if *hamiLib != "" {
-		if err := nvml.WriteSimulatedHAMiCore(*hamiLib); err != nil {
+		if err := sim.WriteSimulatedHAMiCore(*hamiLib); err != nil {
 			return err
 		}
 	}
@@ -225,7 +226,7 @@ func runMIGInstances(args []string) error {
 	var err error
 	switch {
 	case *machine != "" && *state != "":
-		lib, err = nvml.OpenMachine(*machine, nvml.WithStateFile(*state))
+		lib, err = sim.OpenMachine(*machine, sim.WithStateFile(*state))
 	case *machine != "":
 		return fmt.Errorf("--machine needs --nvml-state: a simulated node's instances live in the plugin's state file")
 	default:

@@ -22,7 +22,7 @@
 # hack/apt-packages.txt (hack/install-deps.sh). Builds the binaries on first use
 # (hack/build-tools.sh, ~10 minutes cold). Ports are the defaults (2379/2380,
 # 6443, 10250/10248, 10257, 10259): only one cluster per machine.
-# Background and traps: shared/design/local-cluster.md.
+# Background and traps: docs/design/local-cluster.md.
 set -Eeuo pipefail  # -E: the ERR trap below also fires inside functions
 
 CLUSTER_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,7 +33,7 @@ RUNTIME="${RUNTIME:-fake}"
 READY_TIMEOUT="${READY_TIMEOUT:-120}"
 K8S_VERSION="v1.35.4"
 
-# Alpha DRA features Facet's resource model needs (resource-model.md §1); each
+# Alpha DRA features Facet's resource model needs (docs/design/resource-model.md §1); each
 # exists in v1.35.4 pkg/features/kube_features.go. Every component gets them:
 # the apiserver drops gated fields otherwise, the scheduler ignores them, the
 # controller-manager and kubelet act on them.
@@ -350,7 +350,7 @@ else
 fi
 
 # --- kubelet -----------------------------------------------------------------------
-# Settings this kind of host needs (local-cluster.md): cgroup v1 allowed, no
+# Settings this kind of host needs (docs/design/local-cluster.md): cgroup v1 allowed, no
 # QoS cgroups or node-allocatable enforcement, swap tolerated, cgroupfs driver;
 # webhook authn/authz off, x509 client CA on (the apiserver's kubelet client
 # cert); everything it writes under RUN_DIR where it can be told so. Image GC

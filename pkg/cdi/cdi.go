@@ -19,12 +19,14 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 const (
 	// Vendor and Class form the CDI kind of Facet's specs,
 	// "gpu.facet.dev/claim".
-	Vendor = "gpu.facet.dev"
+	Vendor = names.Driver
 	Class  = "claim"
 	Kind   = Vendor + "/" + Class
 )

@@ -72,9 +72,13 @@ func TestCorruptionIsContained(t *testing.T) {
 			}
 			path := filepath.Join(dir, "bad.json")
 			data, _ := os.ReadFile(path)
-			os.WriteFile(path, tc.damage(data), 0o600)
+			if err := os.WriteFile(path, tc.damage(data), 0o600); err != nil {
+				t.Fatal(err)
+			}
 			// A temp file left by a crash mid-write is swept, not loaded.
-			os.WriteFile(filepath.Join(dir, ".tmp-good1.json-123"), []byte("{"), 0o600)
+			if err := os.WriteFile(filepath.Join(dir, ".tmp-good1.json-123"), []byte("{"), 0o600); err != nil {
+				t.Fatal(err)
+			}
 
 			_, err := s.Get("bad")
 			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
@@ -97,8 +101,12 @@ func TestCorruptionIsContained(t *testing.T) {
 func TestRecordForAnotherClaimIsCorrupt(t *testing.T) {
 	dir := t.TempDir()
 	s, _ := Open(dir)
-	s.Put(claim("a"))
-	os.Rename(filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json"))
+	if err := s.Put(claim("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json")); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.Get("b"); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("got %v", err)
 	}

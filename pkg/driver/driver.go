@@ -25,6 +25,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
 
@@ -386,7 +387,7 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*plan, error) {
 	p := &plan{}
 	vgpuFrom := ""
 	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver != inventory.DriverName {
+		if r.Driver != names.Driver {
 			continue
 		}
 		where := fmt.Sprintf("request %q: device %s/%s", r.Request, r.Pool, r.Device)
@@ -449,7 +450,7 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*plan, error) {
 		p.devices = append(p.devices, rec)
 	}
 	if len(p.devices) == 0 {
-		return nil, fmt.Errorf("allocation has no device of driver %s", inventory.DriverName)
+		return nil, fmt.Errorf("allocation has no device of driver %s", names.Driver)
 	}
 	if p.vgpu != nil {
 		for _, dev := range p.devices {
@@ -473,10 +474,10 @@ func shareOf(r resourceapi.DeviceRequestAllocationResult, dev *inventory.Device)
 			Enforced: dev.Slot.MemoryBytes < total || dev.Slot.Cores < 100}, nil
 	}
 	s := &checkpoint.Share{MemoryBytes: total, Cores: 100}
-	if q, ok := r.ConsumedCapacity["memory"]; ok {
+	if q, ok := r.ConsumedCapacity[names.CapacityMemory]; ok {
 		s.MemoryBytes = q.Value()
 	}
-	if q, ok := r.ConsumedCapacity["cores"]; ok {
+	if q, ok := r.ConsumedCapacity[names.CapacityCores]; ok {
 		s.Cores = q.Value()
 	}
 	switch {

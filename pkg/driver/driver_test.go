@@ -16,12 +16,15 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 const node = "node-a"
@@ -53,7 +56,7 @@ func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 	if os.Geteuid() != 0 {
 		t.Skip("the simulated driver root needs mknod (root)")
 	}
-	lib, err := nvml.OpenMachine("../../demo/machines/dgx-h100.yaml")
+	lib, err := sim.OpenMachine("../../demo/machines/dgx-h100.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,17 +67,19 @@ func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 	layoutOnce.Do(func() {
 		sharedRoot, _ = os.MkdirTemp("", "facet-driver-root")
 		minors := []int{0, 1, 2, 3, 4, 5, 6, 7}
-		if err := nvml.LayoutDriverRoot(sharedRoot, n.DriverVersion, minors); err != nil {
+		if err := sim.LayoutDriverRoot(sharedRoot, n.DriverVersion, minors); err != nil {
 			t.Fatal(err)
 		}
 		if os.Getenv(privateNamespaceEnv) == "1" {
 			// nvcdi reads MIG caps from the fixed /proc/driver path.
-			bindErr = nvml.BindSimulatedProcDriver(sharedRoot)
+			bindErr = sim.BindSimulatedProcDriver(sharedRoot)
 		} else {
 			bindErr = fmt.Errorf("not in a private mount namespace")
 		}
 		hamiLib = filepath.Join(sharedRoot, "libvgpu.so")
-		os.WriteFile(hamiLib, []byte("stub"), 0o644)
+		if err := os.WriteFile(hamiLib, []byte("stub"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	})
 	inv, err := inventory.Build(n, cfg)
 	if err != nil {
@@ -153,7 +158,7 @@ func claim(name string, devices ...string) *resourceapi.ResourceClaim {
 	}
 	for _, d := range devices {
 		c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
-			resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: inventory.DriverName, Pool: node, Device: d})
+			resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: names.Driver, Pool: node, Device: d})
 	}
 	return c
 }
@@ -226,7 +231,7 @@ func TestBadClaimsFailAlone(t *testing.T) {
 	configured.Status.Allocation.Devices.Config = []resourceapi.DeviceAllocationConfiguration{{
 		Source: resourceapi.AllocationConfigSourceClaim,
 		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-			Driver: inventory.DriverName, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"GpuConfig","x":1}`)}}},
+			Driver: names.Driver, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"GpuConfig","x":1}`)}}},
 	}}
 	share := claim("share", "gpu-5")
 	shareID := types.UID("s1")
@@ -309,16 +314,29 @@ func TestRestart(t *testing.T) {
 	store, _ := checkpoint.Open(r.checkpoints)
 	interrupted := &checkpoint.Claim{UID: "uid-interrupted", Namespace: "ns", Name: "interrupted", State: checkpoint.StatePreparing,
 		Devices: []checkpoint.Device{{Requests: []string{"gpu"}, Pool: node, Device: "gpu-1", GPUUUID: r.inv.GPUs[1].UUID}}}
-	store.Put(interrupted)
+	if err := store.Put(interrupted); err != nil {
+		t.Fatal(err)
+	}
 	w, _ := cdi.NewWriter(r.cdiDir)
-	w.WriteClaim("uid-interrupted", nil, []cdi.Device{{Name: "gpu-1"}})
+	nodes := func(p string) *cdispec.ContainerEdits {
+		return &cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: p}}}
+	}
+	if _, _, err := w.WriteClaim("uid-interrupted", nil, []cdi.Device{{Name: "gpu-1", Edits: nodes("/dev/nvidia1")}}); err != nil {
+		t.Fatal(err)
+	}
 	// A spec no record owns (its record was lost).
-	w.WriteClaim("uid-orphan", nil, []cdi.Device{{Name: "gpu-2"}})
+	if _, _, err := w.WriteClaim("uid-orphan", nil, []cdi.Device{{Name: "gpu-2", Edits: nodes("/dev/nvidia2")}}); err != nil {
+		t.Fatal(err)
+	}
 	// An accounting region whose claim's record was lost.
 	orphanCache := filepath.Join(filepath.Dir(r.checkpoints), "vgpu", "claims", "uid-orphan")
-	os.MkdirAll(orphanCache, 0o777)
+	if err := os.MkdirAll(orphanCache, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	// A record damaged on disk.
-	os.WriteFile(filepath.Join(r.checkpoints, "uid-broken.json"), []byte(`{"version":1,"checksum":"x","claim":{}}`), 0o600)
+	if err := os.WriteFile(filepath.Join(r.checkpoints, "uid-broken.json"), []byte(`{"version":1,"checksum":"x","claim":{}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	r.start()
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // migDevice finds the published device of a profile at a placement.
@@ -64,7 +65,7 @@ func withConfig(c *resourceapi.ResourceClaim, configJSON ...string) *resourceapi
 		c.Status.Allocation.Devices.Config = append(c.Status.Allocation.Devices.Config, resourceapi.DeviceAllocationConfiguration{
 			Source: resourceapi.AllocationConfigSourceClaim,
 			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-				Driver: inventory.DriverName, Parameters: runtime.RawExtension{Raw: []byte(cfg)}}},
+				Driver: names.Driver, Parameters: runtime.RawExtension{Raw: []byte(cfg)}}},
 		})
 	}
 	return c
@@ -212,9 +213,12 @@ func TestCrashMidMIGPrepare(t *testing.T) {
 	dev := r.migDevice(3, "3g.40gb", 4)
 	d, _ := r.inv.Device(dev)
 	store, _ := checkpoint.Open(r.checkpoints)
-	store.Put(&checkpoint.Claim{UID: "uid-crashed", Namespace: "ns", Name: "crashed", State: checkpoint.StatePreparing,
+	err := store.Put(&checkpoint.Claim{UID: "uid-crashed", Namespace: "ns", Name: "crashed", State: checkpoint.StatePreparing,
 		Devices: []checkpoint.Device{{Requests: []string{"gpu"}, Pool: node, Device: dev, GPUUUID: d.GPU.UUID, Kind: kindMIG,
 			MIG: &checkpoint.MIG{Profile: d.MIG.Name, GIProfileID: d.MIG.GIProfileID, CIProfileID: d.MIG.CIProfileID, Start: 4, Size: d.Placement.Size}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := r.lib.EnableMIG(d.GPU.UUID); err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +227,9 @@ func TestCrashMidMIGPrepare(t *testing.T) {
 	}
 	// And an instance nobody recorded at all (made by hand).
 	other := r.inv.GPUs[4]
-	r.lib.EnableMIG(other.UUID)
+	if _, err := r.lib.EnableMIG(other.UUID); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := r.lib.CreateMIG(other.UUID, other.MIGProfiles[0].GIProfileID, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +331,9 @@ func TestWholeGPUAfterMIG(t *testing.T) {
 
 	// An instance made by hand on gpu-1.
 	gpu1 := r.inv.GPUs[1]
-	r.lib.EnableMIG(gpu1.UUID)
+	if _, err := r.lib.EnableMIG(gpu1.UUID); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := r.lib.CreateMIG(gpu1.UUID, gpu1.MIGProfiles[0].GIProfileID, 0); err != nil {
 		t.Fatal(err)
 	}

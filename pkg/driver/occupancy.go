@@ -4,19 +4,20 @@ import (
 	"fmt"
 
 	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // Kinds of prepared device, as recorded in the checkpoint.
 const (
-	kindWhole = "gpu"
-	kindMIG   = "mig"
-	kindShare = "share"
+	kindWhole = names.KindGPU
+	kindMIG   = names.KindMIG
+	kindShare = names.KindShare
 	// kindStaticMIG is a MIG instance that existed before its claim
 	// (static-mig mode): never carved nor destroyed by prepare.
-	kindStaticMIG = "mig-static"
+	kindStaticMIG = names.KindStaticMIG
 	// kindSlot is a fixed-size vGPU slot (slots mode): a share that holds
 	// its device alone.
-	kindSlot = "slot"
+	kindSlot = names.KindSlot
 )
 
 // use is one prepared device's hold on a physical GPU.

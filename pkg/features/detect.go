@@ -19,7 +19,7 @@ import (
 const (
 	sourceSlice = "dry-run ResourceSlice"
 	sourceClass = "dry-run DeviceClass"
-	sourceRead  = "DeviceClass " + names.DriverName
+	sourceRead  = "DeviceClass " + names.Driver
 )
 
 // Detect learns which gates the API server enforces, by server-side dry-run
@@ -90,12 +90,12 @@ func detectExtendedResource(ctx context.Context, client kubernetes.Interface) (b
 	if !apierrors.IsForbidden(err) {
 		return false, fmt.Sprintf("not determined (dry-run DeviceClass: %v)", err)
 	}
-	class, err := classes.Get(ctx, names.DriverName, metav1.GetOptions{})
+	class, err := classes.Get(ctx, names.Driver, metav1.GetOptions{})
 	switch {
 	case err == nil:
 		return class.Spec.ExtendedResourceName != nil, sourceRead
 	case apierrors.IsNotFound(err):
-		return false, "not determined (DeviceClass " + names.DriverName + " is not installed)"
+		return false, "not determined (DeviceClass " + names.Driver + " is not installed)"
 	default:
 		return false, fmt.Sprintf("not determined (%v)", errors.Unwrap(err))
 	}
@@ -104,9 +104,9 @@ func detectExtendedResource(ctx context.Context, client kubernetes.Interface) (b
 const probeCapacity resourceapi.QualifiedName = "memory"
 
 func probeMeta(nodeName string) (metav1.ObjectMeta, resourceapi.ResourceSliceSpec) {
-	return metav1.ObjectMeta{GenerateName: nodeName + "-" + names.DriverName + "-probe-"},
+	return metav1.ObjectMeta{GenerateName: nodeName + "-" + names.Driver + "-probe-"},
 		resourceapi.ResourceSliceSpec{
-			Driver:   names.DriverName,
+			Driver:   names.Driver,
 			NodeName: ptr.To(nodeName),
 			Pool:     resourceapi.ResourcePool{Name: nodeName + "-feature-probe", ResourceSliceCount: 1},
 		}
@@ -140,7 +140,7 @@ func probeDeviceSlice(nodeName string) *resourceapi.ResourceSlice {
 			CounterSet: "probe",
 			Counters:   map[string]resourceapi.Counter{"slice": {Value: resource.MustParse("1")}},
 		}},
-		Taints: []resourceapi.DeviceTaint{{Key: names.DriverName + "/probe", Effect: resourceapi.DeviceTaintEffectNoSchedule}},
+		Taints: []resourceapi.DeviceTaint{{Key: names.Driver + "/probe", Effect: resourceapi.DeviceTaintEffectNoSchedule}},
 	}}
 	return &resourceapi.ResourceSlice{ObjectMeta: meta, Spec: spec}
 }

@@ -72,7 +72,7 @@ func server(t *testing.T, on map[Gate]bool, classCreate error, class *resourceap
 func TestDetect(t *testing.T) {
 	forbidden := apierrors.NewForbidden(schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}, "", nil)
 	shipped := func(ext bool) *resourceapi.DeviceClass {
-		dc := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: names.DriverName}}
+		dc := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: names.Driver}}
 		if ext {
 			dc.Spec.ExtendedResourceName = ptr.To("nvidia.com/gpu")
 		}

@@ -1,7 +1,7 @@
 // Package hami turns a claim's vGPU shares into the CDI edits that make
 // HAMi-core (libvgpu.so, Project-HAMi/HAMi-core) enforce them inside the
 // claim's containers. The contract it implements is
-// shared/design/hami-core.md: the environment HAMi-core reads, the files it
+// docs/design/hami-core.md: the environment HAMi-core reads, the files it
 // needs, and its pitfalls (quantity suffixes, octal, index order, one cache
 // file per budget).
 package hami

@@ -15,7 +15,9 @@ func editor(t *testing.T) *Editor {
 	t.Helper()
 	dir := t.TempDir()
 	lib := filepath.Join(dir, "libvgpu.so")
-	os.WriteFile(lib, []byte("ELF"), 0o644)
+	if err := os.WriteFile(lib, []byte("ELF"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	e, err := NewEditor(Options{LibraryPath: lib, StateDir: filepath.Join(dir, "state")})
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +108,9 @@ func TestCacheIsFreshAndCleaned(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale := filepath.Join(e.CacheDir("uid-1"), CacheFileName)
-	os.WriteFile(stale, []byte("old limits"), 0o666)
+	if err := os.WriteFile(stale, []byte("old limits"), 0o666); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := e.Edits("uid-1", shares, nil); err != nil {
 		t.Fatal(err)
 	}

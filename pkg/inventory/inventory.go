@@ -6,7 +6,7 @@
 // Data flows one way: nvml.Node (discovery) → Inventory → ResourceSlices
 // (package slices) and → prepare (package driver).
 //
-// The model is described in /work/shared/design/resource-model.md; in short,
+// The model is described in docs/design/resource-model.md; in short,
 // per physical GPU i:
 //
 //	mode       devices                                              counters
@@ -35,10 +35,6 @@ import (
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
-
-// DriverName is Facet's DRA driver name; it is also the domain of every
-// attribute and capacity Facet publishes.
-const DriverName = names.DriverName
 
 // Mode says how a physical GPU may be used. Modes are exclusive per GPU.
 type Mode string
@@ -136,14 +132,14 @@ type Kind string
 const (
 	// KindGPU is a whole physical GPU (or, when Shareable, a pool of vGPU
 	// shares of it).
-	KindGPU Kind = "gpu"
+	KindGPU Kind = names.KindGPU
 	// KindMIG is one MIG instance: a GPU instance of one profile at one
 	// placement, with one compute instance spanning all of it. In
 	// static-mig mode the instance exists already (Device.Instance).
-	KindMIG Kind = "mig"
+	KindMIG Kind = names.KindMIG
 	// KindSlot is one fixed-size vGPU slot (Device.Slot) of a GPU in slots
 	// mode.
-	KindSlot Kind = "vgpu-slot"
+	KindSlot Kind = names.KindVGPUSlot
 )
 
 // Device is one DRA device of the inventory.

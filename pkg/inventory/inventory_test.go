@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 // MIGModels are the simulated MIG-capable models.
@@ -17,11 +18,11 @@ var MIGModels = []string{"A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIE-40GB", "
 
 func discover(t *testing.T, models ...string) *nvml.Node {
 	t.Helper()
-	m := &nvml.Machine{Name: "inv-test", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
+	m := &sim.Machine{Name: "inv-test", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
 	for _, model := range models {
-		m.GPUs = append(m.GPUs, nvml.MachineGPU{Model: model})
+		m.GPUs = append(m.GPUs, sim.MachineGPU{Model: model})
 	}
-	node, err := nvml.DiscoverSimulated(m)
+	node, err := sim.DiscoverSimulated(m)
 	if err != nil {
 		t.Fatal(err)
 	}

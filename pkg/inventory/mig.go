@@ -6,15 +6,9 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
+	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
-
-// MediaExtensionsCounter is the counter, of value 1, that every "+me"
-// profile consumes: a GPU has one set of the engines a "+me" instance takes
-// (JPEG and OFA; NVIDIA's MIG user guide: "only one instance of a +me
-// profile per GPU"), so two "+me" instances never fit together, whatever
-// their profiles (the A30 has two "+me" profiles).
-const MediaExtensionsCounter = "media-extensions"
 
 // MemorySliceCounter is the counter, of value 1, for memory slice k. A GPU
 // instance owns the memory slices of its placement [Start, Start+Size);
@@ -35,7 +29,7 @@ func MemorySliceCounter(k int) string { return fmt.Sprintf("memory-slice-%d", k)
 //     whose counter is published: on the 8-slice GPUs (A100, H100, H200,
 //     B200) every placement that covers slice 7 also covers slice 6, so
 //     memory-slice-7 would only cost allocator time.
-//   - Only one "+me" instance per GPU: MediaExtensionsCounter.
+//   - Only one "+me" instance per GPU: names.CounterMediaExtensions.
 //   - The GPU's compute slices and engines (copy engines, decoders,
 //     encoders, JPEG, OFA) are as many as its largest (full-GPU) profile
 //     has, and each instance takes its profile's. NewMIGModel checks that
@@ -98,7 +92,7 @@ func NewMIGModel(discovered []nvml.MIGProfile) (*MIGModel, error) {
 		}
 	}
 	if m.hasME {
-		m.Counters = append(m.Counters, MediaExtensionsCounter)
+		m.Counters = append(m.Counters, names.CounterMediaExtensions)
 	}
 	if len(m.Counters) > resourceapi.ResourceSliceMaxCountersPerCounterSet {
 		return nil, fmt.Errorf("%d counters exceed the API's %d per counter set", len(m.Counters), resourceapi.ResourceSliceMaxCountersPerCounterSet)
@@ -116,7 +110,7 @@ func (m *MIGModel) Consumes(p nvml.MIGProfile, pl nvml.Placement) []string {
 		}
 	}
 	if IsMediaExtensions(p.Name) {
-		out = append(out, MediaExtensionsCounter)
+		out = append(out, names.CounterMediaExtensions)
 	}
 	return out
 }

@@ -8,12 +8,13 @@ import (
 	"testing"
 
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 func gpuOf(t *testing.T, model string) (*nvml.Library, nvml.GPU) {
 	t.Helper()
-	lib, err := nvml.OpenSimulated(&nvml.Machine{Name: "layout-test", DriverVersion: "550.54.15", CUDADriverVersion: "12.4",
-		GPUs: []nvml.MachineGPU{{Model: model}}})
+	lib, err := sim.OpenSimulated(&sim.Machine{Name: "layout-test", DriverVersion: "550.54.15", CUDADriverVersion: "12.4",
+		GPUs: []sim.MachineGPU{{Model: model}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,77 @@
-// Package names holds the words Facet publishes, each declared once: the
-// driver name, which is also the domain of every attribute and capacity.
+// Package names is the one home of the words Facet publishes and records:
+// the driver name, the device kinds, and the attribute, capacity and
+// counter names of its ResourceSlices. Every other package imports them
+// from here. It imports nothing, so any package (the API types included)
+// can use it.
 package names
 
-// DriverName is Facet's DRA driver name, the domain of its attributes and
-// capacities, and the prefix of its CDI device IDs.
-const DriverName = "gpu.facet.dev"
+// Driver is Facet's DRA driver name. It is also the domain of every
+// attribute and capacity Facet publishes, the API group of its opaque
+// configs (api/gpu.facet.dev/v1alpha1), the CDI vendor of its specs, and the
+// name of the kubelet plugin's directory.
+const Driver = "gpu.facet.dev"
+
+// Device kinds: the "type" attribute of a published device, and the kind
+// of a prepared device in the checkpoint.
+const (
+	// KindGPU is a whole physical GPU, or a pool of vGPU shares of it.
+	KindGPU = "gpu"
+	// KindMIG is one MIG instance.
+	KindMIG = "mig"
+	// KindShare is one vGPU share of a GPU (checkpoint records only; a
+	// share is published as a KindGPU device).
+	KindShare = "share"
+	// KindVGPUSlot is one fixed-size vGPU slot of a GPU in slots mode.
+	KindVGPUSlot = "vgpu-slot"
+	// KindSlot is a prepared vGPU slot (checkpoint records only): a share
+	// that holds its device alone.
+	KindSlot = "slot"
+	// KindStaticMIG is a prepared MIG instance that existed before its
+	// claim (checkpoint records only; published as a KindMIG device):
+	// prepare neither carves nor destroys it.
+	KindStaticMIG = "mig-static"
+)
+
+// Attribute names, in the driver's domain.
+const (
+	AttrType                  = "type"
+	AttrIndex                 = "index"
+	AttrUUID                  = "uuid"
+	AttrProductName           = "productName"
+	AttrArchitecture          = "architecture"
+	AttrBrand                 = "brand"
+	AttrCUDAComputeCapability = "cudaComputeCapability"
+	AttrDriverVersion         = "driverVersion"
+	AttrCUDADriverVersion     = "cudaDriverVersion"
+	AttrMode                  = "mode"
+	AttrNUMANode              = "numaNode"
+	AttrMIGCapable            = "migCapable"
+	// MIG devices only.
+	AttrProfile        = "profile"
+	AttrParentUUID     = "parentUUID"
+	AttrPlacementStart = "placementStart"
+	// AttrMIGUUID is a static MIG instance's own UUID.
+	AttrMIGUUID = "migUUID"
+	// AttrSlot is a vGPU slot's number on its GPU.
+	AttrSlot = "slot"
+)
+
+// Capacity names, in the driver's domain.
+const (
+	// CapacityMemory is framebuffer memory in bytes: a whole GPU's, a MIG
+	// instance's, or the pool a vGPU share takes its part of.
+	CapacityMemory = "memory"
+	// CapacityCores is the percentage of the GPU's SM time a vGPU share may
+	// use (HAMi-core's limit); 0 asks for best effort.
+	CapacityCores = "cores"
+	// CapacityMultiprocessors is a MIG instance's number of SMs.
+	CapacityMultiprocessors = "multiprocessors"
+)
+
+// CounterMediaExtensions is the counter, of value 1, that every "+me" MIG
+// profile consumes: a GPU has one set of the engines a "+me" instance takes
+// (JPEG and OFA; NVIDIA's MIG user guide: "only one instance of a +me
+// profile per GPU"), so two "+me" instances never fit together, whatever
+// their profiles (the A30 has two "+me" profiles). The memory slices'
+// counters are inventory.MemorySliceCounter.
+const CounterMediaExtensions = "media-extensions"

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // API limits this package lays slices out by (resource/v1 types.go).
@@ -26,18 +27,6 @@ const (
 	MaxDevicesPerSliceCounters = resourceapi.ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
 	// MaxCounterSetsPerSlice is the limit on counter sets in one slice.
 	MaxCounterSetsPerSlice = resourceapi.ResourceSliceMaxCounterSets
-)
-
-// Capacity names Facet publishes (in the driver's domain).
-const (
-	// CapacityMemory is framebuffer memory in bytes: a whole GPU's, a MIG
-	// instance's, or the pool a vGPU share takes its part of.
-	CapacityMemory resourceapi.QualifiedName = "memory"
-	// CapacityCores is the percentage of the GPU's SM time a vGPU share may
-	// use (HAMi-core's limit); 0 asks for best effort.
-	CapacityCores resourceapi.QualifiedName = "cores"
-	// CapacityMultiprocessors is a MIG instance's number of SMs.
-	CapacityMultiprocessors resourceapi.QualifiedName = "multiprocessors"
 )
 
 // Resources builds the pool of one node: one pool named after the node.
@@ -174,18 +163,18 @@ func smallestSlotsFirst(devs []*inventory.Device) {
 func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 	g := d.GPU
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		"type":                  str(string(d.Kind)),
-		"index":                 intAttr(g.Index),
-		"productName":           str(truncate(g.ProductName)),
-		"architecture":          str(g.Architecture),
-		"brand":                 str(g.Brand),
-		"cudaComputeCapability": version(g.CUDAComputeCapability),
-		"driverVersion":         version(inv.DriverVersion),
-		"cudaDriverVersion":     version(inv.CUDADriverVersion),
-		"mode":                  str(string(g.Mode)),
+		names.AttrType:                  str(string(d.Kind)),
+		names.AttrIndex:                 intAttr(g.Index),
+		names.AttrProductName:           str(truncate(g.ProductName)),
+		names.AttrArchitecture:          str(g.Architecture),
+		names.AttrBrand:                 str(g.Brand),
+		names.AttrCUDAComputeCapability: version(g.CUDAComputeCapability),
+		names.AttrDriverVersion:         version(inv.DriverVersion),
+		names.AttrCUDADriverVersion:     version(inv.CUDADriverVersion),
+		names.AttrMode:                  str(string(g.Mode)),
 	}
 	if g.NUMANode >= 0 {
-		attrs["numaNode"] = intAttr(g.NUMANode)
+		attrs[names.AttrNUMANode] = intAttr(g.NUMANode)
 	}
 	if g.PCIeRoot != "" {
 		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
@@ -193,33 +182,33 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 	out := resourceapi.Device{Name: d.Name, Attributes: attrs}
 	switch d.Kind {
 	case inventory.KindMIG:
-		attrs["profile"] = str(d.MIG.Name)
-		attrs["parentUUID"] = str(g.UUID)
-		attrs["placementStart"] = intAttr(d.Placement.Start)
+		attrs[names.AttrProfile] = str(d.MIG.Name)
+		attrs[names.AttrParentUUID] = str(g.UUID)
+		attrs[names.AttrPlacementStart] = intAttr(d.Placement.Start)
 		if d.Instance != nil && d.Instance.UUID != "" {
 			// A static instance's own UUID, as nvidia-smi -L shows it.
-			attrs["migUUID"] = str(d.Instance.UUID)
+			attrs[names.AttrMIGUUID] = str(d.Instance.UUID)
 		}
 		out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-			CapacityMemory:          {Value: bytesQ(d.MIG.MemoryBytes)},
-			CapacityMultiprocessors: {Value: *resource.NewQuantity(int64(d.MIG.Multiprocessors), resource.DecimalSI)},
+			names.CapacityMemory:          {Value: bytesQ(d.MIG.MemoryBytes)},
+			names.CapacityMultiprocessors: {Value: *resource.NewQuantity(int64(d.MIG.Multiprocessors), resource.DecimalSI)},
 		}
 	case inventory.KindSlot:
-		attrs["parentUUID"] = str(g.UUID)
-		attrs["slot"] = intAttr(d.Slot.Index)
+		attrs[names.AttrParentUUID] = str(g.UUID)
+		attrs[names.AttrSlot] = intAttr(d.Slot.Index)
 		out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-			CapacityMemory: {Value: *resource.NewQuantity(d.Slot.MemoryBytes, resource.BinarySI)},
-			CapacityCores:  {Value: *resource.NewQuantity(d.Slot.Cores, resource.DecimalSI)},
+			names.CapacityMemory: {Value: *resource.NewQuantity(d.Slot.MemoryBytes, resource.BinarySI)},
+			names.CapacityCores:  {Value: *resource.NewQuantity(d.Slot.Cores, resource.DecimalSI)},
 		}
 	default:
-		attrs["uuid"] = str(g.UUID)
-		attrs["migCapable"] = resourceapi.DeviceAttribute{BoolValue: ptr.To(g.MIGCapable)}
+		attrs[names.AttrUUID] = str(g.UUID)
+		attrs[names.AttrMIGCapable] = resourceapi.DeviceAttribute{BoolValue: ptr.To(g.MIGCapable)}
 		if d.Shareable {
 			out.AllowMultipleAllocations = ptr.To(true)
 			out.Capacity = shareCapacity(g.MemoryBytes)
 		} else {
 			out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-				CapacityMemory: {Value: bytesQ(g.MemoryBytes)},
+				names.CapacityMemory: {Value: bytesQ(g.MemoryBytes)},
 			}
 		}
 	}
@@ -249,7 +238,7 @@ func shareCapacity(memoryBytes uint64) map[resourceapi.QualifiedName]resourceapi
 	mem := bytesQ(memoryBytes &^ (1<<20 - 1))
 	pct := func(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
 	return map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-		CapacityMemory: {
+		names.CapacityMemory: {
 			Value: mem,
 			RequestPolicy: &resourceapi.CapacityRequestPolicy{
 				Default: ptr.To(mem.DeepCopy()),
@@ -260,7 +249,7 @@ func shareCapacity(memoryBytes uint64) map[resourceapi.QualifiedName]resourceapi
 				},
 			},
 		},
-		CapacityCores: {
+		names.CapacityCores: {
 			Value: pct(100),
 			RequestPolicy: &resourceapi.CapacityRequestPolicy{
 				Default: ptr.To(pct(100)),
@@ -309,9 +298,9 @@ func Objects(res resourceslice.DriverResources, nodeName string) []*resourceapi.
 		for i, s := range pool.Slices {
 			rs := &resourceapi.ResourceSlice{
 				TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceSlice"},
-				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", nodeName, inventory.DriverName, i)},
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", nodeName, names.Driver, i)},
 				Spec: resourceapi.ResourceSliceSpec{
-					Driver: inventory.DriverName,
+					Driver: names.Driver,
 					Pool: resourceapi.ResourcePool{
 						Name:               poolName,
 						Generation:         max(pool.Generation, 1),

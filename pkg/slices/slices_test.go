@@ -15,6 +15,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
@@ -30,7 +31,7 @@ func render(t *testing.T, machine string, cfg inventory.Config) []byte {
 
 func objects(t *testing.T, machine string, cfg inventory.Config) []*resourceapi.ResourceSlice {
 	t.Helper()
-	node, err := nvml.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
+	node, err := sim.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +170,7 @@ func TestStockPublishesOnlyWhatItKeeps(t *testing.T) {
 	for _, machine := range machines {
 		for _, mode := range inventory.Modes {
 			t.Run(fmt.Sprintf("%s/%s", machine, mode), func(t *testing.T) {
-				node, err := nvml.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
+				node, err := sim.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
-	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // ExtendedResourceMap is the table the pod mutator rewrites extended
@@ -394,7 +394,7 @@ func (v VGPUMapping) shape(container string, values map[corev1.ResourceName]int6
 		return shape{}, false, containerError(container, corev1.ResourceName(v.MemoryPercentage), "conflicts with %s; give the memory once, in MiB", v.Memory)
 	}
 	if hasMem && mem > 0 {
-		s.selectors = append(s.selectors, fmt.Sprintf(`device.capacity[%q].memory.compareTo(quantity("%dMi")) >= 0`, configapi.DriverName, mem))
+		s.selectors = append(s.selectors, fmt.Sprintf(`device.capacity[%q].memory.compareTo(quantity("%dMi")) >= 0`, names.Driver, mem))
 	}
 	if hasCores {
 		if cores > 100 {
@@ -402,7 +402,7 @@ func (v VGPUMapping) shape(container string, values map[corev1.ResourceName]int6
 		}
 		// 0 asks for no share of the SMs, which every device has.
 		if cores > 0 {
-			s.selectors = append(s.selectors, fmt.Sprintf(`device.capacity[%q].cores.compareTo(quantity("%d")) >= 0`, configapi.DriverName, cores))
+			s.selectors = append(s.selectors, fmt.Sprintf(`device.capacity[%q].cores.compareTo(quantity("%d")) >= 0`, names.Driver, cores))
 		}
 	}
 	if hasPct {

@@ -44,6 +44,7 @@ import (
 	"k8s.io/klog/v2"
 
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // ValidatePath is where the handler is served.
@@ -228,7 +229,7 @@ func claimConfigs(path *field.Path, configs []resourceapi.DeviceClaimConfigurati
 }
 
 func locate(path *field.Path, requests []string, c resourceapi.DeviceConfiguration) (located, bool) {
-	if c.Opaque == nil || c.Opaque.Driver != configapi.DriverName {
+	if c.Opaque == nil || c.Opaque.Driver != names.Driver {
 		return located{}, false
 	}
 	raw := c.Opaque.Parameters.Raw

@@ -16,6 +16,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 	facetslices "github.com/facet-gpu/facet/pkg/slices"
 )
 
@@ -90,7 +91,7 @@ func BenchmarkAllocateOneMIG(b *testing.B) {
 
 func benchInventory(b testing.TB, mode inventory.Mode) *inventory.Inventory {
 	b.Helper()
-	node, err := nvml.DiscoverMachine(repo + "/demo/machines/dgx-h100.yaml")
+	node, err := sim.DiscoverMachine(repo + "/demo/machines/dgx-h100.yaml")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -174,7 +175,7 @@ func nvidiaShape(inv *inventory.Inventory, node string) []*resourceapi.ResourceS
 // the same devices, within the API's limits, and the NVIDIA shape has 15
 // counters per GPU in one counter slice.
 func TestBenchmarkShapes(t *testing.T) {
-	node, err := nvml.DiscoverMachine(repo + "/demo/machines/dgx-h100.yaml")
+	node, err := sim.DiscoverMachine(repo + "/demo/machines/dgx-h100.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,22 +12,22 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
-	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 // domain is Facet's attribute and capacity domain.
 const domain = "gpu.facet.dev"
 
 // oneGPU is a machine with one GPU of a model, MIG mode on.
-func oneGPU(model string) *nvml.Machine {
-	return &nvml.Machine{
+func oneGPU(model string) *sim.Machine {
+	return &sim.Machine{
 		Name: "one-" + model, DriverVersion: "550.54.15", CUDADriverVersion: "12.4",
-		GPUs: []nvml.MachineGPU{{Model: model, MIGEnabled: true}},
+		GPUs: []sim.MachineGPU{{Model: model, MIGEnabled: true}},
 	}
 }
 
 // machineSlices writes m as a machine file and runs `facetctl slices` on it.
-func machineSlices(t testing.TB, m *nvml.Machine, node string, args ...string) []*resourceapi.ResourceSlice {
+func machineSlices(t testing.TB, m *sim.Machine, node string, args ...string) []*resourceapi.ResourceSlice {
 	t.Helper()
 	data, err := yaml.Marshal(m)
 	if err != nil {

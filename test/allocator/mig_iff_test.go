@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 // The "iff" property: for every MIG-capable model, a set of MIG placements
@@ -90,7 +91,7 @@ type iffRig struct {
 func newIffRig(t *testing.T, model string) *iffRig {
 	t.Helper()
 	m := oneGPU(model)
-	lib, err := nvml.OpenSimulated(m)
+	lib, err := sim.OpenSimulated(m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
-	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 // The demo node's layout: MIG on GPUs 0-3, vGPU shares on 4-7.
@@ -69,7 +69,7 @@ func exampleClaim(t testing.TB, file string) *resourceapi.ResourceClaim {
 // whose GPU publishes MIG devices in the default (auto) mode.
 func migModels(t *testing.T) []string {
 	var out []string
-	for _, m := range nvml.Models() {
+	for _, m := range sim.Models() {
 		machine := oneGPU(m)
 		machine.GPUs[0].MIGEnabled = false
 		for _, s := range machineSlices(t, machine, "node-a") {
@@ -233,11 +233,11 @@ func TestTierTraining(t *testing.T) {
 	t.Run("a node with four GPUs behind one root takes the first alternative", func(t *testing.T) {
 		// Eight H100s on one NUMA node: 0-1, 2-5 (four) and 6-7 behind
 		// three roots.
-		m := &nvml.Machine{Name: "four-per-root", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
+		m := &sim.Machine{Name: "four-per-root", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
 		roots := []string{"10", "10", "30", "30", "30", "30", "50", "50"}
 		for i, r := range roots {
 			numa := 0
-			m.GPUs = append(m.GPUs, nvml.MachineGPU{
+			m.GPUs = append(m.GPUs, sim.MachineGPU{
 				Model:    "H100-SXM5-80GB",
 				PCIBusID: fmt.Sprintf("0000:%02x:00.0", 0x10+i*8),
 				PCIeRoot: "pci0000:" + r,

@@ -12,6 +12,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 	facetslices "github.com/facet-gpu/facet/pkg/slices"
 )
 
@@ -22,7 +23,7 @@ var stockGates = features.Stock("test")
 // in slots (4: "1x40Gi/50+2", 5: four equal), 6-7 whole GPUs.
 func stockNode(t testing.TB, name string) []*resourceapi.ResourceSlice {
 	t.Helper()
-	node, err := nvml.DiscoverMachine(repo + "/demo/machines/dgx-h100.yaml")
+	node, err := sim.DiscoverMachine(repo + "/demo/machines/dgx-h100.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ const admissionNamespace = "facet-admission"
 // removed at the end, the webhook configuration first.
 func TestAdmission(t *testing.T) {
 	applyYAML(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+admissionNamespace+"}\n")
-	t.Cleanup(func() { kubectlErr("delete", "namespace", admissionNamespace, "--wait=true", "--timeout=120s") })
+	t.Cleanup(func() { _, _ = kubectlErr("delete", "namespace", admissionNamespace, "--wait=true", "--timeout=120s") })
 
 	t.Run("policies", testAdmissionPolicies)
 	t.Run("webhook", testAdmissionWebhook)
@@ -64,7 +64,7 @@ func applyManifestErr(t testing.TB, manifest string, args ...string) (string, er
 func testAdmissionPolicies(t *testing.T) {
 	policies := filepath.Join(e.repo, "deployments", "admission", "policies.yaml")
 	kubectl(t, "apply", "-f", policies)
-	t.Cleanup(func() { kubectlErr("delete", "-f", policies, "--ignore-not-found", "--wait=true") })
+	t.Cleanup(func() { _, _ = kubectlErr("delete", "-f", policies, "--ignore-not-found", "--wait=true") })
 
 	// A policy takes a moment to reach the API server's admission chain:
 	// wait until a known-bad claim and template are refused by it.
@@ -260,7 +260,7 @@ func testAdmissionWebhook(t *testing.T) {
 	const vwc = "facet-e2e-webhook"
 	caBundle := base64.StdEncoding.EncodeToString(caPEM)
 	url := "https://" + addr + "/validate"
-	t.Cleanup(func() { kubectlErr("delete", "validatingwebhookconfiguration", vwc, "--ignore-not-found") })
+	t.Cleanup(func() { _, _ = kubectlErr("delete", "validatingwebhookconfiguration", vwc, "--ignore-not-found") })
 	applyYAML(t, fmt.Sprintf(`apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingWebhookConfiguration
 metadata: {name: %[1]s}
@@ -373,7 +373,7 @@ spec:
       driver: gpu.facet.dev
       parameters: {apiVersion: gpu.facet.dev/v1alpha1, kind: GpuConfig}
 `
-		t.Cleanup(func() { kubectlErr("delete", "deviceclass", "e2e-good.gpu.facet.dev", "--ignore-not-found") })
+		t.Cleanup(func() { _, _ = kubectlErr("delete", "deviceclass", "e2e-good.gpu.facet.dev", "--ignore-not-found") })
 		if out, err := applyManifestErr(t, class); err != nil {
 			t.Errorf("refused: %v\n%s", err, out)
 		}

@@ -245,7 +245,7 @@ func applyYAML(t testing.TB, manifest string) {
 // after the last plugin has been started on t: cleanups run last-in
 // first-out, and the kubelet needs a plugin to unprepare the pods' claims.
 func deleteNamespaceAtEnd(t testing.TB) {
-	t.Cleanup(func() { kubectlErr("delete", "namespace", namespace, "--wait=true", "--timeout=180s") })
+	t.Cleanup(func() { _, _ = kubectlErr("delete", "namespace", namespace, "--wait=true", "--timeout=180s") })
 }
 
 // setupNamespace applies the DeviceClasses and a fresh demo namespace,

@@ -174,7 +174,7 @@ func TestPolicy(t *testing.T) {
 		for _, f := range []string{"tier-classes.yaml", "notebook-admission.yaml"} {
 			path := filepath.Join(e.repo, "demo", "examples", f)
 			kubectl(t, "apply", "-f", path)
-			t.Cleanup(func() { kubectlErr("delete", "--ignore-not-found", "-f", path) })
+			t.Cleanup(func() { _, _ = kubectlErr("delete", "--ignore-not-found", "-f", path) })
 		}
 		notebook := func(name string, caps map[resourceapi.QualifiedName]resource.Quantity, config string) *resourceapi.ResourceClaim {
 			req := resourceapi.ExactDeviceRequest{DeviceClassName: "notebook-vgpu.facet.dev"}
@@ -203,7 +203,7 @@ func TestPolicy(t *testing.T) {
 			n++
 			_, err := e.client.ResourceV1().ResourceClaims(namespace).Create(ctx, notebook(fmt.Sprintf("probe-%d", n), caps("16Gi", "25"), ""), metav1.CreateOptions{})
 			if err == nil {
-				e.client.ResourceV1().ResourceClaims(namespace).Delete(ctx, fmt.Sprintf("probe-%d", n), metav1.DeleteOptions{})
+				_ = e.client.ResourceV1().ResourceClaims(namespace).Delete(ctx, fmt.Sprintf("probe-%d", n), metav1.DeleteOptions{})
 				return false, fmt.Errorf("16Gi notebook claim accepted")
 			}
 			msg = err.Error()

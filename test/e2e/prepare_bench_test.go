@@ -96,7 +96,7 @@ func setupBench(b *testing.B) drapb.DRAPluginClient {
 	needGates(b, features.PartitionableDevices, features.ConsumableCapacity)
 	kubectl(b, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
 	kubectl(b, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
-	b.Cleanup(func() { kubectlErr("delete", "resourceclaims", "-n", namespace, "--all", "--wait=false") })
+	b.Cleanup(func() { _, _ = kubectlErr("delete", "resourceclaims", "-n", namespace, "--all", "--wait=false") })
 	startPlugin(b, "dgx-h100", demoModes...)
 	waitModes(b, demoMode)
 	client := draClient(b)

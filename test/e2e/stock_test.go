@@ -177,7 +177,9 @@ func TestStock(t *testing.T) {
 // reset, so later tests start from uncarved GPUs.
 func resetSimulatedGPUs(t *testing.T, p *plugin) func() {
 	return func() {
-		kubectlErr("delete", "namespace", namespace, "--wait=true", "--timeout=180s")
+		if out, err := kubectlErr("delete", "namespace", namespace, "--wait=true", "--timeout=180s"); err != nil {
+			t.Errorf("delete namespace %s: %v\n%s", namespace, err, out)
+		}
 		p.stop()
 		for _, f := range []string{"simulated-nvml.json", "mig-layouts.json"} {
 			if err := os.Remove(filepath.Join(e.runDir, "facet-state", f)); err != nil && !os.IsNotExist(err) {

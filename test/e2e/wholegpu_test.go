@@ -191,7 +191,9 @@ func checkAllocatedPod(t *testing.T, pod *corev1.Pod, claim *resourceapi.Resourc
 	var gotMinors []int64
 	for _, m := range regexp.MustCompile(`(?m)^nvidia(\d+)$`).FindAllStringSubmatch(dev, -1) {
 		var n int64
-		fmt.Sscan(m[1], &n)
+		if _, err := fmt.Sscan(m[1], &n); err != nil {
+			t.Fatal(err)
+		}
 		gotMinors = append(gotMinors, n)
 	}
 	slices.Sort(gotMinors)

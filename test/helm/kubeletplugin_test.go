@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // pluginFlag is one flag of cmd/facet-kubeletplugin, read from its source.
@@ -81,7 +82,7 @@ var (
 		"state-dir":             identity,
 		"kubelet-registrar-dir": identity,
 		// The plugin works in <dir>/gpu.facet.dev only.
-		"kubelet-plugins-dir": func(v string) string { return path.Join(v, inventory.DriverName) },
+		"kubelet-plugins-dir": func(v string) string { return path.Join(v, names.Driver) },
 		"hami-library":        identity,
 	}
 	// hostOnlyPathFlags: host paths the plugin only writes into CDI specs,

@@ -7,6 +7,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // entry is one decoded opaque config of this driver.
@@ -69,7 +71,7 @@ func decodeConfigs(configs []resourceapi.DeviceAllocationConfiguration) ([]entry
 	var class, claim []entry
 	var errs []error
 	for i, c := range configs {
-		if c.Opaque == nil || c.Opaque.Driver != DriverName {
+		if c.Opaque == nil || c.Opaque.Driver != names.Driver {
 			continue
 		}
 		var source string

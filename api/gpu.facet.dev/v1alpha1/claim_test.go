@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
+
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 func opaque(source resourceapi.AllocationConfigSource, driver, params string, requests ...string) resourceapi.DeviceAllocationConfiguration {
@@ -22,11 +24,11 @@ func opaque(source resourceapi.AllocationConfigSource, driver, params string, re
 }
 
 func fromClass(params string, requests ...string) resourceapi.DeviceAllocationConfiguration {
-	return opaque(resourceapi.AllocationConfigSourceClass, DriverName, params, requests...)
+	return opaque(resourceapi.AllocationConfigSourceClass, names.Driver, params, requests...)
 }
 
 func fromClaim(params string, requests ...string) resourceapi.DeviceAllocationConfiguration {
-	return opaque(resourceapi.AllocationConfigSourceClaim, DriverName, params, requests...)
+	return opaque(resourceapi.AllocationConfigSourceClaim, names.Driver, params, requests...)
 }
 
 // defaulted returns the defaults overridden by the given fields.
@@ -195,7 +197,7 @@ func TestEffectiveVgpuConfig(t *testing.T) {
 			configs: []resourceapi.DeviceAllocationConfiguration{{
 				Source: resourceapi.AllocationConfigSourceClaim,
 				DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-					Driver:     DriverName,
+					Driver:     names.Driver,
 					Parameters: runtime.RawExtension{Object: vgpu(nil, nil, ptr.To[int32](0), nil)},
 				}},
 			}},
@@ -250,7 +252,7 @@ func TestEffectiveVgpuConfig(t *testing.T) {
 		{
 			name: "unknown source",
 			configs: []resourceapi.DeviceAllocationConfiguration{
-				opaque("FromNowhere", DriverName, vgpuJSON("")),
+				opaque("FromNowhere", names.Driver, vgpuJSON("")),
 			},
 			request: "gpu",
 			wantErr: `devices.config[0]: source: Unsupported value: "FromNowhere": supported values: "FromClass", "FromClaim"`,

@@ -45,7 +45,7 @@
 //     switch on, and only an external monitor (HAMi's vGPUmonitor) turns it
 //     off, so without such a monitor "default" behaves like "force". With an
 //     SM limit of 0 or 100 nothing is throttled whatever the policy, and the
-//     throttle is best effort (see hami-core.md: it needs the host PID, and
+//     throttle is best effort (see docs/design/hami-core.md: it needs the host PID, and
 //     CUDA graphs and cooperative launches escape it).
 //
 //   - taskPriority: 0 (high) or 1 (low); HAMi-core's default is 1.

@@ -10,6 +10,7 @@ import (
 // can be added to it later without a new kind. Any field in it is an
 // unknown field, hence a decoding error.
 //
+// +k8s:deepcopy-gen=true
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type GpuConfig struct {
 	metav1.TypeMeta `json:",inline"`

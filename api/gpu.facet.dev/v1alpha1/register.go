@@ -3,19 +3,17 @@ package v1alpha1
 import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 const (
 	// GroupName is the API group of Facet's opaque configs. It is also the
 	// driver name that OpaqueDeviceConfiguration.Driver must carry for a
 	// config to be meant for Facet.
-	GroupName = "gpu.facet.dev"
+	GroupName = names.Driver
 	// Version is this package's API version.
 	Version = "v1alpha1"
-
-	// DriverName is the DRA driver name whose opaque configs this package
-	// decodes.
-	DriverName = GroupName
 
 	// VgpuConfigKind is the kind of VgpuConfig.
 	VgpuConfigKind = "VgpuConfig"

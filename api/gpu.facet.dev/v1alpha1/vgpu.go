@@ -73,6 +73,7 @@ var (
 // "set to the zero value", which merging needs: see Merge. The package
 // documentation describes each field.
 //
+// +k8s:deepcopy-gen=true
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type VgpuConfig struct {
 	metav1.TypeMeta `json:",inline"`

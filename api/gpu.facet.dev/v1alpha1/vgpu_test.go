@@ -176,7 +176,7 @@ func TestEnforcementEnabled(t *testing.T) {
 }
 
 // TestDeepCopyCoversEveryField fails when a field is added to VgpuConfig and
-// the hand-written deep copy is not updated: every pointer field of a full
+// the generated deep copy is stale (run make generate): every pointer field of a full
 // config must be copied to a different address with the same value.
 func TestDeepCopyCoversEveryField(t *testing.T) {
 	in := vgpu(ptr.To(EnforcementDisabled), ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](0), ptr.To[int32](4))
@@ -200,7 +200,7 @@ func TestDeepCopyCoversEveryField(t *testing.T) {
 			}
 		case reflect.Struct, reflect.String, reflect.Int32:
 		default:
-			t.Errorf("field %s of kind %s: teach DeepCopyInto and this test about it", v.Type().Field(i).Name, f.Kind())
+			t.Errorf("field %s of kind %s: teach this test about it", v.Type().Field(i).Name, f.Kind())
 		}
 	}
 

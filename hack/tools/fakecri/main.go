@@ -9,7 +9,7 @@
 //	{"time":"...","namespace":"default","pod":"p","podUID":"...","container":"c",
 //	 "sandboxID":"...","cdiDevices":["gpu.facet.dev/gpu=gpu-0"],"annotations":{...}}
 //
-// Facts it relies on (shared/design/local-cluster.md):
+// Facts it relies on (docs/design/local-cluster.md):
 //   - the fake image size must be non-zero, or the kubelet reports ImageInspectError;
 //   - the image filesystem must report a mountpoint that exists;
 //   - images named with imagePullPolicy: Never must be preloaded.

@@ -1,4 +1,4 @@
-package nvml
+package sim
 
 import (
 	"bytes"
@@ -495,10 +495,10 @@ func stubSharedObject(machine elf.Machine, soname string) ([]byte, error) {
 	}
 	pad := func(to uint64) { b.Write(make([]byte, to-uint64(b.Len()))) }
 	pad(symOff)
-	binary.Write(&b, binary.LittleEndian, elf.Sym64{})
+	_ = binary.Write(&b, binary.LittleEndian, elf.Sym64{}) // a bytes.Buffer write cannot fail
 	b.Write(dynstr)
 	pad(dynOff)
-	binary.Write(&b, binary.LittleEndian, dyn)
+	_ = binary.Write(&b, binary.LittleEndian, dyn)
 	b.Write(shstrtab)
 	pad(shOff)
 	alloc := uint64(elf.SHF_ALLOC)
@@ -510,7 +510,7 @@ func stubSharedObject(machine elf.Machine, soname string) ([]byte, error) {
 		{Name: shName(".dynamic"), Type: uint32(elf.SHT_DYNAMIC), Flags: alloc | uint64(elf.SHF_WRITE), Addr: dynOff, Off: dynOff, Size: dynLen, Link: 3, Addralign: 8, Entsize: dynSize},
 		{Name: shName(".shstrtab"), Type: uint32(elf.SHT_STRTAB), Off: shstrOff, Size: uint64(len(shstrtab)), Addralign: 1},
 	}
-	binary.Write(&b, binary.LittleEndian, shdrs)
+	_ = binary.Write(&b, binary.LittleEndian, shdrs)
 	if uint64(b.Len()) != total {
 		return nil, fmt.Errorf("internal error: stub ELF is %d bytes, want %d", b.Len(), total)
 	}

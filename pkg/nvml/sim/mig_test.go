@@ -1,9 +1,10 @@
-package nvml
+package sim
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/facet-gpu/facet/pkg/nvml"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -32,7 +33,7 @@ var migModels = []struct {
 
 // migGPU opens a machine of n GPUs of model, enables MIG on the first, and
 // returns the library and that GPU as discovery sees it.
-func migGPU(t *testing.T, model string, n int, opts ...SimOption) (*Library, GPU) {
+func migGPU(t *testing.T, model string, n int, opts ...Option) (*nvml.Library, nvml.GPU) {
 	t.Helper()
 	lib := openTestMachine(t, model, n, opts...)
 	node, err := lib.Discover()
@@ -47,7 +48,7 @@ func migGPU(t *testing.T, model string, n int, opts ...SimOption) (*Library, GPU
 }
 
 // profileNamed returns the GPU's profile with this name.
-func profileNamed(t *testing.T, g GPU, name string) MIGProfile {
+func profileNamed(t *testing.T, g nvml.GPU, name string) nvml.MIGProfile {
 	t.Helper()
 	for _, p := range g.MIGProfiles {
 		if p.Name == name {
@@ -59,10 +60,10 @@ func profileNamed(t *testing.T, g GPU, name string) MIGProfile {
 		names = append(names, p.Name)
 	}
 	t.Fatalf("%s has no profile %s (has %v)", g.ProductName, name, names)
-	return MIGProfile{}
+	return nvml.MIGProfile{}
 }
 
-func mustCreate(t *testing.T, lib *Library, uuid string, p MIGProfile, start int) MIGInstance {
+func mustCreate(t *testing.T, lib *nvml.Library, uuid string, p nvml.MIGProfile, start int) nvml.MIGInstance {
 	t.Helper()
 	inst, err := lib.CreateMIG(uuid, p.GIProfileID, start)
 	if err != nil {
@@ -71,7 +72,7 @@ func mustCreate(t *testing.T, lib *Library, uuid string, p MIGProfile, start int
 	return inst
 }
 
-func listMIG(t *testing.T, lib *Library) []MIGInstance {
+func listMIG(t *testing.T, lib *nvml.Library) []nvml.MIGInstance {
 	t.Helper()
 	insts, err := lib.ListMIG()
 	if err != nil {
@@ -94,7 +95,7 @@ func TestMIGEveryProfileEveryPlacement(t *testing.T) {
 						t.Fatalf("%s at %d: %v", p.Name, pl.Start, err)
 					}
 					wantGI, _ := giIDForPlacement(m.memSlices, gonvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
-					want := MIGInstance{
+					want := nvml.MIGInstance{
 						ParentUUID: g.UUID, ParentIndex: 0, Profile: p.Name,
 						GIProfileID: p.GIProfileID, CIProfileID: p.CIProfileID,
 						Placement: pl, GIID: wantGI, CIID: 0, UUID: inst.UUID,
@@ -145,7 +146,7 @@ func TestMIGTablesAsDocumented(t *testing.T) {
 			_, g := migGPU(t, m.model, 1)
 			got := map[string]string{"profiles": fmt.Sprint(len(g.MIGProfiles))}
 			for _, p := range g.MIGProfiles {
-				key := p.Name[:strings.Index(p.Name, ".")]
+				key, _, _ := strings.Cut(p.Name, ".")
 				if strings.HasSuffix(p.Name, "+me") {
 					key += "+me"
 					if m.memSlices == 8 {
@@ -172,13 +173,13 @@ func TestMIGTablesAsDocumented(t *testing.T) {
 
 // migItem is one MIG device Facet publishes: a profile at a placement.
 type migItem struct {
-	p  MIGProfile
-	pl Placement
+	p  nvml.MIGProfile
+	pl nvml.Placement
 }
 
 func (it migItem) String() string { return fmt.Sprintf("%s@%d", it.p.Name, it.pl.Start) }
 
-func overlap(a, b Placement) bool { return a.Start < b.Start+b.Size && b.Start < a.Start+a.Size }
+func overlap(a, b nvml.Placement) bool { return a.Start < b.Start+b.Size && b.Start < a.Start+a.Size }
 
 // TestEngineRuleOnlyLimitsMediaExtensions is the hardware side of "the
 // allocator accepts these devices iff NVML can create them together": for
@@ -203,7 +204,7 @@ func TestEngineRuleOnlyLimitsMediaExtensions(t *testing.T) {
 					if !overlap(a.pl, b.pl) {
 						continue
 					}
-					ok, err := lib.CanCreateTogether(g.UUID, []MIGPlacement{{a.p.GIProfileID, a.pl.Start}, {b.p.GIProfileID, b.pl.Start}})
+					ok, err := lib.CanCreateTogether(g.UUID, []nvml.MIGPlacement{{GIProfileID: a.p.GIProfileID, Start: a.pl.Start}, {GIProfileID: b.p.GIProfileID, Start: b.pl.Start}})
 					if err != nil || ok {
 						t.Fatalf("%v + %v: %v, %v; want refused", a, b, ok, err)
 					}
@@ -216,9 +217,9 @@ func TestEngineRuleOnlyLimitsMediaExtensions(t *testing.T) {
 			walk = func(next int) {
 				if len(set) > 0 {
 					me := 0
-					req := make([]MIGPlacement, len(set))
+					req := make([]nvml.MIGPlacement, len(set))
 					for i, it := range set {
-						req[i] = MIGPlacement{it.p.GIProfileID, it.pl.Start}
+						req[i] = nvml.MIGPlacement{GIProfileID: it.p.GIProfileID, Start: it.pl.Start}
 						if strings.HasSuffix(it.p.Name, "+me") {
 							me++
 						}
@@ -263,7 +264,7 @@ func TestMIGOverlapAndMediaExtensions(t *testing.T) {
 	for _, m := range migModels {
 		t.Run(m.model, func(t *testing.T) {
 			lib, g := migGPU(t, m.model, 1)
-			var small, me, full MIGProfile
+			var small, me, full nvml.MIGProfile
 			for _, p := range g.MIGProfiles {
 				switch {
 				case strings.HasSuffix(p.Name, "+me") && me.Name == "":
@@ -276,9 +277,9 @@ func TestMIGOverlapAndMediaExtensions(t *testing.T) {
 			}
 			first := mustCreate(t, lib, g.UUID, me, 0)
 			// Overlapping memory slices.
-			for _, p := range []MIGProfile{small, me, full} {
+			for _, p := range []nvml.MIGProfile{small, me, full} {
 				_, err := lib.CreateMIG(g.UUID, p.GIProfileID, 0)
-				if !IsInsufficientResources(err) {
+				if !nvml.IsInsufficientResources(err) {
 					t.Errorf("%s at 0 over %s at 0: error %v, want insufficient resources", p.Name, me.Name, err)
 				}
 				for _, s := range []string{g.UUID, "GPU 0", p.Name, "at placement 0:", "memory slice"} {
@@ -293,7 +294,7 @@ func TestMIGOverlapAndMediaExtensions(t *testing.T) {
 					continue
 				}
 				last := p.Placements[len(p.Placements)-1]
-				if _, err := lib.CreateMIG(g.UUID, p.GIProfileID, last.Start); !IsInsufficientResources(err) {
+				if _, err := lib.CreateMIG(g.UUID, p.GIProfileID, last.Start); !nvml.IsInsufficientResources(err) {
 					t.Errorf("second media extension %s at %d: error %v", p.Name, last.Start, err)
 				}
 			}
@@ -383,19 +384,19 @@ func TestMIGLayouts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lib, g := migGPU(t, tc.model, 1)
-			var made []MIGInstance
+			var made []nvml.MIGInstance
 			for _, c := range tc.creates {
 				made = append(made, mustCreate(t, lib, g.UUID, profileNamed(t, g, c.profile), c.start))
 			}
 			p := profileNamed(t, g, tc.next.profile)
-			if _, err := lib.CreateMIG(g.UUID, p.GIProfileID, tc.next.start); !IsInsufficientResources(err) {
+			if _, err := lib.CreateMIG(g.UUID, p.GIProfileID, tc.next.start); !nvml.IsInsufficientResources(err) {
 				t.Fatalf("%s at %d: error %v, want insufficient resources", tc.next.profile, tc.next.start, err)
 			}
 			if got := listMIG(t, lib); len(got) != len(made) {
 				t.Fatalf("ListMIG: %d instances, want %d", len(got), len(made))
 			}
 			// Destroying what is in the way makes room.
-			var next Placement
+			var next nvml.Placement
 			for _, pl := range p.Placements {
 				if pl.Start == tc.next.start {
 					next = pl
@@ -422,7 +423,7 @@ func TestMIGCreateWithoutPlacement(t *testing.T) {
 	// of one more of the last profile.
 	create := func(names ...string) ([]int, gonvml.Return) {
 		lib, g := migGPU(t, "A100-SXM4-80GB", 1)
-		dev, _ := lib.lib.DeviceGetHandleByIndex(0)
+		dev, _ := serverOf(lib).DeviceGetHandleByIndex(0)
 		var ids []int
 		var info gonvml.GpuInstanceProfileInfo
 		for _, name := range names {
@@ -462,7 +463,7 @@ func TestEnableMIGResetRequired(t *testing.T) {
 	lib := openTestMachine(t, "A100-SXM4-40GB", 2)
 	node, _ := lib.Discover()
 	g := node.GPUs[1]
-	dev := lib.lib.(*server.Server).Devices[1].(*server.Device)
+	dev := serverOf(lib).Devices[1].(*server.Device)
 	pending := gonvml.DEVICE_MIG_DISABLE
 	dev.SetMigModeFunc = func(mode int) (gonvml.Return, gonvml.Return) {
 		pending = mode
@@ -475,7 +476,7 @@ func TestEnableMIGResetRequired(t *testing.T) {
 			t.Errorf("call %d: %v, %v; want an error saying %q", i, changed, err, want)
 		}
 	}
-	if _, err := lib.CreateMIG(g.UUID, gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0); !errors.Is(err, ErrMIGDisabled) {
+	if _, err := lib.CreateMIG(g.UUID, gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0); !errors.Is(err, nvml.ErrMIGDisabled) {
 		t.Errorf("CreateMIG: %v", err)
 	}
 }
@@ -483,7 +484,7 @@ func TestEnableMIGResetRequired(t *testing.T) {
 func TestMIGIDsReused(t *testing.T) {
 	lib, g := migGPU(t, "H100-SXM5-80GB", 1)
 	one := profileNamed(t, g, "1g.10gb")
-	var made []MIGInstance
+	var made []nvml.MIGInstance
 	for s := range 7 {
 		made = append(made, mustCreate(t, lib, g.UUID, one, s))
 	}
@@ -545,7 +546,7 @@ func TestListMIG(t *testing.T) {
 		t.Fatalf("MIG off: %+v", got)
 	}
 	g0, g2 := node.GPUs[0], node.GPUs[2]
-	for _, g := range []GPU{g0, g2} {
+	for _, g := range []nvml.GPU{g0, g2} {
 		if _, err := lib.EnableMIG(g.UUID); err != nil {
 			t.Fatal(err)
 		}
@@ -556,7 +557,7 @@ func TestListMIG(t *testing.T) {
 
 	// Instances Facet did not make: a GPU instance without a compute
 	// instance (a crash between the two), and one with two.
-	dev, _ := lib.lib.DeviceGetHandleByIndex(2)
+	dev, _ := serverOf(lib).DeviceGetHandleByIndex(2)
 	info, _ := dev.GetGpuInstanceProfileInfo(profileNamed(t, g2, "1g.10gb").GIProfileID)
 	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != gonvml.SUCCESS {
 		t.Fatal(ret)
@@ -593,7 +594,7 @@ func TestListMIG(t *testing.T) {
 	if fmt.Sprint(brief) != fmt.Sprint(want) {
 		t.Errorf("ListMIG\n got %v\nwant %v", brief, want)
 	}
-	for _, inst := range []MIGInstance{c, b, a} {
+	for _, inst := range []nvml.MIGInstance{c, b, a} {
 		found := false
 		for _, g := range got {
 			found = found || g == inst
@@ -603,7 +604,7 @@ func TestListMIG(t *testing.T) {
 		}
 	}
 	// DestroyMIG leaves a GPU instance with another compute instance.
-	if err := lib.DestroyMIG(g2.UUID, 4, 0); !IsInUse(err) || !strings.Contains(err.Error(), g2.UUID) {
+	if err := lib.DestroyMIG(g2.UUID, 4, 0); !nvml.IsInUse(err) || !strings.Contains(err.Error(), g2.UUID) {
 		t.Errorf("GI with two CIs: error %v", err)
 	}
 	if err := lib.DestroyMIG(g2.UUID, 4, 1); err != nil {
@@ -648,14 +649,14 @@ func TestMIGModeRequired(t *testing.T) {
 	}
 	one := profileNamed(t, g, "1g.10gb")
 	_, err := lib.CreateMIG(g.UUID, one.GIProfileID, 0)
-	if !errors.Is(err, ErrMIGDisabled) || !strings.Contains(err.Error(), g.UUID) {
+	if !errors.Is(err, nvml.ErrMIGDisabled) || !strings.Contains(err.Error(), g.UUID) {
 		t.Fatalf("MIG off: error %v", err)
 	}
-	if _, err := lib.CanCreateTogether(g.UUID, []MIGPlacement{{one.GIProfileID, 0}}); !errors.Is(err, ErrMIGDisabled) {
+	if _, err := lib.CanCreateTogether(g.UUID, []nvml.MIGPlacement{{GIProfileID: one.GIProfileID, Start: 0}}); !errors.Is(err, nvml.ErrMIGDisabled) {
 		t.Errorf("CanCreateTogether with MIG off: %v", err)
 	}
 	// NVML itself refuses too.
-	dev, _ := lib.lib.DeviceGetHandleByIndex(0)
+	dev, _ := serverOf(lib).DeviceGetHandleByIndex(0)
 	info, _ := dev.GetGpuInstanceProfileInfo(one.GIProfileID)
 	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != gonvml.ERROR_NOT_SUPPORTED {
 		t.Errorf("NVML create with MIG off: %v", gonvml.ErrorString(ret))
@@ -682,16 +683,16 @@ func TestMIGOnGPUWithoutMIG(t *testing.T) {
 	node, _ := lib.Discover()
 	g := node.GPUs[1]
 	_, err := lib.EnableMIG(g.UUID)
-	if !IsNotSupported(err) || !strings.Contains(err.Error(), "does not support MIG") || !strings.Contains(err.Error(), g.UUID) || !strings.Contains(err.Error(), "GPU 1") {
+	if !nvml.IsNotSupported(err) || !strings.Contains(err.Error(), "does not support MIG") || !strings.Contains(err.Error(), g.UUID) || !strings.Contains(err.Error(), "GPU 1") {
 		t.Errorf("EnableMIG on an L4: %v", err)
 	}
-	if _, err := lib.CreateMIG(g.UUID, gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0); !IsNotSupported(err) || !strings.Contains(err.Error(), "does not support MIG") {
+	if _, err := lib.CreateMIG(g.UUID, gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0); !nvml.IsNotSupported(err) || !strings.Contains(err.Error(), "does not support MIG") {
 		t.Errorf("CreateMIG on an L4: %v", err)
 	}
 	if got := listMIG(t, lib); len(got) != 0 {
 		t.Errorf("ListMIG: %+v", got)
 	}
-	dev, _ := lib.lib.DeviceGetHandleByIndex(1)
+	dev, _ := serverOf(lib).DeviceGetHandleByIndex(1)
 	if _, ret := dev.CreateGpuInstanceWithPlacement(&gonvml.GpuInstanceProfileInfo{}, &gonvml.GpuInstancePlacement{}); ret != gonvml.ERROR_NOT_SUPPORTED {
 		t.Errorf("NVML create on an L4: %v", gonvml.ErrorString(ret))
 	}
@@ -699,20 +700,20 @@ func TestMIGOnGPUWithoutMIG(t *testing.T) {
 
 func TestCanCreateTogether(t *testing.T) {
 	lib, g := migGPU(t, "A100-SXM4-80GB", 1)
-	p := func(name string, start int) MIGPlacement {
-		return MIGPlacement{profileNamed(t, g, name).GIProfileID, start}
+	p := func(name string, start int) nvml.MIGPlacement {
+		return nvml.MIGPlacement{GIProfileID: profileNamed(t, g, name).GIProfileID, Start: start}
 	}
 	existing := mustCreate(t, lib, g.UUID, profileNamed(t, g, "1g.10gb"), 6)
 	for _, tc := range []struct {
-		set  []MIGPlacement
+		set  []nvml.MIGPlacement
 		want bool
 	}{
-		{[]MIGPlacement{p("3g.40gb", 0), p("2g.20gb", 4)}, true},
-		{[]MIGPlacement{p("3g.40gb", 4)}, false},                  // overlaps the existing 1g
-		{[]MIGPlacement{p("4g.40gb", 0), p("3g.40gb", 0)}, false}, // overlap
-		{[]MIGPlacement{p("1g.10gb+me", 0), p("1g.10gb+me", 1)}, false},
-		{[]MIGPlacement{p("1g.10gb+me", 0), p("1g.10gb", 1), p("1g.20gb", 2), p("2g.20gb", 4)}, true},
-		{[]MIGPlacement{p("7g.80gb", 0)}, false},
+		{[]nvml.MIGPlacement{p("3g.40gb", 0), p("2g.20gb", 4)}, true},
+		{[]nvml.MIGPlacement{p("3g.40gb", 4)}, false},                  // overlaps the existing 1g
+		{[]nvml.MIGPlacement{p("4g.40gb", 0), p("3g.40gb", 0)}, false}, // overlap
+		{[]nvml.MIGPlacement{p("1g.10gb+me", 0), p("1g.10gb+me", 1)}, false},
+		{[]nvml.MIGPlacement{p("1g.10gb+me", 0), p("1g.10gb", 1), p("1g.20gb", 2), p("2g.20gb", 4)}, true},
+		{[]nvml.MIGPlacement{p("7g.80gb", 0)}, false},
 		{nil, true},
 	} {
 		ok, err := lib.CanCreateTogether(g.UUID, tc.set)
@@ -723,7 +724,7 @@ func TestCanCreateTogether(t *testing.T) {
 			t.Fatalf("%v: GPU changed: %+v", tc.set, got)
 		}
 	}
-	if _, err := lib.CanCreateTogether(g.UUID, []MIGPlacement{p("3g.40gb", 0), {GIProfileID: p("3g.40gb", 0).GIProfileID, Start: 2}}); err == nil || !strings.Contains(err.Error(), "no placement starting at memory slice 2") {
+	if _, err := lib.CanCreateTogether(g.UUID, []nvml.MIGPlacement{p("3g.40gb", 0), {GIProfileID: p("3g.40gb", 0).GIProfileID, Start: 2}}); err == nil || !strings.Contains(err.Error(), "no placement starting at memory slice 2") {
 		t.Errorf("illegal placement: %v", err)
 	}
 	if got := listMIG(t, lib); len(got) != 1 {
@@ -745,13 +746,13 @@ gpus:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	lib, err := OpenMachine(machine, WithStateFile(state))
+	lib, err := openMachineFile(machine, WithStateFile(state))
 	if err != nil {
 		t.Fatal(err)
 	}
 	node, _ := lib.Discover()
 	h100, a30 := node.GPUs[0], node.GPUs[2]
-	for _, g := range []GPU{h100, a30} {
+	for _, g := range []nvml.GPU{h100, a30} {
 		if _, err := lib.EnableMIG(g.UUID); err != nil {
 			t.Fatal(err)
 		}
@@ -760,7 +761,7 @@ gpus:
 	mustCreate(t, lib, h100.UUID, profileNamed(t, h100, "1g.10gb+me"), 2)
 	mustCreate(t, lib, a30.UUID, profileNamed(t, a30, "2g.12gb"), 2)
 	// A GPU instance whose compute instance was never made.
-	dev, _ := lib.lib.DeviceGetHandleByIndex(2)
+	dev, _ := serverOf(lib).DeviceGetHandleByIndex(2)
 	info, _ := dev.GetGpuInstanceProfileInfo(profileNamed(t, a30, "1g.6gb").GIProfileID)
 	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != gonvml.SUCCESS {
 		t.Fatal(ret)
@@ -781,7 +782,7 @@ gpus:
 	}
 
 	// The "plugin" restarts.
-	lib, err = OpenMachine(machine, WithStateFile(state))
+	lib, err = openMachineFile(machine, WithStateFile(state))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -795,14 +796,14 @@ gpus:
 	}
 	// The reloaded instances are real: they still take their room, MIG
 	// devices resolve by UUID, and they can be destroyed.
-	if _, err := lib.CreateMIG(h100.UUID, profileNamed(t, h100, "1g.10gb+me").GIProfileID, 0); !IsInsufficientResources(err) {
+	if _, err := lib.CreateMIG(h100.UUID, profileNamed(t, h100, "1g.10gb+me").GIProfileID, 0); !nvml.IsInsufficientResources(err) {
 		t.Errorf("second +me after reload: %v", err)
 	}
 	for _, inst := range after {
 		if inst.UUID == "" {
 			continue
 		}
-		if d, ret := lib.lib.DeviceGetHandleByUUID(inst.UUID); ret != gonvml.SUCCESS {
+		if d, ret := serverOf(lib).DeviceGetHandleByUUID(inst.UUID); ret != gonvml.SUCCESS {
 			t.Errorf("%s: %v", inst.UUID, gonvml.ErrorString(ret))
 		} else if gi, _ := d.GetGpuInstanceId(); gi != inst.GIID {
 			t.Errorf("%s: GI %d", inst.UUID, gi)
@@ -814,7 +815,7 @@ gpus:
 		}
 	}
 	lib.Close()
-	lib, err = OpenMachine(machine, WithStateFile(state))
+	lib, err = openMachineFile(machine, WithStateFile(state))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -838,11 +839,15 @@ gpus:
 	} {
 		t.Run(name, func(t *testing.T) {
 			var s simState
-			json.Unmarshal(data, &s)
+			if err := json.Unmarshal(data, &s); err != nil {
+				t.Fatal(err)
+			}
 			mutate(&s)
 			bad := filepath.Join(t.TempDir(), "state.json")
 			b, _ := json.Marshal(s)
-			os.WriteFile(bad, b, 0o644)
+			if err := os.WriteFile(bad, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
 			if _, err := OpenMachine(machine, WithStateFile(bad)); err == nil || !strings.Contains(err.Error(), bad) {
 				t.Errorf("error %v", err)
 			}
@@ -858,7 +863,7 @@ gpus:
 func TestMIGConcurrent(t *testing.T) {
 	for _, withState := range []bool{false, true} {
 		t.Run(fmt.Sprintf("state file %v", withState), func(t *testing.T) {
-			var opts []SimOption
+			var opts []Option
 			rounds := 10
 			if withState {
 				opts = append(opts, WithStateFile(filepath.Join(t.TempDir(), "state.json")))
@@ -878,7 +883,7 @@ func TestMIGConcurrent(t *testing.T) {
 						return
 					}
 					for range rounds {
-						var made []MIGInstance
+						var made []nvml.MIGInstance
 						for s := range 7 {
 							inst, err := lib.CreateMIG(g.UUID, one.GIProfileID, s)
 							if err != nil {
@@ -887,7 +892,7 @@ func TestMIGConcurrent(t *testing.T) {
 							}
 							made = append(made, inst)
 						}
-						if _, err := lib.CreateMIG(g.UUID, one.GIProfileID, 0); !IsInsufficientResources(err) {
+						if _, err := lib.CreateMIG(g.UUID, one.GIProfileID, 0); !nvml.IsInsufficientResources(err) {
 							errs <- fmt.Errorf("GPU %d: 8th 1g: %v", g.Index, err)
 							return
 						}
@@ -924,7 +929,7 @@ func TestMIGConcurrent(t *testing.T) {
 // with compute instances cannot be destroyed.
 func TestSimComputeInstances(t *testing.T) {
 	lib, g := migGPU(t, "H100-SXM5-80GB", 1)
-	dev, _ := lib.lib.DeviceGetHandleByIndex(0)
+	dev, _ := serverOf(lib).DeviceGetHandleByIndex(0)
 	p := profileNamed(t, g, "3g.40gb")
 	info, _ := dev.GetGpuInstanceProfileInfo(p.GIProfileID)
 	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: 4, Size: 4})
@@ -975,7 +980,7 @@ func TestSimComputeInstances(t *testing.T) {
 }
 
 func TestDisableMIG(t *testing.T) {
-	lib, err := OpenMachine(machinePath("dgx-h100"))
+	lib, err := openMachineFile(machinePath("dgx-h100"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -991,7 +996,7 @@ func TestDisableMIG(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lib.DisableMIG(gpu.UUID); !IsInUse(err) {
+	if _, err := lib.DisableMIG(gpu.UUID); !nvml.IsInUse(err) {
 		t.Fatalf("disable with an instance: %v, want ERROR_IN_USE", err)
 	}
 	if err := lib.DestroyMIG(gpu.UUID, in.GIID, in.CIID); err != nil {

@@ -1,4 +1,4 @@
-package nvml
+package sim
 
 import (
 	"encoding/json"
@@ -11,10 +11,10 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-// SimOption configures a simulated library (OpenMachine, OpenSimulated).
-type SimOption func(*simOptions)
+// Option configures a simulated library (OpenMachine, OpenSimulated).
+type Option func(*options)
 
-type simOptions struct {
+type options struct {
 	stateFile string
 }
 
@@ -56,8 +56,8 @@ type simOptions struct {
 // IDs, profile IDs and placements are NVML's (GpuInstanceInfo,
 // ComputeInstanceInfo; placements in memory slices for GPU instances, in
 // compute slices of the GPU instance for compute instances).
-func WithStateFile(path string) SimOption {
-	return func(o *simOptions) { o.stateFile = path }
+func WithStateFile(path string) Option {
+	return func(o *options) { o.stateFile = path }
 }
 
 const simStateVersion = 1

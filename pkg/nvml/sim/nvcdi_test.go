@@ -1,4 +1,4 @@
-package nvml
+package sim
 
 import (
 	"bufio"
@@ -8,11 +8,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/facet-gpu/facet/pkg/nvml"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -31,19 +33,19 @@ const mockDriverVersion = "550.54.15"
 // testNode is a simulated node (a machine file opened with OpenMachine) with
 // a simulated driver root laid out for its GPUs.
 type testNode struct {
-	lib  *Library
+	lib  *nvml.Library
 	root string
 }
 
 // gpu returns the go-nvml mock device behind GPU i, for tests that break it.
 func (n *testNode) gpu(i int) *server.Device {
-	return n.lib.lib.(*server.Server).Devices[i].(*server.Device)
+	return serverOf(n.lib).Devices[i].(*server.Device)
 }
 
 // openTestMachine writes a machine file of gpus GPUs of model and opens it
 // with OpenMachine. The GPUs' bus IDs are 0000:80:00.0 and up, where a
 // test host has no device whose /dev/dri nodes nvcdi would add.
-func openTestMachine(t *testing.T, model string, gpus int, opts ...SimOption) *Library {
+func openTestMachine(t *testing.T, model string, gpus int, opts ...Option) *nvml.Library {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "name: test-%s\ndriverVersion: %q\ncudaDriverVersion: \"12.4\"\ngpus:\n", strings.ToLower(model), mockDriverVersion)
@@ -54,7 +56,7 @@ func openTestMachine(t *testing.T, model string, gpus int, opts ...SimOption) *L
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	lib, err := OpenMachine(path, opts...)
+	lib, err := openMachineFile(path, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,16 +64,44 @@ func openTestMachine(t *testing.T, model string, gpus int, opts ...SimOption) *L
 	return lib
 }
 
+// openMachineFile is OpenMachine for tests that reach into the mock server
+// behind the library (serverOf).
+func openMachineFile(path string, opts ...Option) (*nvml.Library, error) {
+	m, err := LoadMachine(path)
+	if err != nil {
+		return nil, err
+	}
+	lib, srv, err := openSimulated(m, opts...)
+	if err != nil {
+		return nil, err
+	}
+	servers.Store(lib, srv)
+	return lib, nil
+}
+
+// servers maps the libraries openMachineFile opened to their mock servers.
+var servers sync.Map
+
+// serverOf returns the go-nvml mock server behind a library that
+// openMachineFile opened.
+func serverOf(lib *nvml.Library) *server.Server {
+	srv, ok := servers.Load(lib)
+	if !ok {
+		panic("serverOf: library not opened by openMachineFile")
+	}
+	return srv.(*server.Server)
+}
+
 // The simulated nodes of the tests: eight GPUs, like go-nvml's dgxh100 and
 // dgxa100 mocks.
-func dgxH100(t *testing.T) *Library { return openTestMachine(t, "H100-SXM5-80GB", 8) }
-func dgxA100(t *testing.T) *Library { return openTestMachine(t, "A100-SXM4-40GB", 8) }
+func dgxH100(t *testing.T) *nvml.Library { return openTestMachine(t, "H100-SXM5-80GB", 8) }
+func dgxA100(t *testing.T) *nvml.Library { return openTestMachine(t, "A100-SXM4-40GB", 8) }
 
 // newTestNode gives lib a simulated driver root: shared when not empty (a
 // root laid out by newSharedRoot for the same GPU minors, which the test
 // must not modify), otherwise a fresh one. It skips the test where mknod is
 // not permitted.
-func newTestNode(t *testing.T, lib *Library, shared string) *testNode {
+func newTestNode(t *testing.T, lib *nvml.Library, shared string) *testNode {
 	t.Helper()
 	n := &testNode{lib: lib, root: shared}
 	if shared != "" {
@@ -110,7 +140,7 @@ func layoutOrSkip(t *testing.T, root, version string, minors []int) {
 	}
 }
 
-func newEditor(t *testing.T, n *testNode, opts DriverEditorOptions) *DriverEditor {
+func newEditor(t *testing.T, n *testNode, opts nvml.DriverEditorOptions) *nvml.DriverEditor {
 	t.Helper()
 	if opts.DriverRoot == "/" {
 		opts.DriverRoot = n.root + "/"
@@ -137,8 +167,8 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 	shared := newSharedRoot(t)
 	for _, tc := range []struct {
 		name      string
-		lib       func(*testing.T) *Library
-		opts      DriverEditorOptions
+		lib       func(*testing.T) *nvml.Library
+		opts      nvml.DriverEditorOptions
 		breakRoot func(root string) error
 		golden    string
 		wantHooks []string
@@ -159,18 +189,18 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 		{
 			name:      "custom hook path, ldcache hook only",
 			lib:       dgxH100,
-			opts:      DriverEditorOptions{NvidiaCDIHookPath: "/opt/facet/bin/nvidia-cdi-hook", DisabledHooks: []string{"create-symlinks", "enable-cuda-compat", "disable-device-node-modification"}},
+			opts:      nvml.DriverEditorOptions{NvidiaCDIHookPath: "/opt/facet/bin/nvidia-cdi-hook", DisabledHooks: []string{"create-symlinks", "enable-cuda-compat", "disable-device-node-modification"}},
 			wantHooks: []string{"update-ldcache"},
 		},
 		{
 			name: "all hooks disabled",
 			lib:  dgxH100,
-			opts: DriverEditorOptions{DisabledHooks: []string{"all"}},
+			opts: nvml.DriverEditorOptions{DisabledHooks: []string{"all"}},
 		},
 		{
 			name:      "root with a trailing slash",
 			lib:       dgxH100,
-			opts:      DriverEditorOptions{DriverRoot: "/"}, // replaced by root + "/"
+			opts:      nvml.DriverEditorOptions{DriverRoot: "/"}, // replaced by root + "/"
 			golden:    "common-edits-" + mockDriverVersion,
 			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
 		},
@@ -236,7 +266,7 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 			}
 			wantHook := tc.opts.NvidiaCDIHookPath
 			if wantHook == "" {
-				wantHook = DefaultNvidiaCDIHookPath
+				wantHook = nvml.DefaultNvidiaCDIHookPath
 			}
 			var hooks []string
 			for _, h := range ce.Hooks {
@@ -260,7 +290,7 @@ func TestDriverEditorGPUEdits(t *testing.T) {
 	shared := newSharedRoot(t)
 	for _, tc := range []struct {
 		name      string
-		lib       func(*testing.T) *Library
+		lib       func(*testing.T) *nvml.Library
 		gpu       int
 		uuid      func(n *testNode) string
 		breakNode func(n *testNode)
@@ -328,7 +358,7 @@ func TestDriverEditorGPUEdits(t *testing.T) {
 			if tc.uuid != nil {
 				id = tc.uuid(n)
 			}
-			e := newEditor(t, n, DriverEditorOptions{})
+			e := newEditor(t, n, nvml.DriverEditorOptions{})
 			edits, err := e.GPUEdits(id)
 			if len(tc.wantErr) > 0 {
 				if err == nil {
@@ -405,33 +435,33 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 	// instance, 135 per GPU, "gpu31/gi14/ci7/access 4322").
 	for _, tc := range []struct {
 		name   string
-		lib    func(*testing.T) *Library
+		lib    func(*testing.T) *nvml.Library
 		gpu    int
-		others []MIGPlacement // created first
-		create MIGPlacement
+		others []nvml.MIGPlacement // created first
+		create nvml.MIGPlacement
 		wantGI int
 		want   []string
 	}{
 		{
 			name: "dgxh100 GPU 3 7g", lib: dgxH100, gpu: 3,
-			create: MIGPlacement{gonvml.GPU_INSTANCE_PROFILE_7_SLICE, 0}, wantGI: 0,
+			create: nvml.MIGPlacement{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_7_SLICE, Start: 0}, wantGI: 0,
 			want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap408", "/dev/nvidia-caps/nvidia-cap409"},
 		},
 		{
 			name: "dgxh100 GPU 3 3g at 4 next to 1g", lib: dgxH100, gpu: 3,
-			others: []MIGPlacement{{gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0}},
-			create: MIGPlacement{gonvml.GPU_INSTANCE_PROFILE_3_SLICE, 4}, wantGI: 2,
+			others: []nvml.MIGPlacement{{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_1_SLICE, Start: 0}},
+			create: nvml.MIGPlacement{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_3_SLICE, Start: 4}, wantGI: 2,
 			want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap426", "/dev/nvidia-caps/nvidia-cap427"},
 		},
 		{
 			name: "dgxa100 GPU 0 1g at 0", lib: dgxA100, gpu: 0,
-			create: MIGPlacement{gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0}, wantGI: 7,
+			create: nvml.MIGPlacement{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_1_SLICE, Start: 0}, wantGI: 7,
 			want: []string{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap66", "/dev/nvidia-caps/nvidia-cap67"},
 		},
 		{
 			name: "dgxa100 GPU 7 2g at 2 next to 3g", lib: dgxA100, gpu: 7,
-			others: []MIGPlacement{{gonvml.GPU_INSTANCE_PROFILE_3_SLICE, 4}},
-			create: MIGPlacement{gonvml.GPU_INSTANCE_PROFILE_2_SLICE, 2}, wantGI: 4,
+			others: []nvml.MIGPlacement{{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_3_SLICE, Start: 4}},
+			create: nvml.MIGPlacement{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_2_SLICE, Start: 2}, wantGI: 4,
 			want: []string{"/dev/nvidia7", "/dev/nvidia-caps/nvidia-cap984", "/dev/nvidia-caps/nvidia-cap985"},
 		},
 	} {
@@ -440,7 +470,7 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 			if err := BindSimulatedProcDriver(n.root); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { unix.Unmount("/proc/driver", unix.MNT_DETACH) })
+			t.Cleanup(func() { _ = unix.Unmount("/proc/driver", unix.MNT_DETACH) })
 			parent := n.gpu(tc.gpu).UUID
 			if _, err := n.lib.EnableMIG(parent); err != nil {
 				t.Fatal(err)
@@ -458,7 +488,7 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 			if gi != tc.wantGI || ci != 0 {
 				t.Fatalf("created GI %d CI %d, want GI %d CI 0", gi, ci, tc.wantGI)
 			}
-			e := newEditor(t, n, DriverEditorOptions{})
+			e := newEditor(t, n, nvml.DriverEditorOptions{})
 			edits, err := e.MIGEdits(parent, gi, ci)
 			if err != nil {
 				t.Fatal(err)
@@ -502,8 +532,8 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 }
 
 func TestDriverEditorMIGEditsWithoutMIGMinors(t *testing.T) {
-	if _, err := os.Stat(MIGMinorsPath); err == nil {
-		t.Skipf("%s exists on this host", MIGMinorsPath)
+	if _, err := os.Stat(nvml.MIGMinorsPath); err == nil {
+		t.Skipf("%s exists on this host", nvml.MIGMinorsPath)
 	}
 	n := newTestNode(t, dgxH100(t), newSharedRoot(t))
 	parent := n.gpu(3).UUID
@@ -514,9 +544,9 @@ func TestDriverEditorMIGEditsWithoutMIGMinors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = newEditor(t, n, DriverEditorOptions{}).MIGEdits(parent, inst.GIID, inst.CIID)
-	if err == nil || !strings.Contains(err.Error(), MIGMinorsPath) || !strings.Contains(err.Error(), parent) {
-		t.Fatalf("error %v, want one naming %s and the GPU", err, MIGMinorsPath)
+	_, err = newEditor(t, n, nvml.DriverEditorOptions{}).MIGEdits(parent, inst.GIID, inst.CIID)
+	if err == nil || !strings.Contains(err.Error(), nvml.MIGMinorsPath) || !strings.Contains(err.Error(), parent) {
+		t.Fatalf("error %v, want one naming %s and the GPU", err, nvml.MIGMinorsPath)
 	}
 }
 
@@ -760,21 +790,21 @@ func lineDiff(want, got string) string {
 }
 
 func TestNewDriverEditorErrors(t *testing.T) {
-	srv := dgxH100(t).lib
+	srv := serverOf(dgxH100(t))
 	missing := filepath.Join(t.TempDir(), "missing")
 	for _, tc := range []struct {
 		name    string
 		lib     gonvml.Interface
-		opts    DriverEditorOptions
+		opts    nvml.DriverEditorOptions
 		wantErr string
 	}{
-		{"no library", nil, DriverEditorOptions{}, "no NVML library"},
-		{"relative driver root", srv, DriverEditorOptions{DriverRoot: "run/nvidia/driver"}, "run/nvidia/driver"},
-		{"relative dev root", srv, DriverEditorOptions{DriverRoot: "/", DevRoot: "dev"}, `"dev"`},
-		{"missing driver root", srv, DriverEditorOptions{DriverRoot: missing}, missing},
+		{"no library", nil, nvml.DriverEditorOptions{}, "no NVML library"},
+		{"relative driver root", srv, nvml.DriverEditorOptions{DriverRoot: "run/nvidia/driver"}, "run/nvidia/driver"},
+		{"relative dev root", srv, nvml.DriverEditorOptions{DriverRoot: "/", DevRoot: "dev"}, `"dev"`},
+		{"missing driver root", srv, nvml.DriverEditorOptions{DriverRoot: missing}, missing},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := NewDriverEditor(tc.lib, tc.opts)
+			_, err := nvml.NewDriverEditor(tc.lib, tc.opts)
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
 			}

@@ -1,4 +1,4 @@
-package nvml
+package sim
 
 import (
 	"path/filepath"
@@ -7,7 +7,7 @@ import (
 )
 
 func machinePath(name string) string {
-	return filepath.Join("..", "..", "demo", "machines", name+".yaml")
+	return filepath.Join("..", "..", "..", "demo", "machines", name+".yaml")
 }
 
 func TestDiscoverMachineFiles(t *testing.T) {

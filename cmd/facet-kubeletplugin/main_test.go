@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/facet-gpu/facet/pkg/inventory"
+)
+
+func TestParseFlags(t *testing.T) {
+	t.Setenv("NODE_NAME", "from-env")
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		want    func(flags) bool
+		wantErr string
+	}{
+		{
+			name: "defaults",
+			want: func(f flags) bool {
+				return f.nodeName == "from-env" && f.driverRoot == "/" && f.cdiDir == "/var/run/cdi" &&
+					f.stateDir == "/var/lib/facet" && f.cdiHook == "/usr/bin/nvidia-cdi-hook" &&
+					f.registrarDir == "/var/lib/kubelet/plugins_registry" && f.pluginsDir == "/var/lib/kubelet/plugins" &&
+					f.kubeAPIQPS == 50 && f.kubeAPIBurst == 100 && !f.destroyUnownedMIG && f.machine == "" &&
+					f.modes.Default == string(inventory.ModeAuto) && f.modes.Order == string(inventory.OrderBinpack)
+			},
+		},
+		{
+			name: "everything set",
+			args: []string{
+				"--node-name", "n1", "--kubeconfig", "/k", "--machine", "m.yaml", "--nvml-library", "/lib/nvml.so",
+				"--driver-root", "/run/nvidia/driver", "--dev-root", "/d", "--nvidia-cdi-hook", "/h", "--cdi-dir", "/c",
+				"--state-dir", "/s", "--kubelet-registrar-dir", "/r", "--kubelet-plugins-dir", "/p",
+				"--kube-api-qps", "7.5", "--kube-api-burst", "9", "--hami-library", "/v.so", "--destroy-unowned-mig",
+				"--mode", "exclusive", "--gpu-modes", "0-3=mig", "--gpu-order", "spread", "-v", "2",
+			},
+			want: func(f flags) bool {
+				return f.nodeName == "n1" && f.kubeconfig == "/k" && f.machine == "m.yaml" && f.nvmlLib == "/lib/nvml.so" &&
+					f.driverRoot == "/run/nvidia/driver" && f.devRoot == "/d" && f.cdiHook == "/h" && f.cdiDir == "/c" &&
+					f.stateDir == "/s" && f.registrarDir == "/r" && f.pluginsDir == "/p" && f.kubeAPIQPS == 7.5 &&
+					f.kubeAPIBurst == 9 && f.hamiLibrary == "/v.so" && f.destroyUnownedMIG &&
+					f.modes == inventory.ModeFlags{Default: "exclusive", PerGPU: "0-3=mig", Order: "spread", Slots: "4"}
+			},
+		},
+		{name: "unknown flag", args: []string{"--gpus", "8"}, wantErr: "flag provided but not defined: -gpus"},
+		{name: "bad number", args: []string{"--kube-api-burst", "many"}, wantErr: "invalid value"},
+		{name: "bad bool", args: []string{"--destroy-unowned-mig=maybe"}, wantErr: "invalid boolean value"},
+		{name: "missing value", args: []string{"--node-name"}, wantErr: "flag needs an argument"},
+		{name: "help", args: []string{"-h"}, wantErr: flag.ErrHelp.Error()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := parseFlags(tc.args)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.want(f) {
+				t.Errorf("parsed %+v", f)
+			}
+		})
+	}
+	if _, err := parseFlags([]string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v, want flag.ErrHelp", err)
+	}
+}
+
+// TestConfigurationErrors: run refuses a bad configuration before it
+// touches the node (no state directory is created).
+func TestConfigurationErrors(t *testing.T) {
+	t.Setenv("NODE_NAME", "")
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"no node name", nil, "--node-name (or NODE_NAME) is required"},
+		{"bad mode", []string{"--node-name", "n", "--mode", "turbo"}, `--mode: unknown mode "turbo"`},
+		{"bad per-GPU mode", []string{"--node-name", "n", "--gpu-modes", "0-3"}, "--gpu-modes:"},
+		{"bad per-GPU mode name", []string{"--node-name", "n", "--gpu-modes", "0=mg"}, `unknown mode "mg"`},
+		{"bad order", []string{"--node-name", "n", "--gpu-order", "random"}, `--gpu-order: unknown order "random"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			state := filepath.Join(t.TempDir(), "state")
+			f, err := parseFlags(append(tc.args, "--state-dir", state))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = run(context.Background(), f)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("run: %v, want %q", err, tc.wantErr)
+			}
+			if _, err := os.Stat(state); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("state directory created before the configuration was checked: %v", err)
+			}
+		})
+	}
+}
+
+// TestUnreadableMachine: a --machine that cannot be simulated fails the
+// start with the reason (no simulator in this build, or a bad file).
+func TestUnreadableMachine(t *testing.T) {
+	dir := t.TempDir()
+	f, err := parseFlags([]string{"--node-name", "n", "--state-dir", filepath.Join(dir, "state"), "--machine", filepath.Join(dir, "missing.yaml")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = run(context.Background(), f)
+	if err == nil || (!strings.Contains(err.Error(), "-tags facetsim") && !strings.Contains(err.Error(), "read machine file")) {
+		t.Fatalf("run: %v", err)
+	}
+}

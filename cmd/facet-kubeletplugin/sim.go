@@ -1,0 +1,20 @@
+//go:build facetsim
+
+package main
+
+import (
+	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
+)
+
+// openMachine simulates the node of a machine file; its MIG state lives in
+// stateFile, so that plugin restarts see the instances, as on a real GPU.
+func openMachine(path, stateFile string) (*nvml.Library, error) {
+	return sim.OpenMachine(path, sim.WithStateFile(stateFile))
+}
+
+// bindSimulatedProcDriver binds the simulated driver root's
+// /proc/driver/nvidia-caps where nvcdi reads it (see sim.BindSimulatedProcDriver).
+func bindSimulatedProcDriver(driverRoot string) error {
+	return sim.BindSimulatedProcDriver(driverRoot)
+}

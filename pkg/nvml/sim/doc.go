@@ -1,0 +1,20 @@
+// Package sim simulates a GPU node for the demo, the tests and facetctl.
+//
+// A machine file (demo/machines/*.yaml, see Machine) describes the node;
+// OpenMachine builds it on go-nvml's own mock GPUs
+// (github.com/NVIDIA/go-nvml/pkg/nvml/mock), with Facet-defined models for
+// GPUs the mock lacks (models.go), and hands the mock to nvml.New, so the
+// simulated node runs Facet's production NVML code.
+//
+// The simulated backend refuses what the hardware refuses (mig.go: MIG
+// mode, placements, overlapping memory slices, one media extension per GPU,
+// the driver's instance IDs) and, with WithStateFile, keeps MIG state across
+// processes (state.go). root.go lays out a simulated driver root (libraries,
+// binaries, device nodes) for the CDI specs.
+//
+// The tests here also cover package nvml's discovery, MIG and CDI code,
+// which needs a node to run on.
+//
+// The shipped facet-kubeletplugin does not link this package: only its
+// -tags facetsim build does (cmd/facet-kubeletplugin/sim.go).
+package sim

@@ -1,0 +1,128 @@
+package sim
+
+import (
+	"fmt"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/google/uuid"
+
+	"github.com/facet-gpu/facet/pkg/nvml"
+)
+
+// OpenMachine simulates the node described by a machine file.
+func OpenMachine(path string, opts ...Option) (*nvml.Library, error) {
+	m, err := LoadMachine(path)
+	if err != nil {
+		return nil, err
+	}
+	return OpenSimulated(m, opts...)
+}
+
+// OpenSimulated simulates a validated Machine on top of go-nvml's mock
+// server, with MIG that behaves like the hardware's (see mig.go). By
+// default the simulated MIG state lives in memory; WithStateFile keeps it
+// across processes.
+func OpenSimulated(m *Machine, opts ...Option) (*nvml.Library, error) {
+	lib, _, err := openSimulated(m, opts...)
+	return lib, err
+}
+
+// openSimulated is OpenSimulated, also returning the mock server behind the
+// library (for tests that reach into a simulated device).
+func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, nil, err
+	}
+	cuda, _ := cudaVersionInt(m.CUDADriverVersion)
+	configs := make([]gpus.Config, len(m.GPUs))
+	for i, g := range m.GPUs {
+		configs[i] = models[g.Model]
+	}
+	srv := server.NewServerWithGPUs(m.DriverVersion, "12."+m.DriverVersion, cuda, configs...)
+	roots := map[string]string{}
+	modelNames := make([]string, len(m.GPUs))
+	for i, g := range m.GPUs {
+		dev := srv.Devices[i].(*server.Device)
+		simulateDevice(dev, g)
+		roots[g.PCIBusID] = g.PCIeRoot
+		modelNames[i] = g.Model
+	}
+	sim := newSimNode(srv, modelNames)
+	if o.stateFile != "" {
+		if err := sim.openStore(o.stateFile, m.Name); err != nil {
+			return nil, nil, err
+		}
+	}
+	lib := nvml.New(srv, func(busID string) (string, error) {
+		root, ok := roots[busID]
+		if !ok {
+			return "", fmt.Errorf("bus ID %s is not in machine %s", busID, m.Name)
+		}
+		return root, nil
+	})
+	return lib, srv, nil
+}
+
+// defaultUUID derives a stable UUID, so a restarted plugin on the same
+// machine file sees the same GPUs (the mock would draw random ones).
+func defaultUUID(machine string, index int) string {
+	ns := uuid.MustParse("8f0e6c1a-6a52-4f43-9a5e-2f9a4b7f1d10")
+	return "GPU-" + uuid.NewSHA1(ns, fmt.Appendf(nil, "%s/%d", machine, index)).String()
+}
+
+// simulateDevice fills in what go-nvml's mock leaves out or gets wrong for
+// Facet's purposes: identity, PCI location, NUMA and the MIG mode at boot.
+// MIG itself is newSimNode's.
+func simulateDevice(dev *server.Device, g MachineGPU) {
+	dev.UUID = g.UUID
+	dev.PciBusID = g.PCIBusID
+	if g.MIGEnabled {
+		dev.MigMode = gonvml.DEVICE_MIG_ENABLE
+	}
+	dev.GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) {
+		var p gonvml.PciInfo
+		p.PciDeviceId = dev.Config.PciDeviceId
+		// NVML reports an 8-digit domain.
+		id := "0000" + g.PCIBusID
+		for i := 0; i < len(id) && i < len(p.BusId)-1; i++ {
+			p.BusId[i] = int8(id[i])
+		}
+		// Validate checked the bus ID against busIDPattern.
+		_, _ = fmt.Sscanf(g.PCIBusID, "%x:%x:%x", &p.Domain, &p.Bus, &p.Device)
+		return p, gonvml.SUCCESS
+	}
+	// nvcdi asks every handle whether it is a MIG device.
+	dev.IsMigDeviceHandleFunc = func() (bool, gonvml.Return) { return false, gonvml.SUCCESS }
+	dev.GetNumaNodeIdFunc = func() (int, gonvml.Return) {
+		if g.NUMANode == nil {
+			return 0, gonvml.ERROR_NOT_SUPPORTED
+		}
+		return *g.NUMANode, gonvml.SUCCESS
+	}
+}
+
+// DiscoverMachine simulates the node of a machine file and discovers it,
+// for tools and tests that want the node but not the library.
+func DiscoverMachine(path string) (*nvml.Node, error) {
+	m, err := LoadMachine(path)
+	if err != nil {
+		return nil, err
+	}
+	return DiscoverSimulated(m)
+}
+
+// DiscoverSimulated is DiscoverMachine for a Machine built in code.
+func DiscoverSimulated(m *Machine) (*nvml.Node, error) {
+	lib, err := OpenSimulated(m)
+	if err != nil {
+		return nil, err
+	}
+	defer lib.Close()
+	return lib.Discover()
+}
