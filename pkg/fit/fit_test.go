@@ -169,3 +169,50 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestPodClaims: a pod's claims come from its templates (named as the
+// resourceclaim controller names them) and from claims in the file; a
+// claim that is not in the file is left for the caller to read.
+func TestPodClaims(t *testing.T) {
+	s, err := Decode(strings.NewReader(`
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: one-mig, namespace: ml}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: mig
+        exactly: {deviceClassName: mig.facet.dev}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer, namespace: ml}
+spec:
+  containers:
+  - name: c
+    image: busybox
+    resources: {claims: [{name: mig}, {name: shared}]}
+  resourceClaims:
+  - name: mig
+    resourceClaimTemplateName: one-mig
+  - name: shared
+    resourceClaimName: team-gpu
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims, missing, err := s.PodClaims(s.Pods[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claims) != 1 || claims[0].Name != "trainer-mig" || claims[0].Namespace != "ml" || claims[0].Spec.Devices.Requests[0].Exactly.DeviceClassName != "mig.facet.dev" {
+		t.Errorf("claims %+v, want trainer-mig from template one-mig", claims)
+	}
+	if len(missing) != 1 || missing[0] != "team-gpu" {
+		t.Errorf("missing %v, want [team-gpu]", missing)
+	}
+	if _, err := Decode(strings.NewReader("apiVersion: v1\nkind: Pod\nmetadata: {name: bad}\nspec: {bogus: 1}\n")); err == nil || !strings.Contains(err.Error(), "Pod bad") {
+		t.Errorf("a bad field: error %v, want one naming Pod bad", err)
+	}
+}
