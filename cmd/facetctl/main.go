@@ -30,6 +30,12 @@ Commands:
            on a cluster with the given --feature-gates
   features ask a cluster's API server which DRA features it enforces, as the
            kubelet plugin does at start
+  occupancy
+           show what each GPU holds: its mode, health, whole-GPU claim, MIG
+           instances, vGPU shares and slots, memory and SM used and free
+           (-o table, picture or yaml)
+  fit      run the scheduler's allocator offline: does a claim (or a pod's
+           claims) fit, where, and, where not, why (-f FILE)
 
   mig-instances
            list the MIG instances carved on the node's GPUs (real NVML, or a
@@ -52,6 +58,10 @@ func main() {
 		err = runSlices(os.Args[2:])
 	case "features":
 		err = runFeatures(os.Args[2:])
+	case "occupancy":
+		err = runOccupancy(os.Args[2:])
+	case "fit":
+		err = runFit(os.Args[2:])
 	case "mig-instances":
 		err = runMIGInstances(os.Args[2:])
 	case "sim-driver-root":

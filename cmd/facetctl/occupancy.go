@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/facet-gpu/facet/pkg/occupancy"
+)
+
+func runOccupancy(args []string) error {
+	fs := flag.NewFlagSet("occupancy", flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster (default $KUBECONFIG)")
+	node := fs.String("node", "", "show only this node's GPUs (default: every node with Facet GPUs)")
+	output := fs.String("o", "table", "output: table, picture (a bar of memory slices per GPU) or yaml")
+	fs.Parse(args)
+	render := map[string]func(*os.File, *occupancy.Cluster) error{
+		"table":   func(f *os.File, c *occupancy.Cluster) error { return occupancy.Table(f, c) },
+		"picture": func(f *os.File, c *occupancy.Cluster) error { return occupancy.Picture(f, c) },
+		"yaml":    func(f *os.File, c *occupancy.Cluster) error { return occupancy.YAML(f, c) },
+	}[*output]
+	if render == nil {
+		return fmt.Errorf("-o %q: want table, picture or yaml", *output)
+	}
+	client, err := clientFor(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	slices, claims, err := occupancy.Read(context.Background(), client, *node)
+	if err != nil {
+		return err
+	}
+	c, err := occupancy.Build(slices, claims, *node, occupancy.KnownProfiles())
+	if err != nil {
+		return err
+	}
+	if len(c.GPUs) == 0 {
+		if *node != "" {
+			return fmt.Errorf("node %s publishes no Facet devices", *node)
+		}
+		return fmt.Errorf("no node publishes Facet devices")
+	}
+	return render(os.Stdout, c)
+}
+
+// clientFor builds a clientset from a kubeconfig path ("" for in-cluster).
+func clientFor(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(cfg)
+}
