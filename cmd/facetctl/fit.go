@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -104,6 +105,9 @@ func runFit(args []string) error {
 			return nil
 		}
 	}
-	os.Exit(3) // does not fit: distinct from an error, for scripts
-	return nil
+	return errNoFit
 }
+
+// errNoFit makes facetctl exit with code 3: the claim fits nowhere, which
+// scripts must tell apart from an error (code 1).
+var errNoFit = errors.New("the claim fits on no node")

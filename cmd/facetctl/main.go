@@ -73,6 +73,9 @@ func main() {
 		fmt.Fprintf(os.Stderr, "facetctl: unknown command %q\n\n%s", os.Args[1], usage)
 		os.Exit(2)
 	}
+	if errors.Is(err, errNoFit) {
+		os.Exit(3)
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "facetctl %s: %v\n", os.Args[1], err)
 		os.Exit(1)

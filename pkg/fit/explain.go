@@ -130,7 +130,7 @@ func (e explainer) matches(ctx context.Context, selectors []resourceapi.DeviceSe
 			return false, fmt.Errorf("selector %q: %w", s.CEL.Expression, res.Error)
 		}
 		ok, _, err := res.DeviceMatches(ctx, cel.Device{
-			Driver: names.DriverName, Attributes: d.Device.Attributes, Capacity: d.Device.Capacity,
+			Driver: names.Driver, Attributes: d.Device.Attributes, Capacity: d.Device.Capacity,
 			AllowMultipleAllocations: d.Device.AllowMultipleAllocations,
 		})
 		if err != nil {

@@ -86,7 +86,7 @@ func Check(ctx context.Context, in Input, node string, claims []*resourceapi.Res
 		nodes = []string{node}
 	}
 	if len(nodes) == 0 {
-		return nil, fmt.Errorf("no ResourceSlices of driver %s: no node offers Facet GPUs", names.DriverName)
+		return nil, fmt.Errorf("no ResourceSlices of driver %s: no node offers Facet GPUs", names.Driver)
 	}
 	e := explainer{occ: occ, cluster: cluster, cache: cel.NewCache(100, cel.Features{EnableConsumableCapacity: in.Features.ConsumableCapacity})}
 	var out []NodeResult

@@ -279,7 +279,7 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 		return ordered[i].Name < ordered[j].Name
 	})
 	for _, s := range ordered {
-		if s.Spec.Driver != names.DriverName || (node != "" && s.Spec.Pool.Name != node) {
+		if s.Spec.Driver != names.Driver || (node != "" && s.Spec.Pool.Name != node) {
 			continue
 		}
 		pool := s.Spec.Pool.Name
@@ -314,7 +314,7 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 		}
 		holder := Claim{Namespace: cl.Namespace, Name: cl.Name}
 		for _, r := range cl.Status.Allocation.Devices.Results {
-			if r.Driver != names.DriverName || (node != "" && r.Pool != node) {
+			if r.Driver != names.Driver || (node != "" && r.Pool != node) {
 				continue
 			}
 			d, ok := c.devices[r.Pool][r.Device]

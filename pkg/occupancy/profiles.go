@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 // Profile is what the occupancy picture needs of a MIG profile and that
@@ -45,11 +46,11 @@ var (
 func KnownProfiles() ProfileTable {
 	knownOnce.Do(func() {
 		known = tables{}
-		m := &nvml.Machine{Name: "profile-tables", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
-		for _, model := range nvml.Models() {
-			m.GPUs = append(m.GPUs, nvml.MachineGPU{Model: model})
+		m := &sim.Machine{Name: "profile-tables", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
+		for _, model := range sim.Models() {
+			m.GPUs = append(m.GPUs, sim.MachineGPU{Model: model})
 		}
-		node, err := nvml.DiscoverSimulated(m)
+		node, err := sim.DiscoverSimulated(m)
 		if err != nil {
 			// The models are compiled in; discovery of them cannot fail
 			// unless pkg/nvml is broken, which its own tests catch.

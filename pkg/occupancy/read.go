@@ -16,13 +16,13 @@ import (
 // one node's pool when node is set) and every ResourceClaim; the claims
 // are filtered by Build, since a claim's allocation is not selectable.
 func Read(ctx context.Context, client kubernetes.Interface, node string) ([]*resourceapi.ResourceSlice, []*resourceapi.ResourceClaim, error) {
-	sel := fields.Set{resourceapi.ResourceSliceSelectorDriver: names.DriverName}
+	sel := fields.Set{resourceapi.ResourceSliceSelectorDriver: names.Driver}
 	if node != "" {
 		sel[resourceapi.ResourceSliceSelectorNodeName] = node
 	}
 	sl, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel.String()})
 	if err != nil {
-		return nil, nil, fmt.Errorf("list ResourceSlices of driver %s: %w", names.DriverName, err)
+		return nil, nil, fmt.Errorf("list ResourceSlices of driver %s: %w", names.Driver, err)
 	}
 	cl, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -33,7 +33,7 @@ func Read(ctx context.Context, client kubernetes.Interface, node string) ([]*res
 		// The fake clientset does not apply field selectors; the API
 		// server does. Filtering again costs nothing.
 		s := &sl.Items[i]
-		if s.Spec.Driver == names.DriverName && (node == "" || s.Spec.Pool.Name == node) {
+		if s.Spec.Driver == names.Driver && (node == "" || s.Spec.Pool.Name == node) {
 			slices = append(slices, s)
 		}
 	}

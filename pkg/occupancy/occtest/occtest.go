@@ -18,7 +18,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/names"
-	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/slices"
 )
 
@@ -38,11 +38,11 @@ type Node struct {
 // Slices renders the node's ResourceSlices exactly as `facetctl slices`.
 func Slices(t testing.TB, n Node) []*resourceapi.ResourceSlice {
 	t.Helper()
-	m := &nvml.Machine{Name: n.Name, DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
+	m := &sim.Machine{Name: n.Name, DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
 	for range n.GPUs {
-		m.GPUs = append(m.GPUs, nvml.MachineGPU{Model: n.Model, MIGEnabled: true})
+		m.GPUs = append(m.GPUs, sim.MachineGPU{Model: n.Model, MIGEnabled: true})
 	}
-	node, err := nvml.DiscoverSimulated(m)
+	node, err := sim.DiscoverSimulated(m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func Slices(t testing.TB, n Node) []*resourceapi.ResourceSlice {
 
 // Result is one allocated device of a node's pool.
 func Result(node, device string) resourceapi.DeviceRequestAllocationResult {
-	return resourceapi.DeviceRequestAllocationResult{Request: "r", Driver: names.DriverName, Pool: node, Device: device}
+	return resourceapi.DeviceRequestAllocationResult{Request: "r", Driver: names.Driver, Pool: node, Device: device}
 }
 
 // Share is an allocated vGPU share of memory and cores (percent).
