@@ -237,6 +237,10 @@ type shape struct {
 	// with their values, for the pod's annotation and the log.
 	resources []corev1.ResourceName
 	values    map[corev1.ResourceName]int64
+	// memoryMiB and cores, when not zero, are the vGPU size asked for: the
+	// template's VgpuConfig lowers the slot's HAMi-core limits to them, so
+	// the container gets what the pod asked, not the whole slot.
+	memoryMiB, cores int64
 }
 
 // containerError is a refusal that names the container and the resource.
@@ -395,6 +399,7 @@ func (v VGPUMapping) shape(container string, values map[corev1.ResourceName]int6
 	}
 	if hasMem && mem > 0 {
 		s.selectors = append(s.selectors, fmt.Sprintf(`device.capacity[%q].memory.compareTo(quantity("%dMi")) >= 0`, names.Driver, mem))
+		s.memoryMiB = mem
 	}
 	if hasCores {
 		if cores > 100 {
@@ -403,6 +408,7 @@ func (v VGPUMapping) shape(container string, values map[corev1.ResourceName]int6
 		// 0 asks for no share of the SMs, which every device has.
 		if cores > 0 {
 			s.selectors = append(s.selectors, fmt.Sprintf(`device.capacity[%q].cores.compareTo(quantity("%d")) >= 0`, names.Driver, cores))
+			s.cores = cores
 		}
 	}
 	if hasPct {

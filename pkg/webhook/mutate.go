@@ -31,11 +31,17 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+
+	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // MutatePath is where the pod mutator is served.
@@ -338,6 +344,14 @@ func templateFor(s shape) *resourceapi.ResourceClaimTemplate {
 			Requests: []resourceapi.DeviceRequest{{Name: templateRequest, Exactly: &req}},
 		}},
 	}
+	if cfg := s.vgpuConfig(); cfg != nil {
+		spec.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{
+			Requests: []string{templateRequest},
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: names.Driver, Parameters: runtime.RawExtension{Raw: cfg},
+			}},
+		}}
+	}
 	data, _ := json.Marshal(spec)
 	sum := sha256.Sum256(data)
 	return &resourceapi.ResourceClaimTemplate{
@@ -348,6 +362,23 @@ func templateFor(s shape) *resourceapi.ResourceClaimTemplate {
 		},
 		Spec: spec,
 	}
+}
+
+// vgpuConfig is the VgpuConfig (JSON) that lowers a vGPU slot's HAMi-core
+// limits to the size the pod asked for; nil when it asked for no size.
+func (s shape) vgpuConfig() []byte {
+	if s.memoryMiB == 0 && s.cores == 0 {
+		return nil
+	}
+	cfg := configapi.NewVgpuConfig()
+	if s.memoryMiB > 0 {
+		cfg.Memory = ptr.To(resource.MustParse(fmt.Sprintf("%dMi", s.memoryMiB)))
+	}
+	if s.cores > 0 {
+		cfg.Cores = ptr.To(int32(s.cores))
+	}
+	data, _ := json.Marshal(cfg)
+	return data
 }
 
 // describe is e.g. "nvidia.com/gpu=2" or

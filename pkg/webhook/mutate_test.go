@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -143,7 +144,7 @@ func TestMutatePods(t *testing.T) {
 	}
 	withClaims := func(p *corev1.Pod) *corev1.Pod {
 		p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "own"}}
-		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "own", ResourceClaimName: ptr("own-claim")}}
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "own", ResourceClaimName: ref("own-claim")}}
 		return p
 	}
 	withInit := func(p *corev1.Pod) *corev1.Pod {
@@ -306,6 +307,34 @@ func TestMutatePods(t *testing.T) {
 				if ex.DeviceClassName != w.class || ex.Count != w.count || ex.AllocationMode != resourceapi.DeviceAllocationModeExactCount || strings.Join(sels, " && ") != strings.Join(w.selectors, " && ") {
 					t.Errorf("template %s: %s x %d (%s) selectors %q, want %s x %d selectors %q", tmplName, ex.DeviceClassName, ex.Count, ex.AllocationMode, sels, w.class, w.count, w.selectors)
 				}
+				// A vGPU size asked for becomes the slot's HAMi-core limits,
+				// through a VgpuConfig the plugin decodes strictly.
+				var limits []string
+				for _, s := range w.selectors {
+					if _, rest, ok := strings.Cut(s, `quantity("`); ok {
+						v, _, _ := strings.Cut(rest, `"`)
+						if strings.Contains(s, ".memory.") {
+							limits = append(limits, `"memory":"`+v+`"`)
+						} else {
+							limits = append(limits, `"cores":`+v)
+						}
+					}
+				}
+				cfgs := tmpl.Spec.Spec.Devices.Config
+				if len(limits) == 0 != (len(cfgs) == 0) {
+					t.Fatalf("template %s: configs %+v for limits %v", tmplName, cfgs, limits)
+				}
+				if len(cfgs) > 0 {
+					raw := string(cfgs[0].Opaque.Parameters.Raw)
+					if _, err := configapi.Decode(cfgs[0].Opaque.Parameters.Raw); err != nil || cfgs[0].Opaque.Driver != "gpu.facet.dev" || len(cfgs[0].Requests) != 1 {
+						t.Errorf("template %s: config %s for %v: %v", tmplName, raw, cfgs[0].Requests, err)
+					}
+					for _, l := range limits {
+						if !strings.Contains(raw, l) {
+							t.Errorf("template %s: config %s lacks %s", tmplName, raw, l)
+						}
+					}
+				}
 			}
 			if got, want := len(pod.Spec.ResourceClaims), len(tc.want)+len(tc.pod.Spec.ResourceClaims); got != want {
 				t.Errorf("%d resourceClaims, want %d", got, want)
@@ -330,7 +359,7 @@ func containsClaim(claims []corev1.ResourceClaim, name string) bool {
 	return false
 }
 
-func ptr[T any](v T) *T { return &v }
+func ref[T any](v T) *T { return &v }
 
 func TestMutatePodsDenied(t *testing.T) {
 	tests := []struct {
@@ -468,7 +497,7 @@ func TestMutatePodsTemplates(t *testing.T) {
 	t.Run("dry run creates nothing", func(t *testing.T) {
 		m, client := newTestMutator(t, ModeAuto, stock())
 		req := podRequest(t, pod, admissionv1.Create)
-		req.DryRun = ptr(true)
+		req.DryRun = ref(true)
 		if resp := m.Review(context.Background(), req); resp.Patch == nil {
 			t.Fatalf("no patch: %+v", resp.Result)
 		}
@@ -490,7 +519,7 @@ func TestMutatePodsTemplates(t *testing.T) {
 	t.Run("a pod that already has the claim name is left alone with a warning", func(t *testing.T) {
 		m, _ := newTestMutator(t, ModeAuto, stock())
 		p := testPod(ctr("cuda", res("nvidia.com/gpu=1")))
-		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "facet-c0-0", ResourceClaimName: ptr("x")}}
+		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "facet-c0-0", ResourceClaimName: ref("x")}}
 		resp := m.Review(context.Background(), podRequest(t, p, admissionv1.Create))
 		if !resp.Allowed || resp.Patch != nil || len(resp.Warnings) != 1 {
 			t.Errorf("allowed %v patch %s warnings %q", resp.Allowed, resp.Patch, resp.Warnings)
