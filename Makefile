@@ -13,6 +13,9 @@ all: build
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
+	# The plugin with test failpoints ($$FACET_FAILPOINT), for test/e2e
+	# only; the shipped binary above has none.
+	$(GO) build -tags facet_failpoints -o $(BIN)/failpoints/ ./cmd/facet-kubeletplugin
 	cd hack/tools/cdihook && $(GO) build -o $(BIN)/nvidia-cdi-hook github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 
 ## test: unit tests, allocator tests and end-to-end tests on a real node

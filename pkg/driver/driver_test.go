@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
@@ -311,9 +312,15 @@ func TestRestart(t *testing.T) {
 		Devices: []checkpoint.Device{{Requests: []string{"gpu"}, Pool: node, Device: "gpu-1", GPUUUID: r.inv.GPUs[1].UUID}}}
 	store.Put(interrupted)
 	w, _ := cdi.NewWriter(r.cdiDir)
-	w.WriteClaim("uid-interrupted", nil, []cdi.Device{{Name: "gpu-1"}})
+	// (These writes used to fail unchecked: a CDI device needs an edit.)
+	node := &cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/nvidia1"}}}
+	if _, _, _, err := w.WriteClaim("uid-interrupted", nil, []cdi.Device{{Name: "gpu-1", Edits: node}}); err != nil {
+		t.Fatal(err)
+	}
 	// A spec no record owns (its record was lost).
-	w.WriteClaim("uid-orphan", nil, []cdi.Device{{Name: "gpu-2"}})
+	if _, _, _, err := w.WriteClaim("uid-orphan", nil, []cdi.Device{{Name: "gpu-2", Edits: node}}); err != nil {
+		t.Fatal(err)
+	}
 	// An accounting region whose claim's record was lost.
 	orphanCache := filepath.Join(filepath.Dir(r.checkpoints), "vgpu", "claims", "uid-orphan")
 	os.MkdirAll(orphanCache, 0o777)
