@@ -205,6 +205,11 @@ func (w *Writer) RemoveClaim(claimUID types.UID) error {
 		return err
 	}
 	path := filepath.Join(w.dir, SpecName(claimUID)+".json")
+	// Nothing to remove needs no write: a read-only or full directory
+	// must not fail the rollback of a claim whose spec was never written.
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove CDI spec %s: %w", path, err)
 	}
