@@ -37,6 +37,17 @@ type rig struct {
 	d                         *Driver
 	destroyUnowned            bool
 	failpoint                 func(string)
+	cfg                       inventory.Config
+	// bootIDFile stands in for /proc/sys/kernel/random/boot_id.
+	bootIDFile string
+	// simState, when set, is the simulated NVML's state file.
+	simState string
+	// wrapMIG and wrapEdits, when set, stand between the driver and the
+	// simulated NVML, to inject faults.
+	wrapMIG   func(MIGManager) MIGManager
+	wrapEdits func(EditSource) EditSource
+	// noHAMi starts the driver as if --hami-library were broken.
+	noHAMi bool
 }
 
 var (
@@ -82,7 +93,9 @@ func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	r := &rig{t: t, lib: lib, inv: inv, root: sharedRoot, cdiDir: filepath.Join(dir, "cdi"), checkpoints: filepath.Join(dir, "state")}
+	r := &rig{t: t, lib: lib, inv: inv, root: sharedRoot, cdiDir: filepath.Join(dir, "cdi"), checkpoints: filepath.Join(dir, "state"), cfg: cfg,
+		bootIDFile: filepath.Join(dir, "boot_id")}
+	os.WriteFile(r.bootIDFile, []byte("boot-1\n"), 0o644)
 	r.start()
 	return r
 }
@@ -102,11 +115,24 @@ func (r *rig) start() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	h, err := hami.NewEditor(hami.Options{LibraryPath: hamiLib, StateDir: filepath.Join(filepath.Dir(r.checkpoints), "vgpu")})
-	if err != nil {
-		r.t.Fatal(err)
+	lib := hamiLib
+	if r.noHAMi {
+		lib = filepath.Join(r.root, "no-such-libvgpu.so")
 	}
-	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: editor, MIG: r.lib, HAMi: h, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint})
+	h, hamiErr := hami.NewEditor(hami.Options{LibraryPath: lib, StateDir: filepath.Join(filepath.Dir(r.checkpoints), "vgpu")})
+	if hamiErr != nil && !r.noHAMi {
+		r.t.Fatal(hamiErr)
+	}
+	var edits EditSource = editor
+	if r.wrapEdits != nil {
+		edits = r.wrapEdits(edits)
+	}
+	var mig MIGManager = r.lib
+	if r.wrapMIG != nil {
+		mig = r.wrapMIG(mig)
+	}
+	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: edits, MIG: mig, HAMi: h, HAMiUnavailable: hamiErr,
+		BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint})
 	if err != nil {
 		r.t.Fatal(err)
 	}
