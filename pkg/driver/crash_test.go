@@ -82,7 +82,9 @@ func (r *rig) restart() {
 // (on disk) survives.
 func (r *rig) reboot(n int) {
 	r.t.Helper()
-	os.RemoveAll(r.cdiDir)
+	if !r.cdiSurvivesReboot {
+		os.RemoveAll(r.cdiDir)
+	}
 	lib, err := nvml.OpenMachine(machineFile)
 	if err != nil {
 		r.t.Fatal(err)
@@ -221,13 +223,13 @@ func bystanders(r *rig) []*resourceapi.ResourceClaim {
 }
 
 type point struct {
-	phase string // "prepare" or "unprepare"
+	phase string // "prepare", "rebuild" (re-prepare after a reboot) or "unprepare"
 	name  string
 	nth   int
 }
 
-// points records the failpoints one prepare and one unprepare of the
-// subject pass, in order: the matrix kills at each of them, so a step
+// points records the failpoints one prepare, one re-prepare after a reboot
+// and one unprepare of the subject pass, in order: the matrix kills at each of them, so a step
 // added to prepare or unprepare is covered without touching this test.
 func points(t *testing.T, s subject) []point {
 	r := newRigMode(t, splitModes)
@@ -243,6 +245,13 @@ func points(t *testing.T, s subject) []point {
 	if _, err := r.prepareOne(c); err != nil {
 		t.Fatal(err)
 	}
+	record := r.failpoint
+	r.reboot(2)
+	phase = "rebuild"
+	r.failpoint, r.d.fail = record, record
+	if _, err := r.prepareOne(c); err != nil {
+		t.Fatal(err)
+	}
 	phase = "unprepare"
 	if err := r.unprepareOne(c); err != nil {
 		t.Fatal(err)
@@ -250,8 +259,9 @@ func points(t *testing.T, s subject) []point {
 	return got
 }
 
-// TestKillMatrix kills the plugin at every step of prepare and unprepare
-// of a whole GPU, a dynamic MIG device and a vGPU share, then restarts it
+// TestKillMatrix kills the plugin at every step of prepare, of the rebuild
+// a re-prepare after a reboot does, and of unprepare, for a whole GPU, a
+// dynamic MIG device and a vGPU share, then restarts it
 // (or reboots the node) on the same state and plays the kubelet's retry.
 // After each: the retry succeeds, and audit finds 0 leaked MIG instances,
 // 0 orphaned specs or regions and 0 lost prepared claims.
@@ -283,14 +293,19 @@ func killCase(t *testing.T, s subject, p point, reboot bool) {
 		}
 	}
 	subj := s.claim(r)
-	if p.phase == "unprepare" {
+	rebooted := reboot
+	if p.phase != "prepare" {
 		if _, err := r.prepareOne(subj); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if p.phase == "rebuild" {
+		r.reboot(2)
+		rebooted = true
+	}
 	r.killAt(p.name, p.nth)
 	died := call(func() {
-		if p.phase == "prepare" {
+		if p.phase != "unprepare" {
 			r.prepareOne(subj)
 		} else {
 			r.unprepareOne(subj)
@@ -300,15 +315,19 @@ func killCase(t *testing.T, s subject, p point, reboot bool) {
 		t.Fatalf("failpoint %s #%d not reached", p.name, p.nth)
 	}
 	if reboot {
-		r.reboot(2)
+		r.reboot(3)
 	} else {
 		r.restart()
 	}
 	if p.name == "after-mig-create" && !reboot {
 		// The one window where the instance exists and its IDs are not
 		// recorded: reported, not destroyed, until the operator opts in.
-		if n := r.migCount(); n != 2 {
-			t.Fatalf("%d MIG instances, want the bystander's and the unrecorded one", n)
+		want := 2 // the bystander's and the unrecorded one
+		if rebooted {
+			want = 1 // the bystander is not re-prepared yet
+		}
+		if n := r.migCount(); n != want {
+			t.Fatalf("%d MIG instances, want %d", n, want)
 		}
 		if _, err := r.prepareOne(subj); err == nil || !strings.Contains(err.Error(), "--destroy-unowned-mig") {
 			t.Fatalf("retry over the unrecorded instance: %v", err)
@@ -317,7 +336,7 @@ func killCase(t *testing.T, s subject, p point, reboot bool) {
 		r.restart()
 	}
 	want := by
-	if p.phase == "prepare" {
+	if p.phase != "unprepare" {
 		devs, err := r.prepareOne(subj)
 		if err != nil {
 			t.Fatalf("kubelet's retry of prepare: %v", err)
@@ -329,7 +348,7 @@ func killCase(t *testing.T, s subject, p point, reboot bool) {
 	} else if err := r.unprepareOne(subj); err != nil {
 		t.Fatalf("kubelet's retry of unprepare: %v", err)
 	}
-	if reboot {
+	if rebooted {
 		// The kubelet prepares again every claim of a pod it restarts.
 		for _, c := range by {
 			if _, err := r.prepareOne(c); err != nil {
@@ -354,7 +373,14 @@ func killCase(t *testing.T, s subject, p point, reboot bool) {
 // recorded GI/CI IDs after the reboot.
 func TestRebootRebuilds(t *testing.T) {
 	needMIGEdits(t)
+	for _, survives := range []bool{false, true} {
+		t.Run(fmt.Sprintf("CDI specs survive the reboot=%v", survives), func(t *testing.T) { testReboot(t, survives) })
+	}
+}
+
+func testReboot(t *testing.T, cdiSurvives bool) {
 	r := newRigMode(t, splitModes)
+	r.cdiSurvivesReboot = cdiSurvives
 	whole, mig, vgpu := claim("whole", "gpu-1"), claim("mig", r.migDevice(0, "1g.10gb", 6)), share("vgpu", "gpu-5", "8Gi", 25)
 	gone := claim("gone", r.migDevice(2, "1g.10gb", 6))
 	before := map[types.UID][]kubeletplugin.Device{}
@@ -379,6 +405,11 @@ func TestRebootRebuilds(t *testing.T) {
 		if !r.specExists(c.UID) {
 			t.Errorf("%s: no CDI spec after re-prepare", c.Name)
 		}
+	}
+	// The MIG claim's spec names the instance carved in this boot.
+	live, _ := r.lib.ListMIGOn(r.inv.GPUs[0].UUID)
+	if len(live) != 1 || !strings.Contains(r.spec(mig.UID), "FACET_GPU_UUIDS="+live[0].UUID) {
+		t.Errorf("MIG claim's spec does not name the live instance %+v", live)
 	}
 	// An admin carves the same instance the unre-prepared claim had:
 	// NVML hands out the same IDs.

@@ -230,6 +230,13 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 					logger.Error(err, "Cannot record that a claim's MIG instances are gone after a reboot", "claim", ref)
 				}
 			}
+			// No process of the last boot uses its HAMi-core region;
+			// its accounting is stale, so the rebuild starts a fresh one.
+			if d.hami != nil {
+				if err := d.hami.Cleanup(c.UID); err != nil {
+					logger.Error(err, "Removing a HAMi-core region of the last boot", "claim", ref)
+				}
+			}
 		}
 		if c.State != checkpoint.StatePrepared {
 			logger.Info("Rolling back a claim whose preparation was interrupted", "claim", ref)
@@ -609,7 +616,12 @@ func (d *Driver) rebuild(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		return err
 	}
 	rebooted := d.fromOtherBoot(rec)
-	changed := rebooted && voidMIG(rec)
+	if rebooted {
+		// From here the record is this boot's: instance IDs recorded
+		// below are real, and a crash must not void them again.
+		voidMIG(rec)
+		rec.BootID = d.bootID
+	}
 	for i := range rec.Devices {
 		dev := &rec.Devices[i]
 		if dev.MIG == nil || !dev.MIG.Created {
@@ -619,14 +631,15 @@ func (d *Driver) rebuild(ctx context.Context, claim *resourceapi.ResourceClaim, 
 			return fmt.Errorf("device %s: %w", dev.Device, err)
 		} else if !ok {
 			dev.MIG.Created, dev.MIG.GIID, dev.MIG.CIID, dev.MIG.UUID = false, 0, 0, ""
-			changed = true
 		}
 	}
-	if changed {
-		if err := d.store.Put(rec); err != nil {
-			return err
-		}
+	// The old spec is not trusted again, even where it survived (a CDI
+	// directory that is no tmpfs): it may name the instances just voided.
+	rec.CDISpec, rec.CDISpecHash = "", ""
+	if err := d.store.Put(rec); err != nil {
+		return err
 	}
+	d.failpoint("rebuild/recorded-intent")
 	if err := d.carveMIG(ctx, rec); err != nil {
 		return err
 	}

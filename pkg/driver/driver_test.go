@@ -48,6 +48,8 @@ type rig struct {
 	wrapEdits func(EditSource) EditSource
 	// noHAMi starts the driver as if --hami-library were broken.
 	noHAMi bool
+	// cdiSurvivesReboot: a CDI directory that is not a tmpfs.
+	cdiSurvivesReboot bool
 }
 
 var (
