@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN := $(CURDIR)/bin
 RUN_DIR ?= /tmp/facet-run
 
-.PHONY: all build test unit e2e demo demo-down bench clean
+.PHONY: all build test unit e2e demo demo-down bench clean fuzz fuzz-smoke
 
 all: build
 
@@ -41,6 +41,27 @@ demo: build
 demo-down:
 	hack/plugin.sh stop $(RUN_DIR)
 	RUN_DIR=$(RUN_DIR) hack/cluster/down.sh
+
+## fuzz: each fuzz target for FUZZTIME (`go test` in unit runs their seed corpora)
+FUZZTIME ?= 60s
+# e.g. FUZZFLAGS=-parallel=1 on a shared machine
+FUZZFLAGS ?=
+FUZZ_TARGETS := \
+	./api/gpu.facet.dev/v1alpha1:FuzzDecode \
+	./pkg/checkpoint:FuzzDecode \
+	./pkg/nvml:FuzzParseMachine \
+	./pkg/cdi:FuzzDeviceNames \
+	./pkg/claimuid:FuzzValidate
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "== $$fn in $$pkg for $(FUZZTIME)"; \
+		$(GO) test "$$pkg" -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS); \
+	done
+
+## fuzz-smoke: each fuzz target briefly
+fuzz-smoke:
+	$(MAKE) fuzz FUZZTIME=5s
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/... ./test/allocator/...
