@@ -1013,6 +1013,11 @@ func (d *Driver) writeSpec(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig, ke
 // before the next step, because NVML reuses GI/CI IDs: a retry must not
 // destroy whatever got them next.
 func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Claim) error {
+	if rec != nil && d.fromOtherBoot(rec) {
+		// Normally voided at start already; this covers a start that
+		// could not write the voided record back.
+		voidMIG(rec)
+	}
 	if rec != nil {
 		for i := range rec.Devices {
 			dev := &rec.Devices[i]

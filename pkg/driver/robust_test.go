@@ -315,3 +315,28 @@ func fill(t *testing.T, path string) {
 		}
 	}
 }
+
+// TestOldBootIDsNeverDestroy: a record from the last boot whose voided
+// IDs could not be written back at start (read-only state directory) still
+// destroys nothing at unprepare, even where an instance of this boot has
+// its IDs.
+func TestOldBootIDsNeverDestroy(t *testing.T) {
+	needMIGEdits(t)
+	needPrivateMounts(t)
+	r := newRigMode(t, splitModes)
+	mountTmpfs(t, r.checkpoints, "1m")
+	r.restart()
+	c := claim("mig", r.migDevice(0, "1g.10gb", 6))
+	if _, err := r.prepareOne(c); err != nil {
+		t.Fatal(err)
+	}
+	// The MIG state stays: it stands for an instance made after the
+	// reboot that got the same IDs.
+	os.WriteFile(r.bootIDFile, []byte("boot-2\n"), 0o644)
+	remount(t, r.checkpoints, true)
+	r.restart()
+	r.unprepareOne(c)
+	if n := r.migCount(); n != 1 {
+		t.Fatalf("unprepare of a record from the last boot destroyed an instance of this boot (%d left)", n)
+	}
+}
