@@ -91,6 +91,9 @@ func startPluginEnv(t testing.TB, machine string, env []string, extra ...string)
 		if strings.HasPrefix(kv, "FACET_FAILPOINT=") {
 			// Failpoints are compiled into this build only.
 			bin = filepath.Join(e.repo, "bin", "failpoints", "facet-kubeletplugin")
+			if _, err := os.Stat(bin); err != nil {
+				t.Fatalf("%v: the plugin with failpoints is built by make build (go build -tags facet_failpoints)", err)
+			}
 		}
 	}
 	cmd := exec.Command("unshare", "--mount", "--propagation", "private", bin,
