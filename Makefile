@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN := $(CURDIR)/bin
 RUN_DIR ?= /tmp/facet-run
 
-.PHONY: all build build-release verify-release generate verify-generate lint test unit e2e demo demo-down bench clean
+.PHONY: all build build-release verify-release generate verify-generate lint test unit e2e demo demo-down bench clean fuzz fuzz-smoke
 
 all: build
 
@@ -15,6 +15,9 @@ all: build
 ## links the simulator (pkg/nvml/sim) into facet-kubeletplugin, for --machine.
 build:
 	$(GO) build -tags facetsim -o $(BIN)/ ./cmd/...
+	# The plugin with test failpoints ($$FACET_FAILPOINT), for test/e2e
+	# only; the shipped binary (make build-release) has none.
+	$(GO) build -tags facetsim,facet_failpoints -o $(BIN)/failpoints/ ./cmd/facet-kubeletplugin
 	cd hack/tools/cdihook && $(GO) build -o $(BIN)/nvidia-cdi-hook github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
 
 ## build-release: the shipped binaries, without the simulator, in bin/release/
@@ -89,6 +92,27 @@ demo: build
 demo-down:
 	hack/plugin.sh stop $(RUN_DIR)
 	RUN_DIR=$(RUN_DIR) hack/cluster/down.sh
+
+## fuzz: each fuzz target for FUZZTIME (`go test` in unit runs their seed corpora)
+FUZZTIME ?= 60s
+# e.g. FUZZFLAGS=-parallel=1 on a shared machine
+FUZZFLAGS ?=
+FUZZ_TARGETS := \
+	./api/gpu.facet.dev/v1alpha1:FuzzDecode \
+	./pkg/checkpoint:FuzzDecode \
+	./pkg/nvml/sim:FuzzParseMachine \
+	./pkg/cdi:FuzzDeviceNames \
+	./pkg/claimuid:FuzzValidate
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "== $$fn in $$pkg for $(FUZZTIME)"; \
+		$(GO) test "$$pkg" -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS); \
+	done
+
+## fuzz-smoke: each fuzz target briefly
+fuzz-smoke:
+	$(MAKE) fuzz FUZZTIME=5s
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/... ./test/allocator/...

@@ -27,6 +27,7 @@ const (
 	reasonFeaturesChanged = "FacetClusterFeaturesChanged"
 	reasonModeFallback    = "FacetModeFallback"
 	reasonLayout          = "FacetMIGLayout"
+	reasonGPUUnusable     = "FacetGPUUnusable"
 )
 
 // nodeEvents records Events on this node's Node object, where `kubectl

@@ -196,11 +196,9 @@ func run(ctx context.Context, f flags) error {
 			logger.Error(err, "MIG devices cannot get CDI edits on this simulated node; MIG claims will fail to prepare")
 		}
 	}
-	var vgpu *hami.Editor
-	if f.hamiLibrary != "" {
-		if vgpu, err = hami.NewEditor(hami.Options{LibraryPath: f.hamiLibrary, StateDir: filepath.Join(f.stateDir, "vgpu")}); err != nil {
-			return err
-		}
+	vgpu, hamiErr := openHAMi(f.hamiLibrary, filepath.Join(f.stateDir, "vgpu"))
+	if hamiErr != nil {
+		logger.Error(hamiErr, "vGPU shares that need enforcement will fail to prepare; everything else is served")
 	}
 	editor, err := lib.DriverEditor(nvml.DriverEditorOptions{DriverRoot: f.driverRoot, DevRoot: f.devRoot, NvidiaCDIHookPath: f.cdiHook})
 	if err != nil {
@@ -212,11 +210,16 @@ func run(ctx context.Context, f flags) error {
 	}
 	drv, err := driver.New(ctx, driver.Options{
 		NodeName: f.nodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor,
-		MIG: lib, HAMi: vgpu, DestroyUnownedMIG: f.destroyUnownedMIG,
+		MIG: lib, HAMi: vgpu, HAMiUnavailable: hamiErr, DestroyUnownedMIG: f.destroyUnownedMIG,
 		Failpoint: failpoint(ctx),
 	})
 	if err != nil {
 		return err
+	}
+	unusable := drv.UnusableGPUs()
+	for uuid, why := range unusable {
+		logger.Error(nil, "GPU unusable until the plugin restarts with the problem fixed; it is not published and its claims fail", "gpu", uuid, "why", why)
+		ev.warning(reasonGPUUnusable, fmt.Sprintf("GPU %s is not published until the plugin restarts with the problem fixed: %s", uuid, why))
 	}
 
 	pluginDir := filepath.Join(f.pluginsDir, names.Driver)
@@ -238,7 +241,7 @@ func run(ctx context.Context, f flags) error {
 	}
 	defer helper.Stop()
 
-	res := slices.Resources(inv, f.nodeName)
+	res := slices.Resources(inv.Without(unusable), f.nodeName)
 	if errs := slices.Dropped(slices.Objects(res, f.nodeName), gates); len(errs) > 0 {
 		// Guard against a mode that slipped past inventory.Build's check.
 		return fmt.Errorf("internal error: the slices use fields the cluster drops: %v", errors.Join(errs...))
@@ -273,22 +276,14 @@ func reportPublished(ctx context.Context, client kubernetes.Interface, node stri
 	}
 }
 
-// failpoint returns the test-only hook named by $FACET_FAILPOINT: when
-// prepare reaches that point the plugin logs it and hangs, so an end-to-end
-// test can SIGKILL it there. Unset in production.
-func failpoint(ctx context.Context) func(string) {
-	name := os.Getenv("FACET_FAILPOINT")
-	if name == "" {
-		return nil
+// openHAMi sets up HAMi-core. A missing or broken library is returned as
+// the reason share claims fail, not as an error that stops the plugin:
+// whole GPUs and MIG devices do not need it.
+func openHAMi(library, stateDir string) (*hami.Editor, error) {
+	if library == "" {
+		return nil, nil
 	}
-	klog.FromContext(ctx).Info("Test failpoint armed", "name", name)
-	return func(at string) {
-		if at == name {
-			klog.FromContext(ctx).Info("Failpoint reached; hanging until killed", "name", name)
-			klog.Flush()
-			select {}
-		}
-	}
+	return hami.NewEditor(hami.Options{LibraryPath: library, StateDir: stateDir})
 }
 
 func kubeClient(kubeconfig string, qps float64, burst int) (kubernetes.Interface, error) {

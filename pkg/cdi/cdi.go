@@ -10,16 +10,23 @@
 package cdi
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/facet-gpu/facet/pkg/claimuid"
 	"github.com/facet-gpu/facet/pkg/names"
 )
 
@@ -31,6 +38,17 @@ const (
 	Kind   = Vendor + "/" + Class
 )
 
+// tmpPrefix marks this writer's temporary files. They end in ".tmp" so
+// the runtime's CDI cache, which reads *.json and *.yaml, never parses a
+// half-written one.
+const tmpPrefix = ".facet-spec-"
+
+// legacyTmpAge is how old a "spec.*.tmp" file (the CDI library's own temp
+// name, which Facet used before) must be before a sweep removes it: other
+// CDI writers in the same directory use that name too, and one may be
+// writing right now.
+const legacyTmpAge = 10 * time.Minute
+
 // Device is one DRA device of a claim and its edits.
 type Device struct {
 	// Name is the DRA device name, e.g. "gpu-3".
@@ -41,8 +59,7 @@ type Device struct {
 
 // Writer owns Facet's specs in one CDI spec directory.
 type Writer struct {
-	dir   string
-	cache *cdiapi.Cache
+	dir string
 }
 
 // NewWriter uses dir (created 0755 if missing) as the CDI spec directory;
@@ -51,12 +68,7 @@ func NewWriter(dir string) (*Writer, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("CDI spec directory: %w", err)
 	}
-	// No auto refresh: this cache only writes; the runtime reads.
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return nil, fmt.Errorf("CDI cache on %s: %w", dir, err)
-	}
-	return &Writer{dir: dir, cache: cache}, nil
+	return &Writer{dir: dir}, nil
 }
 
 // SpecName is the spec file name (without extension) of a claim.
@@ -74,46 +86,178 @@ func cdiDeviceName(claimUID types.UID, device string) string {
 	return string(claimUID) + "-" + device
 }
 
+// DeviceNames returns the CDI device names of a claim's devices, in order.
+// A DRA device can appear more than once in a claim (two shares of one
+// GPU); its later occurrences get "_<n>", a separator that DRA device
+// names (DNS labels) cannot contain, so no two names of a claim collide.
+func DeviceNames(claimUID types.UID, devices []string) []string {
+	seen := map[string]int{}
+	out := make([]string, len(devices))
+	for i, d := range devices {
+		n := seen[d]
+		seen[d] = n + 1
+		out[i] = cdiDeviceName(claimUID, d)
+		if n > 0 {
+			out[i] += "_" + strconv.Itoa(n)
+		}
+	}
+	return out
+}
+
 // WriteClaim writes (or replaces) the claim's spec with common edits at the
-// top level and one CDI device per DRA device. It returns the spec's file
-// name and the CDI device IDs in the order of devices.
-func (w *Writer) WriteClaim(claimUID types.UID, common *cdispec.ContainerEdits, devices []Device) (string, []string, error) {
+// top level and one CDI device per DRA device, durably: a temp file is
+// written, fsynced and renamed, and the directory fsynced, so after a crash
+// the spec is either the old one, the new one or absent, never truncated.
+// It returns the spec's file name, the CDI device IDs in the order of
+// devices, and the SHA-256 of the file's content (see Verify).
+func (w *Writer) WriteClaim(claimUID types.UID, common *cdispec.ContainerEdits, devices []Device) (name string, ids []string, hash string, err error) {
+	if err := claimuid.Validate(claimUID); err != nil {
+		return "", nil, "", err
+	}
 	spec := &cdispec.Spec{Kind: Kind}
 	if common != nil {
 		spec.ContainerEdits = *common
 	}
-	ids := make([]string, 0, len(devices))
-	for _, d := range devices {
-		dev := cdispec.Device{Name: cdiDeviceName(claimUID, d.Name)}
+	names := make([]string, len(devices))
+	for i, d := range devices {
+		names[i] = d.Name
+	}
+	cdiNames := DeviceNames(claimUID, names)
+	ids = make([]string, 0, len(devices))
+	for i, d := range devices {
+		dev := cdispec.Device{Name: cdiNames[i]}
 		if d.Edits != nil {
 			dev.ContainerEdits = *d.Edits
 		}
 		spec.Devices = append(spec.Devices, dev)
-		ids = append(ids, DeviceID(claimUID, d.Name))
+		ids = append(ids, parser.QualifiedName(Vendor, Class, cdiNames[i]))
 	}
 	version, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
-		return "", nil, fmt.Errorf("CDI spec version for claim %s: %w", claimUID, err)
+		return "", nil, "", fmt.Errorf("CDI spec version for claim %s: %w", claimUID, err)
 	}
 	spec.Version = version
-	name := SpecName(claimUID) + ".json"
-	if err := w.cache.WriteSpec(spec, name); err != nil {
-		return "", nil, fmt.Errorf("write CDI spec %s: %w", filepath.Join(w.dir, name), err)
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return "", nil, "", fmt.Errorf("CDI spec for claim %s: %w", claimUID, err)
 	}
-	return name, ids, nil
+	name = SpecName(claimUID) + ".json"
+	if err := w.writeAtomic(name, data); err != nil {
+		return "", nil, "", fmt.Errorf("write CDI spec %s: %w", filepath.Join(w.dir, name), err)
+	}
+	return name, ids, Hash(data), nil
 }
 
-// RemoveClaim deletes the claim's spec; a missing spec is not an error.
-func (w *Writer) RemoveClaim(claimUID types.UID) error {
-	name := SpecName(claimUID) + ".json"
-	if err := w.cache.RemoveSpec(name); err != nil {
-		return fmt.Errorf("remove CDI spec %s: %w", filepath.Join(w.dir, name), err)
+// Hash is the content hash WriteClaim returns and Verify checks.
+func Hash(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// writeAtomic validates data as a CDI spec, the way the runtime will read
+// it, before it replaces name.
+func (w *Writer) writeAtomic(name string, data []byte) error {
+	tmp, err := os.CreateTemp(w.dir, tmpPrefix+name+".*.tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(data)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := cdiapi.ReadSpec(tmp.Name(), 0); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(w.dir, name)); err != nil {
+		return err
+	}
+	return syncDir(w.dir)
+}
+
+// Verify checks that the claim's spec exists with the content hash
+// WriteClaim returned. A spec lost with a tmpfs at reboot, truncated, or
+// edited by hand fails, so the caller rewrites it rather than hand the
+// kubelet CDI IDs that resolve to nothing or to something else.
+func (w *Writer) Verify(claimUID types.UID, hash string) error {
+	if err := claimuid.Validate(claimUID); err != nil {
+		return err
+	}
+	path := filepath.Join(w.dir, SpecName(claimUID)+".json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("CDI spec %s: %w", path, err)
+	}
+	if got := Hash(data); got != hash {
+		return fmt.Errorf("CDI spec %s: content hash %s, recorded %s", path, got, hash)
 	}
 	return nil
 }
 
+// RemoveClaim deletes the claim's spec; a missing spec is not an error.
+func (w *Writer) RemoveClaim(claimUID types.UID) error {
+	if err := claimuid.Validate(claimUID); err != nil {
+		return err
+	}
+	path := filepath.Join(w.dir, SpecName(claimUID)+".json")
+	// Nothing to remove needs no write: a read-only or full directory
+	// must not fail the rollback of a claim whose spec was never written.
+	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove CDI spec %s: %w", path, err)
+	}
+	if err := syncDir(w.dir); err != nil {
+		return fmt.Errorf("remove CDI spec %s: %w", path, err)
+	}
+	return nil
+}
+
+// SweepTemp removes temporary files a crash left mid-write: this writer's
+// own at once, and the CDI library's "spec.*.tmp" (written by earlier
+// Facet versions) once they are old enough not to be another writer's
+// write in progress. It returns the names it removed.
+func (w *Writer) SweepTemp() ([]string, error) {
+	entries, err := os.ReadDir(w.dir)
+	if err != nil {
+		return nil, fmt.Errorf("sweep CDI spec directory %s: %w", w.dir, err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasSuffix(name, ".tmp") {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(name, tmpPrefix):
+		case strings.HasPrefix(name, "spec."):
+			info, err := e.Info()
+			if err != nil || time.Since(info.ModTime()) < legacyTmpAge {
+				continue
+			}
+		default:
+			continue
+		}
+		if err := os.Remove(filepath.Join(w.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, name)
+	}
+	return removed, errors.Join(errs...)
+}
+
 // ClaimSpecs lists the claim UIDs that have a Facet spec in the directory,
-// so specs without a checkpoint record (orphans) can be found.
+// so specs without a checkpoint record (orphans) can be found. Names whose
+// UID part is not a valid claim UID are not Facet's and are skipped.
 func (w *Writer) ClaimSpecs() ([]types.UID, error) {
 	entries, err := os.ReadDir(w.dir)
 	if err != nil {
@@ -126,7 +270,7 @@ func (w *Writer) ClaimSpecs() ([]types.UID, error) {
 		if !ok {
 			continue
 		}
-		if uid, ok := strings.CutSuffix(name, ".json"); ok {
+		if uid, ok := strings.CutSuffix(name, ".json"); ok && claimuid.Validate(types.UID(uid)) == nil {
 			uids = append(uids, types.UID(uid))
 		}
 	}
@@ -135,3 +279,12 @@ func (w *Writer) ClaimSpecs() ([]types.UID, error) {
 
 // Dir is the spec directory.
 func (w *Writer) Dir() string { return w.dir }
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

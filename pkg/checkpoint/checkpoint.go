@@ -22,6 +22,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/facet-gpu/facet/pkg/claimuid"
 )
 
 // Version is the record format written by this build. Older versions are
@@ -49,6 +51,15 @@ type Claim struct {
 	State     State     `json:"state"`
 	// CDISpec is the file name of the claim's CDI spec in the CDI directory.
 	CDISpec string `json:"cdiSpec,omitempty"`
+	// CDISpecHash is the SHA-256 of the spec's content as written, so a
+	// re-prepare can tell a spec lost or truncated since from a good one.
+	CDISpecHash string `json:"cdiSpecHash,omitempty"`
+	// BootID is the node's boot ID (/proc/sys/kernel/random/boot_id) when
+	// the record was written. A record from another boot describes MIG
+	// instances and CDI specs (on a tmpfs) that the reboot took away, and
+	// GI/CI IDs that NVML may since have given to someone else's
+	// instances. Empty in records of earlier versions.
+	BootID string `json:"bootID,omitempty"`
 	// Devices are the claim's devices from this driver, in allocation order.
 	Devices []Device `json:"devices"`
 }
@@ -136,6 +147,9 @@ func (s *Store) path(uid types.UID) string {
 // Get returns the record of uid, nil if there is none, or an error wrapping
 // ErrCorrupt that names the file.
 func (s *Store) Get(uid types.UID) (*Claim, error) {
+	if err := claimuid.Validate(uid); err != nil {
+		return nil, err
+	}
 	data, err := os.ReadFile(s.path(uid))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -152,6 +166,38 @@ func (s *Store) Get(uid types.UID) (*Claim, error) {
 	}
 	return c, nil
 }
+
+// Salvage reads what it can of an unreadable record (a bad checksum, a
+// version newer than this build, fields it does not know), without the
+// checks Get makes. The result is not to be trusted for anything but
+// failing closed: keeping the devices it names reserved, and finding MIG
+// instances to double-check before destroying them.
+func (s *Store) Salvage(uid types.UID) (*Claim, error) {
+	if err := claimuid.Validate(uid); err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(s.path(uid))
+	if err != nil {
+		return nil, err
+	}
+	return salvage(data)
+}
+
+func salvage(data []byte) (*Claim, error) {
+	var env envelope
+	if err := json.Unmarshal(data, &env); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	var c Claim
+	if err := json.Unmarshal(env.Claim, &c); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return &c, nil
+}
+
+// Decode decodes one record file's content, with every check Get makes
+// but the file name's.
+func Decode(data []byte) (*Claim, error) { return decode(data) }
 
 func decode(data []byte) (*Claim, error) {
 	var env envelope
@@ -186,6 +232,9 @@ func checksum(b []byte) string {
 
 // Put replaces the record of c.UID atomically and durably.
 func (s *Store) Put(c *Claim) error {
+	if err := claimuid.Validate(c.UID); err != nil {
+		return fmt.Errorf("write checkpoint of claim %s/%s: %w", c.Namespace, c.Name, err)
+	}
 	body, err := json.Marshal(c)
 	if err != nil {
 		return err
@@ -202,6 +251,9 @@ func (s *Store) Put(c *Claim) error {
 
 // Delete removes the record of uid; a missing record is not an error.
 func (s *Store) Delete(uid types.UID) error {
+	if err := claimuid.Validate(uid); err != nil {
+		return err
+	}
 	if err := os.Remove(s.path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
 	}
@@ -224,7 +276,7 @@ func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error)
 			continue
 		}
 		uid, ok := strings.CutSuffix(name, ".json")
-		if !ok || e.IsDir() {
+		if !ok || e.IsDir() || claimuid.Validate(types.UID(uid)) != nil {
 			continue
 		}
 		c, err := s.Get(types.UID(uid))

@@ -39,6 +39,19 @@ type rig struct {
 	d                         *Driver
 	destroyUnowned            bool
 	failpoint                 func(string)
+	cfg                       inventory.Config
+	// bootIDFile stands in for /proc/sys/kernel/random/boot_id.
+	bootIDFile string
+	// simState, when set, is the simulated NVML's state file.
+	simState string
+	// wrapMIG and wrapEdits, when set, stand between the driver and the
+	// simulated NVML, to inject faults.
+	wrapMIG   func(MIGManager) MIGManager
+	wrapEdits func(EditSource) EditSource
+	// noHAMi starts the driver as if --hami-library were broken.
+	noHAMi bool
+	// cdiSurvivesReboot: a CDI directory that is not a tmpfs.
+	cdiSurvivesReboot bool
 }
 
 var (
@@ -86,7 +99,9 @@ func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	r := &rig{t: t, lib: lib, inv: inv, root: sharedRoot, cdiDir: filepath.Join(dir, "cdi"), checkpoints: filepath.Join(dir, "state")}
+	r := &rig{t: t, lib: lib, inv: inv, root: sharedRoot, cdiDir: filepath.Join(dir, "cdi"), checkpoints: filepath.Join(dir, "state"), cfg: cfg,
+		bootIDFile: filepath.Join(dir, "boot_id")}
+	os.WriteFile(r.bootIDFile, []byte("boot-1\n"), 0o644)
 	r.start()
 	return r
 }
@@ -106,11 +121,24 @@ func (r *rig) start() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	h, err := hami.NewEditor(hami.Options{LibraryPath: hamiLib, StateDir: filepath.Join(filepath.Dir(r.checkpoints), "vgpu")})
-	if err != nil {
-		r.t.Fatal(err)
+	lib := hamiLib
+	if r.noHAMi {
+		lib = filepath.Join(r.root, "no-such-libvgpu.so")
 	}
-	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: editor, MIG: r.lib, HAMi: h, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint})
+	h, hamiErr := hami.NewEditor(hami.Options{LibraryPath: lib, StateDir: filepath.Join(filepath.Dir(r.checkpoints), "vgpu")})
+	if hamiErr != nil && !r.noHAMi {
+		r.t.Fatal(hamiErr)
+	}
+	var edits EditSource = editor
+	if r.wrapEdits != nil {
+		edits = r.wrapEdits(edits)
+	}
+	var mig MIGManager = r.lib
+	if r.wrapMIG != nil {
+		mig = r.wrapMIG(mig)
+	}
+	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: edits, MIG: mig, HAMi: h, HAMiUnavailable: hamiErr,
+		BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint})
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -318,14 +346,13 @@ func TestRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	w, _ := cdi.NewWriter(r.cdiDir)
-	nodes := func(p string) *cdispec.ContainerEdits {
-		return &cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: p}}}
-	}
-	if _, _, err := w.WriteClaim("uid-interrupted", nil, []cdi.Device{{Name: "gpu-1", Edits: nodes("/dev/nvidia1")}}); err != nil {
+	// (These writes used to fail unchecked: a CDI device needs an edit.)
+	node := &cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/nvidia1"}}}
+	if _, _, _, err := w.WriteClaim("uid-interrupted", nil, []cdi.Device{{Name: "gpu-1", Edits: node}}); err != nil {
 		t.Fatal(err)
 	}
 	// A spec no record owns (its record was lost).
-	if _, _, err := w.WriteClaim("uid-orphan", nil, []cdi.Device{{Name: "gpu-2", Edits: nodes("/dev/nvidia2")}}); err != nil {
+	if _, _, _, err := w.WriteClaim("uid-orphan", nil, []cdi.Device{{Name: "gpu-2", Edits: node}}); err != nil {
 		t.Fatal(err)
 	}
 	// An accounting region whose claim's record was lost.

@@ -17,6 +17,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
+	"github.com/facet-gpu/facet/pkg/claimuid"
 )
 
 // Container paths, as HAMi's own device plugins use them.
@@ -70,8 +71,19 @@ func NewEditor(opts Options) (*Editor, error) {
 	if st, err := os.Stat(opts.LibraryPath); err != nil || st.IsDir() {
 		return nil, fmt.Errorf("HAMi-core library %s: not a file (%v); vGPU shares cannot be enforced", opts.LibraryPath, err)
 	}
-	if err := os.MkdirAll(filepath.Join(opts.StateDir, "claims"), 0o755); err != nil {
-		return nil, fmt.Errorf("HAMi-core state directory: %w", err)
+	// The per-claim directories must be writable by any container user
+	// (0777), so nothing but root on the host may reach them: their
+	// parents are 0700, set explicitly because MkdirAll leaves an
+	// existing directory's mode alone. The runtime bind-mounts each
+	// claim's directory by its host path as root, which needs no search
+	// permission for anyone else.
+	for _, dir := range []string{opts.StateDir, filepath.Join(opts.StateDir, "claims")} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("HAMi-core state directory: %w", err)
+		}
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("HAMi-core state directory: %w", err)
+		}
 	}
 	preload := filepath.Join(opts.StateDir, "ld.so.preload")
 	if err := os.WriteFile(preload, []byte(ContainerLibrary+"\n"), 0o644); err != nil {
@@ -80,9 +92,13 @@ func NewEditor(opts Options) (*Editor, error) {
 	return &Editor{opts: opts, preload: preload}, nil
 }
 
-// CacheDir is the host directory of a claim's accounting region.
-func (e *Editor) CacheDir(claimUID types.UID) string {
-	return filepath.Join(e.opts.StateDir, "claims", string(claimUID))
+// CacheDir is the host directory of a claim's accounting region. A UID
+// that is not one safe path element has none.
+func (e *Editor) CacheDir(claimUID types.UID) (string, error) {
+	if err := claimuid.Validate(claimUID); err != nil {
+		return "", err
+	}
+	return filepath.Join(e.opts.StateDir, "claims", string(claimUID)), nil
 }
 
 // Edits returns the claim-wide edits for its shares: per-device limits,
@@ -90,22 +106,47 @@ func (e *Editor) CacheDir(claimUID types.UID) string {
 // the preload file, and the knobs of cfg. With enforcement disabled it
 // returns nil: the shares are scheduled but not enforced, as asked.
 //
-// Index n of CUDA_DEVICE_*_LIMIT_<n> is the share's position among the
-// claim's GPUs in PCI bus order, which is how the container enumerates
-// them. Containers that also see GPUs of another claim are not supported
-// by HAMi-core's indexing.
+// Index n of CUDA_DEVICE_*_LIMIT_<n> is the position of the share's GPU
+// among the claim's GPUs in PCI bus order, which is how the container
+// enumerates them. Shares of one GPU in one claim are one GPU to the
+// container, so they get one index and their sum. Containers that also see
+// GPUs of another claim are not supported by HAMi-core's indexing: the
+// plugin cannot tell which claims a container sees (see docs/guarantees.md).
 func (e *Editor) Edits(claimUID types.UID, shares []Share, cfg *configapi.VgpuConfig) (*cdispec.ContainerEdits, error) {
+	return e.edits(claimUID, shares, cfg, true)
+}
+
+// RebuildEdits is Edits for a claim prepared before, whose spec is being
+// rebuilt: an existing accounting region is kept, because containers of
+// the claim may be using it and its limits are the same.
+func (e *Editor) RebuildEdits(claimUID types.UID, shares []Share, cfg *configapi.VgpuConfig) (*cdispec.ContainerEdits, error) {
+	return e.edits(claimUID, shares, cfg, false)
+}
+
+func (e *Editor) edits(claimUID types.UID, shares []Share, cfg *configapi.VgpuConfig, fresh bool) (*cdispec.ContainerEdits, error) {
 	if !cfg.EnforcementEnabled() {
 		return nil, nil
 	}
-	ordered := append([]Share(nil), shares...)
-	sort.SliceStable(ordered, func(i, j int) bool { return ordered[i].PCIBusID < ordered[j].PCIBusID })
+	for _, s := range shares {
+		if s.MemoryBytes <= 0 || s.MemoryBytes%(1<<20) != 0 {
+			return nil, fmt.Errorf("share on %s: memory %d bytes is not a positive whole number of MiB", s.Device, s.MemoryBytes)
+		}
+		if s.Cores < 0 || s.Cores > 100 {
+			return nil, fmt.Errorf("share on %s: cores %d%% is outside 0-100", s.Device, s.Cores)
+		}
+	}
+	ordered := perGPU(shares)
 
-	cacheDir := e.CacheDir(claimUID)
+	cacheDir, err := e.CacheDir(claimUID)
+	if err != nil {
+		return nil, err
+	}
 	// A fresh region: the first process to create it fixes the limits, so
 	// a stale file from an earlier claim would carry wrong ones.
-	if err := os.RemoveAll(cacheDir); err != nil {
-		return nil, fmt.Errorf("reset HAMi-core cache %s: %w", cacheDir, err)
+	if fresh {
+		if err := os.RemoveAll(cacheDir); err != nil {
+			return nil, fmt.Errorf("reset HAMi-core cache %s: %w", cacheDir, err)
+		}
 	}
 	if err := os.MkdirAll(cacheDir, 0o777); err != nil {
 		return nil, fmt.Errorf("HAMi-core cache %s: %w", cacheDir, err)
@@ -124,12 +165,6 @@ func (e *Editor) Edits(claimUID types.UID, shares []Share, cfg *configapi.VgpuCo
 		},
 	}
 	for n, s := range ordered {
-		if s.MemoryBytes <= 0 || s.MemoryBytes%(1<<20) != 0 {
-			return nil, fmt.Errorf("share on %s: memory %d bytes is not a positive whole number of MiB", s.Device, s.MemoryBytes)
-		}
-		if s.Cores < 0 || s.Cores > 100 {
-			return nil, fmt.Errorf("share on %s: cores %d%% is outside 0-100", s.Device, s.Cores)
-		}
 		// "<MiB>m": a bare number is bytes, a Kubernetes "Mi" suffix is
 		// misread as bytes, and a leading 0 as octal.
 		edits.Env = append(edits.Env, fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%d=%dm", n, s.MemoryBytes>>20))
@@ -142,9 +177,37 @@ func (e *Editor) Edits(claimUID types.UID, shares []Share, cfg *configapi.VgpuCo
 	return edits, nil
 }
 
+// perGPU orders shares by PCI bus ID and merges the shares of one GPU:
+// memory adds up; SM time adds up to at most 100 %, and a best-effort
+// share (0, no throttle) leaves the GPU unthrottled for the container.
+func perGPU(shares []Share) []Share {
+	ordered := append([]Share(nil), shares...)
+	sort.SliceStable(ordered, func(i, j int) bool { return ordered[i].PCIBusID < ordered[j].PCIBusID })
+	var out []Share
+	for _, s := range ordered {
+		if n := len(out); n > 0 && out[n-1].PCIBusID == s.PCIBusID {
+			last := &out[n-1]
+			last.MemoryBytes += s.MemoryBytes
+			switch {
+			case last.Cores == 0 || s.Cores == 0:
+				last.Cores = 0
+			default:
+				last.Cores = min(100, last.Cores+s.Cores)
+			}
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
 // Cleanup removes a claim's accounting region; a missing one is fine.
 func (e *Editor) Cleanup(claimUID types.UID) error {
-	if err := os.RemoveAll(e.CacheDir(claimUID)); err != nil {
+	dir, err := e.CacheDir(claimUID)
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove HAMi-core cache of claim %s: %w", claimUID, err)
 	}
 	return nil
@@ -159,7 +222,7 @@ func (e *Editor) ClaimCaches() ([]types.UID, error) {
 	}
 	var uids []types.UID
 	for _, en := range entries {
-		if en.IsDir() {
+		if en.IsDir() && claimuid.Validate(types.UID(en.Name())) == nil {
 			uids = append(uids, types.UID(en.Name()))
 		}
 	}

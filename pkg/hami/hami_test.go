@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	"k8s.io/utils/ptr"
 )
@@ -87,7 +89,7 @@ func TestEdits(t *testing.T) {
 			if !reflect.DeepEqual(paths, want) {
 				t.Errorf("mounts %v, want %v", paths, want)
 			}
-			st, err := os.Stat(e.CacheDir("uid-1"))
+			st, err := os.Stat(cacheDir(e, "uid-1"))
 			if err != nil || st.Mode().Perm() != 0o777 {
 				t.Fatalf("cache dir: %v %v", st, err)
 			}
@@ -107,7 +109,7 @@ func TestCacheIsFreshAndCleaned(t *testing.T) {
 	if _, err := e.Edits("uid-1", shares, nil); err != nil {
 		t.Fatal(err)
 	}
-	stale := filepath.Join(e.CacheDir("uid-1"), CacheFileName)
+	stale := filepath.Join(cacheDir(e, "uid-1"), CacheFileName)
 	if err := os.WriteFile(stale, []byte("old limits"), 0o666); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +122,7 @@ func TestCacheIsFreshAndCleaned(t *testing.T) {
 	if err := e.Cleanup("uid-1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(e.CacheDir("uid-1")); !os.IsNotExist(err) {
+	if _, err := os.Stat(cacheDir(e, "uid-1")); !os.IsNotExist(err) {
 		t.Fatal("cache dir survived cleanup")
 	}
 }
@@ -129,5 +131,117 @@ func TestMissingLibraryIsAnError(t *testing.T) {
 	_, err := NewEditor(Options{LibraryPath: "/nonexistent/libvgpu.so", StateDir: t.TempDir()})
 	if err == nil || !strings.Contains(err.Error(), "vGPU shares cannot be enforced") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+func cacheDir(e *Editor, uid string) string {
+	dir, err := e.CacheDir(types.UID(uid))
+	if err != nil {
+		panic(err)
+	}
+	return dir
+}
+
+// TestModes: the 0777 claim directories sit below 0700 parents, even when
+// the parents existed with looser modes (L2).
+func TestModes(t *testing.T) {
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "libvgpu.so")
+	os.WriteFile(lib, []byte("ELF"), 0o644)
+	state := filepath.Join(dir, "state")
+	os.MkdirAll(filepath.Join(state, "claims"), 0o777)
+	os.Chmod(state, 0o755)
+	os.Chmod(filepath.Join(state, "claims"), 0o777)
+	e, err := NewEditor(Options{LibraryPath: lib, StateDir: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{state, filepath.Join(state, "claims")} {
+		if st, _ := os.Stat(d); st.Mode().Perm() != 0o700 {
+			t.Errorf("%s: mode %v, want 0700", d, st.Mode().Perm())
+		}
+	}
+	if _, err := e.Edits("uid-1", []Share{{Device: "gpu-0", MemoryBytes: 1 << 30, Cores: 10}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(cacheDir(e, "uid-1")); st.Mode().Perm() != 0o777 {
+		t.Errorf("claim dir mode %v", st.Mode().Perm())
+	}
+}
+
+// TestBadUID: a claim UID that is not one safe path element never becomes
+// a path that is created or removed recursively (L1).
+func TestBadUID(t *testing.T) {
+	e := editor(t)
+	victim := filepath.Join(e.opts.StateDir, "keep")
+	os.MkdirAll(victim, 0o700)
+	for _, uid := range []types.UID{"../keep", "..", "", "a/b"} {
+		if err := e.Cleanup(uid); err == nil {
+			t.Errorf("Cleanup(%q) accepted", uid)
+		}
+		if _, err := e.Edits(uid, []Share{{Device: "gpu-0", MemoryBytes: 1 << 20}}, nil); err == nil {
+			t.Errorf("Edits(%q) accepted", uid)
+		}
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Fatal("a directory outside the claims directory was removed")
+	}
+}
+
+// TestTwoSharesOfOneGPU: the container sees one GPU, so two shares of it
+// in one claim are one index with their sum, not _0 and _1 (M2b).
+func TestTwoSharesOfOneGPU(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		shares []Share
+		want   []string
+	}{
+		{"sum", []Share{
+			{Device: "gpu-5", PCIBusID: "0000:c3:00.0", MemoryBytes: 2 << 30, Cores: 20},
+			{Device: "gpu-1", PCIBusID: "0000:43:00.0", MemoryBytes: 1 << 30, Cores: 10},
+			{Device: "gpu-5", PCIBusID: "0000:c3:00.0", MemoryBytes: 3 << 30, Cores: 30},
+		}, []string{"CUDA_DEVICE_MEMORY_LIMIT_0=1024m", "CUDA_DEVICE_SM_LIMIT_0=10", "CUDA_DEVICE_MEMORY_LIMIT_1=5120m", "CUDA_DEVICE_SM_LIMIT_1=50"}},
+		{"best effort stays unthrottled", []Share{
+			{Device: "gpu-5", PCIBusID: "0000:c3:00.0", MemoryBytes: 2 << 30, Cores: 0},
+			{Device: "gpu-5", PCIBusID: "0000:c3:00.0", MemoryBytes: 2 << 30, Cores: 30},
+		}, []string{"CUDA_DEVICE_MEMORY_LIMIT_0=4096m", "CUDA_DEVICE_SM_LIMIT_0=0"}},
+	} {
+		edits, err := editor(t).Edits("uid-1", tc.shares, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var limits []string
+		for _, env := range edits.Env {
+			if strings.HasPrefix(env, "CUDA_DEVICE_MEMORY_LIMIT_") || strings.HasPrefix(env, "CUDA_DEVICE_SM_LIMIT_") {
+				limits = append(limits, env)
+			}
+		}
+		if !reflect.DeepEqual(limits, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, limits, tc.want)
+		}
+	}
+}
+
+// TestRebuildKeepsRegion: rebuilding a prepared claim's spec keeps the
+// accounting region its running containers use.
+func TestRebuildKeepsRegion(t *testing.T) {
+	e := editor(t)
+	shares := []Share{{Device: "gpu-0", MemoryBytes: 1 << 30, Cores: 10}}
+	if _, err := e.Edits("uid-1", shares, nil); err != nil {
+		t.Fatal(err)
+	}
+	live := filepath.Join(cacheDir(e, "uid-1"), CacheFileName)
+	os.WriteFile(live, []byte("in use"), 0o666)
+	if _, err := e.RebuildEdits("uid-1", shares, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Fatal("rebuild reset a live accounting region")
+	}
+	if _, err := e.Edits("uid-1", shares, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(live); err == nil {
+		t.Fatal("a fresh prepare kept a stale accounting region")
 	}
 }

@@ -534,3 +534,28 @@ func PlacementOrder(placements []nvml.Placement) []nvml.Placement {
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Start > out[j].Start })
 	return out
 }
+
+// Without is the inventory less the GPUs with these UUIDs, for publishing:
+// a GPU the driver cannot serve (start-up rollback failed, a half-made MIG
+// instance, an NVML error) is left out of the slices so the scheduler puts
+// nothing new on it, while the driver keeps the full inventory to account
+// for the claims already prepared there. The GPUs and devices are shared
+// with inv, not copied.
+func (inv *Inventory) Without(uuids map[string]string) *Inventory {
+	if len(uuids) == 0 {
+		return inv
+	}
+	out := *inv
+	out.GPUs = nil
+	out.byName = map[string]*Device{}
+	for _, g := range inv.GPUs {
+		if _, drop := uuids[g.UUID]; drop {
+			continue
+		}
+		out.GPUs = append(out.GPUs, g)
+		for _, d := range g.Devices {
+			out.byName[d.Name] = d
+		}
+	}
+	return &out
+}

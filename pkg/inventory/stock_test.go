@@ -232,3 +232,24 @@ func TestSlotsMode(t *testing.T) {
 		t.Errorf("got  %s\nwant %s", strings.Join(got, " "), want)
 	}
 }
+
+func TestWithout(t *testing.T) {
+	node := discover(t, "H100-SXM5-80GB", "L4", "L4")
+	inv, err := Build(node, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	less := inv.Without(map[string]string{node.GPUs[1].UUID: "broken"})
+	if len(less.GPUs) != 2 || less.GPUs[0].Index != 0 || less.GPUs[1].Index != 2 {
+		t.Fatalf("GPUs %v", less.GPUs)
+	}
+	if _, ok := less.Device("gpu-1"); ok {
+		t.Error("gpu-1 still found")
+	}
+	if _, ok := inv.Device("gpu-1"); !ok || len(inv.GPUs) != 3 {
+		t.Error("the original inventory changed")
+	}
+	if inv.Without(nil) != inv {
+		t.Error("nothing to leave out should return the inventory itself")
+	}
+}

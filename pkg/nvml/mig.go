@@ -388,7 +388,9 @@ func (g *gpuState) migUUIDs() (map[[2]int]string, error) {
 // DestroyMIG destroys compute instance ciID of GPU instance giID, then the
 // GPU instance. An instance that is already gone is not an error, so it
 // can be retried, and a GPU whose MIG mode is off has none. A GPU instance
-// that still has other compute instances is left alone (IsInUse).
+// that still has other compute instances is left alone (IsInUse). ciID -1
+// (as ListMIG reports a GPU instance without compute instances, what a
+// crash inside CreateMIG leaves) destroys the GPU instance alone.
 func (l *Library) DestroyMIG(parentUUID string, giID, ciID int) error {
 	g, err := l.gpu(parentUUID)
 	if err != nil {
@@ -410,7 +412,10 @@ func (l *Library) DestroyMIG(parentUUID string, giID, ciID int) error {
 	if ret != gonvml.SUCCESS {
 		return fmt.Errorf("destroy %s: %w", what, nvmlError("nvmlDeviceGetGpuInstanceById", ret))
 	}
-	ci, ret := gi.GetComputeInstanceById(ciID)
+	ci, ret := gonvml.ComputeInstance(nil), gonvml.ERROR_NOT_FOUND
+	if ciID >= 0 {
+		ci, ret = gi.GetComputeInstanceById(ciID)
+	}
 	switch ret {
 	case gonvml.SUCCESS:
 		if ret := ci.Destroy(); ret != gonvml.SUCCESS && ret != gonvml.ERROR_NOT_FOUND {
@@ -456,6 +461,12 @@ func (l *Library) ListMIG() ([]MIGInstance, error) {
 		out = append(out, insts...)
 	}
 	return out, nil
+}
+
+// ListMIGOn is ListMIG for one GPU, so that an NVML error on one GPU does
+// not hide the instances of the others.
+func (l *Library) ListMIGOn(parentUUID string) ([]MIGInstance, error) {
+	return l.listGPU(parentUUID)
 }
 
 func (l *Library) listGPU(uuid string) ([]MIGInstance, error) {

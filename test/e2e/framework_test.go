@@ -105,7 +105,17 @@ func startPluginEnv(t testing.TB, machine string, env []string, extra ...string)
 	}
 	// A private mount namespace, where the plugin binds the simulated
 	// /proc/driver/nvidia-caps that nvcdi reads for MIG devices.
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", e.pluginBin,
+	bin := e.pluginBin
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "FACET_FAILPOINT=") {
+			// Failpoints are compiled into this build only.
+			bin = filepath.Join(e.repo, "bin", "failpoints", "facet-kubeletplugin")
+			if _, err := os.Stat(bin); err != nil {
+				t.Fatalf("%v: the plugin with failpoints is built by make build (go build -tags facet_failpoints)", err)
+			}
+		}
+	}
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", bin,
 		"--node-name", nodeName,
 		"--kubeconfig", e.kubeconfig,
 		"--machine", filepath.Join(e.repo, "demo", "machines", machine+".yaml"),

@@ -223,11 +223,13 @@ func TestMIGAndShares(t *testing.T) {
 			t.Fatalf("%d instances at the kill, want the one being carved", n)
 		}
 		// Started on the outer test so the namespace cleanup, registered
-		// after it, can unprepare the share pods through it.
-		p2 := startPlugin(outer, "dgx-h100", demoModes...)
+		// after it, can unprepare the share pods through it. The
+		// instance's IDs were never recorded, so only an operator's
+		// --destroy-unowned-mig lets the plugin destroy it.
+		p2 := startPlugin(outer, "dgx-h100", append(append([]string(nil), demoModes...), "--destroy-unowned-mig")...)
 		deleteNamespaceAtEnd(outer)
 		waitFor(t, "recovery", time.Minute, func() (bool, error) {
-			return strings.Contains(p2.logText(), "Destroying MIG instance of an interrupted prepare"), nil
+			return strings.Contains(p2.logText(), "Destroying MIG instance not owned by any prepared claim"), nil
 		})
 		// Recovery ran at start, before the kubelet's next retry: nothing
 		// of the interrupted prepare is left.

@@ -177,7 +177,7 @@ func TestStock(t *testing.T) {
 // reset, so later tests start from uncarved GPUs.
 func resetSimulatedGPUs(t *testing.T, p *plugin) func() {
 	return func() {
-		if out, err := kubectlErr("delete", "namespace", namespace, "--wait=true", "--timeout=180s"); err != nil {
+		if out, err := kubectlErr("delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=180s"); err != nil {
 			t.Errorf("delete namespace %s: %v\n%s", namespace, err, out)
 		}
 		p.stop()

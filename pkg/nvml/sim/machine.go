@@ -63,12 +63,21 @@ func LoadMachine(path string) (*Machine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read machine file: %w", err)
 	}
-	var m Machine
-	if err := yaml.UnmarshalStrict(data, &m); err != nil {
+	m, err := ParseMachine(data)
+	if err != nil {
 		return nil, fmt.Errorf("machine file %s: %w", path, err)
 	}
+	return m, nil
+}
+
+// ParseMachine decodes and validates a machine file's content.
+func ParseMachine(data []byte) (*Machine, error) {
+	var m Machine
+	if err := yaml.UnmarshalStrict(data, &m); err != nil {
+		return nil, err
+	}
 	if err := m.Validate(); err != nil {
-		return nil, fmt.Errorf("machine file %s: %w", path, err)
+		return nil, err
 	}
 	return &m, nil
 }

@@ -610,8 +610,9 @@ func TestListMIG(t *testing.T) {
 	if err := lib.DestroyMIG(g2.UUID, 4, 1); err != nil {
 		t.Error(err)
 	}
-	// A GPU instance without a compute instance.
-	if err := lib.DestroyMIG(g2.UUID, 7, 0); err != nil {
+	// A GPU instance without a compute instance, as ListMIG names it
+	// (CIID -1): this used to fail with INVALID_ARGUMENT.
+	if err := lib.DestroyMIG(g2.UUID, 7, -1); err != nil {
 		t.Error(err)
 	}
 	if got := listMIG(t, lib); len(got) != 3 {

@@ -1,0 +1,116 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// TestBadUIDNeverTouchesPath: Get, Put and Delete refuse UIDs that are not
+// one safe path element, so "../x" cannot read or remove a file outside
+// the store (L1).
+func TestBadUIDNeverTouchesPath(t *testing.T) {
+	parent := t.TempDir()
+	s, _ := Open(filepath.Join(parent, "claims"))
+	victim := filepath.Join(parent, "victim.json")
+	os.WriteFile(victim, []byte("{}"), 0o600)
+	for _, uid := range []types.UID{"../victim", "a/b", "..", ""} {
+		if _, err := s.Get(uid); err == nil {
+			t.Errorf("Get(%q) accepted", uid)
+		}
+		if err := s.Delete(uid); err == nil {
+			t.Errorf("Delete(%q) accepted", uid)
+		}
+		if err := s.Put(&Claim{UID: uid}); err == nil {
+			t.Errorf("Put(%q) accepted", uid)
+		}
+		if _, err := s.Salvage(uid); err == nil {
+			t.Errorf("Salvage(%q) accepted", uid)
+		}
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Fatal("a file outside the store was removed")
+	}
+}
+
+// TestSalvage: records Get refuses still yield their devices, so the
+// driver can keep them reserved (M1).
+func TestSalvage(t *testing.T) {
+	s, _ := Open(t.TempDir())
+	c := claim("a")
+	c.Devices[0].MIG = &MIG{Profile: "1g.10gb", Start: 6, Size: 1, Created: true, GIID: 13, CIID: 0, UUID: "MIG-x"}
+	body, _ := json.Marshal(c)
+	var withFuture map[string]any
+	json.Unmarshal(body, &withFuture)
+	withFuture["futureField"] = "v2"
+	futureBody, _ := json.Marshal(withFuture)
+	for _, tc := range []struct {
+		name string
+		env  envelope
+	}{
+		{"future version", envelope{Version: Version + 1, Checksum: checksum(futureBody), Claim: futureBody}},
+		{"bad checksum", envelope{Version: Version, Checksum: "0000", Claim: body}},
+		{"unknown field", envelope{Version: Version, Checksum: checksum(futureBody), Claim: futureBody}},
+	} {
+		data, _ := json.Marshal(tc.env)
+		os.WriteFile(filepath.Join(s.Dir(), "a.json"), data, 0o600)
+		if _, err := s.Get("a"); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: Get: %v, want ErrCorrupt", tc.name, err)
+		}
+		got, err := s.Salvage("a")
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if len(got.Devices) != 1 || got.Devices[0].GPUUUID != "GPU-1" || got.Devices[0].MIG.GIID != 13 {
+			t.Errorf("%s: salvaged %+v", tc.name, got)
+		}
+	}
+	os.WriteFile(filepath.Join(s.Dir(), "a.json"), []byte(`{"version":1,"claim":{"uid":`), 0o600)
+	if _, err := s.Salvage("a"); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("truncated: %v", err)
+	}
+}
+
+// FuzzDecode: the record decoder never panics, and what it accepts
+// re-encodes to a record it accepts again, unchanged.
+func FuzzDecode(f *testing.F) {
+	c := claim("a")
+	body, _ := json.Marshal(c)
+	good, _ := json.Marshal(envelope{Version: Version, Checksum: checksum(body), Claim: body})
+	f.Add(good)
+	f.Add([]byte(`{"version":1,"checksum":"x","claim":{}}`))
+	f.Add([]byte(`{"version":2}`))
+	f.Add([]byte(`null`))
+	f.Add([]byte(strings.Replace(string(good), `"gpu-0"`, `"gpu-1"`, 1)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		salvage(data) // must not panic either
+		c, err := Decode(data)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error does not wrap ErrCorrupt: %v", err)
+			}
+			return
+		}
+		body, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := json.Marshal(envelope{Version: Version, Checksum: checksum(body), Claim: body})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2, err := Decode(again)
+		if err != nil {
+			t.Fatalf("re-encoded record refused: %v", err)
+		}
+		b2, _ := json.Marshal(c2)
+		if string(b2) != string(body) {
+			t.Fatalf("round trip changed the record:\n%s\n%s", body, b2)
+		}
+	})
+}
