@@ -371,11 +371,21 @@ func TestVerify(t *testing.T) {
 		name   string
 		damage func()
 	}{
-		{"truncated", func() { os.WriteFile(path, data[:len(data)/2], 0o644) }},
-		{"edited", func() { os.WriteFile(path, append(data, ' '), 0o644) }},
+		{"truncated", func() {
+			if err := os.WriteFile(path, data[:len(data)/2], 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"edited", func() {
+			if err := os.WriteFile(path, append(data, ' '), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
 		{"missing", func() { os.Remove(path) }},
 	} {
-		os.WriteFile(path, data, 0o644)
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
 		if err := w.Verify("uid-1", hash); err != nil {
 			t.Fatalf("%s: intact spec fails: %v", tc.name, err)
 		}
@@ -401,9 +411,13 @@ func TestSweepTemp(t *testing.T) {
 		"gpu.facet.dev-claim_uid-2.json": false,
 	}
 	for name := range files {
-		os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	os.Chtimes(filepath.Join(dir, "spec.456.tmp"), old, old)
+	if err := os.Chtimes(filepath.Join(dir, "spec.456.tmp"), old, old); err != nil {
+		t.Fatal(err)
+	}
 	removed, err := w.SweepTemp()
 	if err != nil {
 		t.Fatal(err)
@@ -425,7 +439,9 @@ func TestBadUIDRefused(t *testing.T) {
 	parent := t.TempDir()
 	w, _ := NewWriter(filepath.Join(parent, "cdi"))
 	victim := filepath.Join(parent, "victim.json")
-	os.WriteFile(victim, []byte("keep"), 0o644)
+	if err := os.WriteFile(victim, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, uid := range []types.UID{"../victim", "a/../../victim", "", ".."} {
 		if _, _, _, err := w.WriteClaim(uid, nil, []Device{{Name: "gpu-0"}}); err == nil {
 			t.Errorf("WriteClaim(%q) accepted", uid)
@@ -486,7 +502,10 @@ func dnsLabel(s string) bool {
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || (c == '-' || c == '.') && i > 0 && i < len(s)-1) {
+		lower := c >= 'a' && c <= 'z'
+		digit := c >= '0' && c <= '9'
+		inner := (c == '-' || c == '.') && i > 0 && i < len(s)-1
+		if !lower && !digit && !inner {
 			return false
 		}
 	}

@@ -18,7 +18,9 @@ func TestBadUIDNeverTouchesPath(t *testing.T) {
 	parent := t.TempDir()
 	s, _ := Open(filepath.Join(parent, "claims"))
 	victim := filepath.Join(parent, "victim.json")
-	os.WriteFile(victim, []byte("{}"), 0o600)
+	if err := os.WriteFile(victim, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, uid := range []types.UID{"../victim", "a/b", "..", ""} {
 		if _, err := s.Get(uid); err == nil {
 			t.Errorf("Get(%q) accepted", uid)
@@ -46,7 +48,9 @@ func TestSalvage(t *testing.T) {
 	c.Devices[0].MIG = &MIG{Profile: "1g.10gb", Start: 6, Size: 1, Created: true, GIID: 13, CIID: 0, UUID: "MIG-x"}
 	body, _ := json.Marshal(c)
 	var withFuture map[string]any
-	json.Unmarshal(body, &withFuture)
+	if err := json.Unmarshal(body, &withFuture); err != nil {
+		t.Fatal(err)
+	}
 	withFuture["futureField"] = "v2"
 	futureBody, _ := json.Marshal(withFuture)
 	for _, tc := range []struct {
@@ -58,7 +62,9 @@ func TestSalvage(t *testing.T) {
 		{"unknown field", envelope{Version: Version, Checksum: checksum(futureBody), Claim: futureBody}},
 	} {
 		data, _ := json.Marshal(tc.env)
-		os.WriteFile(filepath.Join(s.Dir(), "a.json"), data, 0o600)
+		if err := os.WriteFile(filepath.Join(s.Dir(), "a.json"), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := s.Get("a"); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: Get: %v, want ErrCorrupt", tc.name, err)
 		}
@@ -70,7 +76,9 @@ func TestSalvage(t *testing.T) {
 			t.Errorf("%s: salvaged %+v", tc.name, got)
 		}
 	}
-	os.WriteFile(filepath.Join(s.Dir(), "a.json"), []byte(`{"version":1,"claim":{"uid":`), 0o600)
+	if err := os.WriteFile(filepath.Join(s.Dir(), "a.json"), []byte(`{"version":1,"claim":{"uid":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.Salvage("a"); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("truncated: %v", err)
 	}
@@ -88,7 +96,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`null`))
 	f.Add([]byte(strings.Replace(string(good), `"gpu-0"`, `"gpu-1"`, 1)))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		salvage(data) // must not panic either
+		_, _ = salvage(data) // ignored: it must only not panic
 		c, err := Decode(data)
 		if err != nil {
 			if !errors.Is(err, ErrCorrupt) {

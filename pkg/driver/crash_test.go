@@ -91,7 +91,9 @@ func (r *rig) reboot(n int) {
 		r.t.Fatal(err)
 	}
 	r.lib = lib
-	os.WriteFile(r.bootIDFile, []byte(fmt.Sprintf("boot-%d\n", n)), 0o644)
+	if err := os.WriteFile(r.bootIDFile, []byte(fmt.Sprintf("boot-%d\n", n)), 0o644); err != nil {
+		r.t.Fatal(err)
+	}
 	r.restart()
 }
 
@@ -306,10 +308,12 @@ func killCase(t *testing.T, s subject, p point, reboot bool) {
 	}
 	r.killAt(p.name, p.nth)
 	died := call(func() {
+		// Ignored: the call is meant to die at the failpoint; if it
+		// returns instead, died is false and the test fails below.
 		if p.phase != "unprepare" {
-			r.prepareOne(subj)
+			_, _ = r.prepareOne(subj)
 		} else {
-			r.unprepareOne(subj)
+			_ = r.unprepareOne(subj)
 		}
 	})
 	if !died {
@@ -415,7 +419,9 @@ func testReboot(t *testing.T, cdiSurvives bool) {
 	// An admin carves the same instance the unre-prepared claim had:
 	// NVML hands out the same IDs.
 	gpu1 := r.inv.GPUs[2].UUID
-	r.lib.EnableMIG(gpu1)
+	if _, err := r.lib.EnableMIG(gpu1); err != nil {
+		t.Fatal(err)
+	}
 	admin, err := r.lib.CreateMIG(gpu1, goneRec.Devices[0].MIG.GIProfileID, 6)
 	if err != nil {
 		t.Fatal(err)
@@ -429,7 +435,9 @@ func testReboot(t *testing.T, cdiSurvives bool) {
 	if in, _ := r.lib.ListMIGOn(gpu1); len(in) != 1 {
 		t.Fatalf("unprepare after a reboot destroyed an instance it did not create: %+v", in)
 	}
-	r.lib.DestroyMIG(gpu1, admin.GIID, admin.CIID)
+	if err := r.lib.DestroyMIG(gpu1, admin.GIID, admin.CIID); err != nil {
+		t.Fatal(err)
+	}
 	r.audit(whole, mig, vgpu)
 	// A second re-prepare in the same boot trusts what it verified.
 	for _, c := range []*resourceapi.ResourceClaim{whole, mig, vgpu} {
@@ -456,12 +464,16 @@ func TestRePrepareVerifies(t *testing.T) {
 		{"spec truncated", subjects[0].claim, func(r *rig, c *resourceapi.ResourceClaim) {
 			p := filepath.Join(r.cdiDir, cdi.SpecName(c.UID)+".json")
 			b, _ := os.ReadFile(p)
-			os.WriteFile(p, b[:len(b)/2], 0o644)
+			if err := os.WriteFile(p, b[:len(b)/2], 0o644); err != nil {
+				r.t.Fatal(err)
+			}
 		}},
 		{"MIG instance destroyed", subjects[1].claim, func(r *rig, c *resourceapi.ResourceClaim) {
 			in, _ := r.lib.ListMIG()
 			for _, i := range in {
-				r.lib.DestroyMIG(i.ParentUUID, i.GIID, i.CIID)
+				if err := r.lib.DestroyMIG(i.ParentUUID, i.GIID, i.CIID); err != nil {
+					r.t.Fatal(err)
+				}
 			}
 		}},
 		{"HAMi-core region removed", subjects[2].claim, func(r *rig, c *resourceapi.ResourceClaim) {
@@ -509,7 +521,9 @@ func TestOneBadGPUDoesNotStopTheNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	// GPU 2: a GPU instance without a compute instance.
-	r.lib.EnableMIG(gpu(2))
+	if _, err := r.lib.EnableMIG(gpu(2)); err != nil {
+		t.Fatal(err)
+	}
 	half, err := r.lib.CreateMIG(gpu(2), r.inv.GPUs[2].MIGProfiles[0].GIProfileID, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -518,7 +532,9 @@ func TestOneBadGPUDoesNotStopTheNode(t *testing.T) {
 	store, _ := checkpoint.Open(r.checkpoints)
 	rec, _ := store.Get(c1.UID)
 	rec.State = checkpoint.StatePreparing
-	store.Put(rec)
+	if err := store.Put(rec); err != nil {
+		t.Fatal(err)
+	}
 	// GPU 3: NVML cannot list its instances.
 	r.wrapMIG = func(m MIGManager) MIGManager {
 		return faultyMIG{MIGManager: m, listFails: gpu(3), destroyFails: gpu(1)}
@@ -571,7 +587,9 @@ func halfMade(t *testing.T, r *rig, gpu string, in nvml.MIGInstance) {
 		t.Fatal(err)
 	}
 	var st map[string]any
-	json.Unmarshal(data, &st)
+	if err := json.Unmarshal(data, &st); err != nil {
+		t.Fatal(err)
+	}
 	for _, g := range st["gpus"].([]any) {
 		g := g.(map[string]any)
 		if g["uuid"] != gpu {
@@ -584,7 +602,9 @@ func halfMade(t *testing.T, r *rig, gpu string, in nvml.MIGInstance) {
 		}
 	}
 	data, _ = json.Marshal(st)
-	os.WriteFile(r.simState, data, 0o600)
+	if err := os.WriteFile(r.simState, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if r.lib, err = sim.OpenMachine(machineFile, sim.WithStateFile(r.simState)); err != nil {
 		t.Fatal(err)
 	}

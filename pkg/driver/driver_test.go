@@ -101,7 +101,9 @@ func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 	dir := t.TempDir()
 	r := &rig{t: t, lib: lib, inv: inv, root: sharedRoot, cdiDir: filepath.Join(dir, "cdi"), checkpoints: filepath.Join(dir, "state"), cfg: cfg,
 		bootIDFile: filepath.Join(dir, "boot_id")}
-	os.WriteFile(r.bootIDFile, []byte("boot-1\n"), 0o644)
+	if err := os.WriteFile(r.bootIDFile, []byte("boot-1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	r.start()
 	return r
 }

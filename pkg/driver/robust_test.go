@@ -43,10 +43,14 @@ func TestUnreadableRecordKeepsDevicesReserved(t *testing.T) {
 				path := filepath.Join(r.checkpoints, string(c.UID)+".json")
 				data, _ := os.ReadFile(path)
 				var env map[string]any
-				json.Unmarshal(data, &env)
+				if err := json.Unmarshal(data, &env); err != nil {
+					t.Fatal(err)
+				}
 				damage.edit(env)
 				data, _ = json.Marshal(env)
-				os.WriteFile(path, data, 0o600)
+				if err := os.WriteFile(path, data, 0o600); err != nil {
+					t.Fatal(err)
+				}
 			}
 			r.destroyUnowned = true
 			r.restart()
@@ -190,7 +194,9 @@ func TestSlowGPUEditsDoNotBlockOtherGPUs(t *testing.T) {
 	}
 	r.restart()
 	defer close(release)
-	go r.prepareOne(claim("slow", "gpu-0"))
+	// Ignored: this prepare hangs in nvcdi until the test ends; the test
+	// is about the other GPU's prepare.
+	go func() { _, _ = r.prepareOne(claim("slow", "gpu-0")) }()
 	<-hung
 	done := make(chan error, 1)
 	go func() { _, err := r.prepareOne(claim("fast", "gpu-1")); done <- err }()
@@ -223,7 +229,9 @@ func (s slowEdits) GPUEdits(uuid string) (*cdispec.ContainerEdits, error) {
 func TestBadClaimUID(t *testing.T) {
 	r := newRig(t)
 	victim := filepath.Join(filepath.Dir(r.checkpoints), "victim.json")
-	os.WriteFile(victim, []byte("{}"), 0o600)
+	if err := os.WriteFile(victim, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, uid := range []types.UID{"../victim", "..", "a/b"} {
 		c := claim("bad", "gpu-0")
 		c.UID = uid
@@ -245,9 +253,13 @@ func TestBadClaimUID(t *testing.T) {
 func TestStartSweepsTempFiles(t *testing.T) {
 	r := newRig(t)
 	stale := filepath.Join(r.cdiDir, "spec.12345.tmp")
-	os.WriteFile(stale, []byte("{"), 0o644)
+	if err := os.WriteFile(stale, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	old := time.Now().Add(-time.Hour)
-	os.Chtimes(stale, old, old)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
 	r.restart()
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
 		t.Fatal("temp file left in the CDI directory")
@@ -279,11 +291,13 @@ func needPrivateMounts(t *testing.T) {
 
 func mountTmpfs(t *testing.T, dir, size string) {
 	t.Helper()
-	os.MkdirAll(dir, 0o700)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) }) // best effort
 }
 
 func remount(t *testing.T, dir string, readOnly bool) {
@@ -332,10 +346,14 @@ func TestOldBootIDsNeverDestroy(t *testing.T) {
 	}
 	// The MIG state stays: it stands for an instance made after the
 	// reboot that got the same IDs.
-	os.WriteFile(r.bootIDFile, []byte("boot-2\n"), 0o644)
+	if err := os.WriteFile(r.bootIDFile, []byte("boot-2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	remount(t, r.checkpoints, true)
 	r.restart()
-	r.unprepareOne(c)
+	// Ignored: with the state directory read-only the unprepare may fail;
+	// what matters is that it destroys nothing.
+	_ = r.unprepareOne(c)
 	if n := r.migCount(); n != 1 {
 		t.Fatalf("unprepare of a record from the last boot destroyed an instance of this boot (%d left)", n)
 	}

@@ -147,11 +147,19 @@ func cacheDir(e *Editor, uid string) string {
 func TestModes(t *testing.T) {
 	dir := t.TempDir()
 	lib := filepath.Join(dir, "libvgpu.so")
-	os.WriteFile(lib, []byte("ELF"), 0o644)
+	if err := os.WriteFile(lib, []byte("ELF"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	state := filepath.Join(dir, "state")
-	os.MkdirAll(filepath.Join(state, "claims"), 0o777)
-	os.Chmod(state, 0o755)
-	os.Chmod(filepath.Join(state, "claims"), 0o777)
+	if err := os.MkdirAll(filepath.Join(state, "claims"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(state, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(state, "claims"), 0o777); err != nil {
+		t.Fatal(err)
+	}
 	e, err := NewEditor(Options{LibraryPath: lib, StateDir: state})
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +182,9 @@ func TestModes(t *testing.T) {
 func TestBadUID(t *testing.T) {
 	e := editor(t)
 	victim := filepath.Join(e.opts.StateDir, "keep")
-	os.MkdirAll(victim, 0o700)
+	if err := os.MkdirAll(victim, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	for _, uid := range []types.UID{"../keep", "..", "", "a/b"} {
 		if err := e.Cleanup(uid); err == nil {
 			t.Errorf("Cleanup(%q) accepted", uid)
@@ -231,7 +241,9 @@ func TestRebuildKeepsRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	live := filepath.Join(cacheDir(e, "uid-1"), CacheFileName)
-	os.WriteFile(live, []byte("in use"), 0o666)
+	if err := os.WriteFile(live, []byte("in use"), 0o666); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := e.RebuildEdits("uid-1", shares, nil); err != nil {
 		t.Fatal(err)
 	}
