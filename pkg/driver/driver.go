@@ -18,35 +18,9 @@ import (
 	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
-	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
-	"github.com/facet-gpu/facet/pkg/nvml"
 )
-
-// EditSource yields the NVIDIA driver's CDI edits (package nvml, via nvcdi).
-type EditSource interface {
-	// CommonEdits are what every GPU container needs: control device
-	// nodes, driver libraries and binaries, hooks.
-	CommonEdits() (*cdispec.ContainerEdits, error)
-	// GPUEdits are one whole GPU's own edits (its /dev/nvidiaN).
-	GPUEdits(uuid string) (*cdispec.ContainerEdits, error)
-	// MIGEdits are one MIG device's edits (parent node, nvidia-caps nodes).
-	MIGEdits(parentUUID string, giID, ciID int) (*cdispec.ContainerEdits, error)
-}
-
-// MIGManager creates and destroys MIG instances (package nvml).
-type MIGManager interface {
-	EnableMIG(parentUUID string) (bool, error)
-	DisableMIG(parentUUID string) (bool, error)
-	CreateMIG(parentUUID string, giProfileID, placementStart int) (nvml.MIGInstance, error)
-	DestroyMIG(parentUUID string, giID, ciID int) error
-	ListMIG() ([]nvml.MIGInstance, error)
-	// ListMIGOn lists one GPU's instances, so an NVML error on one GPU
-	// fails that GPU alone.
-	ListMIGOn(parentUUID string) ([]nvml.MIGInstance, error)
-}
 
 // DefaultBootIDPath is where Linux publishes the current boot's ID.
 const DefaultBootIDPath = "/proc/sys/kernel/random/boot_id"
@@ -55,11 +29,11 @@ const DefaultBootIDPath = "/proc/sys/kernel/random/boot_id"
 type Driver struct {
 	nodeName string
 	inv      *inventory.Inventory
-	store    *checkpoint.Store
-	cdi      *cdi.Writer
+	store    Store
+	cdi      SpecWriter
 	edits    EditSource
 	mig      MIGManager
-	hami     *hami.Editor
+	hami     ShareEditor
 	// hamiErr says why hami is nil, for the claims that need it.
 	hamiErr error
 	fail    func(string)
@@ -113,14 +87,15 @@ func (c claimRef) String() string { return c.namespace + "/" + c.name + " (" + s
 type Options struct {
 	NodeName  string
 	Inventory *inventory.Inventory
-	Store     *checkpoint.Store
-	CDI       *cdi.Writer
+	Store     Store
+	CDI       SpecWriter
 	Edits     EditSource
 	// MIG is required when the inventory publishes MIG devices.
 	MIG MIGManager
 	// HAMi enforces vGPU shares; without it a claim for an enforced share
 	// fails (a share that takes the whole GPU needs no HAMi-core).
-	HAMi *hami.Editor
+	// A nil *hami.Editor counts as none.
+	HAMi ShareEditor
 	// HAMiUnavailable, with HAMi nil, says why HAMi-core could not be set
 	// up; claims for enforced shares fail with it, and nothing else does.
 	HAMiUnavailable error

@@ -32,7 +32,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		cdi:            o.CDI,
 		edits:          o.Edits,
 		mig:            o.MIG,
-		hami:           o.HAMi,
+		hami:           shareEditor(o.HAMi),
 		hamiErr:        o.HAMiUnavailable,
 		fail:           o.Failpoint,
 		destroyUnowned: o.DestroyUnownedMIG,
