@@ -9,6 +9,8 @@ package driver
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -110,6 +112,58 @@ type Options struct {
 	// claim owns. Off by default: they are only reported, because someone
 	// else (an admin with nvidia-smi) may have made them.
 	DestroyUnownedMIG bool
+}
+
+// New restores the prepared claims from the checkpoint, rolls back claims
+// whose preparation a crash interrupted (destroying the MIG instances
+// they own), removes Facet CDI specs and temp files that no record owns,
+// and reports MIG instances no claim owns.
+//
+// Problems are kept as small as they are: a record that cannot be read or
+// rolled back fails its claim and keeps its devices reserved, and a GPU
+// with an NVML error, a failed rollback or a half-made MIG instance is
+// marked unusable (UnusableGPUs). Only what every claim needs (the
+// driver's common CDI edits, the checkpoint directory) fails the start.
+func New(ctx context.Context, o Options) (*Driver, error) {
+	logger := klog.FromContext(ctx)
+	d := &Driver{
+		nodeName:       o.NodeName,
+		inv:            o.Inventory,
+		store:          o.Store,
+		cdi:            o.CDI,
+		edits:          o.Edits,
+		mig:            o.MIG,
+		hami:           shareEditor(o.HAMi),
+		hamiErr:        o.HAMiUnavailable,
+		fail:           o.Failpoint,
+		destroyUnowned: o.DestroyUnownedMIG,
+		occ:            occupancy{},
+		busy:           map[types.UID]bool{},
+		gpus:           map[string]*inventory.GPU{},
+		gpuEdits:       map[string]*gpuEditsEntry{},
+		unusable:       map[string]string{},
+	}
+	for _, g := range o.Inventory.GPUs {
+		d.gpus[g.UUID] = g
+	}
+	bootIDPath := o.BootIDPath
+	if bootIDPath == "" {
+		bootIDPath = DefaultBootIDPath
+	}
+	if b, err := os.ReadFile(bootIDPath); err != nil {
+		logger.Error(err, "Cannot read the boot ID; prepared claims are verified on re-prepare but a reboot cannot be recognised")
+	} else {
+		d.bootID = strings.TrimSpace(string(b))
+	}
+	common, err := o.Edits.CommonEdits()
+	if err != nil {
+		return nil, fmt.Errorf("NVIDIA driver CDI edits: %w", err)
+	}
+	d.common = common
+	if err := d.restore(ctx); err != nil {
+		return nil, err
+	}
+	return d, nil
 }
 
 // limits are a GPU's capacities; zero for a GPU the inventory lacks (a

@@ -3,8 +3,6 @@ package driver
 import (
 	"context"
 	"fmt"
-	"os"
-	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
@@ -13,52 +11,14 @@ import (
 	"github.com/facet-gpu/facet/pkg/inventory"
 )
 
-// New restores the prepared claims from the checkpoint, rolls back claims
-// whose preparation a crash interrupted (destroying the MIG instances
-// they own), removes Facet CDI specs and temp files that no record owns,
-// and reports MIG instances no claim owns.
-//
-// Problems are kept as small as they are: a record that cannot be read or
-// rolled back fails its claim and keeps its devices reserved, and a GPU
-// with an NVML error, a failed rollback or a half-made MIG instance is
-// marked unusable (UnusableGPUs). Only what every claim needs (the
-// driver's common CDI edits, the checkpoint directory) fails the start.
-func New(ctx context.Context, o Options) (*Driver, error) {
+// restore brings back, at start, what the checkpoint records: it
+// restores the prepared claims, rolls back claims whose preparation a
+// crash interrupted (destroying the MIG instances they own), removes
+// Facet CDI specs, temp files and HAMi-core regions that no record owns,
+// and reports (or, with DestroyUnownedMIG, destroys) MIG instances no
+// claim owns. Only an unreadable checkpoint directory fails it.
+func (d *Driver) restore(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	d := &Driver{
-		nodeName:       o.NodeName,
-		inv:            o.Inventory,
-		store:          o.Store,
-		cdi:            o.CDI,
-		edits:          o.Edits,
-		mig:            o.MIG,
-		hami:           shareEditor(o.HAMi),
-		hamiErr:        o.HAMiUnavailable,
-		fail:           o.Failpoint,
-		destroyUnowned: o.DestroyUnownedMIG,
-		occ:            occupancy{},
-		busy:           map[types.UID]bool{},
-		gpus:           map[string]*inventory.GPU{},
-		gpuEdits:       map[string]*gpuEditsEntry{},
-		unusable:       map[string]string{},
-	}
-	for _, g := range o.Inventory.GPUs {
-		d.gpus[g.UUID] = g
-	}
-	bootIDPath := o.BootIDPath
-	if bootIDPath == "" {
-		bootIDPath = DefaultBootIDPath
-	}
-	if b, err := os.ReadFile(bootIDPath); err != nil {
-		logger.Error(err, "Cannot read the boot ID; prepared claims are verified on re-prepare but a reboot cannot be recognised")
-	} else {
-		d.bootID = strings.TrimSpace(string(b))
-	}
-	common, err := o.Edits.CommonEdits()
-	if err != nil {
-		return nil, fmt.Errorf("NVIDIA driver CDI edits: %w", err)
-	}
-	d.common = common
 	if removed, err := d.cdi.SweepTemp(); err != nil {
 		logger.Error(err, "Sweeping temporary CDI spec files")
 	} else if len(removed) > 0 {
@@ -67,7 +27,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 
 	claims, corrupt, err := d.store.List()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	known := map[types.UID]bool{}
 	// owned is "<parent>/<gi>/<ci>" of MIG instances that records hold,
@@ -152,14 +112,14 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		}
 	}
 	if d.mig != nil && anyMIGCapable(d.inv) {
-		destroy := o.DestroyUnownedMIG
+		destroy := d.destroyUnowned
 		if destroy && unknownDevices {
 			logger.Info("Not destroying unowned MIG instances at this start: an unreadable checkpoint record may own some of them")
 			destroy = false
 		}
 		d.reconcileMIG(ctx, owned, destroy)
 	}
-	return d, nil
+	return nil
 }
 
 // restoreUses reserves a record's devices again and notes the MIG
