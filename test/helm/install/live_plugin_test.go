@@ -142,6 +142,17 @@ func TestLiveChartPlugin(t *testing.T) {
 	l.run("", "delete", "resourceslices", "--field-selector", "spec.driver=gpu.facet.dev,spec.nodeName=localhost", "--wait=true")
 	l.must(t, "", "apply", "-f", filepath.Join(repo, "deployments", "deviceclasses.yaml"))
 
+	// The chart mounts the driver root with HostToContainer propagation
+	// (the GPU Operator mounts it after boot), which containerd refuses
+	// on a private mount: make the simulated root a shared mount of its own.
+	driverRoot := filepath.Join(runDir, "driver-root")
+	for _, args := range [][]string{{"--bind", driverRoot, driverRoot}, {"--make-rshared", driverRoot}} {
+		if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
+			t.Fatalf("mount %v: %v\n%s", args, err, out)
+		}
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", driverRoot).Run() })
+
 	const ns, release = "facet-chart-live", "facet"
 	l.namespace(t, ns)
 	stateDir := filepath.Join(runDir, "facet-state-chart")
@@ -203,7 +214,7 @@ kubeletPlugin:
 		return out
 	}
 	var pluginPod string
-	testenv.WaitFor(t, "the DaemonSet's plugin pod Running", 2*time.Minute, func() (bool, error) {
+	testenv.WaitFor(t, "the DaemonSet's plugin pod Running and Ready", 2*time.Minute, func() (bool, error) {
 		pods, err := l.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=kubelet-plugin"})
 		if err != nil || len(pods.Items) != 1 {
 			return false, fmt.Errorf("%d plugin pods: %v", len(pods.Items), err)
@@ -226,13 +237,12 @@ kubeletPlugin:
 		}
 		return devices == 8, fmt.Errorf("%d devices", devices)
 	})
-	testenv.WaitFor(t, "kubelet registration of gpu.facet.dev", time.Minute, func() (bool, error) {
-		b, err := os.ReadFile(filepath.Join(runDir, "logs", "kubelet.log"))
-		if err != nil {
-			return false, err
-		}
-		return strings.Contains(string(b), `Register new plugin with name: gpu.facet.dev`), nil
-	})
+	// Ready is the plugin's /readyz: the kubelet registered it
+	// (NotifyRegistrationStatus) and the API server holds its slices.
+	pod, err := l.client.CoreV1().Pods(ns).Get(ctx, pluginPod, metav1.GetOptions{})
+	if err != nil || !podReady(pod) || pod.Spec.Containers[0].ReadinessProbe == nil {
+		t.Fatalf("plugin pod %s: want Ready through its readiness probe: %v", pluginPod, err)
+	}
 	t.Logf("slices published and plugin registered (%s)", time.Since(start).Round(time.Millisecond))
 
 	manifest := `
@@ -261,7 +271,6 @@ spec:
   - {name: gpu, resourceClaimTemplateName: one-gpu}
 `
 	l.must(t, manifest, "apply", "-f", "-")
-	var pod *corev1.Pod
 	testenv.WaitFor(t, "pod one-gpu Running", 2*time.Minute, func() (bool, error) {
 		var err error
 		pod, err = l.client.CoreV1().Pods(ns).Get(ctx, "one-gpu", metav1.GetOptions{})
