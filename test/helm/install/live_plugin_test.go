@@ -293,11 +293,15 @@ spec:
 	if _, err := os.Stat(spec); err != nil {
 		t.Fatalf("the plugin pod wrote no CDI spec for claim %s: %v\nplugin log:\n%s", claim.Name, err, pluginLog())
 	}
-	env := l.must(t, "", "exec", "-n", ns, "one-gpu", "--", "env")
-	if !strings.Contains(env, "NVIDIA_VISIBLE_DEVICES=") && !strings.Contains(env, "CUDA_VISIBLE_DEVICES=") {
-		t.Errorf("the container has no GPU environment from the CDI spec:\n%s", env)
+	device := claim.Status.Allocation.Devices.Results[0].Device
+	out := l.must(t, "", "exec", "-n", ns, "one-gpu", "--", "sh", "-c", "env; echo ---; ls /dev")
+	if !strings.Contains(out, "FACET_DEVICES="+device+"\n") {
+		t.Errorf("the container lacks FACET_DEVICES=%s from the plugin pod's CDI spec:\n%s", device, out)
 	}
-	t.Logf("pod one-gpu Running with %s through the chart's plugin (%s)", claim.Status.Allocation.Devices.Results[0].Device, time.Since(start).Round(time.Millisecond))
+	if !strings.Contains(out, "\nnvidiactl\n") {
+		t.Errorf("the container has no /dev/nvidiactl from the CDI spec:\n%s", out)
+	}
+	t.Logf("pod one-gpu Running with %s through the chart's plugin (%s)", device, time.Since(start).Round(time.Millisecond))
 
 	l.must(t, "", "delete", "pod", "-n", ns, "one-gpu", "--wait=true", "--timeout=90s")
 	testenv.WaitFor(t, "claim "+claim.Name+" unprepared (CDI spec removed)", time.Minute, func() (bool, error) {
