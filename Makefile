@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN := $(CURDIR)/bin
 RUN_DIR ?= /tmp/facet-run
 
-.PHONY: all build build-release verify-release generate verify-generate lint test unit e2e demo demo-down bench clean fuzz fuzz-smoke
+.PHONY: all build image image-sim build-release verify-release generate verify-generate lint test unit e2e demo demo-down bench clean fuzz fuzz-smoke
 
 all: build
 
@@ -19,6 +19,19 @@ build:
 	# only; the shipped binary (make build-release) has none.
 	$(GO) build -tags facetsim,facet_failpoints -o $(BIN)/failpoints/ ./cmd/facet-kubeletplugin
 	cd hack/tools/cdihook && $(GO) build -o $(BIN)/nvidia-cdi-hook github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
+
+## image: Facet's OCI image facet.local/facet:<chart appVersion>, for
+## linux/amd64 and linux/arm64, as _output/facet-image.tar (hack/image.sh:
+## go-containerregistry, no Docker, no registry); load it on a node with
+## `ctr -n k8s.io images import`
+image:
+	hack/image.sh
+
+## image-sim: the demo's and e2e's image, facet.local/facet:<version>-sim,
+## the plugin built with -tags facetsim, for this machine's platform only,
+## as _output/facet-image-sim.tar. Never ship it.
+image-sim:
+	hack/image.sh --sim
 
 ## build-release: the shipped binaries, without the simulator, in bin/release/
 build-release:
@@ -80,7 +93,7 @@ unit:
 ## e2e: start a real Kubernetes 1.35 node with containerd and run test/e2e,
 ## twice: with the DRA alpha gates on, and as stock 1.35 (every alpha gate
 ## off), where the tests of gated modes skip and TestStock matters most.
-e2e: build
+e2e: build image-sim
 	hack/e2e.sh
 	FACET_FEATURE_GATES= hack/e2e.sh
 

@@ -28,7 +28,9 @@ hack/sim-node.sh "${RUN_DIR}" demo/machines/dgx-h100.yaml
 go test ./test/e2e/ -count=1 -v -timeout 30m "$@"
 # The chart against the real apiserver: server-side dry run of every
 # rendered object, the per-node ResourceSlice policy with a pod-bound token,
-# and the webhook behind the chart's own configuration.
+# the webhook behind the chart's own configuration, and (test/helm/install)
+# `helm install` of the chart with the image of `make image-sim`
+# (_output/facet-image-sim.tar; skipped without it) serving a claim.
 if [[ $# -eq 0 ]]; then
   (cd test/helm && go test ./... -count=1 -v -run Live)
 fi

@@ -55,6 +55,7 @@ type flags struct {
 	featureGates  string
 	migLayouts    string
 	featuresEvery time.Duration
+	healthAddr    string
 }
 
 func main() {
@@ -103,6 +104,7 @@ func parseFlags(args []string) (flags, error) {
 	fs.StringVar(&f.featureGates, "feature-gates", "", "DRA feature gates the cluster enforces, in the Kubernetes components' syntax (DRAPartitionableDevices=true,DRAConsumableCapacity=false); overrides what the plugin detects, for clusters whose kube-scheduler runs other gates than the API server")
 	fs.StringVar(&f.migLayouts, "mig-layouts", "", `MIG layouts Facet carves at start on idle static-mig GPUs, by NVML index: all-<profile>, all-balanced, or profiles joined by "/", e.g. "0-3=all-1g.10gb,4=3g.40gb/2g.20gb/1g.10gb/1g.10gb"`)
 	fs.DurationVar(&f.featuresEvery, "feature-detection-interval", 5*time.Minute, "how often to re-detect the cluster's DRA features; on a change the plugin exits to republish")
+	fs.StringVar(&f.healthAddr, "health-addr", "", "address of the HTTP probes /healthz (gRPC sockets answer) and /readyz (also registered with the kubelet, slices published), e.g. :8081; empty: none")
 	f.modes.Register(fs)
 	klog.InitFlags(fs)
 	err := fs.Parse(args)
@@ -251,6 +253,9 @@ func run(ctx context.Context, f flags) error {
 	}
 	want := len(res.Pools[f.nodeName].Slices)
 	go reportPublished(ctx, client, f.nodeName, want, start)
+	if err := startHealth(ctx, f, helper, client, want); err != nil {
+		return err
+	}
 
 	if f.featuresEvery > 0 {
 		if err := watchFeatures(ctx, client, f.nodeName, overrides, gates, f.featuresEvery, ev); err != nil {

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -126,6 +129,8 @@ func startPluginEnv(t testing.TB, machine string, env []string, extra ...string)
 		"--kubelet-registrar-dir", filepath.Join(e.kubeletRoot, "plugins_registry"),
 		"--kubelet-plugins-dir", filepath.Join(e.kubeletRoot, "plugins"),
 		"--hami-library", filepath.Join(e.runDir, "hami", "libvgpu.so"),
+		// Any free port; waitReady reads it from the log.
+		"--health-addr", "127.0.0.1:0",
 		"-v", "4",
 	)
 	cmd.Args = append(cmd.Args, extra...)
@@ -136,7 +141,46 @@ func startPluginEnv(t testing.TB, machine string, env []string, extra ...string)
 	}
 	p := &plugin{cmd: cmd, log: log}
 	t.Cleanup(func() { p.stop() })
+	p.waitReady(t)
 	return p
+}
+
+var healthAddrRE = regexp.MustCompile(`"Serving health probes" addr="([^"]+)"`)
+
+// waitReady waits until the plugin's /readyz answers 200: the kubelet has
+// registered it and the API server holds all its slices. Pods created
+// before that meet "driver not registered" and the kubelet's back-off
+// (up to 80 s was seen), the flake this avoids.
+func (p *plugin) waitReady(t testing.TB) {
+	t.Helper()
+	start := time.Now()
+	client := &http.Client{Timeout: 5 * time.Second}
+	waitFor(t, "plugin registered with the kubelet and slices published (/readyz)", 2*time.Minute, func() (bool, error) {
+		if p.exited() {
+			t.Fatalf("the plugin exited before it was ready:\n%s", p.logText())
+		}
+		m := healthAddrRE.FindStringSubmatch(p.logText())
+		if m == nil {
+			return false, fmt.Errorf("no health address in the log yet")
+		}
+		resp, err := client.Get("http://" + m[1] + "/readyz")
+		if err != nil {
+			return false, err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Errorf("/readyz %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))
+	})
+	t.Logf("plugin ready (registered, slices published) %s after start", time.Since(start).Round(time.Millisecond))
+}
+
+// exited reports whether the plugin's process has ended, without reaping it.
+func (p *plugin) exited() bool {
+	if p.cmd.ProcessState != nil {
+		return true
+	}
+	// Signal 0: does the process (or a zombie of it) exist?
+	return p.cmd.Process.Signal(syscall.Signal(0)) != nil
 }
 
 // kill sends SIGKILL: no chance to clean up, as in a node crash or OOM kill.

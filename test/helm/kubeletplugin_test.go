@@ -92,6 +92,7 @@ var (
 	otherFlags = map[string]bool{
 		"node-name": true, "kube-api-qps": true, "kube-api-burst": true, "destroy-unowned-mig": true,
 		"feature-gates": true, "mig-layouts": true, "feature-detection-interval": true,
+		"health-addr": true,
 	}
 	forbiddenFlags = map[string]string{
 		"kubeconfig": "the plugin runs in-cluster",

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Builds Facet's OCI image, without Docker and without a registry: the Go
+# binaries cross-compiled here, a glibc taken from Debian's .deb packages, and
+# hack/tools/image (go-containerregistry) to assemble a multi-platform image
+# index into an OCI archive that `ctr -n k8s.io images import` loads.
+#
+#   hack/image.sh          facet.local/facet:<version>      -> _output/facet-image.tar
+#   hack/image.sh --sim    facet.local/facet:<version>-sim  -> _output/facet-image-sim.tar
+#
+# --sim builds facet-kubeletplugin with -tags facetsim (the simulator and
+# --machine, for the demo and the e2e node); never ship that image.
+#
+# Contents (/usr/bin): facet-kubeletplugin, facet-webhook, facetctl. The
+# webhook is static (CGO_ENABLED=0). The plugin and facetctl link go-nvml,
+# whose bindings dlopen libnvidia-ml.so.1 through cgo: they are linked
+# dynamically against glibc, which must then be in the image, since a static
+# glibc binary cannot safely dlopen a library that needs the shared libc. The
+# glibc is Debian 12's (libc6 on amd64, libc6-arm64-cross on arm64: the same
+# source package and version), only its shared objects. arm64 cross-compiles
+# with aarch64-linux-gnu-gcc (hack/apt-packages.txt).
+#
+# The image runs as 65532:65532 by default (the webhook and facetctl need no
+# more); the chart runs the plugin as root and privileged (NVML's MIG calls,
+# device nodes, mounts).
+#
+# Environment:
+#   VERSION     image tag (default: the chart's appVersion)
+#   IMAGE_REPO  default facet.local/facet (the chart's default image.repository)
+#   PLATFORMS   default "linux/amd64 linux/arm64" (--sim: the host's only)
+#   OUT_DIR     default _output
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${REPO}"
+
+SIM=false
+[[ "${1:-}" == --sim ]] && SIM=true
+GO="${GO:-go}"
+# go-nvml's cgo bindings use NVML calls NVIDIA marked deprecated (as in the Makefile).
+export CGO_CFLAGS="${CGO_CFLAGS:--Wno-deprecated-declarations}"
+VERSION="${VERSION:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' deployments/helm/facet/Chart.yaml)}"
+IMAGE_REPO="${IMAGE_REPO:-facet.local/facet}"
+OUT_DIR="${OUT_DIR:-${REPO}/_output}"
+CACHE="${FACET_CACHE:-$HOME/.cache/facet}"
+HOST_PLATFORM="linux/$("${GO}" env GOARCH)"
+if ${SIM}; then
+  PLATFORMS="${PLATFORMS:-${HOST_PLATFORM}}"
+  TAG="${VERSION}-sim"; ARCHIVE="${OUT_DIR}/facet-image-sim.tar"; TAGS=(-tags facetsim)
+else
+  PLATFORMS="${PLATFORMS:-linux/amd64 linux/arm64}"
+  TAG="${VERSION}"; ARCHIVE="${OUT_DIR}/facet-image.tar"; TAGS=()
+fi
+NAME="${IMAGE_REPO}:${TAG}"
+REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+if [[ -n "$(git status --porcelain 2>/dev/null)" ]]; then REVISION="${REVISION}-dirty"; fi
+CREATED="$(git log -1 --format=%ct 2>/dev/null || echo 0)"
+SOURCE="${IMAGE_SOURCE:-https://github.com/facet-gpu/facet}"
+T0=${SECONDS}
+log() { printf '[image %3ds] %s\n' "$((SECONDS - T0))" "$*" >&2; }
+
+# glibc_root ARCH DIR: Debian's glibc shared objects for ARCH, laid out as on
+# a Debian system, from the .deb (downloaded once into the cache).
+glibc_root() {
+  local arch="$1" dir="$2" pkg triplet src ld
+  case "${arch}" in
+    amd64) pkg=libc6; triplet=x86_64-linux-gnu; ld=/lib64/ld-linux-x86-64.so.2 ;;
+    arm64) pkg=libc6-arm64-cross; triplet=aarch64-linux-gnu; ld=/lib/ld-linux-aarch64.so.1 ;;
+    *) echo "no glibc recipe for ${arch}" >&2; return 1 ;;
+  esac
+  local debs="${CACHE}/image-debs"
+  mkdir -p "${debs}"
+  if ! compgen -G "${debs}/${pkg}_*.deb" >/dev/null; then
+    log "apt-get download ${pkg}"
+    (cd "${debs}" && apt-get download "${pkg}" >/dev/null 2>&1)
+  fi
+  local x; x="$(mktemp -d)"
+  dpkg-deb -x "$(ls "${debs}/${pkg}"_*.deb | tail -n1)" "${x}"
+  if [[ "${arch}" == amd64 ]]; then src="${x}/lib/${triplet}"; else src="${x}/usr/${triplet}/lib"; fi
+  mkdir -p "${dir}/lib/${triplet}" "${dir}$(dirname "${ld}")"
+  local f
+  for f in ld-linux-*.so.* libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libresolv.so.2 \
+    libnss_files.so.2 libnss_dns.so.2; do
+    cp -a "${src}"/${f} "${dir}/lib/${triplet}/"
+  done
+  [[ -e "${dir}${ld}" ]] || ln -s "/lib/${triplet}/$(basename "${ld}")" "${dir}${ld}"
+  rm -rf "${x}"
+}
+
+# base_root DIR: /etc/passwd and /etc/group with root and nonroot (65532), /tmp.
+base_root() {
+  local dir="$1"
+  mkdir -p "${dir}/etc" "${dir}/tmp" "${dir}/var/lib/facet"
+  chmod 1777 "${dir}/tmp"
+  printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"${dir}/etc/passwd"
+  printf 'root:x:0:\nnonroot:x:65532:\n' >"${dir}/etc/group"
+  printf 'hosts: files dns\n' >"${dir}/etc/nsswitch.conf"
+}
+
+WORK="${OUT_DIR}/image-work"
+${SIM} && WORK="${OUT_DIR}/image-work-sim"
+rm -rf "${WORK}"
+mkdir -p "${WORK}"
+layers=()
+for platform in ${PLATFORMS}; do
+  arch="${platform#linux/}"
+  case "${arch}" in
+    amd64) cc=x86_64-linux-gnu-gcc ;;
+    arm64) cc=aarch64-linux-gnu-gcc ;;
+    *) echo "unsupported platform ${platform}" >&2; exit 2 ;;
+  esac
+  [[ "${platform}" == "${HOST_PLATFORM}" ]] && cc=gcc
+  command -v "${cc}" >/dev/null || { echo "missing ${cc} for ${platform}: run hack/install-deps.sh" >&2; exit 1; }
+  base="${WORK}/${arch}/base"; app="${WORK}/${arch}/app"
+  mkdir -p "${base}" "${app}/usr/bin"
+  base_root "${base}"
+  glibc_root "${arch}" "${base}"
+  log "${platform}: go build (cgo: facet-kubeletplugin, facetctl; static: facet-webhook)"
+  ldflags="-s -w"
+  GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
+    "${GO}" build -trimpath "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl
+  GOOS=linux GOARCH="${arch}" CGO_ENABLED=0 \
+    "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook
+  if ${SIM}; then
+    # The demo's machine files, for --machine=/usr/share/facet/machines/<name>.yaml.
+    mkdir -p "${app}/usr/share/facet/machines"
+    cp demo/machines/*.yaml "${app}/usr/share/facet/machines/"
+  fi
+  layers+=(--layer "${platform}=${base}" --layer "${platform}=${app}")
+done
+
+TOOL="${CACHE}/bin/facet-image-tool"
+log "building hack/tools/image"
+(cd hack/tools/image && "${GO}" build -o "${TOOL}" .)
+mkdir -p "${OUT_DIR}"
+variant="shipped"; ${SIM} && variant="simulator (-tags facetsim): demo and e2e only"
+"${TOOL}" --name "${NAME}" --out "${ARCHIVE}" --created "${CREATED}" "${layers[@]}" \
+  --label "org.opencontainers.image.title=facet" \
+  --label "org.opencontainers.image.version=${TAG}" \
+  --label "org.opencontainers.image.revision=${REVISION}" \
+  --label "org.opencontainers.image.source=${SOURCE}" \
+  --label "dev.facet.image.variant=${variant}" \
+  --cmd facetctl >&2
+for platform in ${PLATFORMS}; do
+  arch="${platform#linux/}"
+  log "${platform}: $(du -sb "${WORK}/${arch}" | cut -f1) bytes unpacked ($(du -sb "${WORK}/${arch}/app" | cut -f1) binaries)"
+done
+rm -rf "${WORK}"
+log "${NAME} -> ${ARCHIVE} ($(stat -c %s "${ARCHIVE}") bytes)"
+echo "${ARCHIVE}"

@@ -1,0 +1,15 @@
+// Tools module for `make image`: go-containerregistry assembles Facet's OCI
+// image without Docker or a registry. Separate from Facet's go.mod so that
+// its dependencies stay out of the driver's.
+module github.com/facet-gpu/facet/hack/tools/image
+
+go 1.26.8
+
+require github.com/google/go-containerregistry v0.22.1
+
+require (
+	github.com/klauspost/compress v1.19.2 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+)
