@@ -38,8 +38,9 @@ func main() {
 	)
 	flag.Parse()
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
-	if err := run(ctx, *versions, *shapes, *nodes, *qps, *pods, *timeout, *machine, *classes, *runDir, *verbose); err != nil {
+	err := run(ctx, *versions, *shapes, *nodes, *qps, *pods, *timeout, *machine, *classes, *runDir, *verbose)
+	cancel()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		os.Exit(1)
 	}
