@@ -47,6 +47,10 @@ type Result struct {
 	// SlicesPerNode and Setup (nodes and slices created, scheduler ready).
 	SlicesPerNode int
 	Setup         time.Duration
+	// GPUsUsed is how many distinct GPUs the bound claims landed on, and
+	// GPUsMin how many they would fill if each node packed its claims
+	// onto as few GPUs as possible (PerNode/GPUs claims per GPU).
+	GPUsUsed, GPUsMin int
 	// FilterPerNode is the DynamicResources plugin's mean Filter time per
 	// node (from the scheduler's sampled plugin metrics; 0 if none).
 	FilterPerNode time.Duration
@@ -210,10 +214,44 @@ wait:
 	}
 	slices.Sort(lat)
 	res.P50, res.P99 = quantile(lat, 0.50), quantile(lat, 0.99)
+	res.GPUsUsed, res.GPUsMin, err = packing(ctx, c, p.Shape)
+	if err != nil {
+		logf("packing: %v", err)
+	}
 	if m, err := c.SchedulerMetrics(); err == nil {
 		res.FilterPerNode = filterPerNode(m)
 	}
 	return res, nil
+}
+
+// packing counts the GPUs the allocated claims use, per node, against the
+// fewest that could hold them.
+func packing(ctx context.Context, c *Cluster, shape Shape) (used, least int, err error) {
+	claims, err := c.Client.ResourceV1().ResourceClaims("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0, 0, err
+	}
+	perGPU := max(shape.PerNode/GPUsPerNode, 1)
+	gpus := map[string]map[string]bool{} // pool (node) -> GPUs
+	count := map[string]int{}
+	for _, cl := range claims.Items {
+		if cl.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range cl.Status.Allocation.Devices.Results {
+			gpu, _, _ := strings.Cut(strings.TrimPrefix(r.Device, "gpu-"), "-")
+			if gpus[r.Pool] == nil {
+				gpus[r.Pool] = map[string]bool{}
+			}
+			gpus[r.Pool][gpu] = true
+			count[r.Pool]++
+		}
+	}
+	for pool, g := range gpus {
+		used += len(g)
+		least += (count[pool] + perGPU - 1) / perGPU
+	}
+	return used, least, nil
 }
 
 // why is the PodScheduled condition of an unbound pod.

@@ -39,6 +39,9 @@ type Shape struct {
 	PerNode int
 }
 
+// GPUsPerNode is the number of GPUs of the DGX H100 machine file.
+const GPUsPerNode = 8
+
 // GatesOn is the feature-gate list for "on" (hack/cluster/up.sh's default).
 const GatesOn = "DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRAExtendedResource=true,DRADeviceTaints=true"
 
