@@ -92,7 +92,8 @@ func Shapes(machine string) ([]Shape, error) {
 		{Name: "static-mig", Gates: "stock", Node: facet(static), PerNode: 7 * gpus, Claim: profile},
 		{Name: "mig", Gates: "on", Node: facet(mig), PerNode: 7 * gpus, Claim: profile},
 		{Name: "nvidia-mig", Gates: "on", Node: func(n string) []*resourceapi.ResourceSlice { return NVIDIAShape(mig, n) }, PerNode: 7 * gpus, Claim: profile},
-		{Name: "shared", Gates: "on", Node: facet(shared), PerNode: 8 * gpus,
+		// 8Gi shares: as many as the memory holds (10 % cores each).
+		{Name: "shared", Gates: "on", Node: facet(shared), PerNode: min(int(node.GPUs[0].MemoryBytes>>30)/8, 10) * gpus,
 			Claim: func(n string) *resourceapi.ResourceClaim {
 				r := Request("vgpu", "vgpu.facet.dev")
 				r.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
