@@ -84,7 +84,7 @@ func run(ctx context.Context, versions, shapeList, nodeList, qpsList string, pod
 		}
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "shape\tversion\tgates\tqps\tnodes\tslices/node\tpods/s\tp50\tp99\tbound/total\tGPUs used/min\tFilter/node\t")
+	fmt.Fprintln(tw, "shape\tversion\tgates\tqps\tnodes\tslices/node\tpods/s\tp50\tp99\tbound/total\tGPUs used/min\tFilter/node\tFilter/pod\t")
 	t0 := time.Now()
 	for _, vb := range strings.Split(versions, ",") {
 		version, bin, ok := strings.Cut(vb, "=")
@@ -114,12 +114,15 @@ func run(ctx context.Context, versions, shapeList, nodeList, qpsList string, pod
 					if q == 0 {
 						qs = "default"
 					}
-					filter := "-"
+					filter, perPod := "-", "-"
 					if r.FilterPerNode > 0 {
 						filter = r.FilterPerNode.Round(10 * time.Microsecond).String()
 					}
-					line := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%.1f\t%.2fs\t%.2fs\t%d/%d\t%d/%d\t%s\t", shape.Name, version, label, qs, n, r.SlicesPerNode,
-						r.PodsPerSecond, r.P50.Seconds(), r.P99.Seconds(), r.Bound, r.Pods, r.GPUsUsed, r.GPUsMin, filter)
+					if r.FilterPerPod > 0 {
+						perPod = r.FilterPerPod.Round(10 * time.Microsecond).String()
+					}
+					line := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%.1f\t%.2fs\t%.2fs\t%d/%d\t%d/%d\t%s\t%s\t", shape.Name, version, label, qs, n, r.SlicesPerNode,
+						r.PodsPerSecond, r.P50.Seconds(), r.P99.Seconds(), r.Bound, r.Pods, r.GPUsUsed, r.GPUsMin, filter, perPod)
 					fmt.Fprintln(tw, line)
 					fmt.Fprintf(os.Stderr, "[scale %4.0fs]   %s\n", time.Since(t0).Seconds(), strings.ReplaceAll(line, "\t", " "))
 				}

@@ -54,6 +54,9 @@ type Result struct {
 	// FilterPerNode is the DynamicResources plugin's mean Filter time per
 	// node (from the scheduler's sampled plugin metrics; 0 if none).
 	FilterPerNode time.Duration
+	// FilterPerPod is the mean wall time of the Filter extension point of
+	// one scheduling attempt (all nodes, in parallel; not sampled).
+	FilterPerPod time.Duration
 }
 
 // Run populates a started cluster (nodes, slices, classes), starts the
@@ -219,7 +222,8 @@ wait:
 		logf("packing: %v", err)
 	}
 	if m, err := c.SchedulerMetrics(); err == nil {
-		res.FilterPerNode = filterPerNode(m)
+		res.FilterPerNode = meanOf(m, "scheduler_plugin_execution_duration_seconds", `plugin="DynamicResources"`, `extension_point="Filter"`)
+		res.FilterPerPod = meanOf(m, "scheduler_framework_extension_point_duration_seconds", `extension_point="Filter"`)
 	}
 	return res, nil
 }
@@ -347,28 +351,30 @@ feed:
 	return first
 }
 
-// filterPerNode reads the mean of
-// scheduler_plugin_execution_duration_seconds{plugin="DynamicResources",
-// extension_point="Filter"} from the scheduler's metrics text.
-func filterPerNode(metrics string) time.Duration {
+// meanOf reads the mean (sum over count) of the histogram name, over the
+// series whose labels contain every one of labels, from metrics text.
+func meanOf(metrics, name string, labels ...string) time.Duration {
 	var sum, count float64
 	for _, line := range strings.Split(metrics, "\n") {
-		if !strings.HasPrefix(line, "scheduler_plugin_execution_duration_seconds_") ||
-			!strings.Contains(line, `extension_point="Filter"`) || !strings.Contains(line, `plugin="DynamicResources"`) {
+		isSum, isCount := strings.HasPrefix(line, name+"_sum{"), strings.HasPrefix(line, name+"_count{")
+		if !isSum && !isCount {
 			continue
 		}
+		match := true
+		for _, l := range labels {
+			match = match && strings.Contains(line, l)
+		}
 		f := strings.Fields(line)
-		if len(f) < 2 {
+		if !match || len(f) < 2 {
 			continue
 		}
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
 		if err != nil {
 			continue
 		}
-		switch {
-		case strings.HasPrefix(line, "scheduler_plugin_execution_duration_seconds_sum"):
+		if isSum {
 			sum += v
-		case strings.HasPrefix(line, "scheduler_plugin_execution_duration_seconds_count"):
+		} else {
 			count += v
 		}
 	}
