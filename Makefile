@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN := $(CURDIR)/bin
 RUN_DIR ?= /tmp/facet-run
 
-.PHONY: all build image image-sim build-release verify-release generate verify-generate lint test unit e2e demo demo-down bench clean fuzz fuzz-smoke
+.PHONY: all build image image-sim build-release verify-release generate verify-generate lint test unit e2e demo demo-down bench bench-scale clean fuzz fuzz-smoke
 
 all: build
 
@@ -129,6 +129,18 @@ fuzz-smoke:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/... ./test/allocator/...
+
+## bench-scale: scheduling throughput and latency through a real kube-apiserver
+## and kube-scheduler with 100 and 500 bare Nodes of Facet's slices
+## (hack/scale, test/scale); prints a table. Not part of `make test`.
+## BENCH_SCALE_VERSIONS picks the Kubernetes versions (hack/build-k8s.sh
+## builds what is missing), BENCH_SCALE_ARGS adds flags (go run ./hack/scale -h).
+BENCH_SCALE_VERSIONS ?= v1.35.4
+BENCH_SCALE_ARGS ?=
+bench-scale:
+	@set -e; versions=""; for v in $(BENCH_SCALE_VERSIONS); do \
+		bin=$$(hack/build-k8s.sh $$v); versions="$$versions,$$v=$$bin"; done; \
+	$(GO) run ./hack/scale -versions "$${versions#,}" $(BENCH_SCALE_ARGS)
 
 clean:
 	rm -rf $(BIN)

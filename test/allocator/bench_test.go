@@ -5,19 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/facet-gpu/facet/pkg/inventory"
-	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
 	facetslices "github.com/facet-gpu/facet/pkg/slices"
+	"github.com/facet-gpu/facet/test/scale"
 )
 
 // BenchmarkAllocateOneMIG times the upstream allocator (v0.35.4, what a 1.35
@@ -106,69 +103,10 @@ func facetObjects(inv *inventory.Inventory, node string) []*resourceapi.Resource
 	return facetslices.Objects(facetslices.Resources(inv, node), node)
 }
 
-// nvidiaShape rebuilds Facet's mig-mode pool with NVIDIA's counter shape:
-// one counter slice with every GPU's set of 15 counters, the same devices
-// in the same device slices, each consuming what NVIDIA's driver has it
-// consume.
+// nvidiaShape is Facet's mig-mode pool with NVIDIA's counter shape
+// (scale.NVIDIAShape, shared with the scale harness).
 func nvidiaShape(inv *inventory.Inventory, node string) []*resourceapi.ResourceSlice {
-	objs := facetObjects(inv, node)
-	q := func(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
-	counters := func(memory uint64, sms, ce, dec, enc, jpg, ofa int, start, size int) map[string]resourceapi.Counter {
-		m := map[string]resourceapi.Counter{
-			"memory":          {Value: *resource.NewQuantity(int64(memory), resource.BinarySI)},
-			"multiprocessors": {Value: q(int64(sms))},
-			"copy-engines":    {Value: q(int64(ce))},
-			"decoders":        {Value: q(int64(dec))},
-			"encoders":        {Value: q(int64(enc))},
-			"jpeg-engines":    {Value: q(int64(jpg))},
-			"ofa-engines":     {Value: q(int64(ofa))},
-		}
-		for k := start; k < start+size; k++ {
-			m[fmt.Sprintf("memory-slice-%d", k)] = resourceapi.Counter{Value: q(1)}
-		}
-		return m
-	}
-	var sets []resourceapi.CounterSet
-	full := map[string]map[string]resourceapi.Counter{}
-	for _, g := range inv.GPUs {
-		var top nvml.MIGProfile
-		for _, p := range g.MIGProfiles {
-			if p.SliceCount > top.SliceCount {
-				top = p
-			}
-		}
-		name := fmt.Sprintf("gpu-%d-counter-set", g.Index)
-		full[name] = counters(g.MemoryBytes, top.Multiprocessors, top.CopyEngines, top.Decoders, top.Encoders, top.JPEGs, top.OFAs, 0, 8)
-		sets = append(sets, resourceapi.CounterSet{Name: name, Counters: full[name]})
-	}
-	var out []*resourceapi.ResourceSlice
-	for _, o := range objs {
-		if len(o.Spec.SharedCounters) > 0 {
-			continue
-		}
-		o = o.DeepCopy()
-		for i := range o.Spec.Devices {
-			d := &o.Spec.Devices[i]
-			idx := int(*d.Attributes["index"].IntValue)
-			set := fmt.Sprintf("gpu-%d-counter-set", idx)
-			dev, _ := inv.Device(d.Name)
-			c := maps.Clone(full[set])
-			if dev.Kind == inventory.KindMIG {
-				p := dev.MIG
-				c = counters(p.MemoryBytes, p.Multiprocessors, p.CopyEngines, p.Decoders, p.Encoders, p.JPEGs, p.OFAs, dev.Placement.Start, dev.Placement.Size)
-			}
-			d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: set, Counters: c}}
-		}
-		out = append(out, o)
-	}
-	counterSlice := objs[0].DeepCopy()
-	counterSlice.Name = node + "-nvidia-counters"
-	counterSlice.Spec.SharedCounters = sets
-	out = slices.Insert(out, 0, counterSlice)
-	for _, o := range out {
-		o.Spec.Pool.ResourceSliceCount = int64(len(out))
-	}
-	return out
+	return scale.NVIDIAShape(inv, node)
 }
 
 // TestBenchmarkShapes keeps the benchmark's shapes honest: both publish
