@@ -24,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/facet-gpu/facet/pkg/claimuid"
+
+	"github.com/facet-gpu/facet/pkg/atomicfile"
 )
 
 // Version is the record format written by this build. Older versions are
@@ -243,7 +245,7 @@ func (s *Store) Put(c *Claim) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(s.dir, filepath.Base(s.path(c.UID)), data); err != nil {
+	if err := atomicfile.Write(s.dir, filepath.Base(s.path(c.UID)), ".tmp-"+filepath.Base(s.path(c.UID))+"-", data, 0o600); err != nil {
 		return fmt.Errorf("write checkpoint of claim %s/%s (%s): %w", c.Namespace, c.Name, c.UID, err)
 	}
 	return nil
@@ -257,7 +259,7 @@ func (s *Store) Delete(uid types.UID) error {
 	if err := os.Remove(s.path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
 	}
-	return syncDir(s.dir)
+	return atomicfile.SyncDir(s.dir)
 }
 
 // List loads every record. Records that cannot be read are returned in
@@ -287,37 +289,4 @@ func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error)
 		claims = append(claims, c)
 	}
 	return claims, corrupt, nil
-}
-
-// writeFileAtomic is write-temp, fsync, rename, fsync-dir.
-func writeFileAtomic(dir, name string, data []byte) error {
-	tmp, err := os.CreateTemp(dir, ".tmp-"+name+"-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

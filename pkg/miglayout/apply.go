@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 
 	"github.com/facet-gpu/facet/pkg/nvml"
+
+	"github.com/facet-gpu/facet/pkg/atomicfile"
 )
 
 // MIG is what applying a layout needs of NVML (package nvml's Library).
@@ -62,31 +64,7 @@ func (s *Store) save(all map[string]Record) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(s.path), filepath.Base(s.path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), s.path); err != nil {
-		return err
-	}
-	dir, err := os.Open(filepath.Dir(s.path))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
+	return atomicfile.Write(filepath.Dir(s.path), filepath.Base(s.path), filepath.Base(s.path)+".tmp", b, 0o600)
 }
 
 // Outcome says what Apply did on one GPU.

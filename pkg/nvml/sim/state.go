@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/facet-gpu/facet/pkg/atomicfile"
 )
 
 // Option configures a simulated library (OpenMachine, OpenSimulated).
@@ -142,50 +144,7 @@ func (s *simStore) write() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(s.path, append(data, '\n'))
-}
-
-// writeFileAtomic writes data to path through a temporary file in the same
-// directory, fsynced and renamed over path, then fsyncs the directory, so
-// that after a crash path holds either the old or the new contents.
-func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	fail := func(err error) error {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		return fail(err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return fail(err)
-	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("write %s: sync directory: %w", path, err)
-	}
-	return nil
+	return atomicfile.Write(filepath.Dir(s.path), filepath.Base(s.path), "."+filepath.Base(s.path)+".tmp-", append(data, '\n'), 0o644)
 }
 
 // openStore loads the state file into the node (if it exists), then makes
