@@ -120,6 +120,34 @@ func TestUnreadableMachine(t *testing.T) {
 	}
 }
 
+// TestStockConfigurationErrors: the flags of the stock-1.35 work fail the
+// plugin at start with the flag and the entry named, before any GPU or
+// API server is touched.
+func TestStockConfigurationErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"--feature-gates", "DRAPartitionable=true"}, `--feature-gates: unknown gate "DRAPartitionable"`},
+		{[]string{"--feature-gates", "DRAConsumableCapacity=maybe"}, "--feature-gates"},
+		{[]string{"--mig-layouts", "0:all-1g.10gb"}, `--mig-layouts: "0:all-1g.10gb": want INDEX[-INDEX]=LAYOUT`},
+		{[]string{"--gpu-slots", "0=4x20Gi"}, "--gpu-slots"},
+		{[]string{"--slots", "0"}, "--slots"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			args := append([]string{"--node-name", "n", "--state-dir", filepath.Join(t.TempDir(), "state")}, tc.args...)
+			f, err := parseFlags(args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = run(context.Background(), f)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("run: %v, want an error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
 // TestNoFailpointInShippedBuild: the default build ignores
 // $FACET_FAILPOINT (L5). Under -tags facet_failpoints it arms.
 func TestNoFailpointInShippedBuild(t *testing.T) {
