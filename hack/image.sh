@@ -17,7 +17,8 @@
 # glibc binary cannot safely dlopen a library that needs the shared libc. The
 # glibc is Debian 12's (libc6 on amd64, libc6-arm64-cross on arm64: the same
 # source package and version), only its shared objects. arm64 cross-compiles
-# with aarch64-linux-gnu-gcc (hack/apt-packages.txt).
+# with aarch64-linux-gnu-gcc (hack/apt-image-packages.txt, installed here on
+# demand so that CI, which builds no arm64 image, does not pay for it).
 #
 # The image runs as 65532:65532 by default (the webhook and facetctl need no
 # more); the chart runs the plugin as root and privileged (NVML's MIG calls,
@@ -97,6 +98,9 @@ base_root() {
 
 WORK="${OUT_DIR}/image-work"
 ${SIM} && WORK="${OUT_DIR}/image-work-sim"
+if [[ " ${PLATFORMS} " == *" linux/arm64 "* && "${HOST_PLATFORM}" != linux/arm64 ]]; then
+  "${REPO}/hack/install-deps.sh" "${REPO}/hack/apt-image-packages.txt"
+fi
 rm -rf "${WORK}"
 mkdir -p "${WORK}"
 layers=()

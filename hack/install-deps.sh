@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages listed in hack/apt-packages.txt that are missing.
+# Installs the Debian packages listed in hack/apt-packages.txt (or in the
+# list file given as the only argument) that are missing.
 # Runs `apt-get update` only when something is missing, so a warm machine pays nothing.
 # Usage: hack/install-deps.sh   (as root, or with sudo available)
 set -euo pipefail
@@ -12,7 +13,7 @@ if [[ "$(id -u)" != 0 ]]; then
 fi
 
 mapfile -t wanted < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' -e '/^[[:space:]]*$/d' \
-  "${HACK_DIR}/apt-packages.txt" | awk '{print $1}')
+  "${1:-${HACK_DIR}/apt-packages.txt}" | awk '{print $1}')
 
 missing=()
 for pkg in "${wanted[@]}"; do
