@@ -54,6 +54,14 @@ func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, e
 		modelNames[i] = g.Model
 	}
 	sim := newSimNode(srv, modelNames)
+	var faults *faultSource
+	if o.faultFile != "" {
+		var err error
+		if faults, err = newFaultSource(o.faultFile); err != nil {
+			return nil, nil, err
+		}
+	}
+	sim.installEvents(srv, faults)
 	if o.stateFile != "" {
 		if err := sim.openStore(o.stateFile, m.Name); err != nil {
 			return nil, nil, err

@@ -18,6 +18,7 @@ type Option func(*options)
 
 type options struct {
 	stateFile string
+	faultFile string
 }
 
 // WithStateFile keeps the simulated GPUs' MIG mode and MIG instances in a
