@@ -55,6 +55,16 @@ const (
 // node-wide; vGPU shares always go to the first GPU with room (spread
 // cannot change that: each GPU is one device).
 func Resources(inv *inventory.Inventory, nodeName string) resourceslice.DriverResources {
+	return TaintedResources(inv, nodeName, nil)
+}
+
+// TaintedResources is Resources with each GPU's taint, by GPU UUID, on
+// every device of that GPU: the whole GPU, its MIG devices, its vGPU
+// slots. It is how an unhealthy GPU leaves scheduling where
+// DRADeviceTaints is enforced (on a cluster without it, the GPU is left
+// out of the inventory instead). A tainted device counts against the
+// smaller per-slice limit, like one that consumes counters.
+func TaintedResources(inv *inventory.Inventory, nodeName string, taints map[string]resourceapi.DeviceTaint) resourceslice.DriverResources {
 	var slices []resourceslice.Slice
 
 	var sets []resourceapi.CounterSet
@@ -80,12 +90,15 @@ func Resources(inv *inventory.Inventory, nodeName string) resourceslice.DriverRe
 	n, counters := 0, false
 	flush := func() {
 		if len(group) > 0 {
-			slices = append(slices, resourceslice.Slice{Devices: ordered(inv, group)})
+			devs := ordered(inv, group)
+			taint(devs, inv, taints)
+			slices = append(slices, resourceslice.Slice{Devices: devs})
 		}
 		group, n, counters = nil, 0, false
 	}
 	for _, gpu := range inv.GPUs {
-		hasCounters := gpu.CounterSet != ""
+		_, tainted := taints[gpu.UUID]
+		hasCounters := gpu.CounterSet != "" || tainted
 		limit := MaxDevicesPerSlice
 		if counters || hasCounters {
 			limit = MaxDevicesPerSliceCounters
@@ -315,4 +328,17 @@ func Objects(res resourceslice.DriverResources, nodeName string) []*resourceapi.
 		}
 	}
 	return out
+}
+
+func taint(devs []resourceapi.Device, inv *inventory.Inventory, taints map[string]resourceapi.DeviceTaint) {
+	if len(taints) == 0 {
+		return
+	}
+	for i := range devs {
+		if d, ok := inv.Device(devs[i].Name); ok {
+			if t, bad := taints[d.GPU.UUID]; bad {
+				devs[i].Taints = append(devs[i].Taints, t)
+			}
+		}
+	}
 }

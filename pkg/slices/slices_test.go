@@ -222,3 +222,65 @@ func TestDroppedSeesEveryGatedField(t *testing.T) {
 		}
 	}
 }
+
+// TestTaintedResources: every device of a tainted GPU carries the taint,
+// no other does, the slices stay within the tainted limit, and the guard
+// sees the taints on a cluster without DRADeviceTaints.
+func TestTaintedResources(t *testing.T) {
+	for _, tc := range []struct {
+		machine string
+		cfg     inventory.Config
+	}{
+		{"dgx-h100", inventory.Config{DefaultMode: inventory.ModeMIG}},
+		// 128 slots fit one untainted slice; with a taint at most 64 may.
+		{"sixteen-h100", inventory.Config{DefaultMode: inventory.ModeSlots, DefaultSlots: inventory.SlotLayout{{Count: 8}}}},
+		{"dgx-h100", inventory.Config{DefaultMode: inventory.ModeShared}},
+		{"sixteen-h100", inventory.Config{DefaultMode: inventory.ModeExclusive}},
+	} {
+		t.Run(tc.machine+"/"+string(tc.cfg.DefaultMode), func(t *testing.T) {
+			node, err := sim.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", tc.machine+".yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			inv, err := inventory.Build(node, tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sick := inv.GPUs[len(inv.GPUs)/2+1]
+			taint := resourceapi.DeviceTaint{Key: "gpu.facet.dev/unhealthy", Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoExecute}
+			objs := Objects(TaintedResources(inv, "node-a", map[string]resourceapi.DeviceTaint{sick.UUID: taint}), "node-a")
+			tainted := 0
+			for _, s := range objs {
+				limit := resourceapi.ResourceSliceMaxDevices
+				for _, d := range s.Spec.Devices {
+					if len(d.Taints) > 0 || len(d.ConsumesCounters) > 0 {
+						limit = resourceapi.ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
+					}
+				}
+				if n := len(s.Spec.Devices); n > limit {
+					t.Errorf("slice %s: %d devices, limit %d", s.Name, n, limit)
+				}
+				for _, d := range s.Spec.Devices {
+					dev, _ := inv.Device(d.Name)
+					onSick := dev.GPU.UUID == sick.UUID
+					if has := len(d.Taints) == 1 && d.Taints[0] == taint; has != onSick {
+						t.Errorf("device %s (GPU %d): taints %v", d.Name, dev.GPU.Index, d.Taints)
+					}
+					if onSick {
+						tainted++
+					}
+				}
+			}
+			if tainted != len(sick.Devices) {
+				t.Errorf("%d devices tainted, GPU %d has %d", tainted, sick.Index, len(sick.Devices))
+			}
+			var got []string
+			for _, err := range Dropped(objs, features.AllOn("test").Apply(features.Overrides{features.DeviceTaints: false})) {
+				got = append(got, err.Error())
+			}
+			if !strings.Contains(strings.Join(got, "\n"), "taints needs DRADeviceTaints") {
+				t.Errorf("Dropped did not see the taints: %v", got)
+			}
+		})
+	}
+}
