@@ -18,9 +18,11 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/health"
 	"github.com/facet-gpu/facet/pkg/inventory"
 )
 
@@ -70,6 +72,12 @@ type Driver struct {
 	// start-up problem confined to it (a rollback that failed, a
 	// half-made MIG instance, an NVML error).
 	unusable map[string]string
+	// faults are the GPUs' health faults (SetFaults), by GPU UUID.
+	faults map[string]health.Fault
+	// healthSubs are the kubelet's NodeWatchResources streams, woken on
+	// every health change.
+	healthSubs map[chan struct{}]struct{}
+	drahealthv1alpha1.UnimplementedDRAResourceHealthServer
 }
 
 type gpuEditsEntry struct {
@@ -142,6 +150,8 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		gpus:           map[string]*inventory.GPU{},
 		gpuEdits:       map[string]*gpuEditsEntry{},
 		unusable:       map[string]string{},
+		faults:         map[string]health.Fault{},
+		healthSubs:     map[chan struct{}]struct{}{},
 	}
 	for _, g := range o.Inventory.GPUs {
 		d.gpus[g.UUID] = g

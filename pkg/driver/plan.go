@@ -164,6 +164,11 @@ func (d *Driver) checkUsableLocked(devices []checkpoint.Device) error {
 		if why, bad := d.unusable[dev.GPUUUID]; bad {
 			return fmt.Errorf("device %s: GPU %s is unusable: %s", dev.Device, dev.GPUUUID, why)
 		}
+		// A recoverable fault (NoSchedule) keeps what is already
+		// allocated; a fatal one (NoExecute) refuses it too.
+		if f, bad := d.faults[dev.GPUUUID]; bad && f.Fatal {
+			return fmt.Errorf("device %s: GPU %s is unhealthy: %s; it serves no claim until an operator recovers it", dev.Device, dev.GPUUUID, f)
+		}
 	}
 	return nil
 }

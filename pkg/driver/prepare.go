@@ -38,7 +38,11 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		// Idempotent: the kubelet asks again after its own restarts. But
 		// what the record points at may be gone (a reboot, a lost or
 		// truncated spec, a destroyed MIG instance): then it is rebuilt,
-		// never handed out stale.
+		// never handed out stale. Nor on a GPU with a fatal fault: a new
+		// pod on an old claim would land on a broken GPU.
+		if err := d.checkUsable(rec.Devices); err != nil {
+			return nil, err
+		}
 		stale := d.staleness(rec)
 		if stale == "" {
 			return resultDevices(rec), nil
