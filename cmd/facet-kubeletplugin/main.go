@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,11 +27,11 @@ import (
 	"github.com/facet-gpu/facet/pkg/driver"
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/hami"
+	gpuhealth "github.com/facet-gpu/facet/pkg/health"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/slices"
 )
 
 type flags struct {
@@ -56,6 +57,8 @@ type flags struct {
 	migLayouts    string
 	featuresEvery time.Duration
 	healthAddr    string
+	healthProbe   time.Duration
+	healthQuiet   time.Duration
 }
 
 func main() {
@@ -105,6 +108,8 @@ func parseFlags(args []string) (flags, error) {
 	fs.StringVar(&f.migLayouts, "mig-layouts", "", `MIG layouts Facet carves at start on idle static-mig GPUs, by NVML index: all-<profile>, all-balanced, or profiles joined by "/", e.g. "0-3=all-1g.10gb,4=3g.40gb/2g.20gb/1g.10gb/1g.10gb"`)
 	fs.DurationVar(&f.featuresEvery, "feature-detection-interval", 5*time.Minute, "how often to re-detect the cluster's DRA features; on a change the plugin exits to republish")
 	fs.StringVar(&f.healthAddr, "health-addr", "", "address of the HTTP probes /healthz (gRPC sockets answer) and /readyz (also registered with the kubelet, slices published), e.g. :8081; empty: none")
+	fs.DurationVar(&f.healthProbe, "gpu-health-probe-interval", 5*time.Second, "how often each GPU is queried through NVML for health (XID and ECC events are watched continuously); 0 turns GPU health monitoring off")
+	fs.DurationVar(&f.healthQuiet, "gpu-health-quiet-period", 5*time.Minute, "how long a GPU with a recoverable fault must answer NVML without a new fault before its devices are offered again (fatal faults need `facetctl health recover`)")
 	f.modes.Register(fs)
 	klog.InitFlags(fs)
 	err := fs.Parse(args)
@@ -243,15 +248,33 @@ func run(ctx context.Context, f flags) error {
 	}
 	defer helper.Stop()
 
-	res := slices.Resources(inv.Without(unusable), f.nodeName)
-	if errs := slices.Dropped(slices.Objects(res, f.nodeName), gates); len(errs) > 0 {
-		// Guard against a mode that slipped past inventory.Build's check.
-		return fmt.Errorf("internal error: the slices use fields the cluster drops: %v", errors.Join(errs...))
+	bootID, _ := os.ReadFile(driver.DefaultBootIDPath)
+	var uuids []string
+	for _, g := range inv.GPUs {
+		uuids = append(uuids, g.UUID)
 	}
-	if err := helper.PublishResources(ctx, res); err != nil {
-		return fmt.Errorf("publish ResourceSlices: %w", err)
+	mon, opened, err := gpuhealth.Open(gpuhealth.Options{
+		Path: filepath.Join(f.stateDir, "gpu-faults.json"), BootID: strings.TrimSpace(string(bootID)),
+		GPUs: uuids, QuietPeriod: f.healthQuiet,
+	})
+	if err != nil {
+		return fmt.Errorf("GPU fault record: %w", err)
 	}
-	want := len(res.Pools[f.nodeName].Slices)
+	pub := &publisher{helper: helper, inv: inv, unusable: unusable, gates: gates, node: f.nodeName, drv: drv, mon: mon, ev: ev}
+	want, err := pub.publish(ctx)
+	if err != nil {
+		return err
+	}
+	for uuid, ft := range mon.Faults() {
+		logger.Error(nil, "GPU unhealthy since before this start", "gpu", uuid, "fault", ft.String())
+	}
+	for _, c := range opened {
+		pub.changed(ctx, c)
+	}
+	if f.healthProbe > 0 {
+		go watchGPUHealth(ctx, lib, pub, f.healthProbe)
+		watchRecoverRequests(ctx, client, lib, pub)
+	}
 	go reportPublished(ctx, client, f.nodeName, want, start)
 	if err := startHealth(ctx, f, helper, client, want); err != nil {
 		return err

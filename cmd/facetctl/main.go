@@ -37,6 +37,11 @@ Commands:
   fit      run the scheduler's allocator offline: does a claim (or a pod's
            claims) fit, where, and, where not, why (-f FILE)
 
+  fault    (simulated nodes) inject a GPU fault, or clear it as a reset
+           would: fault inject --gpu 1 --kind xid --xid 79; fault clear --gpu 1
+  health   health recover --node NODE --gpu UUID|INDEX|all: ask the node's
+           plugin to offer a GPU with a fault again, once it is fixed
+
   mig-instances
            list the MIG instances carved on the node's GPUs (real NVML, or a
            simulated machine with the plugin's NVML state file)
@@ -62,6 +67,10 @@ func main() {
 		err = runOccupancy(os.Args[2:])
 	case "fit":
 		err = runFit(os.Args[2:])
+	case "fault":
+		err = runFault(os.Args[2:])
+	case "health":
+		err = runHealth(os.Args[2:])
 	case "mig-instances":
 		err = runMIGInstances(os.Args[2:])
 	case "sim-driver-root":

@@ -315,7 +315,7 @@ func ParseRecoverRequests(value string) ([]RecoverRequest, error) {
 func FormatRecoverRequests(reqs []RecoverRequest) string {
 	parts := make([]string, len(reqs))
 	for i, r := range reqs {
-		parts[i] = r.GPU + "@" + r.At.UTC().Format(time.RFC3339)
+		parts[i] = r.GPU + "@" + r.At.UTC().Format(time.RFC3339Nano)
 	}
 	return strings.Join(parts, ",")
 }

@@ -15,7 +15,7 @@ import (
 
 type clock struct{ t time.Time }
 
-func (c *clock) now() time.Time            { return c.t }
+func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
 func fault(gpu, reason string, fatal bool) nvml.HealthEvent {

@@ -75,3 +75,13 @@ const (
 // their profiles (the A30 has two "+me" profiles). The memory slices'
 // counters are inventory.MemorySliceCounter.
 const CounterMediaExtensions = "media-extensions"
+
+// Health: the device taint on every device of an unhealthy GPU (its value
+// is the fault's reason, e.g. "xid-79"; NoExecute for a fatal fault,
+// NoSchedule for a recoverable one), and the Node annotation by which an
+// operator asks the node's plugin to recover GPUs (`facetctl health
+// recover` writes it; format in health.ParseRecoverRequests).
+const (
+	TaintUnhealthy    = Driver + "/unhealthy"
+	AnnotationRecover = Driver + "/recover"
+)
