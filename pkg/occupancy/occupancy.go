@@ -31,10 +31,14 @@ const (
 
 // Health of a GPU.
 const (
-	// HealthOK: the GPU's devices are published. Facet has no health
-	// monitoring yet; when it has, a device taint or condition read from
-	// the slices belongs in GPU.Health and GPU.HealthReason.
+	// HealthOK: the GPU's devices are published untainted.
 	HealthOK = "ok"
+	// HealthUnhealthy: the plugin found a fault and tainted the GPU's
+	// devices (names.TaintUnhealthy; clusters enforcing DRADeviceTaints).
+	// On a cluster without device taints the plugin unpublishes such a
+	// GPU instead: it is then absent from the slices, and HealthAbsent
+	// once a claim still holds one of its devices.
+	HealthUnhealthy = "unhealthy"
 	// HealthAbsent: claims hold devices of the GPU that no ResourceSlice
 	// publishes (the plugin stopped publishing the GPU, or its node left).
 	HealthAbsent = "absent"
@@ -297,6 +301,11 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 			}
 			c.devices[pool][dev.Name] = d
 			g.Devices = append(g.Devices, dev.Name)
+			for _, t := range dev.Taints {
+				if t.Key == names.TaintUnhealthy {
+					g.Health, g.HealthReason = HealthUnhealthy, fmt.Sprintf("%s (%s)", t.Value, t.Effect)
+				}
+			}
 			g.Mode = d.Attr("mode")
 			g.Product = d.Attr("productName")
 			switch d.Type {

@@ -2,6 +2,7 @@ package occupancy
 
 import (
 	"bytes"
+	"github.com/facet-gpu/facet/pkg/names"
 	"strings"
 	"testing"
 
@@ -186,5 +187,28 @@ func TestPicture(t *testing.T) {
 	var y bytes.Buffer
 	if err := YAML(&y, c); err != nil || !strings.Contains(y.String(), "memorySlices:") {
 		t.Errorf("yaml: %v\n%s", err, y.String())
+	}
+}
+
+// TestUnhealthyTaint: a GPU whose devices carry Facet's health taint is
+// unhealthy, with the taint's reason and effect; the others stay ok.
+func TestUnhealthyTaint(t *testing.T) {
+	slices := occtest.Slices(t, node)
+	for _, s := range slices {
+		for i := range s.Spec.Devices {
+			if strings.HasPrefix(s.Spec.Devices[i].Name, "gpu-2") {
+				s.Spec.Devices[i].Taints = []resourceapi.DeviceTaint{{Key: names.TaintUnhealthy, Value: "xid-79", Effect: resourceapi.DeviceTaintEffectNoExecute}}
+			}
+		}
+	}
+	c, err := Build(slices, nil, "", KnownProfiles())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := gpu(t, c, 2); g.Health != HealthUnhealthy || g.HealthReason != "xid-79 (NoExecute)" {
+		t.Errorf("gpu 2: %s (%s)", g.Health, g.HealthReason)
+	}
+	if g := gpu(t, c, 3); g.Health != HealthOK {
+		t.Errorf("gpu 3: %s (%s)", g.Health, g.HealthReason)
 	}
 }
