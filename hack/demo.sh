@@ -85,6 +85,9 @@ done
 step "MIG instances carved in the simulated GPUs (facetctl mig-instances)"
 bin/facetctl mig-instances --machine "${MACHINE}" --nvml-state "${RUN_DIR}/facet-state/simulated-nvml.json"
 
+step "Operations: occupancy, and one GPU fault with its recovery (hack/demo-health.sh)"
+hack/demo-health.sh
+
 step "Done in $((SECONDS - T0))s. The node stays up:"
 cat <<MSG
   source ${RUN_DIR}/env.sh
