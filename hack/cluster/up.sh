@@ -40,6 +40,11 @@ K8S_VERSION="v1.35.4"
 # FACET_FEATURE_GATES replaces the list (e.g. to test with a gate off); set
 # and empty, it is stock Kubernetes 1.35: every alpha gate off.
 FEATURE_GATES="${FACET_FEATURE_GATES-DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRAExtendedResource=true,DRADeviceTaints=true}"
+# With the DRA gates on, KEP-4680's ResourceHealthStatus (alpha in 1.35, beta
+# and on in 1.36) too, for the apiserver (the pod status field) and the
+# kubelet (it asks the plugin for device health); stock 1.35 has it off.
+NODE_GATES="${FEATURE_GATES}"
+if [[ -n "${FEATURE_GATES}" ]]; then NODE_GATES+=",ResourceHealthStatus=true"; fi
 
 T0=${SECONDS}
 log() { printf '[up %3ds] %s\n' "$((SECONDS - T0))" "$*"; }
@@ -257,7 +262,7 @@ start kube-apiserver "${BIN_DIR}/kube-apiserver" \
   --proxy-client-cert-file="${PKI}/front-proxy-client.crt" \
   --proxy-client-key-file="${PKI}/front-proxy-client.key" \
   --allow-privileged=true \
-  --feature-gates="${FEATURE_GATES}" \
+  --feature-gates="${NODE_GATES}" \
   --v=1
 wait_for kube-apiserver "/readyz ok" k get --raw /readyz
 
@@ -391,7 +396,7 @@ evictionHard:
   imagefs.available: "1%"
   nodefs.inodesFree: "1%"
 featureGates:
-$(tr ',' '\n' <<<"${FEATURE_GATES}" | sed -e 's/^/  /' -e 's/=/: /')
+$(tr ',' '\n' <<<"${NODE_GATES}" | sed -e 's/^/  /' -e 's/=/: /')
 EOF
 log "starting kubelet"
 start kubelet "${BIN_DIR}/kubelet" \

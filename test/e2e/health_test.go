@@ -158,6 +158,11 @@ func TestGPUHealth(t *testing.T) {
 	})
 
 	t.Run("a recoverable fault passes by itself after the quiet period", func(t *testing.T) {
+		// A pod on the GPU keeps running: NoSchedule, or unpublished, does
+		// not evict. Where the kubelet asks for device health (KEP-4680,
+		// on here with the DRA gates) its status shows the fault.
+		applyYAML(t, claimPod("on-five", `{name: gpu, exactly: {deviceClassName: gpu.facet.dev, selectors: [{cel: {expression: 'device.attributes["gpu.facet.dev"].index == 5'}}]}}`))
+		waitPodRunning(t, "on-five")
 		start := time.Now()
 		facetctlRun(t, "fault", "inject", "--gpu", "5", "--kind", "query")
 		want := "absent"
@@ -169,6 +174,9 @@ func TestGPUHealth(t *testing.T) {
 			return s == want, fmt.Errorf("gpu-5 is %s", s)
 		})
 		out := time.Since(start)
+		if taints {
+			waitDeviceHealth(t, "on-five", "Unhealthy")
+		}
 		facetctlRun(t, "fault", "clear", "--gpu", "5")
 		cleared := time.Now()
 		waitFor(t, "gpu-5 offered again", time.Minute, func() (bool, error) {
@@ -179,6 +187,39 @@ func TestGPUHealth(t *testing.T) {
 		if back < 5*time.Second {
 			t.Errorf("gpu-5 back %s after the fault cleared, before the 5 s quiet period", back)
 		}
+		if taints {
+			waitDeviceHealth(t, "on-five", "Healthy")
+		}
+		if p, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), "on-five", metav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodRunning {
+			t.Errorf("on-five: %v, phase %v; want Running throughout", err, p.Status.Phase)
+		}
 		t.Logf("recoverable fault: out of scheduling after %s, back %s after it cleared (quiet period 5 s)", out.Round(time.Millisecond), back.Round(time.Millisecond))
 	})
+}
+
+// waitDeviceHealth waits until the pod's container status shows its
+// device's health as want (KEP-4680 allocatedResourcesStatus, fed by the
+// plugin's NodeWatchResources).
+func waitDeviceHealth(t *testing.T, pod, want string) {
+	t.Helper()
+	start := time.Now()
+	waitFor(t, pod+" device health "+want+" in the pod status", time.Minute, func() (bool, error) {
+		p, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), pod, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		var seen []string
+		for _, cs := range p.Status.ContainerStatuses {
+			for _, rs := range cs.AllocatedResourcesStatus {
+				for _, r := range rs.Resources {
+					seen = append(seen, fmt.Sprintf("%s %s=%s", rs.Name, r.ResourceID, r.Health))
+					if string(r.Health) == want {
+						return true, nil
+					}
+				}
+			}
+		}
+		return false, fmt.Errorf("allocatedResourcesStatus %v", seen)
+	})
+	t.Logf("%s: device health %s in the pod status after %s", pod, want, time.Since(start).Round(time.Millisecond))
 }
