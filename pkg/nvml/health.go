@@ -81,7 +81,6 @@ func (l *Library) WatchHealth(ctx context.Context, uuids []string, probeEvery ti
 	set, ret := l.lib.EventSetCreate()
 	if ret != gonvml.SUCCESS {
 		regErr = fmt.Errorf("XID and ECC events are not watched on any GPU, only probed: %w", nvmlError("nvmlEventSetCreate", ret))
-		set = nil
 	} else {
 		var errs []error
 		for _, uuid := range uuids {
@@ -136,7 +135,8 @@ func (l *Library) registerHealthEvents(set gonvml.EventSet, uuid string) error {
 // waitEvents turns NVML events into HealthEvents until ctx ends, then
 // frees the event set.
 func (l *Library) waitEvents(ctx context.Context, set gonvml.EventSet, out chan<- HealthEvent) {
-	defer set.Free()
+	// Nothing is left to do if freeing fails: the process is stopping.
+	defer func() { _ = set.Free() }()
 	for ctx.Err() == nil {
 		// The timeout bounds how long a cancelled ctx waits.
 		data, ret := set.Wait(500)
