@@ -23,10 +23,12 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/claimstatus"
 	"github.com/facet-gpu/facet/pkg/driver"
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/hami"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/metrics"
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
@@ -154,7 +156,9 @@ func run(ctx context.Context, f flags) error {
 	}
 	ev := newNodeEvents(ctx, client, f.nodeName)
 	defer ev.stop()
+	m := metrics.New()
 	gates := clusterFeatures(ctx, client, f.nodeName, overrides, ev)
+	m.SetFeatures(featureMetrics(gates))
 	logger.Info("Cluster DRA features: "+gates.Describe(), "featureGates", gates.String())
 	ev.normal(reasonFeatures, gates.Describe())
 	cfg.Features = &gates
@@ -210,14 +214,19 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	status := claimstatus.NewWriter(client, store)
+	go status.Run(ctx, 2)
 	drv, err := driver.New(ctx, driver.Options{
 		NodeName: f.nodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor,
 		MIG: lib, HAMi: vgpu, HAMiUnavailable: hamiErr, DestroyUnownedMIG: f.destroyUnownedMIG,
 		Failpoint: failpoint(ctx),
+		// Events on claims go through the Node's broadcaster too.
+		Metrics: m, Events: ev.rec, Status: status,
 	})
 	if err != nil {
 		return err
 	}
+	m.Registry().MustRegister(&metrics.Collector{GPUs: drv, Health: metrics.HealthFunc(drv.UnusableGPUs), Checkpoint: store})
 	unusable := drv.UnusableGPUs()
 	for uuid, why := range unusable {
 		logger.Error(nil, "GPU unusable until the plugin restarts with the problem fixed; it is not published and its claims fail", "gpu", uuid, "why", why)
@@ -252,8 +261,9 @@ func run(ctx context.Context, f flags) error {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	want := len(res.Pools[f.nodeName].Slices)
+	m.SetPublished(want, publishedDevices(res))
 	go reportPublished(ctx, client, f.nodeName, want, start)
-	if err := startHealth(ctx, f, helper, client, want); err != nil {
+	if err := startHealth(ctx, f, helper, client, want, m.Handler()); err != nil {
 		return err
 	}
 
