@@ -43,7 +43,7 @@ func (s *statusLog) count(uid types.UID) int {
 
 // event is one recorded Event.
 type event struct {
-	ref                 corev1.ObjectReference
+	ref               corev1.ObjectReference
 	kind, reason, msg string
 }
 
