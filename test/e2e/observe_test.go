@@ -267,6 +267,17 @@ func TestObservability(t *testing.T) {
 		kubectl(t, "delete", "pod", "-n", namespace, "volcano-share", "--wait=true", "--timeout=120s")
 	})
 
+	t.Cleanup(func() {
+		// What the plugin measured, for the record.
+		f := p.scrape(t)["facet_prepare_duration_seconds"]
+		for _, m := range f.GetMetric() {
+			h := m.GetHistogram()
+			if h.GetSampleCount() > 0 {
+				t.Logf("prepare latency %v: %d prepares, mean %.1f ms", m.GetLabel(), h.GetSampleCount(), 1000*h.GetSampleSum()/float64(h.GetSampleCount()))
+			}
+		}
+	})
+
 	t.Run("a bad opaque config raises an Event on the claim and its pod", func(t *testing.T) {
 		applyYAML(t, `
 apiVersion: resource.k8s.io/v1
