@@ -22,6 +22,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/features"
 	gpuhealth "github.com/facet-gpu/facet/pkg/health"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/metrics"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/slices"
@@ -48,6 +49,7 @@ type publisher struct {
 	drv      *driver.Driver
 	mon      *gpuhealth.Monitor
 	ev       *nodeEvents
+	metrics  *metrics.Metrics
 
 	mu sync.Mutex
 }
@@ -81,7 +83,9 @@ func (p *publisher) publish(ctx context.Context) (int, error) {
 	if err := p.helper.PublishResources(ctx, res); err != nil {
 		return 0, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
-	return len(res.Pools[p.node].Slices), nil
+	n := len(res.Pools[p.node].Slices)
+	p.metrics.SetPublished(n, publishedDevices(res))
+	return n, nil
 }
 
 // changed reports a health change and republishes.

@@ -42,6 +42,8 @@ type health struct {
 	// slicesPublished is true once the API server has held all the slices.
 	slicesPublished func(context.Context) (bool, error)
 	timeout         time.Duration
+	// metrics serves /metrics; none when nil.
+	metrics http.Handler
 }
 
 func (h *health) live(ctx context.Context) error {
@@ -110,6 +112,9 @@ func (h *health) handler() http.Handler {
 	}
 	mux.Handle("/healthz", probe(h.live))
 	mux.Handle("/readyz", probe(h.ready))
+	if h.metrics != nil {
+		mux.Handle("/metrics", h.metrics)
+	}
 	return mux
 }
 
@@ -155,13 +160,14 @@ func serveHealth(ctx context.Context, addr string, h *health) error {
 			klog.FromContext(ctx).Error(err, "Health server failed")
 		}
 	}()
-	klog.FromContext(ctx).Info("Serving health probes", "addr", ln.Addr().String(), "liveness", "/healthz", "readiness", "/readyz")
+	klog.FromContext(ctx).Info("Serving health probes", "addr", ln.Addr().String(), "liveness", "/healthz", "readiness", "/readyz", "metrics", h.metrics != nil)
 	return nil
 }
 
-// startHealth serves the probes on f.healthAddr (none when empty), for the
-// helper's sockets and the want slices of this node.
-func startHealth(ctx context.Context, f flags, helper *kubeletplugin.Helper, client kubernetes.Interface, want int) error {
+// startHealth serves the probes and metrics (package metrics) on
+// f.healthAddr (none when empty), for the helper's sockets and the want
+// slices of this node.
+func startHealth(ctx context.Context, f flags, helper *kubeletplugin.Helper, client kubernetes.Interface, want int, metrics http.Handler) error {
 	if f.healthAddr == "" {
 		return nil
 	}
@@ -171,5 +177,6 @@ func startHealth(ctx context.Context, f flags, helper *kubeletplugin.Helper, cli
 		registered:      helper.RegistrationStatus,
 		slicesPublished: slicesPublishedFunc(client, f.nodeName, want),
 		timeout:         5 * time.Second,
+		metrics:         metrics,
 	})
 }

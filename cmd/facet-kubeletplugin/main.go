@@ -24,11 +24,13 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/cdi"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/claimstatus"
 	"github.com/facet-gpu/facet/pkg/driver"
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/hami"
 	gpuhealth "github.com/facet-gpu/facet/pkg/health"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/metrics"
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
@@ -159,7 +161,9 @@ func run(ctx context.Context, f flags) error {
 	}
 	ev := newNodeEvents(ctx, client, f.nodeName)
 	defer ev.stop()
+	m := metrics.New()
 	gates := clusterFeatures(ctx, client, f.nodeName, overrides, ev)
+	m.SetFeatures(featureMetrics(gates))
 	logger.Info("Cluster DRA features: "+gates.Describe(), "featureGates", gates.String())
 	ev.normal(reasonFeatures, gates.Describe())
 	cfg.Features = &gates
@@ -215,14 +219,19 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	status := claimstatus.NewWriter(client, store)
+	go status.Run(ctx, 2)
 	drv, err := driver.New(ctx, driver.Options{
 		NodeName: f.nodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor,
 		MIG: lib, HAMi: vgpu, HAMiUnavailable: hamiErr, DestroyUnownedMIG: f.destroyUnownedMIG,
 		Failpoint: failpoint(ctx),
+		// Events on claims go through the Node's broadcaster too.
+		Metrics: m, Events: ev.rec, Status: status,
 	})
 	if err != nil {
 		return err
 	}
+	m.Registry().MustRegister(&metrics.Collector{GPUs: drv, Health: metrics.HealthFunc(drv.GPUHealth), Checkpoint: store})
 	unusable := drv.UnusableGPUs()
 	for uuid, why := range unusable {
 		logger.Error(nil, "GPU unusable until the plugin restarts with the problem fixed; it is not published and its claims fail", "gpu", uuid, "why", why)
@@ -260,7 +269,7 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return fmt.Errorf("GPU fault record: %w", err)
 	}
-	pub := &publisher{helper: helper, inv: inv, unusable: unusable, gates: gates, node: f.nodeName, drv: drv, mon: mon, ev: ev}
+	pub := &publisher{helper: helper, inv: inv, unusable: unusable, gates: gates, node: f.nodeName, drv: drv, mon: mon, ev: ev, metrics: m}
 	want, err := pub.publish(ctx)
 	if err != nil {
 		return err
@@ -276,7 +285,7 @@ func run(ctx context.Context, f flags) error {
 		watchRecoverRequests(ctx, client, lib, pub)
 	}
 	go reportPublished(ctx, client, f.nodeName, want, start)
-	if err := startHealth(ctx, f, helper, client, want); err != nil {
+	if err := startHealth(ctx, f, helper, client, want, m.Handler()); err != nil {
 		return err
 	}
 

@@ -290,3 +290,30 @@ func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error)
 	}
 	return claims, corrupt, nil
 }
+
+// Usage is the records' total size in bytes and their number, readable or
+// not, from the directory listing alone (no record is read or parsed, so a
+// metrics scrape costs one readdir and a stat per record). Temp files are
+// not counted.
+func (s *Store) Usage() (bytes int64, records int, err error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return 0, 0, fmt.Errorf("list checkpoints: %w", err)
+	}
+	for _, e := range entries {
+		uid, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || e.IsDir() || claimuid.Validate(types.UID(uid)) != nil {
+			continue
+		}
+		info, err := e.Info()
+		if errors.Is(err, os.ErrNotExist) {
+			continue // deleted since the listing
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("checkpoint %s: %w", e.Name(), err)
+		}
+		bytes += info.Size()
+		records++
+	}
+	return bytes, records, nil
+}

@@ -111,3 +111,37 @@ func TestRecordForAnotherClaimIsCorrupt(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+func TestUsage(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, n, err := s.Usage(); b != 0 || n != 0 || err != nil {
+		t.Fatalf("empty store: %d bytes, %d records, %v", b, n, err)
+	}
+	for _, uid := range []string{"a", "b"} {
+		if err := s.Put(claim(uid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Neither a temp file nor a stray file counts; a corrupt record does.
+	for name, content := range map[string]string{".tmp-a.json-1": "xx", "notes.txt": "xx", "c.json": "garbage"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var want int64
+	for _, name := range []string{"a.json", "b.json", "c.json"} {
+		info, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want += info.Size()
+	}
+	b, n, err := s.Usage()
+	if err != nil || b != want || n != 3 {
+		t.Fatalf("Usage() = %d bytes, %d records, %v; want %d bytes, 3 records", b, n, err, want)
+	}
+}

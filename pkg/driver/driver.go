@@ -24,6 +24,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/health"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/metrics"
 )
 
 // DefaultBootIDPath is where Linux publishes the current boot's ID.
@@ -46,6 +47,11 @@ type Driver struct {
 	bootID string
 	// destroyUnowned is --destroy-unowned-mig.
 	destroyUnowned bool
+
+	// metrics, events and status are optional (nil: none); observe.go.
+	metrics *metrics.Metrics
+	events  EventRecorder
+	status  ClaimStatus
 
 	// common edits are the same for every claim; computed once.
 	common *cdispec.ContainerEdits
@@ -120,6 +126,14 @@ type Options struct {
 	// claim owns. Off by default: they are only reported, because someone
 	// else (an admin with nvidia-smi) may have made them.
 	DestroyUnownedMIG bool
+	// Metrics records prepare and unprepare latencies and errors.
+	Metrics *metrics.Metrics
+	// Events, when set, gets a Warning Event on the claim and its pods
+	// for each failed prepare.
+	Events EventRecorder
+	// Status, when set, is told of every prepared and unprepared claim, to
+	// write its status.devices.
+	Status ClaimStatus
 }
 
 // New restores the prepared claims from the checkpoint, rolls back claims
@@ -145,6 +159,9 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		hamiErr:        o.HAMiUnavailable,
 		fail:           o.Failpoint,
 		destroyUnowned: o.DestroyUnownedMIG,
+		metrics:        o.Metrics,
+		events:         o.Events,
+		status:         o.Status,
 		occ:            occupancy{},
 		busy:           map[types.UID]bool{},
 		gpus:           map[string]*inventory.GPU{},
@@ -193,7 +210,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	var wg sync.WaitGroup
 	for _, claim := range claims {
 		wg.Go(func() {
-			devices, err := d.prepareClaim(ctx, claim)
+			devices, err := d.observedPrepare(ctx, claim)
 			if err != nil {
 				err = fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 				klog.FromContext(ctx).Error(err, "Prepare failed", "claim", klog.KObj(claim))
@@ -214,7 +231,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	var wg sync.WaitGroup
 	for _, claim := range claims {
 		wg.Go(func() {
-			err := d.unprepareClaim(ctx, claim)
+			err := d.observedUnprepare(ctx, claim)
 			if err != nil {
 				err = fmt.Errorf("claim %s: %w", claim.NamespacedName, err)
 			}

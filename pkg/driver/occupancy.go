@@ -32,6 +32,9 @@ type use struct {
 	// slot is set for a vGPU slot, a share of kind kindShare that holds
 	// its device exclusively.
 	slot bool
+	// recKind is the kind as recorded (kindStaticMIG, kindSlot), before
+	// the folding above; for metrics.
+	recKind string
 }
 
 func (u use) String() string {
@@ -117,10 +120,10 @@ func (o occupancy) release(uid claimRef) {
 
 // useOf turns a checkpointed device into a use.
 func useOf(ref claimRef, d checkpoint.Device) use {
-	u := use{owner: ref, device: d.Device, kind: d.Kind}
+	u := use{owner: ref, device: d.Device, kind: d.Kind, recKind: d.Kind}
 	switch u.kind {
 	case "":
-		u.kind = kindWhole // records written before kinds existed
+		u.kind, u.recKind = kindWhole, kindWhole // records written before kinds existed
 	case kindStaticMIG:
 		u.kind = kindMIG // excludes what a carved instance excludes
 	case kindSlot:

@@ -16,6 +16,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
@@ -422,6 +424,7 @@ func TestPluginRBAC(t *testing.T) {
 	want := fmt.Sprint([]any{
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceslices"}, "verbs": []any{"get", "list", "watch", "create", "update", "delete"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceclaims"}, "verbs": []any{"get"}},
+		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceclaims/status"}, "verbs": []any{"patch"}},
 		map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get", "list", "watch"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"deviceclasses"}, "verbs": []any{"get"}},
 		map[string]any{"apiGroups": []any{"", "events.k8s.io"}, "resources": []any{"events"}, "verbs": []any{"create", "patch"}},
@@ -455,4 +458,97 @@ func TestNodeRestrictionPolicy(t *testing.T) {
 	if got := fmt.Sprint(b.Object["spec"]); !strings.Contains(got, "policyName:"+releaseName+"-resourceslices-own-node") || !strings.Contains(got, "validationActions:[Deny]") {
 		t.Errorf("binding spec %s", got)
 	}
+}
+
+// TestPluginMetricsScrape: the plugin's pods carry Prometheus' scrape
+// annotations for the health port, which serves /metrics, merged with
+// podAnnotations; none without a health port or when turned off.
+func TestPluginMetricsScrape(t *testing.T) {
+	for _, tc := range []struct {
+		name, values string
+		want         map[string]string
+	}{
+		{"defaults", "", map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": "8081", "prometheus.io/path": "/metrics"}},
+		{"other port and own annotations", `
+kubeletPlugin:
+  health: {port: 9400}
+  podAnnotations: {example.com/team: gpu}
+`, map[string]string{"prometheus.io/scrape": "true", "prometheus.io/port": "9400", "prometheus.io/path": "/metrics", "example.com/team": "gpu"}},
+		{"annotations off", `
+kubeletPlugin:
+  metrics: {scrapeAnnotations: false}
+  podAnnotations: {example.com/team: gpu}
+`, map[string]string{"example.com/team": "gpu"}},
+		{"no health port", `
+kubeletPlugin:
+  health: {port: 0}
+`, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, values(t, tc.values))
+			for _, ds := range daemonSets(t, objs) {
+				got := ds.Spec.Template.Annotations
+				if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+					t.Errorf("%s: pod annotations %v, want %v", ds.Name, got, tc.want)
+				}
+			}
+			if n := len(ofKind(objs, "ServiceMonitor")); n != 0 {
+				t.Errorf("%d ServiceMonitors by default", n)
+			}
+		})
+	}
+}
+
+// TestPluginServiceMonitor: with serviceMonitor.enabled, a headless Service
+// selects every node group's plugin pods on the health port, and a
+// ServiceMonitor scrapes its /metrics.
+func TestPluginServiceMonitor(t *testing.T) {
+	objs := render(t, values(t, `
+kubeletPlugin:
+  nodeGroups:
+    shared: {mode: shared}
+  metrics:
+    serviceMonitor: {enabled: true, interval: 15s, labels: {release: prom}}
+`))
+	svcObj := find(t, objs, "Service", releaseName+"-kubelet-plugin-metrics")
+	var svc corev1.Service
+	into(t, svcObj, &svc)
+	if svc.Spec.ClusterIP != corev1.ClusterIPNone || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "metrics" ||
+		svc.Spec.Ports[0].Port != 8081 || svc.Spec.Ports[0].TargetPort.String() != "health" {
+		t.Errorf("Service spec %+v", svc.Spec)
+	}
+	sel := labels.SelectorFromSet(svc.Spec.Selector)
+	dss := daemonSets(t, objs)
+	if len(dss) != 2 {
+		t.Fatalf("%d DaemonSets, want 2 node groups", len(dss))
+	}
+	for _, ds := range dss {
+		if !sel.Matches(labels.Set(ds.Spec.Template.Labels)) {
+			t.Errorf("the metrics Service does not select %s's pods", ds.Name)
+		}
+		if c := container(t, &ds.Spec.Template.Spec, "plugin", false); !hasPort(c, "health", 8081) {
+			t.Errorf("%s: no container port health 8081", ds.Name)
+		}
+	}
+	sm := find(t, objs, "ServiceMonitor", releaseName+"-kubelet-plugin")
+	if sm.GetAPIVersion() != "monitoring.coreos.com/v1" || sm.GetLabels()["release"] != "prom" {
+		t.Errorf("ServiceMonitor %s, labels %v", sm.GetAPIVersion(), sm.GetLabels())
+	}
+	smSel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+	if !labels.SelectorFromSet(smSel).Matches(labels.Set(svc.Labels)) {
+		t.Errorf("ServiceMonitor selector %v does not match the Service's labels %v", smSel, svc.Labels)
+	}
+	endpoints, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	if got := fmt.Sprint(endpoints); len(endpoints) != 1 || !strings.Contains(got, "port:metrics") || !strings.Contains(got, "path:/metrics") || !strings.Contains(got, "interval:15s") {
+		t.Errorf("ServiceMonitor endpoints %s", got)
+	}
+}
+
+func hasPort(c *corev1.Container, name string, port int32) bool {
+	for _, p := range c.Ports {
+		if p.Name == name && p.ContainerPort == port {
+			return true
+		}
+	}
+	return false
 }

@@ -25,6 +25,9 @@ import (
 	"time"
 
 	"github.com/facet-gpu/facet/internal/testenv"
+	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/claimstatus"
+	"github.com/facet-gpu/facet/pkg/names"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -269,6 +272,51 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 		err := plugin.ResourceV1().ResourceSlices().Delete(ctx, "facet-helm-admin", metav1.DeleteOptions{})
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "not those of node 'not-"+node+"'") {
 			t.Fatalf("delete: %v", err)
+		}
+	})
+
+	t.Run("status.devices: server-side apply of its entries", func(t *testing.T) {
+		// An allocated claim, as the scheduler leaves it.
+		c, err := l.client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: "prepared"},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
+				{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.facet.dev"}},
+			}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+			{Request: "gpu", Driver: names.Driver, Pool: node, Device: "gpu-0"},
+		}}}
+		if _, err := l.client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		rec := &checkpoint.Claim{UID: c.UID, Namespace: ns, Name: c.Name, State: checkpoint.StatePrepared,
+			Devices: []checkpoint.Device{{Kind: names.KindGPU, Pool: node, Device: "gpu-0", GPUUUID: "GPU-test"}}}
+		apply := func(rec *checkpoint.Claim) []resourceapi.AllocatedDeviceStatus {
+			t.Helper()
+			ac, err := claimstatus.Apply(ns, c.Name, c.UID, rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := plugin.ResourceV1().ResourceClaims(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: claimstatus.FieldManager, Force: true})
+			if err != nil {
+				t.Fatalf("the plugin's service account cannot apply status.devices: %v", err)
+			}
+			return got.Status.Devices
+		}
+		if d := apply(rec); len(d) != 1 || d[0].Driver != names.Driver || d[0].Device != "gpu-0" || d[0].Data == nil ||
+			!strings.Contains(string(d[0].Data.Raw), `"gpuUUID":"GPU-test"`) {
+			t.Errorf("status.devices after prepare: %+v", d)
+		}
+		if d := apply(nil); len(d) != 0 {
+			t.Errorf("status.devices after unprepare: %+v, want none", d)
+		}
+		// The plugin may write the status, not the claim.
+		c.Labels = map[string]string{"x": "y"}
+		if _, err := plugin.ResourceV1().ResourceClaims(ns).Update(ctx, c, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) {
+			t.Errorf("updating a claim: %v, want Forbidden", err)
 		}
 	})
 

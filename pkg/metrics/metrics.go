@@ -1,0 +1,261 @@
+// Package metrics is the kubelet plugin's Prometheus metrics, on a registry
+// of its own (never the global one, so nothing a library registers there
+// leaks into Facet's /metrics).
+//
+// It uses prometheus/client_golang directly rather than
+// k8s.io/component-base/metrics: the latter adds stability levels and a
+// process-wide legacy registry meant for Kubernetes' own components, and
+// an out-of-tree driver gains nothing from either.
+//
+// Names follow the Kubernetes instrumentation conventions (sig-instrumentation
+// metric-instrumentation.md): prefix facet_, snake_case, base units
+// (_seconds, _bytes), counters end in _total. docs/operations.md lists them.
+//
+// Latencies, errors and what was published are pushed by the plugin as they
+// happen (Metrics' methods). Per-GPU values and the checkpoint are read when
+// Prometheus scrapes, through Collector over the narrow interfaces below, so
+// they are never stale and cost nothing between scrapes.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+const namespace = "facet"
+
+// KindUnknown labels a prepare that failed before its devices were known
+// (an unallocated claim, a device not in the inventory).
+const KindUnknown = "unknown"
+
+// KindMixed labels a claim whose devices are of several kinds.
+const KindMixed = "mixed"
+
+// Metrics holds the plugin's metrics. A nil *Metrics records nothing, so
+// code paths that run without metrics (tests) need no checks.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	prepareSeconds, unprepareSeconds *prometheus.HistogramVec
+	prepareErrors, unprepareErrors   *prometheus.CounterVec
+
+	slices, devices prometheus.Gauge
+	feature         *prometheus.GaugeVec
+}
+
+// New registers the plugin's metrics, the Go runtime's and the process's on
+// a fresh registry.
+func New() *Metrics {
+	// Prepare is milliseconds for a whole GPU and seconds for a MIG
+	// instance on real hardware (carving takes 1-3 s), hence buckets
+	// from 1 ms to about 33 s.
+	buckets := prometheus.ExponentialBuckets(0.001, 2, 16)
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		prepareSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "prepare_duration_seconds",
+			Help:    "Time to prepare one ResourceClaim (NodePrepareResources), by device kind, failures included.",
+			Buckets: buckets,
+		}, []string{"kind"}),
+		unprepareSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "unprepare_duration_seconds",
+			Help:    "Time to unprepare one ResourceClaim (NodeUnprepareResources), by device kind, failures included.",
+			Buckets: buckets,
+		}, []string{"kind"}),
+		prepareErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "prepare_errors_total",
+			Help: "ResourceClaim prepares that failed, by device kind. The kubelet retries, so one claim may count many times.",
+		}, []string{"kind"}),
+		unprepareErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "unprepare_errors_total",
+			Help: "ResourceClaim unprepares that failed, by device kind.",
+		}, []string{"kind"}),
+		slices: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "resource_slices_published",
+			Help: "ResourceSlices this node's plugin publishes.",
+		}),
+		devices: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "devices_published",
+			Help: "Devices in this node's published ResourceSlices.",
+		}),
+		feature: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "cluster_feature_enabled",
+			Help: "Whether the cluster enforces a DRA feature gate, as detected (or set by --feature-gates) at start: 1 on, 0 off.",
+		}, []string{"feature"}),
+	}
+	m.reg.MustRegister(m.prepareSeconds, m.unprepareSeconds, m.prepareErrors, m.unprepareErrors,
+		m.slices, m.devices, m.feature,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry is where the metrics are registered, for Collector and tests.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the registry in Prometheus' exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// ObservePrepare records one claim's prepare: how long it took, and an
+// error if err is not nil. kind is the claim's device kind (names.Kind*,
+// KindMixed or KindUnknown).
+func (m *Metrics) ObservePrepare(kind string, took time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	m.prepareSeconds.WithLabelValues(kind).Observe(took.Seconds())
+	if err != nil {
+		m.prepareErrors.WithLabelValues(kind).Inc()
+	}
+}
+
+// ObserveUnprepare is ObservePrepare for unprepare.
+func (m *Metrics) ObserveUnprepare(kind string, took time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	m.unprepareSeconds.WithLabelValues(kind).Observe(took.Seconds())
+	if err != nil {
+		m.unprepareErrors.WithLabelValues(kind).Inc()
+	}
+}
+
+// SetPublished records the ResourceSlices and devices published.
+func (m *Metrics) SetPublished(slices, devices int) {
+	if m == nil {
+		return
+	}
+	m.slices.Set(float64(slices))
+	m.devices.Set(float64(devices))
+}
+
+// SetFeatures records, per feature gate name, whether the cluster enforces
+// it.
+func (m *Metrics) SetFeatures(enabled map[string]bool) {
+	if m == nil {
+		return
+	}
+	for name, on := range enabled {
+		v := 0.0
+		if on {
+			v = 1
+		}
+		m.feature.WithLabelValues(name).Set(v)
+	}
+}
+
+// GPU is one physical GPU's state, as the driver knows it at scrape time.
+type GPU struct {
+	Index   int
+	UUID    string
+	Product string
+	// Mode is the inventory mode in force (exclusive, mig, shared, ...).
+	Mode string
+	// MemoryBytes is the GPU's framebuffer.
+	MemoryBytes int64
+	// AllocatedMemoryBytes is the memory prepared claims hold: all of it
+	// for a whole GPU, the instances' for MIG, the shares' limits.
+	AllocatedMemoryBytes int64
+	// AllocatedComputePercent is the compute prepared claims hold, in
+	// percent of the GPU: 100 for a whole GPU, the shares' SM limits, the
+	// MIG instances' compute slices of the GPU's.
+	AllocatedComputePercent int64
+	// MIGInUse counts the prepared MIG instances by profile name.
+	MIGInUse map[string]int
+}
+
+// GPUSource yields the GPUs' state (the driver).
+type GPUSource interface {
+	// GPUState lists every GPU of the inventory.
+	GPUState() []GPU
+	// PreparedClaims is the number of claims holding devices on the node.
+	PreparedClaims() int
+}
+
+// HealthSource says which GPUs are unhealthy.
+type HealthSource interface {
+	// GPUHealth maps the UUID of each unhealthy GPU to why; a GPU absent
+	// from it is healthy.
+	GPUHealth() map[string]string
+}
+
+// HealthFunc adapts a function to HealthSource.
+type HealthFunc func() map[string]string
+
+// GPUHealth calls f.
+func (f HealthFunc) GPUHealth() map[string]string { return f() }
+
+// CheckpointSource reports the checkpoint's footprint (package checkpoint).
+type CheckpointSource interface {
+	// Usage is the records' total size in bytes and their number.
+	Usage() (bytes int64, records int, err error)
+}
+
+// Collector reads per-GPU and checkpoint values at scrape time.
+type Collector struct {
+	GPUs       GPUSource
+	Health     HealthSource
+	Checkpoint CheckpointSource
+}
+
+var (
+	gpuLabels     = []string{"gpu", "uuid", "product"}
+	descMode      = prometheus.NewDesc(namespace+"_gpu_mode", "The GPU's mode: 1 for the mode in force, labelled by it.", append(gpuLabels, "mode"), nil)
+	descMemory    = prometheus.NewDesc(namespace+"_gpu_memory_bytes", "The GPU's framebuffer memory.", gpuLabels, nil)
+	descAllocMem  = prometheus.NewDesc(namespace+"_gpu_allocated_memory_bytes", "Memory of the GPU that prepared claims hold: all of it for a whole GPU, each MIG instance's, each vGPU share's limit.", gpuLabels, nil)
+	descAllocComp = prometheus.NewDesc(namespace+"_gpu_allocated_compute_percent", "Compute of the GPU that prepared claims hold, in percent: 100 for a whole GPU, each vGPU share's SM limit, each MIG instance's compute slices.", gpuLabels, nil)
+	descMIG       = prometheus.NewDesc(namespace+"_gpu_mig_instances_in_use", "Prepared MIG instances on the GPU, by profile.", append(gpuLabels, "profile"), nil)
+	descHealthy   = prometheus.NewDesc(namespace+"_gpu_healthy", "1 if the GPU is healthy, 0 if not.", gpuLabels, nil)
+	descCkptBytes = prometheus.NewDesc(namespace+"_checkpoint_size_bytes", "Total size of the prepared-claims checkpoint's records.", nil, nil)
+	descCkptRecs  = prometheus.NewDesc(namespace+"_checkpoint_records", "Records in the prepared-claims checkpoint.", nil, nil)
+	descPrepared  = prometheus.NewDesc(namespace+"_prepared_claims", "ResourceClaims holding devices on this node (prepared, or being prepared).", nil, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descMode, descMemory, descAllocMem, descAllocComp, descMIG, descHealthy, descCkptBytes, descCkptRecs, descPrepared} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. A checkpoint that cannot be read
+// is reported as an invalid metric, which fails the scrape visibly.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if c.GPUs != nil {
+		var unhealthy map[string]string
+		if c.Health != nil {
+			unhealthy = c.Health.GPUHealth()
+		}
+		for _, g := range c.GPUs.GPUState() {
+			l := []string{strconv.Itoa(g.Index), g.UUID, g.Product}
+			ch <- prometheus.MustNewConstMetric(descMode, prometheus.GaugeValue, 1, append(l, g.Mode)...)
+			ch <- prometheus.MustNewConstMetric(descMemory, prometheus.GaugeValue, float64(g.MemoryBytes), l...)
+			ch <- prometheus.MustNewConstMetric(descAllocMem, prometheus.GaugeValue, float64(g.AllocatedMemoryBytes), l...)
+			ch <- prometheus.MustNewConstMetric(descAllocComp, prometheus.GaugeValue, float64(g.AllocatedComputePercent), l...)
+			for profile, n := range g.MIGInUse {
+				ch <- prometheus.MustNewConstMetric(descMIG, prometheus.GaugeValue, float64(n), append(l, profile)...)
+			}
+			healthy := 1.0
+			if _, bad := unhealthy[g.UUID]; bad {
+				healthy = 0
+			}
+			ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, l...)
+		}
+		ch <- prometheus.MustNewConstMetric(descPrepared, prometheus.GaugeValue, float64(c.GPUs.PreparedClaims()))
+	}
+	if c.Checkpoint != nil {
+		bytes, records, err := c.Checkpoint.Usage()
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(descCkptBytes, err)
+			return
+		}
+		ch <- prometheus.MustNewConstMetric(descCkptBytes, prometheus.GaugeValue, float64(bytes))
+		ch <- prometheus.MustNewConstMetric(descCkptRecs, prometheus.GaugeValue, float64(records))
+	}
+}

@@ -1,0 +1,355 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/facet-gpu/facet/pkg/claimstatus"
+	"github.com/facet-gpu/facet/pkg/features"
+)
+
+// scrape reads the plugin's /metrics.
+func (p *plugin) scrape(t testing.TB) map[string]*dto.MetricFamily {
+	t.Helper()
+	m := healthAddrRE.FindStringSubmatch(p.logText())
+	if m == nil {
+		t.Fatal("no health address in the plugin's log")
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + m[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %s", resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return families
+}
+
+// value is the value of the family's sample whose labels include want;
+// ok is false when there is none. A histogram's value is its count.
+func value(families map[string]*dto.MetricFamily, name string, want map[string]string) (float64, bool) {
+	f := families[name]
+	if f == nil {
+		return 0, false
+	}
+next:
+	for _, m := range f.Metric {
+		labels := map[string]string{}
+		for _, l := range m.Label {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if labels[k] != v {
+				continue next
+			}
+		}
+		switch {
+		case m.Gauge != nil:
+			return m.Gauge.GetValue(), true
+		case m.Counter != nil:
+			return m.Counter.GetValue(), true
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount()), true
+		}
+	}
+	return 0, false
+}
+
+// expectMetric waits until a scrape shows the value (the scrape-time
+// values follow prepare at once; waiting covers the kubelet's timing).
+func (p *plugin) expectMetric(t *testing.T, name string, labels map[string]string, want float64) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%s%v = %g", name, labels, want), 30*time.Second, func() (bool, error) {
+		got, ok := value(p.scrape(t), name, labels)
+		return ok && got == want, fmt.Errorf("%s%v = %g (present: %v)", name, labels, got, ok)
+	})
+}
+
+// facetStatus waits for the claim's status.devices to hold Facet's entries
+// for each of its allocated devices, and returns their data.
+func facetStatus(t *testing.T, claimName string) (*resourceapi.ResourceClaim, []claimstatus.Data) {
+	t.Helper()
+	var claim *resourceapi.ResourceClaim
+	var data []claimstatus.Data
+	waitFor(t, "status.devices of claim "+claimName, 30*time.Second, func() (bool, error) {
+		var err error
+		claim, err = e.client.ResourceV1().ResourceClaims(namespace).Get(context.Background(), claimName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		data = nil
+		for _, r := range claim.Status.Allocation.Devices.Results {
+			found := false
+			for _, s := range claim.Status.Devices {
+				if s.Driver != driverName || s.Pool != r.Pool || s.Device != r.Device || (r.ShareID == nil) != (s.ShareID == nil) ||
+					(r.ShareID != nil && string(*r.ShareID) != *s.ShareID) {
+					continue
+				}
+				var d claimstatus.Data
+				if s.Data == nil {
+					return false, fmt.Errorf("entry %s without data", s.Device)
+				}
+				if err := json.Unmarshal(s.Data.Raw, &d); err != nil {
+					return false, err
+				}
+				data, found = append(data, d), true
+			}
+			if !found {
+				return false, fmt.Errorf("no entry for %s in %+v", r.Device, claim.Status.Devices)
+			}
+		}
+		return true, nil
+	})
+	return claim, data
+}
+
+// sliceUUID is the uuid attribute of a published device.
+func sliceUUID(t *testing.T, device string) (uuid string, index int64) {
+	t.Helper()
+	for _, s := range ourSlices(t) {
+		for _, d := range s.Spec.Devices {
+			if d.Name == device {
+				return *d.Attributes["uuid"].StringValue, *d.Attributes["index"].IntValue
+			}
+		}
+	}
+	t.Fatalf("device %s is not published", device)
+	return "", 0
+}
+
+// TestObservability: after whole-GPU, MIG and vGPU-share pods run, the
+// plugin's /metrics shows what they hold and the claims' status.devices say
+// what each device is; a claim with a bad opaque config gets a Warning
+// Event on the claim and its pod naming the field. MIG and shares need the
+// gated cluster; the whole GPU and the Event run on stock 1.35 too.
+func TestObservability(t *testing.T) {
+	setupNamespace(t)
+	gated := len(e.gates.Missing(features.PartitionableDevices, features.ConsumableCapacity)) == 0
+	var p *plugin
+	if gated {
+		p = startPlugin(t, "dgx-h100", demoModes...)
+	} else {
+		p = startPlugin(t, "dgx-h100")
+	}
+	deleteNamespaceAtEnd(t)
+
+	t.Run("published slices and cluster features", func(t *testing.T) {
+		slices := ourSlices(t)
+		devices := 0
+		for _, s := range slices {
+			devices += len(s.Spec.Devices)
+		}
+		p.expectMetric(t, "facet_resource_slices_published", nil, float64(len(slices)))
+		p.expectMetric(t, "facet_devices_published", nil, float64(devices))
+		for _, g := range features.Gates {
+			want := 0.0
+			if e.gates.Enabled[g] {
+				want = 1
+			}
+			p.expectMetric(t, "facet_cluster_feature_enabled", map[string]string{"feature": string(g)}, want)
+		}
+		for i := range 8 {
+			p.expectMetric(t, "facet_gpu_healthy", map[string]string{"gpu": strconv.Itoa(i)}, 1)
+		}
+	})
+
+	t.Run("whole GPU", func(t *testing.T) {
+		applyYAML(t, claimPod("obs-whole", `{name: gpu, exactly: {deviceClassName: gpu.facet.dev, selectors: [{cel: {expression: 'device.attributes["gpu.facet.dev"].index == 3 && device.attributes["gpu.facet.dev"].type == "gpu"'}}]}}`))
+		pod := waitPodRunning(t, "obs-whole")
+		claim := podClaims(t, pod)["req"]
+		claim, data := facetStatus(t, claim.Name)
+		r := claim.Status.Allocation.Devices.Results[0]
+		uuid, index := sliceUUID(t, r.Device)
+		if len(data) != 1 || data[0] != (claimstatus.Data{Kind: "gpu", GPUUUID: uuid}) {
+			t.Errorf("status.devices data %+v, want a whole GPU %s", data, uuid)
+		}
+		gpu := map[string]string{"gpu": strconv.FormatInt(index, 10), "uuid": uuid}
+		families := p.scrape(t)
+		memory, ok := value(families, "facet_gpu_memory_bytes", gpu)
+		if !ok || memory < 1<<30 {
+			t.Fatalf("facet_gpu_memory_bytes%v = %g, %v", gpu, memory, ok)
+		}
+		p.expectMetric(t, "facet_gpu_allocated_memory_bytes", gpu, memory)
+		p.expectMetric(t, "facet_gpu_allocated_compute_percent", gpu, 100)
+		if n, ok := value(families, "facet_prepare_duration_seconds", map[string]string{"kind": "gpu"}); !ok || n < 1 {
+			t.Errorf("prepare latency of whole GPUs: %g observations", n)
+		}
+		if n, _ := value(families, "facet_prepared_claims", nil); n < 1 {
+			t.Errorf("facet_prepared_claims = %g", n)
+		}
+		if n, _ := value(families, "facet_checkpoint_records", nil); n < 1 {
+			t.Errorf("facet_checkpoint_records = %g", n)
+		}
+		if b, _ := value(families, "facet_checkpoint_size_bytes", nil); b < 100 {
+			t.Errorf("facet_checkpoint_size_bytes = %g", b)
+		}
+		kubectl(t, "delete", "pod", "-n", namespace, "obs-whole", "--wait=true", "--timeout=120s")
+		p.expectMetric(t, "facet_gpu_allocated_memory_bytes", gpu, 0)
+		p.expectMetric(t, "facet_unprepare_duration_seconds", map[string]string{"kind": "gpu"}, 1)
+	})
+
+	t.Run("MIG device", func(t *testing.T) {
+		needGates(t, features.PartitionableDevices)
+		kubectl(t, "apply", "-f", e.repo+"/demo/mig/one-1g10gb.yaml")
+		pod := waitPodRunning(t, "one-1g10gb")
+		claim := podClaims(t, pod)["gpu"]
+		if claim == nil {
+			for _, c := range podClaims(t, pod) {
+				claim = c
+			}
+		}
+		claim, data := facetStatus(t, claim.Name)
+		r := claim.Status.Allocation.Devices.Results[0]
+		if len(data) != 1 {
+			t.Fatalf("status.devices data %+v", data)
+		}
+		d := data[0]
+		env := envOf(execIn(t, "one-1g10gb", "", "env"))
+		if d.Kind != "mig" || d.Profile != "1g.10gb" || d.MIGUUID == "" || d.MIGUUID != env["FACET_GPU_UUIDS"] || d.Placement == nil || d.Placement.Size != 1 ||
+			d.GPUInstanceID == nil || d.ComputeInstanceID == nil || !strings.HasPrefix(d.GPUUUID, "GPU-") {
+			t.Errorf("status.devices data %+v; container sees %s", d, env["FACET_GPU_UUIDS"])
+		}
+		if !strings.Contains(r.Device, "-mig-1g10gb-") {
+			t.Errorf("allocated %s", r.Device)
+		}
+		gpu := map[string]string{"uuid": d.GPUUUID}
+		p.expectMetric(t, "facet_gpu_mig_instances_in_use", map[string]string{"uuid": d.GPUUUID, "profile": "1g.10gb"}, 1)
+		if n, ok := value(p.scrape(t), "facet_gpu_allocated_memory_bytes", gpu); !ok || n < 9<<30 || n > 11<<30 {
+			t.Errorf("allocated memory of a 1g.10gb: %g", n)
+		}
+		p.expectMetric(t, "facet_gpu_mode", map[string]string{"uuid": d.GPUUUID, "mode": "mig"}, 1)
+		p.expectMetric(t, "facet_prepare_duration_seconds", map[string]string{"kind": "mig"}, 1)
+		kubectl(t, "delete", "pod", "-n", namespace, "one-1g10gb", "--wait=true", "--timeout=120s")
+		waitFor(t, "MIG gauge gone", 30*time.Second, func() (bool, error) {
+			_, ok := value(p.scrape(t), "facet_gpu_mig_instances_in_use", map[string]string{"uuid": d.GPUUUID})
+			return !ok, nil
+		})
+	})
+
+	t.Run("vGPU share", func(t *testing.T) {
+		needGates(t, features.ConsumableCapacity)
+		kubectl(t, "apply", "-f", e.repo+"/demo/vgpu/volcano-share.yaml")
+		pod := waitPodRunning(t, "volcano-share")
+		claim := podClaims(t, pod)["vgpu"]
+		claim, data := facetStatus(t, claim.Name)
+		r := claim.Status.Allocation.Devices.Results[0]
+		uuid, _ := sliceUUID(t, r.Device)
+		enforced, mem, cores := true, int64(2000<<20), int64(20)
+		if r.ShareID == nil || len(data) != 1 ||
+			data[0] != (claimstatus.Data{Kind: "share", GPUUUID: uuid, MemoryLimitBytes: data[0].MemoryLimitBytes, ComputeLimitPercent: data[0].ComputeLimitPercent, Enforced: data[0].Enforced}) ||
+			data[0].MemoryLimitBytes == nil || *data[0].MemoryLimitBytes != mem || *data[0].ComputeLimitPercent != cores || *data[0].Enforced != enforced {
+			t.Errorf("status.devices data %+v (shareID %v)", data, r.ShareID)
+		}
+		gpu := map[string]string{"uuid": uuid}
+		p.expectMetric(t, "facet_gpu_allocated_memory_bytes", gpu, float64(mem))
+		p.expectMetric(t, "facet_gpu_allocated_compute_percent", gpu, float64(cores))
+		p.expectMetric(t, "facet_gpu_mode", map[string]string{"uuid": uuid, "mode": "shared"}, 1)
+		p.expectMetric(t, "facet_prepare_duration_seconds", map[string]string{"kind": "share"}, 1)
+		kubectl(t, "delete", "pod", "-n", namespace, "volcano-share", "--wait=true", "--timeout=120s")
+	})
+
+	t.Cleanup(func() {
+		// What the plugin measured, for the record.
+		f := p.scrape(t)["facet_prepare_duration_seconds"]
+		for _, m := range f.GetMetric() {
+			h := m.GetHistogram()
+			if h.GetSampleCount() > 0 {
+				t.Logf("prepare latency %v: %d prepares, mean %.1f ms", m.GetLabel(), h.GetSampleCount(), 1000*h.GetSampleSum()/float64(h.GetSampleCount()))
+			}
+		}
+	})
+
+	t.Run("a bad opaque config raises an Event on the claim and its pod", func(t *testing.T) {
+		applyYAML(t, `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: obs-bad, namespace: facet-demo}
+spec:
+  spec:
+    devices:
+      requests:
+      - {name: gpu, exactly: {deviceClassName: gpu.facet.dev, selectors: [{cel: {expression: 'device.attributes["gpu.facet.dev"].index == 2 && device.attributes["gpu.facet.dev"].type == "gpu"'}}]}}
+      config:
+      - opaque:
+          driver: gpu.facet.dev
+          parameters: {apiVersion: gpu.facet.dev/v1alpha1, kind: GpuConfig, bogusField: 1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: obs-bad, namespace: facet-demo}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: facet.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "86400"]
+    resources: {claims: [{name: req}]}
+  resourceClaims:
+  - {name: req, resourceClaimTemplateName: obs-bad}
+`)
+		var claimName string
+		waitFor(t, "obs-bad's claim", time.Minute, func() (bool, error) {
+			pod, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), "obs-bad", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			for _, s := range pod.Status.ResourceClaimStatuses {
+				if s.ResourceClaimName != nil {
+					claimName = *s.ResourceClaimName
+				}
+			}
+			return claimName != "", nil
+		})
+		for _, obj := range []struct{ kind, name string }{{"ResourceClaim", claimName}, {"Pod", "obs-bad"}} {
+			waitFor(t, "FacetPrepareFailed on "+obj.kind+" "+obj.name, 2*time.Minute, func() (bool, error) {
+				evs, err := e.client.CoreV1().Events(namespace).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + obj.name})
+				if err != nil {
+					return false, err
+				}
+				var seen []string
+				for _, ev := range evs.Items {
+					if ev.Reason == "FacetPrepareFailed" && ev.Type == corev1.EventTypeWarning && ev.InvolvedObject.Kind == obj.kind &&
+						strings.Contains(ev.Message, `GpuConfig: strict decoding error: unknown field "bogusField"`) {
+						t.Logf("%s %s: %s %s (count %d): %s", obj.kind, obj.name, ev.Type, ev.Reason, ev.Count, ev.Message)
+						return true, nil
+					}
+					seen = append(seen, ev.Reason+": "+ev.Message)
+				}
+				return false, fmt.Errorf("events %q", seen)
+			})
+		}
+		// The kubelet retries the prepare: at least one error.
+		if n, _ := value(p.scrape(t), "facet_prepare_errors_total", map[string]string{"kind": "gpu"}); n < 1 {
+			t.Errorf("facet_prepare_errors_total{kind=gpu} = %g", n)
+		}
+		claim, err := e.client.ResourceV1().ResourceClaims(namespace).Get(context.Background(), claimName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(claim.Status.Devices) != 0 {
+			t.Errorf("a claim that failed to prepare has status.devices %+v", claim.Status.Devices)
+		}
+		kubectl(t, "delete", "pod", "-n", namespace, "obs-bad", "--wait=true", "--timeout=120s")
+	})
+}
