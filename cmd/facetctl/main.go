@@ -8,9 +8,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"text/tabwriter"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -157,7 +159,28 @@ func runSlices(args []string) error {
 			return fmt.Errorf("internal error: %v", errors.Join(errs...))
 		}
 	}
-	return slices.WriteYAML(os.Stdout, objs)
+	return writeSlices(os.Stdout, objs)
+}
+
+// writeSlices prints slices as a YAML stream, with a comment above each
+// counter-only slice that says why it has no devices.
+func writeSlices(w io.Writer, objs []*resourceapi.ResourceSlice) error {
+	for i, o := range objs {
+		if i > 0 {
+			if _, err := io.WriteString(w, "---\n"); err != nil {
+				return err
+			}
+		}
+		if slices.CounterOnly(o) {
+			if _, err := fmt.Fprintf(w, "# %s\n", slices.ExplainCounterOnly(o)); err != nil {
+				return err
+			}
+		}
+		if err := slices.WriteYAML(w, objs[i:i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func runFeatures(args []string) error {

@@ -74,6 +74,46 @@ func TestSlicesOfAMachine(t *testing.T) {
 	}
 }
 
+// TestSlicesExplainCounterOnly: the counter-only slice, and only it, is
+// preceded by a comment that says why it has no devices; a mode without
+// counters has no such comment.
+func TestSlicesExplainCounterOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		modes    string
+		comments int
+	}{
+		{"mig and shared", "0-3=mig,4-7=shared", 1},
+		{"exclusive", "0-7=exclusive", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := captureStdout(t, func() error {
+				return runSlices([]string{"--machine", machine, "--node", "n", "--gpu-modes", tc.modes})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			docs := strings.Split(out, "---\n")
+			comments := 0
+			for _, doc := range docs {
+				commented := strings.HasPrefix(doc, "# counter-only slice: ")
+				if commented {
+					comments++
+				}
+				if counterOnly := strings.Contains(doc, "sharedCounters:") && !strings.Contains(doc, "devices:"); counterOnly != commented {
+					t.Errorf("counter-only %t, explained %t:\n%s", counterOnly, commented, doc)
+				}
+			}
+			if comments != tc.comments {
+				t.Errorf("%d explained slices, want %d", comments, tc.comments)
+			}
+			if tc.comments > 0 && !strings.Contains(out, "DEVICES <none>") {
+				t.Error("the explanation does not name what kubectl shows")
+			}
+		})
+	}
+}
+
 func TestMIGInstancesOfASimulatedNode(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "simulated-nvml.json")
 	out, err := captureStdout(t, func() error {
