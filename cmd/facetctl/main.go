@@ -255,8 +255,9 @@ func runSimDriverRoot(args []string) error {
 
 func runMIGInstances(args []string) error {
 	fs := flag.NewFlagSet("mig-instances", flag.ExitOnError)
-	machine := fs.String("machine", "", "machine file of a simulated node (default: the real NVML of this host)")
+	machine := fs.String("machine", "", "machine file of a simulated node (default: the demo node's in --run-dir, else the real NVML of this host)")
 	state := fs.String("nvml-state", "", "with --machine: the plugin's simulated NVML state file (<state-dir>/simulated-nvml.json)")
+	runDir := fs.String("run-dir", defaultRunDir(), "without --machine: the demo node's run directory (make demo's RUN_DIR), searched for its machine file and NVML state")
 	fs.Parse(args)
 	var lib *nvml.Library
 	var err error
@@ -265,8 +266,22 @@ func runMIGInstances(args []string) error {
 		lib, err = sim.OpenMachine(*machine, sim.WithStateFile(*state))
 	case *machine != "":
 		return fmt.Errorf("--machine needs --nvml-state: a simulated node's instances live in the plugin's state file")
+	case *state != "":
+		return fmt.Errorf("--nvml-state needs --machine: the state file holds the instances, the machine file the GPUs")
 	default:
-		lib, err = nvml.OpenReal("")
+		var demo demoNode
+		demo, err = findDemoNode(*runDir)
+		switch {
+		case err == nil:
+			fmt.Fprintf(os.Stderr, "facetctl mig-instances: the demo node's machine file %s and NVML state %s\n", demo.machine, demo.state)
+			lib, err = sim.OpenMachine(demo.machine, sim.WithStateFile(demo.state))
+		case errors.Is(err, errNoDemoNode):
+			var realErr error
+			if lib, realErr = nvml.OpenReal(""); realErr != nil {
+				return fmt.Errorf("no NVML on this host (%v), and %w; pass --machine FILE --nvml-state FILE, or --run-dir DIR", realErr, err)
+			}
+			err = nil
+		}
 	}
 	if err != nil {
 		return err
