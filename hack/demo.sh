@@ -53,7 +53,11 @@ grep -m1 "ResourceSlices published" "${RUN_DIR}/logs/facet-plugin.log" || { echo
 echo "What the plugin detected (also an Event on the Node: kubectl describe node localhost):"
 grep -m1 -o 'Cluster DRA features: [^"]*' "${RUN_DIR}/logs/facet-plugin.log" | fold -s -w 100 | sed 's/^/  /'
 
-k get resourceslices -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name'
+k get resourceslices -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name,COUNTERS:.spec.sharedCounters[*].name'
+${stock} || echo "(DEVICES <none>: a counter-only slice. It holds the GPUs' counter sets, which the devices in the other slices consume.)"
+
+step "Installing admission: Facet's ValidatingAdmissionPolicies and facet-webhook, and refusing a bad config"
+hack/demo-admission.sh start "${RUN_DIR}"
 
 step "Applying DeviceClasses and the demo/ examples"
 k apply -f deployments/deviceclasses.yaml
@@ -82,8 +86,8 @@ for p in "${pods[@]}"; do
   done
 done
 
-step "MIG instances carved in the simulated GPUs (facetctl mig-instances)"
-bin/facetctl mig-instances --machine "${MACHINE}" --nvml-state "${RUN_DIR}/facet-state/simulated-nvml.json"
+step "MIG instances carved in the simulated GPUs (facetctl mig-instances, which finds the demo node in RUN_DIR)"
+bin/facetctl mig-instances
 
 step "Done in $((SECONDS - T0))s. The node stays up:"
 cat <<MSG
