@@ -24,7 +24,7 @@ hack/install-deps.sh
 # up.sh restarts the node and clears its pid files: stop a plugin left by
 # an earlier demo first, or it would keep running unsupervised.
 hack/plugin.sh stop "${RUN_DIR}"
-step "Starting the node (the first run builds Kubernetes v1.35, etcd and containerd from Go modules: 18-28 minutes on 2 cores)"
+step "Starting the node (the first run builds Kubernetes v1.35, etcd and containerd from Go modules: about 18 minutes on 2 idle cores)"
 hack/cluster/up.sh
 # shellcheck disable=SC1091
 source "${RUN_DIR}/env.sh"
