@@ -103,6 +103,7 @@ demo: build
 
 ## demo-down: stop the demo node
 demo-down:
+	hack/demo-admission.sh stop $(RUN_DIR)
 	hack/plugin.sh stop $(RUN_DIR)
 	RUN_DIR=$(RUN_DIR) hack/cluster/down.sh
 

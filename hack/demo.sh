@@ -24,7 +24,7 @@ hack/install-deps.sh
 # up.sh restarts the node and clears its pid files: stop a plugin left by
 # an earlier demo first, or it would keep running unsupervised.
 hack/plugin.sh stop "${RUN_DIR}"
-step "Starting the node (the first run builds Kubernetes v1.35, etcd and containerd from Go modules: ~10 minutes)"
+step "Starting the node (the first run builds Kubernetes v1.35, etcd and containerd from Go modules: about 18 minutes on 2 idle cores)"
 hack/cluster/up.sh
 # shellcheck disable=SC1091
 source "${RUN_DIR}/env.sh"
@@ -53,7 +53,11 @@ grep -m1 "ResourceSlices published" "${RUN_DIR}/logs/facet-plugin.log" || { echo
 echo "What the plugin detected (also an Event on the Node: kubectl describe node localhost):"
 grep -m1 -o 'Cluster DRA features: [^"]*' "${RUN_DIR}/logs/facet-plugin.log" | fold -s -w 100 | sed 's/^/  /'
 
-k get resourceslices -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name'
+k get resourceslices -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name,COUNTERS:.spec.sharedCounters[*].name'
+${stock} || echo "(DEVICES <none>: a counter-only slice. It holds the GPUs' counter sets, which the devices in the other slices consume.)"
+
+step "Installing admission: Facet's ValidatingAdmissionPolicies and facet-webhook, and refusing a bad config"
+hack/demo-admission.sh start "${RUN_DIR}"
 
 step "Applying DeviceClasses and the demo/ examples"
 k apply -f deployments/deviceclasses.yaml
@@ -82,8 +86,8 @@ for p in "${pods[@]}"; do
   done
 done
 
-step "MIG instances carved in the simulated GPUs (facetctl mig-instances)"
-bin/facetctl mig-instances --machine "${MACHINE}" --nvml-state "${RUN_DIR}/facet-state/simulated-nvml.json"
+step "MIG instances carved in the simulated GPUs (facetctl mig-instances, which finds the demo node in RUN_DIR)"
+bin/facetctl mig-instances
 
 step "Operations: occupancy, and one GPU fault with its recovery (hack/demo-health.sh)"
 hack/demo-health.sh

@@ -8,9 +8,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"text/tabwriter"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -166,7 +168,28 @@ func runSlices(args []string) error {
 			return fmt.Errorf("internal error: %v", errors.Join(errs...))
 		}
 	}
-	return slices.WriteYAML(os.Stdout, objs)
+	return writeSlices(os.Stdout, objs)
+}
+
+// writeSlices prints slices as a YAML stream, with a comment above each
+// counter-only slice that says why it has no devices.
+func writeSlices(w io.Writer, objs []*resourceapi.ResourceSlice) error {
+	for i, o := range objs {
+		if i > 0 {
+			if _, err := io.WriteString(w, "---\n"); err != nil {
+				return err
+			}
+		}
+		if slices.CounterOnly(o) {
+			if _, err := fmt.Fprintf(w, "# %s\n", slices.ExplainCounterOnly(o)); err != nil {
+				return err
+			}
+		}
+		if err := slices.WriteYAML(w, objs[i:i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func runFeatures(args []string) error {
@@ -241,8 +264,9 @@ func runSimDriverRoot(args []string) error {
 
 func runMIGInstances(args []string) error {
 	fs := flag.NewFlagSet("mig-instances", flag.ExitOnError)
-	machine := fs.String("machine", "", "machine file of a simulated node (default: the real NVML of this host)")
+	machine := fs.String("machine", "", "machine file of a simulated node (default: the demo node's in --run-dir, else the real NVML of this host)")
 	state := fs.String("nvml-state", "", "with --machine: the plugin's simulated NVML state file (<state-dir>/simulated-nvml.json)")
+	runDir := fs.String("run-dir", defaultRunDir(), "without --machine: the demo node's run directory (make demo's RUN_DIR), searched for its machine file and NVML state")
 	fs.Parse(args)
 	var lib *nvml.Library
 	var err error
@@ -251,8 +275,22 @@ func runMIGInstances(args []string) error {
 		lib, err = sim.OpenMachine(*machine, sim.WithStateFile(*state))
 	case *machine != "":
 		return fmt.Errorf("--machine needs --nvml-state: a simulated node's instances live in the plugin's state file")
+	case *state != "":
+		return fmt.Errorf("--nvml-state needs --machine: the state file holds the instances, the machine file the GPUs")
 	default:
-		lib, err = nvml.OpenReal("")
+		var demo demoNode
+		demo, err = findDemoNode(*runDir)
+		switch {
+		case err == nil:
+			fmt.Fprintf(os.Stderr, "facetctl mig-instances: the demo node's machine file %s and NVML state %s\n", demo.machine, demo.state)
+			lib, err = sim.OpenMachine(demo.machine, sim.WithStateFile(demo.state))
+		case errors.Is(err, errNoDemoNode):
+			var realErr error
+			if lib, realErr = nvml.OpenReal(""); realErr != nil {
+				return fmt.Errorf("no NVML on this host (%v), and %w; pass --machine FILE --nvml-state FILE, or --run-dir DIR", realErr, err)
+			}
+			err = nil
+		}
 	}
 	if err != nil {
 		return err

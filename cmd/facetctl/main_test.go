@@ -5,6 +5,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 const machine = "../../demo/machines/dgx-h100.yaml"
@@ -74,6 +77,46 @@ func TestSlicesOfAMachine(t *testing.T) {
 	}
 }
 
+// TestSlicesExplainCounterOnly: the counter-only slice, and only it, is
+// preceded by a comment that says why it has no devices; a mode without
+// counters has no such comment.
+func TestSlicesExplainCounterOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		modes    string
+		comments int
+	}{
+		{"mig and shared", "0-3=mig,4-7=shared", 1},
+		{"exclusive", "0-7=exclusive", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := captureStdout(t, func() error {
+				return runSlices([]string{"--machine", machine, "--node", "n", "--gpu-modes", tc.modes})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			docs := strings.Split(out, "---\n")
+			comments := 0
+			for _, doc := range docs {
+				commented := strings.HasPrefix(doc, "# counter-only slice: ")
+				if commented {
+					comments++
+				}
+				if counterOnly := strings.Contains(doc, "sharedCounters:") && !strings.Contains(doc, "devices:"); counterOnly != commented {
+					t.Errorf("counter-only %t, explained %t:\n%s", counterOnly, commented, doc)
+				}
+			}
+			if comments != tc.comments {
+				t.Errorf("%d explained slices, want %d", comments, tc.comments)
+			}
+			if tc.comments > 0 && !strings.Contains(out, "DEVICES <none>") {
+				t.Error("the explanation does not name what kubectl shows")
+			}
+		})
+	}
+}
+
 func TestMIGInstancesOfASimulatedNode(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "simulated-nvml.json")
 	out, err := captureStdout(t, func() error {
@@ -84,5 +127,112 @@ func TestMIGInstancesOfASimulatedNode(t *testing.T) {
 	}
 	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "GPU") {
 		t.Errorf("a fresh node has no instances, got:\n%s", out)
+	}
+}
+
+// demoRunDir lays out a demo node's run directory as hack/sim-node.sh and
+// the plugin leave it, with one 1g.10gb instance carved on GPU 2, and
+// returns it and the instance's UUID. withMachine, withState: which of
+// the two files it keeps.
+func demoRunDir(t *testing.T, withMachine, withState bool) (string, string) {
+	t.Helper()
+	dir := t.TempDir()
+	statePath := filepath.Join(dir, "facet-state", "simulated-nvml.json")
+	if err := os.MkdirAll(filepath.Dir(statePath), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := sim.OpenMachine(machine, sim.WithStateFile(statePath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := node.GPUs[2]
+	if _, err := lib.EnableMIG(g.UUID); err != nil {
+		t.Fatal(err)
+	}
+	var uuid string
+	for _, p := range g.MIGProfiles {
+		if p.Name == "1g.10gb" {
+			in, err := lib.CreateMIG(g.UUID, p.GIProfileID, p.Placements[0].Start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			uuid = in.UUID
+		}
+	}
+	if err := lib.Close(); err != nil || uuid == "" {
+		t.Fatalf("carving 1g.10gb: %v (uuid %q)", err, uuid)
+	}
+	if !withState {
+		if err := os.Remove(statePath); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if withMachine {
+		data, err := os.ReadFile(machine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "machine.yaml"), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, uuid
+}
+
+// TestMIGInstancesFindsTheDemoNode: without --machine and --nvml-state,
+// mig-instances reads the demo node's run directory (--run-dir, else
+// $RUN_DIR, else $FACET_RUN_DIR); half a demo node, or none on a host
+// without NVML, is an error that names the flags.
+func TestMIGInstancesFindsTheDemoNode(t *testing.T) {
+	if lib, err := nvml.OpenReal(""); err == nil {
+		lib.Close()
+		t.Skip("this host has NVML: without a demo node, mig-instances reads it")
+	}
+	full, uuid := demoRunDir(t, true, true)
+	noMachine, _ := demoRunDir(t, false, true)
+	noState, _ := demoRunDir(t, true, false)
+	empty := t.TempDir()
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		args    []string
+		want    string // in the output
+		wantErr []string
+	}{
+		{name: "--run-dir", args: []string{"--run-dir", full}, want: uuid},
+		{name: "$RUN_DIR", env: map[string]string{"RUN_DIR": full, "FACET_RUN_DIR": empty}, want: uuid},
+		{name: "$FACET_RUN_DIR from env.sh", env: map[string]string{"RUN_DIR": "", "FACET_RUN_DIR": full}, want: uuid},
+		{name: "no demo node", args: []string{"--run-dir", empty}, wantErr: []string{"no NVML on this host", "no demo node in " + empty, "--machine FILE --nvml-state FILE"}},
+		{name: "no machine file", args: []string{"--run-dir", noMachine}, wantErr: []string{"no machine.yaml", "--machine FILE --nvml-state " + noMachine}},
+		{name: "no state", args: []string{"--run-dir", noState}, wantErr: []string{"no facet-state/simulated-nvml.json", "--machine " + noState}},
+		{name: "--nvml-state alone", args: []string{"--run-dir", full, "--nvml-state", filepath.Join(full, "facet-state", "simulated-nvml.json")}, wantErr: []string{"--nvml-state needs --machine"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			out, err := captureStdout(t, func() error { return runMIGInstances(tc.args) })
+			if tc.wantErr != nil {
+				if err == nil {
+					t.Fatalf("no error; output:\n%s", out)
+				}
+				for _, w := range tc.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("err = %v, want it to contain %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.Contains(lines[1], uuid) || !strings.HasPrefix(lines[1], "2 ") {
+				t.Errorf("want the one instance on GPU 2, %s, got:\n%s", tc.want, out)
+			}
+		})
 	}
 }

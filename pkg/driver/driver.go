@@ -212,8 +212,8 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		wg.Go(func() {
 			devices, err := d.observedPrepare(ctx, claim)
 			if err != nil {
+				// prepareClaim logged it.
 				err = fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
-				klog.FromContext(ctx).Error(err, "Prepare failed", "claim", klog.KObj(claim))
 			}
 			mu.Lock()
 			results[claim.UID] = kubeletplugin.PrepareResult{Devices: devices, Err: err}

@@ -19,20 +19,45 @@ import (
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/claimuid"
 	"github.com/facet-gpu/facet/pkg/hami"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
+// prepareClaim prepares one claim and logs exactly one line about it at
+// default verbosity, on success and on failure: an operator reading the
+// plugin's log sees every claim it served, its devices and what was made
+// for them, without raising the verbosity.
 func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
-	if err := claimuid.Validate(claim.UID); err != nil {
+	rec, outcome, err := d.prepareRecord(ctx, claim)
+	logger := klog.FromContext(ctx)
+	if err != nil {
+		var devs []string
+		if rec != nil {
+			devs = describeDevices(rec.Devices)
+		} else {
+			devs = allocatedDevices(claim)
+		}
+		logger.Error(err, "Prepare failed", "claim", klog.KObj(claim), "uid", claim.UID, "devices", devs)
 		return nil, err
 	}
+	logger.Info("Prepared claim", "claim", klog.KObj(claim), "uid", claim.UID, "outcome", outcome, "devices", describeDevices(rec.Devices))
+	return resultDevices(rec), nil
+}
+
+// prepareRecord does prepareClaim's work. It returns the prepared record
+// and how it came to be ("prepared", "already prepared", or "rebuilt: "
+// and why); on failure, the record as far as it got (nil before the plan).
+func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, string, error) {
+	if err := claimuid.Validate(claim.UID); err != nil {
+		return nil, "", err
+	}
 	if err := d.lock(claim.UID); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer d.unlock(claim.UID)
 
 	rec, err := d.store.Get(claim.UID)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if rec != nil && rec.State == checkpoint.StatePrepared {
 		// Idempotent: the kubelet asks again after its own restarts. But
@@ -45,54 +70,113 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		}
 		stale := d.staleness(rec)
 		if stale == "" {
-			return resultDevices(rec), nil
+			return rec, "already prepared", nil
 		}
-		klog.FromContext(ctx).Info("Rebuilding a prepared claim", "claim", klog.KObj(claim), "why", stale)
 		if err := d.rebuild(ctx, claim, rec); err != nil {
-			return nil, fmt.Errorf("rebuild (%s): %w", stale, err)
+			return rec, "", fmt.Errorf("rebuild (%s): %w", stale, err)
 		}
-		return resultDevices(rec), nil
+		return rec, "rebuilt: " + stale, nil
 	}
 	if rec != nil {
 		if err := d.rollback(ctx, claim.UID, rec); err != nil {
-			return nil, err
+			return rec, "", err
 		}
 	}
 
 	p, err := d.plan(claim)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	ref := claimRef{claim.UID, claim.Namespace, claim.Name}
 	if err := d.admit(ref, p.devices); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	rec = &checkpoint.Claim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.StatePreparing, Devices: p.devices, BootID: d.bootID}
 	// Record the intent before any side effect: from here on a crash is
 	// rolled back at the next start, so nothing outlives it unrecorded.
 	if err := d.store.Put(rec); err != nil {
 		d.release(ref)
-		return nil, err
+		return rec, "", err
 	}
 	d.failpoint("prepare/recorded-intent")
 	if err := d.carveMIG(ctx, rec); err != nil {
-		return nil, errors.Join(err, d.rollback(ctx, claim.UID, rec))
+		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	if err := d.leaveMIG(ctx, rec); err != nil {
-		return nil, errors.Join(err, d.rollback(ctx, claim.UID, rec))
+		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	d.failpoint("prepare/left-mig")
 	if err := d.writeSpec(rec, p.vgpu, false); err != nil {
-		return nil, errors.Join(err, d.rollback(ctx, claim.UID, rec))
+		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	d.failpoint("prepare/wrote-spec")
 	rec.State = checkpoint.StatePrepared
 	if err := d.store.Put(rec); err != nil {
-		return nil, errors.Join(err, d.rollback(ctx, claim.UID, rec))
+		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	d.failpoint("prepare/recorded-prepared")
-	klog.FromContext(ctx).V(2).Info("Prepared claim", "claim", klog.KObj(claim), "devices", len(rec.Devices))
-	return resultDevices(rec), nil
+	return rec, "prepared", nil
+}
+
+// allocatedDevices names the claim's devices of this driver, for the log
+// line of a prepare that failed before it had a record.
+func allocatedDevices(claim *resourceapi.ResourceClaim) []string {
+	if claim.Status.Allocation == nil {
+		return nil
+	}
+	var devs []string
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver == names.Driver {
+			devs = append(devs, r.Pool+"/"+r.Device)
+		}
+	}
+	return devs
+}
+
+// describeDevices says, one string per device, what a claim's record
+// holds: each device's name and kind; for a MIG device its profile,
+// placement (the memory slices it spans) and, once it exists, its GPU and
+// compute instance IDs and MIG UUID; for a vGPU share or slot its memory in
+// bytes, its SM share in percent (0: best effort) and whether HAMi-core
+// enforces them; for a whole GPU its UUID.
+func describeDevices(devs []checkpoint.Device) []string {
+	out := make([]string, 0, len(devs))
+	for _, dev := range devs {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s (%s", dev.Device, dev.Kind)
+		switch {
+		case dev.MIG != nil:
+			m := dev.MIG
+			fmt.Fprintf(&b, " %s, memory slices %d-%d", m.Profile, m.Start, m.Start+m.Size-1)
+			if m.UUID != "" {
+				fmt.Fprintf(&b, ", GI %d, CI %d, %s", m.GIID, m.CIID, m.UUID)
+			} else {
+				b.WriteString(", no instance")
+			}
+			fmt.Fprintf(&b, " on %s", dev.GPUUUID)
+		case dev.Share != nil:
+			s := dev.Share
+			fmt.Fprintf(&b, " of %s, memory %d bytes, ", dev.GPUUUID, s.MemoryBytes)
+			if s.Cores == 0 {
+				b.WriteString("SM best effort")
+			} else {
+				fmt.Fprintf(&b, "SM %d%%", s.Cores)
+			}
+			if s.Enforced {
+				b.WriteString(", enforced by HAMi-core")
+			} else {
+				b.WriteString(", not enforced")
+			}
+			if dev.ShareID != nil {
+				fmt.Fprintf(&b, ", share %s", *dev.ShareID)
+			}
+		default:
+			fmt.Fprintf(&b, " %s", dev.GPUUUID)
+		}
+		b.WriteString(")")
+		out = append(out, b.String())
+	}
+	return out
 }
 
 // staleness says why a prepared record cannot be handed out as it is, or
@@ -392,25 +476,57 @@ func (d *Driver) reportUnrecorded(ctx context.Context, rec *checkpoint.Claim, de
 	}
 }
 
+// unprepareClaim unprepares one claim and, like prepareClaim, logs exactly
+// one line about it at default verbosity, on success and on failure.
 func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.NamespacedObject) error {
-	if err := claimuid.Validate(claim.UID); err != nil {
+	rec, outcome, err := d.unprepareRecord(ctx, claim)
+	var devs []string
+	if rec != nil {
+		devs = describeDevices(rec.Devices)
+	}
+	logger := klog.FromContext(ctx)
+	if err != nil {
+		logger.Error(err, "Unprepare failed", "claim", claim.NamespacedName, "uid", claim.UID, "devices", devs)
 		return err
 	}
+	if outcome == nothingRecorded {
+		// Its own message: the kubelet may repeat an unprepare, and
+		// "Unprepared claim" counts the claims actually undone.
+		logger.Info("Nothing to unprepare: no record of the claim", "claim", claim.NamespacedName, "uid", claim.UID)
+		return nil
+	}
+	logger.Info("Unprepared claim", "claim", claim.NamespacedName, "uid", claim.UID, "outcome", outcome, "devices", devs)
+	return nil
+}
+
+// nothingRecorded is unprepareRecord's outcome for a claim without a record.
+const nothingRecorded = "nothing recorded"
+
+// unprepareRecord does unprepareClaim's work. It returns the record it
+// undid, its devices as they were before the rollback cleared them (nil if
+// none was readable), and how it went: "unprepared", nothingRecorded, or,
+// for a corrupt record, "record corrupt (...), salvaged" or "..., nothing
+// salvaged".
+func (d *Driver) unprepareRecord(ctx context.Context, claim kubeletplugin.NamespacedObject) (*checkpoint.Claim, string, error) {
+	if err := claimuid.Validate(claim.UID); err != nil {
+		return nil, "", err
+	}
 	if err := d.lock(claim.UID); err != nil {
-		return err
+		return nil, "", err
 	}
 	defer d.unlock(claim.UID)
 	rec, err := d.store.Get(claim.UID)
 	if err != nil && !errors.Is(err, checkpoint.ErrCorrupt) {
-		return err
+		return nil, "", err
 	}
+	outcome := "unprepared"
 	if err != nil {
 		// The record is unreadable, but the spec and cache names derive
 		// from the UID alone, so those are still cleaned up. Its MIG
 		// instances, as far as the record can be read, are destroyed
 		// only where the live instance matches it in every recorded
 		// detail; anything else is reported at the next start.
-		klog.FromContext(ctx).Error(err, "Unpreparing a claim whose checkpoint record is corrupt", "claim", claim.NamespacedName)
+		outcome = fmt.Sprintf("record corrupt (%v), salvaged", err)
 		rec, _ = d.store.Salvage(claim.UID)
 		if rec != nil {
 			// Rollback rewrites the record by its UID: never another's.
@@ -422,11 +538,33 @@ func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.Namespa
 			}
 		}
 	} else if rec == nil {
-		return nil
+		return nil, nothingRecorded, nil
+	}
+	// The rollback clears the MIG instances' IDs as it destroys them:
+	// the log line names what was there.
+	var before *checkpoint.Claim
+	if rec != nil {
+		c := *rec
+		c.Devices = cloneDevices(rec.Devices)
+		before = &c
+	} else {
+		outcome = strings.TrimSuffix(outcome, ", salvaged") + ", nothing salvaged"
 	}
 	if err := d.rollback(ctx, claim.UID, rec); err != nil {
-		return err
+		return before, "", err
 	}
-	klog.FromContext(ctx).V(2).Info("Unprepared claim", "claim", claim.NamespacedName)
-	return nil
+	return before, outcome, nil
+}
+
+// cloneDevices copies devices deep enough that a rollback's changes to
+// their MIG records do not show in the copy.
+func cloneDevices(devs []checkpoint.Device) []checkpoint.Device {
+	out := append([]checkpoint.Device(nil), devs...)
+	for i := range out {
+		if m := out[i].MIG; m != nil {
+			c := *m
+			out[i].MIG = &c
+		}
+	}
+	return out
 }

@@ -130,6 +130,42 @@ func TestCounterSlices(t *testing.T) {
 	}
 }
 
+// TestCounterOnly: in mig mode the pool's counter sets sit in slices of
+// their own, which CounterOnly recognises and ExplainCounterOnly explains
+// by name; slices with devices, and every slice of a mode without
+// counters, are not counter-only.
+func TestCounterOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		machine string
+		mode    inventory.Mode
+		want    []string // the explanations, one per counter-only slice
+	}{
+		{"mig, 8 GPUs", "dgx-h100", inventory.ModeMIG, []string{"(gpu-0-counters, gpu-1-counters, gpu-2-counters, gpu-3-counters, gpu-4-counters, gpu-5-counters, gpu-6-counters, gpu-7-counters)"}},
+		{"mig, 16 GPUs", "sixteen-h100", inventory.ModeMIG, []string{"(gpu-0-counters, ", "(gpu-8-counters, "}},
+		{"exclusive", "dgx-h100", inventory.ModeExclusive, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, o := range objects(t, tc.machine, inventory.Config{DefaultMode: tc.mode}) {
+				if CounterOnly(o) {
+					got = append(got, ExplainCounterOnly(o))
+				} else if len(o.Spec.SharedCounters) > 0 {
+					t.Errorf("slice %s has counters and devices", o.Name)
+				}
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("%d counter-only slices, want %d: %q", len(got), len(tc.want), got)
+			}
+			for i, w := range tc.want {
+				if !strings.Contains(got[i], w) || !strings.Contains(got[i], "DEVICES <none>") {
+					t.Errorf("explanation %d = %q, want it to name %q and DEVICES <none>", i, got[i], w)
+				}
+			}
+		})
+	}
+}
+
 var stock = features.Stock("test")
 
 func mustLayout(t *testing.T, s string) inventory.SlotLayout {
