@@ -18,21 +18,13 @@ import (
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
-// defaultStateDir is the demo node's plugin state directory: $FACET_STATE_DIR,
-// else $FACET_RUN_DIR or $RUN_DIR (hack/cluster/env.sh sets them), else
-// /tmp/facet-run, followed by /facet-state (hack/plugin.sh).
+// defaultStateDir is the demo node's plugin state directory:
+// $FACET_STATE_DIR, else <defaultRunDir()>/facet-state (hack/plugin.sh).
 func defaultStateDir() string {
 	if d := os.Getenv("FACET_STATE_DIR"); d != "" {
 		return d
 	}
-	run := os.Getenv("FACET_RUN_DIR")
-	if run == "" {
-		run = os.Getenv("RUN_DIR")
-	}
-	if run == "" {
-		run = "/tmp/facet-run"
-	}
-	return filepath.Join(run, "facet-state")
+	return filepath.Join(defaultRunDir(), "facet-state")
 }
 
 // runFault injects faults into, or clears them from, a simulated node

@@ -66,7 +66,7 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 		// never handed out stale. Nor on a GPU with a fatal fault: a new
 		// pod on an old claim would land on a broken GPU.
 		if err := d.checkUsable(rec.Devices); err != nil {
-			return nil, err
+			return rec, "", err
 		}
 		stale := d.staleness(rec)
 		if stale == "" {
