@@ -192,8 +192,9 @@ func run(ctx context.Context, f flags) error {
 		// nvcdi reads MIG capability minors from the fixed path
 		// /proc/driver/nvidia-caps; a simulated node binds its own table
 		// there, in the private mount namespace the plugin must then run
-		// in (unshare --mount --propagation private). Refused on a host
-		// with a real driver or in the host's mount namespace.
+		// in (unshare --mount --propagation private, or a container of its
+		// own as the chart's pod). Refused on a host with a real driver or
+		// in the host's mount namespace.
 		if err := bindSimulatedProcDriver(f.driverRoot); err != nil {
 			logger.Error(err, "MIG devices cannot get CDI edits on this simulated node; MIG claims will fail to prepare")
 		}
