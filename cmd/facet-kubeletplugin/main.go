@@ -14,6 +14,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -56,6 +57,8 @@ type flags struct {
 	migLayouts    string
 	featuresEvery time.Duration
 	healthAddr    string
+	podUID        string
+	probe         string
 }
 
 func main() {
@@ -66,6 +69,14 @@ func main() {
 	if err != nil {
 		// The flag set has printed the error and the usage.
 		os.Exit(2)
+	}
+
+	if f.probe != "" {
+		if err := askHealth(context.Background(), f.healthAddr, f.probe, 5*time.Second); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -104,12 +115,18 @@ func parseFlags(args []string) (flags, error) {
 	fs.StringVar(&f.featureGates, "feature-gates", "", "DRA feature gates the cluster enforces, in the Kubernetes components' syntax (DRAPartitionableDevices=true,DRAConsumableCapacity=false); overrides what the plugin detects, for clusters whose kube-scheduler runs other gates than the API server")
 	fs.StringVar(&f.migLayouts, "mig-layouts", "", `MIG layouts Facet carves at start on idle static-mig GPUs, by NVML index: all-<profile>, all-balanced, or profiles joined by "/", e.g. "0-3=all-1g.10gb,4=3g.40gb/2g.20gb/1g.10gb/1g.10gb"`)
 	fs.DurationVar(&f.featuresEvery, "feature-detection-interval", 5*time.Minute, "how often to re-detect the cluster's DRA features; on a change the plugin exits to republish")
-	fs.StringVar(&f.healthAddr, "health-addr", "", "address of the HTTP probes /healthz (gRPC sockets answer) and /readyz (also registered with the kubelet, slices published), e.g. :8081; empty: none")
+	fs.StringVar(&f.healthAddr, "health-addr", "", "address of the HTTP probes /healthz (gRPC sockets answer) and /readyz (also registered with the kubelet, slices published), e.g. :8081, or unix:<path> for a unix socket; empty: none")
+	fs.StringVar(&f.probe, "probe", "", "instead of running the plugin, ask the running one's health server at --health-addr for this path (/healthz or /readyz) and exit 0 if it is ok, 1 if not: an exec probe")
+	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "this plugin pod's UID (env POD_UID, from the downward API): enables rolling updates, where the kubelet may call a new pod and the old one at once, prepares and unprepares taking turns through <state-dir>/"+nodeLockFile+"; empty: one plugin process per node (Kubernetes 1.33+ kubelets support it)")
 	f.modes.Register(fs)
 	klog.InitFlags(fs)
 	err := fs.Parse(args)
 	return f, err
 }
+
+// nodeLockFile, in the state directory, serialises the plugin processes
+// of a rolling update (--pod-uid).
+const nodeLockFile = "plugin.lock"
 
 func run(ctx context.Context, f flags) error {
 	start := time.Now()
@@ -211,10 +228,14 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	var nodeLock string
+	if f.podUID != "" {
+		nodeLock = filepath.Join(f.stateDir, nodeLockFile)
+	}
 	drv, err := driver.New(ctx, driver.Options{
 		NodeName: f.nodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor,
 		MIG: lib, HAMi: vgpu, HAMiUnavailable: hamiErr, DestroyUnownedMIG: f.destroyUnownedMIG,
-		Failpoint: failpoint(ctx),
+		Failpoint: failpoint(ctx), NodeLock: nodeLock,
 	})
 	if err != nil {
 		return err
@@ -229,7 +250,7 @@ func run(ctx context.Context, f flags) error {
 	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
 		return err
 	}
-	helper, err := kubeletplugin.Start(ctx, drv,
+	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(names.Driver),
 		kubeletplugin.NodeName(f.nodeName),
 		kubeletplugin.KubeClient(client),
@@ -238,7 +259,16 @@ func run(ctx context.Context, f flags) error {
 		// Claims on different GPUs must not wait for each other; the
 		// driver serialises per claim and per device itself.
 		kubeletplugin.Serialize(false),
-	)
+	}
+	if f.podUID != "" {
+		// The old and the new pod register sockets of their own, and the
+		// kubelet may call either; the driver's node lock serialises them
+		// (driver.Options.NodeLock), not the helper's, which would also
+		// serialise claims on different GPUs.
+		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(f.podUID)))
+		logger.Info("Rolling updates enabled", "podUID", f.podUID, "nodeLock", nodeLock)
+	}
+	helper, err := kubeletplugin.Start(ctx, drv, opts...)
 	if err != nil {
 		return fmt.Errorf("start kubelet plugin: %w", err)
 	}
