@@ -235,10 +235,15 @@ wait_for etcd "healthy" curl -fsS http://127.0.0.1:2379/health
 
 # --- kube-apiserver --------------------------------------------------------------
 log "starting kube-apiserver"
+# --enable-aggregator-routing: the API server calls admission webhooks at
+# their Services' endpoints, not at the ClusterIP, which nothing routes here
+# (no kube-proxy); so the chart's webhook Deployment (on the host's network)
+# is reachable through its Service.
 start kube-apiserver "${BIN_DIR}/kube-apiserver" \
   --etcd-servers=http://127.0.0.1:2379 \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port=6443 \
   --endpoint-reconciler-type=none \
+  --enable-aggregator-routing=true \
   --authorization-mode=Node,RBAC \
   --client-ca-file="${PKI}/ca.crt" \
   --tls-cert-file="${PKI}/apiserver.crt" --tls-private-key-file="${PKI}/apiserver.key" \
