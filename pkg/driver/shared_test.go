@@ -56,8 +56,8 @@ func TestRollingUpdateInstancesShareState(t *testing.T) {
 		done <- err
 	}()
 	select {
-	case <-done:
-		t.Fatal("the old instance ran while the new one held the node lock")
+	case err := <-done:
+		t.Fatalf("the old instance ran (%v) while the new one held the node lock", err)
 	case <-time.After(300 * time.Millisecond):
 	}
 	cur.leave(ctx)

@@ -599,7 +599,7 @@ func TestBindSimulatedProcDriverAsContainerInit(t *testing.T) {
 			if strings.Contains(tc.want, "refusing") && !inInitNamespace {
 				t.Skip("not in the mount namespace of /proc's PID 1")
 			}
-			args := append(tc.unshare, os.Args[0], "-test.run=^TestBindSimulatedProcDriverAsContainerInit$")
+			args := append(append([]string{}, tc.unshare...), os.Args[0], "-test.run=^TestBindSimulatedProcDriverAsContainerInit$")
 			cmd := exec.Command("unshare", args...)
 			cmd.Env = append(os.Environ(), "FACET_TEST_BIND_ROOT="+root)
 			out, err := cmd.CombinedOutput()
