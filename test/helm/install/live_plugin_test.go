@@ -74,7 +74,7 @@ func (l *live) must(t testing.TB, stdin string, args ...string) string {
 func (l *live) namespace(t *testing.T, name string) {
 	t.Helper()
 	l.must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+name+"}\n", "apply", "-f", "-")
-	t.Cleanup(func() { l.run("", "delete", "namespace", name, "--wait=true", "--timeout=120s") })
+	t.Cleanup(func() { _, _ = l.run("", "delete", "namespace", name, "--wait=true", "--timeout=120s") })
 }
 
 func loadChart(t testing.TB) *chart.Chart {
@@ -155,7 +155,7 @@ func newChartRig(t *testing.T) *chartRig {
 
 	// A host-process plugin of test/e2e may have left this node's slices;
 	// the DaemonSet's plugin must publish its own.
-	l.run("", "delete", "resourceslices", "--field-selector", "spec.driver=gpu.facet.dev,spec.nodeName=localhost", "--wait=true")
+	_, _ = l.run("", "delete", "resourceslices", "--field-selector", "spec.driver=gpu.facet.dev,spec.nodeName=localhost", "--wait=true")
 	l.must(t, "", "apply", "-f", filepath.Join(r.repo, "deployments", "deviceclasses.yaml"))
 
 	// The chart mounts the driver root with HostToContainer propagation
@@ -345,7 +345,7 @@ func TestLiveChartPlugin(t *testing.T) {
 
 	const demoNS = "facet-demo"
 	r.must(t, "", "apply", "-f", filepath.Join(r.repo, "demo", "gpu", "namespace.yaml"))
-	t.Cleanup(func() { r.run("", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s") })
+	t.Cleanup(func() { _, _ = r.run("", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s") })
 	for _, ex := range examples {
 		r.must(t, "", "apply", "-f", filepath.Join(r.repo, ex))
 	}

@@ -123,7 +123,7 @@ func TestLiveChartUpgrade(t *testing.T) {
 	t.Logf("plugin pod %s (tag %s) Ready (%s)", old.Name, r.tag, r.since())
 
 	r.must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+upgradeNS+"}\n", "apply", "-f", "-")
-	t.Cleanup(func() { r.run("", "delete", "namespace", upgradeNS, "--wait=true", "--timeout=120s") })
+	t.Cleanup(func() { _, _ = r.run("", "delete", "namespace", upgradeNS, "--wait=true", "--timeout=120s") })
 	r.must(t, `
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
@@ -196,7 +196,7 @@ spec:
 						duringUpgrade.Add(1)
 					}
 				}
-				r.run("", "delete", "pod", "-n", upgradeNS, name, "--wait=true", "--timeout=90s")
+				_, _ = r.run("", "delete", "pod", "-n", upgradeNS, name, "--wait=true", "--timeout=90s")
 			}
 		})
 	}
