@@ -123,10 +123,15 @@ trap 'fail "${CURRENT:-up.sh}" "command failed at line ${LINENO}: ${BASH_COMMAND
 
 # start NAME BINARY ARGS...: run in its own session (so it outlives this shell
 # and the caller's Ctrl-C), log to logs/NAME.log, pid to pids/NAME.pid.
+# The node's processes outlive the command that started it, so they must not
+# inherit the e2e lock (/tmp/facet-e2e.lock: fd 9 in hack/e2e.sh, fd 3 under
+# flock(1)): `flock /tmp/facet-e2e.lock make demo` would otherwise hold the
+# lock until `make demo-down`, and a second flock'ed command would wait on it
+# forever.
 start() {
   local name="$1"; shift
   CURRENT="${name}"
-  setsid "$@" >"${LOGS}/${name}.log" 2>&1 </dev/null &
+  setsid "$@" >"${LOGS}/${name}.log" 2>&1 </dev/null 3>&- 9>&- &
   echo $! >"${PIDS}/${name}.pid"
 }
 
