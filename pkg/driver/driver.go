@@ -197,6 +197,10 @@ func (d *Driver) limits(gpuUUID string) gpuLimits {
 // one claim's failure is reported for that claim alone.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	if len(claims) == 0 {
+		// The health probe's call: no need to wait for the node lock.
+		return results, nil
+	}
 	if err := d.enter(ctx); err != nil {
 		for _, claim := range claims {
 			results[claim.UID] = kubeletplugin.PrepareResult{Err: err}
@@ -225,6 +229,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // UnprepareResourceClaims undoes prepare; unknown claims succeed.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	results := make(map[types.UID]error, len(claims))
+	if len(claims) == 0 {
+		return results, nil
+	}
 	if err := d.enter(ctx); err != nil {
 		for _, claim := range claims {
 			results[claim.UID] = err

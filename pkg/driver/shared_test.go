@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2/ktesting"
 )
 
@@ -45,14 +46,24 @@ func TestRollingUpdateInstancesShareState(t *testing.T) {
 	}
 
 	// Mutual exclusion: while the new instance is inside a call, the old
-	// one's call waits.
+	// one's call waits; an empty call (the health probe's) does not.
 	_, ctx := ktesting.NewTestContext(t)
 	if err := cur.enter(ctx); err != nil {
 		t.Fatal(err)
 	}
+	probed := make(chan struct{})
+	go func() {
+		_, _ = old.PrepareResourceClaims(ctx, nil)
+		close(probed)
+	}()
+	select {
+	case <-probed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("an empty prepare (the health probe's) waited for the node lock")
+	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := old.UnprepareResourceClaims(ctx, nil)
+		_, err := old.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "never-prepared"}})
 		done <- err
 	}()
 	select {
