@@ -372,7 +372,7 @@ func TestLiveChartPlugin(t *testing.T) {
 		for _, res := range c.Status.Allocation.Devices.Results {
 			devices = append(devices, res.Device)
 		}
-		out := r.must(t, "", "exec", "-n", demoNS, name, "--", "sh", "-c", "env; echo ---; ls /dev; echo ---; cat /etc/ld.so.preload 2>/dev/null")
+		out := r.must(t, "", "exec", "-n", demoNS, name, "--", "sh", "-c", "env; echo ---; ls /dev; echo ---; cat /etc/ld.so.preload 2>/dev/null; true")
 		env := map[string]string{}
 		for _, line := range strings.Split(strings.SplitN(out, "---", 2)[0], "\n") {
 			if k, v, ok := strings.Cut(line, "="); ok {

@@ -159,8 +159,10 @@ spec:
 	}
 	t.Logf("%d claims prepared by the old pod (%s)", len(before), r.since())
 
-	// Churn: two workers create pods with a GPU claim each (the other
-	// four GPUs), wait for them to run, and delete them, until stopped.
+	// Churn: three workers create pods with a GPU claim each (on three of
+	// the other four GPUs: a deleted pod's claim is deallocated a moment
+	// after the pod is gone), wait for them to run, and delete them, until
+	// stopped.
 	watch := &servingWatch{dir: filepath.Join(r.kubeletRoot, "plugins", "gpu.facet.dev"), sockets: map[string]bool{}}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -173,7 +175,7 @@ spec:
 		failed                            []string
 		wg                                sync.WaitGroup
 	)
-	for w := range 2 {
+	for w := range 3 {
 		wg.Go(func() {
 			for i := 0; !stop.Load(); i++ {
 				name := fmt.Sprintf("churn-%d-%d", w, i)
