@@ -97,7 +97,8 @@ e2e: build image-sim
 	hack/e2e.sh
 	FACET_FEATURE_GATES= hack/e2e.sh
 
-## demo: the main job on a simulated DGX H100 node; the node stays up
+## demo: the main job on a simulated DGX H100 node, Facet installed with its
+## Helm chart (FACET_DEMO_PLUGIN=host: the plugin as a host process); the node stays up
 demo: build
 	hack/demo.sh
 

@@ -10,12 +10,22 @@
 # devices, GPU 4 split into vGPU slots, the rest whole GPUs; whole GPUs, the
 # smallest MIG instance of at least 3 GiB, and Volcano's and HAMi's vGPU
 # requests as slots.
+#
+# Facet runs as the Helm chart (deployments/helm/facet) would on a real
+# cluster: the simulator image (make image-sim) imported into the node's
+# containerd, and the chart installed with Helm's Go library
+# (test/helm/chartinstall), its DaemonSet's pod serving the claims and its
+# init container installing the stand-in libvgpu.so. FACET_DEMO_PLUGIN=host
+# runs the plugin as a host process instead (hack/plugin.sh), for debugging.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO}"
 export RUN_DIR="${RUN_DIR:-/tmp/facet-run}"
 export RUNTIME=containerd
 MACHINE="${FACET_DEMO_MACHINE:-demo/machines/dgx-h100.yaml}"
+PLUGIN="${FACET_DEMO_PLUGIN:-chart}"
+[[ "${PLUGIN}" == chart || "${PLUGIN}" == host ]] || { echo "FACET_DEMO_PLUGIN must be chart or host, not ${PLUGIN}" >&2; exit 2; }
+CHART_NS=facet-system
 T0=${SECONDS}
 step() { printf '\n\033[1m==> [%3ds] %s\033[0m\n' "$((SECONDS - T0))" "$*"; }
 
@@ -24,23 +34,85 @@ hack/install-deps.sh
 # up.sh restarts the node and clears its pid files: stop a plugin left by
 # an earlier demo first, or it would keep running unsupervised.
 hack/plugin.sh stop "${RUN_DIR}"
+if [[ "${PLUGIN}" == chart ]]; then
+  step "Building the simulator image (make image-sim) and Helm's installer (test/helm/chartinstall)"
+  hack/image.sh --sim >/dev/null
+  (cd test/helm && go build -o "${REPO}/bin/chartinstall" ./chartinstall)
+fi
 step "Starting the node (the first run builds Kubernetes v1.35, etcd and containerd from Go modules: about 18 minutes on 2 idle cores)"
 hack/cluster/up.sh
 # shellcheck disable=SC1091
 source "${RUN_DIR}/env.sh"
 k() { "${FACET_BIN_DIR}/kubectl" "$@"; }
 
+# plugin_log prints the plugin's log so far.
+plugin_log() {
+  if [[ "${PLUGIN}" == chart ]]; then
+    k logs -n "${CHART_NS}" -l app.kubernetes.io/component=kubelet-plugin -c plugin --tail=-1 2>/dev/null
+  else
+    cat "${RUN_DIR}/logs/facet-plugin.log"
+  fi
+}
+
+# start_plugin MODE_VALUES PLUGIN_FLAGS...: the chart with the default node
+# group's MODE_VALUES (YAML flow-mapping entries), or the host process with
+# the same modes as PLUGIN_FLAGS.
+start_plugin() {
+  local group="$1"; shift
+  if [[ "${PLUGIN}" == host ]]; then
+    hack/plugin.sh start "${RUN_DIR}" "${MACHINE}" "$@"
+    return
+  fi
+  hack/sim-node.sh "${RUN_DIR}" "${MACHINE}" >/dev/null
+  # The chart mounts the driver root with HostToContainer propagation,
+  # which containerd refuses on a private mount.
+  mountpoint -q "${RUN_DIR}/driver-root" || mount --bind "${RUN_DIR}/driver-root" "${RUN_DIR}/driver-root"
+  mount --make-rshared "${RUN_DIR}/driver-root"
+  "${FACET_BIN_DIR}/ctr" --address "${FACET_CRI_SOCKET}" -n k8s.io images import _output/facet-image-sim.tar >/dev/null
+  local tag; tag="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' deployments/helm/facet/Chart.yaml)-sim"
+  cat >"${RUN_DIR}/facet-values.yaml" <<VALUES
+# The demo node's values (hack/demo.sh): the simulator image, imported.
+image: {repository: facet.local/facet, tag: "${tag}", pullPolicy: Never}
+# Applied from deployments/ below, as the examples expect.
+deviceClasses: {enabled: false}
+admission:
+  webhook: {enabled: false}
+kubeletPlugin:
+  # The node's pods have only a loopback network and there is no
+  # kube-proxy: the plugin reaches the API server on the host's 127.0.0.1.
+  hostNetwork: true
+  extraEnv:
+  - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
+  - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
+  kubeletDir: "${FACET_KUBELET_ROOT}"
+  cdiDir: "${FACET_CDI_DIR}"
+  stateDir: "${RUN_DIR}/facet-state"
+  driver: {root: "${RUN_DIR}/driver-root", devRoot: "${RUN_DIR}/driver-root", nvidiaCDIHookPath: "${REPO}/bin/nvidia-cdi-hook"}
+  # The simulator image plays HAMi's: it holds the stand-in libvgpu.so.
+  hamiCore:
+    enabled: true
+    hostDir: "${RUN_DIR}/hami"
+    image: {repository: facet.local/facet, tag: "${tag}", pullPolicy: Never}
+    librarySource: /k8s-vgpu/lib/nvidia/libvgpu.so*
+  nodeGroups:
+    default: {${group}, extraArgs: [--machine=/usr/share/facet/machines/$(basename "${MACHINE}")]}
+VALUES
+  bin/chartinstall upgrade facet deployments/helm/facet -n "${CHART_NS}" -f "${RUN_DIR}/facet-values.yaml"
+}
+
 stock=false
 [[ ",${FACET_FEATURE_GATES}," == *",DRAPartitionableDevices=true,"* && ",${FACET_FEATURE_GATES}," == *",DRAConsumableCapacity=true,"* ]] || stock=true
 if ${stock}; then
-  step "Starting facet-kubeletplugin on ${MACHINE}, stock 1.35 shapes (gates: '${FACET_FEATURE_GATES}')"
-  hack/plugin.sh start "${RUN_DIR}" "${MACHINE}" --gpu-modes "${FACET_DEMO_GPU_MODES:-0-1=static-mig,4=slots}" \
-    --mig-layouts 0-1=all-balanced --gpu-slots "4=1x40Gi/50+2"
+  step "Starting facet-kubeletplugin (${PLUGIN}) on ${MACHINE}, stock 1.35 shapes (gates: '${FACET_FEATURE_GATES}')"
+  modes="${FACET_DEMO_GPU_MODES:-0-1=static-mig,4=slots}"
+  start_plugin "gpuModes: \"${modes}\", migLayouts: 0-1=all-balanced, gpuSlots: \"4=1x40Gi/50+2\"" \
+    --gpu-modes "${modes}" --mig-layouts 0-1=all-balanced --gpu-slots "4=1x40Gi/50+2"
   examples=(demo/gpu/ demo/stock/)
   pods=(one-gpu two-gpus mig-3gb volcano-slot hami-slot)
 else
-  step "Starting facet-kubeletplugin on ${MACHINE}"
-  hack/plugin.sh start "${RUN_DIR}" "${MACHINE}" --gpu-modes "${FACET_DEMO_GPU_MODES:-0-3=mig,4-7=shared}"
+  step "Starting facet-kubeletplugin (${PLUGIN}) on ${MACHINE}"
+  modes="${FACET_DEMO_GPU_MODES:-0-3=mig,4-7=shared}"
+  start_plugin "gpuModes: \"${modes}\"" --gpu-modes "${modes}"
   examples=(demo/gpu/ demo/mig/one-1g10gb.yaml demo/vgpu/)
   pods=(one-gpu two-gpus one-1g10gb volcano-share notebook shared-by-two-containers)
 fi
@@ -49,9 +121,10 @@ for _ in $(seq 120); do
   [[ "${n}" -gt 0 ]] && break
   sleep 0.5
 done
-grep -m1 "ResourceSlices published" "${RUN_DIR}/logs/facet-plugin.log" || { echo "no ResourceSlices; plugin log:"; tail -40 "${RUN_DIR}/logs/facet-plugin.log"; exit 1; }
+for _ in $(seq 60); do plugin_log | grep -q "ResourceSlices published" && break; sleep 0.5; done
+plugin_log | grep -m1 "ResourceSlices published" || { echo "no ResourceSlices; plugin log:"; plugin_log | tail -40; exit 1; }
 echo "What the plugin detected (also an Event on the Node: kubectl describe node localhost):"
-grep -m1 -o 'Cluster DRA features: [^"]*' "${RUN_DIR}/logs/facet-plugin.log" | fold -s -w 100 | sed 's/^/  /'
+plugin_log | grep -m1 -o 'Cluster DRA features: [^"]*' | fold -s -w 100 | sed 's/^/  /'
 
 k get resourceslices -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name,COUNTERS:.spec.sharedCounters[*].name'
 ${stock} || echo "(DEVICES <none>: a counter-only slice. It holds the GPUs' counter sets, which the devices in the other slices consume.)"
@@ -97,7 +170,14 @@ cat <<MSG
   source ${RUN_DIR}/env.sh
   kubectl get resourceslices,resourceclaims -A
   kubectl exec -n facet-demo one-gpu -- env
-  tail -f ${RUN_DIR}/logs/facet-plugin.log
+MSG
+if [[ "${PLUGIN}" == chart ]]; then
+  echo "  kubectl logs -n ${CHART_NS} -l app.kubernetes.io/component=kubelet-plugin -c plugin -f"
+  echo "  kubectl get pods -n ${CHART_NS}      # the chart's DaemonSet (values: ${RUN_DIR}/facet-values.yaml)"
+else
+  echo "  tail -f ${RUN_DIR}/logs/facet-plugin.log"
+fi
+cat <<MSG
   bin/facetctl slices --machine ${MACHINE} --node localhost
 Stop it with: make demo-down
 MSG

@@ -30,7 +30,12 @@ go test ./test/e2e/ -count=1 -v -timeout 30m "$@"
 # rendered object, the per-node ResourceSlice policy with a pod-bound token,
 # the webhook behind the chart's own configuration, and (test/helm/install)
 # `helm install` of the chart with the image of `make image-sim`
-# (_output/facet-image-sim.tar; skipped without it) serving a claim.
-if [[ $# -eq 0 ]]; then
-  (cd test/helm && go test ./... -count=1 -v -run Live)
+# (_output/facet-image-sim.tar; skipped without it) serving the demo's
+# claims, and a seamless `helm upgrade`. They run without arguments, or with
+# FACET_E2E_CHART_RUN, a -run pattern for them alone:
+#   FACET_E2E_CHART_RUN=TestLiveChartUpgrade hack/e2e.sh -run '^$'
+# -p 1: the two packages' live tests share the one node (its slices, the
+# plugin's directories), so they run one package at a time.
+if [[ $# -eq 0 || -n "${FACET_E2E_CHART_RUN:-}" ]]; then
+  (cd test/helm && go test ./... -p 1 -count=1 -v -timeout 20m -run "${FACET_E2E_CHART_RUN:-Live}")
 fi

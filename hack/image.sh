@@ -8,7 +8,9 @@
 #   hack/image.sh --sim    facet.local/facet:<version>-sim  -> _output/facet-image-sim.tar
 #
 # --sim builds facet-kubeletplugin with -tags facetsim (the simulator and
-# --machine, for the demo and the e2e node); never ship that image.
+# --machine, for the demo and the e2e node); never ship that image. It also
+# plays HAMi's image for the chart's init container (a stand-in libvgpu.so
+# at /k8s-vgpu/lib/nvidia/libvgpu.so and a static busybox shell).
 #
 # Contents (/usr/bin): facet-kubeletplugin, facet-webhook, facetctl. The
 # webhook is static (CGO_ENABLED=0). The plugin and facetctl link go-nvml,
@@ -127,6 +129,17 @@ for platform in ${PLATFORMS}; do
     # The demo's machine files, for --machine=/usr/share/facet/machines/<name>.yaml.
     mkdir -p "${app}/usr/share/facet/machines"
     cp demo/machines/*.yaml "${app}/usr/share/facet/machines/"
+    # The image also stands in for HAMi's, whose libvgpu.so the chart's
+    # init container copies to the node with a shell: the demo's stand-in
+    # libvgpu.so at HAMi's path, and a static busybox for sh, cp, chmod, mv
+    # and cmp (hack/images.sh checks that /bin/busybox is static).
+    sim_root="$(mktemp -d)"
+    "${app}/usr/bin/facetctl" sim-driver-root --machine demo/machines/dgx-h100.yaml --root "${sim_root}" \
+      --hami-library "${app}/k8s-vgpu/lib/nvidia/libvgpu.so" >/dev/null
+    rm -rf "${sim_root}"
+    mkdir -p "${app}/bin"
+    cp "${BUSYBOX_BIN:-/bin/busybox}" "${app}/bin/busybox"
+    for applet in sh cp chmod mv cmp; do ln -sf busybox "${app}/bin/${applet}"; done
   fi
   layers+=(--layer "${platform}=${base}" --layer "${platform}=${app}")
 done

@@ -29,7 +29,8 @@ case "${cmd}" in
     source "${RUN_DIR}/env.sh"
     "${REPO}/hack/sim-node.sh" "${RUN_DIR}" "${MACHINE}" >/dev/null
     mkdir -p "${RUN_DIR}/logs" "${RUN_DIR}/pids"
-    # setsid: the plugin outlives the make that started it. unshare: a
+    # setsid: the plugin outlives the make that started it (and must not
+    # hold the e2e lock's fd, see hack/cluster/up.sh's start). unshare: a
     # private mount namespace, where the plugin binds the simulated
     # /proc/driver/nvidia-caps that nvcdi reads for MIG devices.
     setsid unshare --mount --propagation private "${REPO}/bin/facet-kubeletplugin" \
@@ -43,7 +44,7 @@ case "${cmd}" in
       --kubelet-registrar-dir "${FACET_KUBELET_ROOT}/plugins_registry" \
       --kubelet-plugins-dir "${FACET_KUBELET_ROOT}/plugins" \
       --hami-library "${RUN_DIR}/hami/libvgpu.so" \
-      "$@" >"${RUN_DIR}/logs/facet-plugin.log" 2>&1 < /dev/null &
+      "$@" >"${RUN_DIR}/logs/facet-plugin.log" 2>&1 < /dev/null 3>&- 9>&- &
     echo $! > "${pidfile}"
     ;;
   *) echo "usage: $0 start|stop RUN_DIR ..." >&2; exit 2 ;;

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -140,9 +143,23 @@ func slicesPublishedFunc(client kubernetes.Interface, node string, want int) fun
 	}
 }
 
+// healthNetwork splits --health-addr: "unix:<path>" is a unix socket,
+// anything else a TCP address.
+func healthNetwork(addr string) (network, address string) {
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		return "unix", path
+	}
+	return "tcp", addr
+}
+
 // serveHealth serves h on addr until ctx ends.
 func serveHealth(ctx context.Context, addr string, h *health) error {
-	ln, err := net.Listen("tcp", addr)
+	network, address := healthNetwork(addr)
+	if network == "unix" {
+		// Left by an earlier run of this container.
+		_ = os.Remove(address)
+	}
+	ln, err := net.Listen(network, address)
 	if err != nil {
 		return fmt.Errorf("--health-addr: %w", err)
 	}
@@ -171,12 +188,48 @@ func startHealth(ctx context.Context, f flags, helper *kubeletplugin.Helper, cli
 	if f.healthAddr == "" {
 		return nil
 	}
+	// The helper's socket names; with rolling updates they hold the pod
+	// UID (kubeletplugin.RollingUpdate).
+	uidPart := ""
+	if f.podUID != "" {
+		uidPart = "-" + f.podUID
+	}
 	return serveHealth(ctx, f.healthAddr, &health{
-		registrarSocket: filepath.Join(f.registrarDir, names.Driver+"-reg.sock"),
-		draSocket:       filepath.Join(f.pluginsDir, names.Driver, "dra.sock"),
+		registrarSocket: filepath.Join(f.registrarDir, names.Driver+uidPart+"-reg.sock"),
+		draSocket:       filepath.Join(f.pluginsDir, names.Driver, "dra"+uidPart+".sock"),
 		registered:      helper.RegistrationStatus,
 		slicesPublished: slicesPublishedFunc(client, f.nodeName, want),
 		timeout:         5 * time.Second,
 		metrics:         metrics,
 	})
+}
+
+// askHealth asks the health server at addr for path (/healthz or /readyz) and
+// returns nil if it answers ok: `facet-kubeletplugin --probe=/readyz`, the
+// chart's exec probe where the plugin shares the host's network. There two
+// pods of a rolling update cannot both hold a TCP port, so each serves its
+// probes on a unix socket in its own container's file system.
+func askHealth(ctx context.Context, addr, path string, timeout time.Duration) error {
+	network, address := healthNetwork(addr)
+	var d net.Dialer
+	client := &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, network, address)
+		}},
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://facet-kubeletplugin"+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("probe %s on %s: %w", path, addr, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("probe %s on %s: %s: %s", path, addr, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return nil
 }

@@ -162,3 +162,46 @@ func TestServeHealth(t *testing.T) {
 		t.Error("a second server on the same address started")
 	}
 }
+
+// TestHealthOnUnixSocket: --health-addr=unix:<path> serves the probes on a
+// unix socket (a stale file from an earlier run is replaced), and --probe's
+// askHealth passes on an ok answer and fails on any other.
+func TestHealthOnUnixSocket(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir, err := os.MkdirTemp("", "facet-health-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "health.sock")
+	if err := os.WriteFile(sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg, dra := filepath.Join(dir, "reg.sock"), filepath.Join(dir, "dra.sock")
+	var status atomic.Pointer[registerapi.RegistrationStatus]
+	h := &health{registrarSocket: reg, draSocket: dra, registered: status.Load, timeout: time.Second,
+		slicesPublished: func(context.Context) (bool, error) { return true, nil }}
+	addr := "unix:" + sock
+	if err := askHealth(ctx, addr, "/healthz", time.Second); err == nil {
+		t.Fatal("askHealth passed with no server")
+	}
+	if err := serveHealth(ctx, addr, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := askHealth(ctx, addr, "/healthz", time.Second); err == nil || !strings.Contains(err.Error(), "503") {
+		t.Errorf("no plugin sockets: askHealth /healthz = %v, want a 503", err)
+	}
+	serveUnix(t, reg, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, &fakeRegistrar{name: names.Driver}) })
+	serveUnix(t, dra, func(s *grpc.Server) { drapb.RegisterDRAPluginServer(s, &fakeDRA{}) })
+	if err := askHealth(ctx, addr, "/healthz", time.Second); err != nil {
+		t.Errorf("sockets answer: askHealth /healthz = %v", err)
+	}
+	if err := askHealth(ctx, addr, "/readyz", time.Second); err == nil || !strings.Contains(err.Error(), "not registered") {
+		t.Errorf("unregistered: askHealth /readyz = %v", err)
+	}
+	status.Store(&registerapi.RegistrationStatus{PluginRegistered: true})
+	if err := askHealth(ctx, addr, "/readyz", time.Second); err != nil {
+		t.Errorf("registered: askHealth /readyz = %v", err)
+	}
+}

@@ -16,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -61,6 +62,8 @@ type flags struct {
 	healthAddr    string
 	healthProbe   time.Duration
 	healthQuiet   time.Duration
+	podUID        string
+	probe         string
 }
 
 func main() {
@@ -71,6 +74,14 @@ func main() {
 	if err != nil {
 		// The flag set has printed the error and the usage.
 		os.Exit(2)
+	}
+
+	if f.probe != "" {
+		if err := askHealth(context.Background(), f.healthAddr, f.probe, 5*time.Second); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -109,7 +120,9 @@ func parseFlags(args []string) (flags, error) {
 	fs.StringVar(&f.featureGates, "feature-gates", "", "DRA feature gates the cluster enforces, in the Kubernetes components' syntax (DRAPartitionableDevices=true,DRAConsumableCapacity=false); overrides what the plugin detects, for clusters whose kube-scheduler runs other gates than the API server")
 	fs.StringVar(&f.migLayouts, "mig-layouts", "", `MIG layouts Facet carves at start on idle static-mig GPUs, by NVML index: all-<profile>, all-balanced, or profiles joined by "/", e.g. "0-3=all-1g.10gb,4=3g.40gb/2g.20gb/1g.10gb/1g.10gb"`)
 	fs.DurationVar(&f.featuresEvery, "feature-detection-interval", 5*time.Minute, "how often to re-detect the cluster's DRA features; on a change the plugin exits to republish")
-	fs.StringVar(&f.healthAddr, "health-addr", "", "address of the HTTP probes /healthz (gRPC sockets answer) and /readyz (also registered with the kubelet, slices published), e.g. :8081; empty: none")
+	fs.StringVar(&f.healthAddr, "health-addr", "", "address of the HTTP probes /healthz (gRPC sockets answer) and /readyz (also registered with the kubelet, slices published), e.g. :8081, or unix:<path> for a unix socket; empty: none")
+	fs.StringVar(&f.probe, "probe", "", "instead of running the plugin, ask the running one's health server at --health-addr for this path (/healthz or /readyz) and exit 0 if it is ok, 1 if not: an exec probe")
+	fs.StringVar(&f.podUID, "pod-uid", os.Getenv("POD_UID"), "this plugin pod's UID (env POD_UID, from the downward API): enables rolling updates, where the kubelet may call a new pod and the old one at once, prepares and unprepares taking turns through <state-dir>/"+nodeLockFile+"; empty: one plugin process per node (Kubernetes 1.33+ kubelets support it)")
 	fs.DurationVar(&f.healthProbe, "gpu-health-probe-interval", 5*time.Second, "how often each GPU is queried through NVML for health (XID and ECC events are watched continuously); 0 turns GPU health monitoring off")
 	fs.DurationVar(&f.healthQuiet, "gpu-health-quiet-period", 5*time.Minute, "how long a GPU with a recoverable fault must answer NVML without a new fault before its devices are offered again (fatal faults need `facetctl health recover`)")
 	f.modes.Register(fs)
@@ -117,6 +130,10 @@ func parseFlags(args []string) (flags, error) {
 	err := fs.Parse(args)
 	return f, err
 }
+
+// nodeLockFile, in the state directory, serialises the plugin processes
+// of a rolling update (--pod-uid).
+const nodeLockFile = "plugin.lock"
 
 func run(ctx context.Context, f flags) error {
 	start := time.Now()
@@ -201,8 +218,9 @@ func run(ctx context.Context, f flags) error {
 		// nvcdi reads MIG capability minors from the fixed path
 		// /proc/driver/nvidia-caps; a simulated node binds its own table
 		// there, in the private mount namespace the plugin must then run
-		// in (unshare --mount --propagation private). Refused on a host
-		// with a real driver or in the host's mount namespace.
+		// in (unshare --mount --propagation private, or a container of its
+		// own as the chart's pod). Refused on a host with a real driver or
+		// in the host's mount namespace.
 		if err := bindSimulatedProcDriver(f.driverRoot); err != nil {
 			logger.Error(err, "MIG devices cannot get CDI edits on this simulated node; MIG claims will fail to prepare")
 		}
@@ -219,12 +237,16 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	var nodeLock string
+	if f.podUID != "" {
+		nodeLock = filepath.Join(f.stateDir, nodeLockFile)
+	}
 	status := claimstatus.NewWriter(client, store)
 	go status.Run(ctx, 2)
 	drv, err := driver.New(ctx, driver.Options{
 		NodeName: f.nodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor,
 		MIG: lib, HAMi: vgpu, HAMiUnavailable: hamiErr, DestroyUnownedMIG: f.destroyUnownedMIG,
-		Failpoint: failpoint(ctx),
+		Failpoint: failpoint(ctx), NodeLock: nodeLock,
 		// Events on claims go through the Node's broadcaster too.
 		Metrics: m, Events: ev.rec, Status: status,
 	})
@@ -242,7 +264,7 @@ func run(ctx context.Context, f flags) error {
 	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
 		return err
 	}
-	helper, err := kubeletplugin.Start(ctx, drv,
+	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(names.Driver),
 		kubeletplugin.NodeName(f.nodeName),
 		kubeletplugin.KubeClient(client),
@@ -251,7 +273,16 @@ func run(ctx context.Context, f flags) error {
 		// Claims on different GPUs must not wait for each other; the
 		// driver serialises per claim and per device itself.
 		kubeletplugin.Serialize(false),
-	)
+	}
+	if f.podUID != "" {
+		// The old and the new pod register sockets of their own, and the
+		// kubelet may call either; the driver's node lock serialises them
+		// (driver.Options.NodeLock), not the helper's, which would also
+		// serialise claims on different GPUs.
+		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(f.podUID)))
+		logger.Info("Rolling updates enabled", "podUID", f.podUID, "nodeLock", nodeLock)
+	}
+	helper, err := kubeletplugin.Start(ctx, drv, opts...)
 	if err != nil {
 		return fmt.Errorf("start kubelet plugin: %w", err)
 	}

@@ -14,6 +14,7 @@ import (
 
 func TestParseFlags(t *testing.T) {
 	t.Setenv("NODE_NAME", "from-env")
+	t.Setenv("POD_UID", "")
 	for _, tc := range []struct {
 		name    string
 		args    []string
@@ -27,7 +28,8 @@ func TestParseFlags(t *testing.T) {
 					f.stateDir == "/var/lib/facet" && f.cdiHook == "/usr/bin/nvidia-cdi-hook" &&
 					f.registrarDir == "/var/lib/kubelet/plugins_registry" && f.pluginsDir == "/var/lib/kubelet/plugins" &&
 					f.kubeAPIQPS == 50 && f.kubeAPIBurst == 100 && !f.destroyUnownedMIG && f.machine == "" &&
-					f.modes.Default == string(inventory.ModeAuto) && f.modes.Order == string(inventory.OrderBinpack)
+					f.modes.Default == string(inventory.ModeAuto) && f.modes.Order == string(inventory.OrderBinpack) &&
+					f.podUID == ""
 			},
 		},
 		{
@@ -38,12 +40,13 @@ func TestParseFlags(t *testing.T) {
 				"--state-dir", "/s", "--kubelet-registrar-dir", "/r", "--kubelet-plugins-dir", "/p",
 				"--kube-api-qps", "7.5", "--kube-api-burst", "9", "--hami-library", "/v.so", "--destroy-unowned-mig",
 				"--mode", "exclusive", "--gpu-modes", "0-3=mig", "--gpu-order", "spread", "-v", "2",
+				"--pod-uid", "5d1c",
 			},
 			want: func(f flags) bool {
 				return f.nodeName == "n1" && f.kubeconfig == "/k" && f.machine == "m.yaml" && f.nvmlLib == "/lib/nvml.so" &&
 					f.driverRoot == "/run/nvidia/driver" && f.devRoot == "/d" && f.cdiHook == "/h" && f.cdiDir == "/c" &&
 					f.stateDir == "/s" && f.registrarDir == "/r" && f.pluginsDir == "/p" && f.kubeAPIQPS == 7.5 &&
-					f.kubeAPIBurst == 9 && f.hamiLibrary == "/v.so" && f.destroyUnownedMIG &&
+					f.kubeAPIBurst == 9 && f.hamiLibrary == "/v.so" && f.destroyUnownedMIG && f.podUID == "5d1c" &&
 					f.modes == inventory.ModeFlags{Default: "exclusive", PerGPU: "0-3=mig", Order: "spread", Slots: "4"}
 			},
 		},

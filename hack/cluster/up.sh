@@ -128,10 +128,15 @@ trap 'fail "${CURRENT:-up.sh}" "command failed at line ${LINENO}: ${BASH_COMMAND
 
 # start NAME BINARY ARGS...: run in its own session (so it outlives this shell
 # and the caller's Ctrl-C), log to logs/NAME.log, pid to pids/NAME.pid.
+# The node's processes outlive the command that started it, so they must not
+# inherit the e2e lock (/tmp/facet-e2e.lock: fd 9 in hack/e2e.sh, fd 3 under
+# flock(1)): `flock /tmp/facet-e2e.lock make demo` would otherwise hold the
+# lock until `make demo-down`, and a second flock'ed command would wait on it
+# forever.
 start() {
   local name="$1"; shift
   CURRENT="${name}"
-  setsid "$@" >"${LOGS}/${name}.log" 2>&1 </dev/null &
+  setsid "$@" >"${LOGS}/${name}.log" 2>&1 </dev/null 3>&- 9>&- &
   echo $! >"${PIDS}/${name}.pid"
 }
 
@@ -240,10 +245,15 @@ wait_for etcd "healthy" curl -fsS http://127.0.0.1:2379/health
 
 # --- kube-apiserver --------------------------------------------------------------
 log "starting kube-apiserver"
+# --enable-aggregator-routing: the API server calls admission webhooks at
+# their Services' endpoints, not at the ClusterIP, which nothing routes here
+# (no kube-proxy); so the chart's webhook Deployment (on the host's network)
+# is reachable through its Service.
 start kube-apiserver "${BIN_DIR}/kube-apiserver" \
   --etcd-servers=http://127.0.0.1:2379 \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port=6443 \
   --endpoint-reconciler-type=none \
+  --enable-aggregator-routing=true \
   --authorization-mode=Node,RBAC \
   --client-ca-file="${PKI}/ca.crt" \
   --tls-cert-file="${PKI}/apiserver.crt" --tls-private-key-file="${PKI}/apiserver.key" \

@@ -84,6 +84,8 @@ type Driver struct {
 	// every health change.
 	healthSubs map[chan struct{}]struct{}
 	drahealthv1alpha1.UnimplementedDRAResourceHealthServer
+	// nodeLock is Options.NodeLock's; nil without one.
+	nodeLock *nodeLock
 }
 
 type gpuEditsEntry struct {
@@ -134,6 +136,13 @@ type Options struct {
 	// Status, when set, is told of every prepared and unprepared claim, to
 	// write its status.devices.
 	Status ClaimStatus
+	// NodeLock is the path of a lock file shared with the other plugin
+	// processes on the node (a rolling update, where the kubelet may call
+	// two instances at once). With it, the restore at start and every
+	// prepare and unprepare run holding it, and the reservations are
+	// reloaded from the checkpoint after another process changed it (see
+	// nodeLock). Empty: this process is the node's only plugin.
+	NodeLock string
 }
 
 // New restores the prepared claims from the checkpoint, rolls back claims
@@ -187,6 +196,15 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		return nil, fmt.Errorf("NVIDIA driver CDI edits: %w", err)
 	}
 	d.common = common
+	if o.NodeLock != "" {
+		d.nodeLock = &nodeLock{path: o.NodeLock, reload: d.reloadReservations}
+		// An instance still serving may be mid-prepare: its Preparing
+		// records are not for this restore to roll back.
+		if err := d.nodeLock.acquire(ctx, true); err != nil {
+			return nil, err
+		}
+		defer d.nodeLock.release(ctx, true)
+	}
 	if err := d.restore(ctx); err != nil {
 		return nil, err
 	}
@@ -206,6 +224,17 @@ func (d *Driver) limits(gpuUUID string) gpuLimits {
 // one claim's failure is reported for that claim alone.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	if len(claims) == 0 {
+		// The health probe's call: no need to wait for the node lock.
+		return results, nil
+	}
+	if err := d.enter(ctx); err != nil {
+		for _, claim := range claims {
+			results[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+		}
+		return results, nil
+	}
+	defer d.leave(ctx)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, claim := range claims {
@@ -227,6 +256,16 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 // UnprepareResourceClaims undoes prepare; unknown claims succeed.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	results := make(map[types.UID]error, len(claims))
+	if len(claims) == 0 {
+		return results, nil
+	}
+	if err := d.enter(ctx); err != nil {
+		for _, claim := range claims {
+			results[claim.UID] = err
+		}
+		return results, nil
+	}
+	defer d.leave(ctx)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, claim := range claims {

@@ -52,6 +52,8 @@ type rig struct {
 	noHAMi bool
 	// cdiSurvivesReboot: a CDI directory that is not a tmpfs.
 	cdiSurvivesReboot bool
+	// nodeLock is Options.NodeLock.
+	nodeLock string
 }
 
 var (
@@ -140,7 +142,7 @@ func (r *rig) start() {
 		mig = r.wrapMIG(mig)
 	}
 	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: edits, MIG: mig, HAMi: h, HAMiUnavailable: hamiErr,
-		BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint})
+		BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint, NodeLock: r.nodeLock})
 	if err != nil {
 		r.t.Fatal(err)
 	}

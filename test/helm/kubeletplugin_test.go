@@ -94,7 +94,7 @@ var (
 	otherFlags = map[string]bool{
 		"node-name": true, "kube-api-qps": true, "kube-api-burst": true, "destroy-unowned-mig": true,
 		"feature-gates": true, "mig-layouts": true, "feature-detection-interval": true,
-		"health-addr": true, "gpu-health-probe-interval": true, "gpu-health-quiet-period": true,
+		"health-addr": true, "gpu-health-probe-interval": true, "gpu-health-quiet-period": true, "pod-uid": true, "probe": true,
 	}
 	forbiddenFlags = map[string]string{
 		"kubeconfig": "the plugin runs in-cluster",
@@ -483,6 +483,10 @@ kubeletPlugin:
 kubeletPlugin:
   health: {port: 0}
 `, nil},
+		{"host network: metrics on the pod's unix socket only", `
+kubeletPlugin:
+  hostNetwork: true
+`, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := render(t, values(t, tc.values))
@@ -551,4 +555,50 @@ func hasPort(c *corev1.Container, name string, port int32) bool {
 		}
 	}
 	return false
+}
+
+// TestPluginRollingUpdate: by default the DaemonSet surges (the new pod
+// serves before the old one stops) and the plugin gets its pod's UID
+// (--pod-uid) for kubeletplugin.RollingUpdate. In the host's network the
+// probes move from a port, which a surge pod could not also hold, to a
+// unix socket asked by exec probes; with rollingUpdates off there is no
+// POD_UID.
+func TestPluginRollingUpdate(t *testing.T) {
+	for _, tc := range []struct {
+		name, values        string
+		wantUID, wantSocket bool
+	}{
+		{"defaults", "", true, false},
+		{"host network", "kubeletPlugin: {hostNetwork: true}", true, true},
+		{"no rolling updates", "kubeletPlugin: {rollingUpdates: false, updateStrategy: {type: RollingUpdate, rollingUpdate: {maxSurge: 0, maxUnavailable: 1}}}", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ds := daemonSets(t, render(t, values(t, tc.values)))[0]
+			ru := ds.Spec.UpdateStrategy.RollingUpdate
+			if tc.wantUID && (ru == nil || ru.MaxSurge == nil || ru.MaxSurge.IntValue() != 1 || ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0) {
+				t.Errorf("updateStrategy %+v, want maxSurge 1, maxUnavailable 0", ds.Spec.UpdateStrategy)
+			}
+			c := container(t, &ds.Spec.Template.Spec, "plugin", false)
+			var uid *corev1.EnvVar
+			for i := range c.Env {
+				if c.Env[i].Name == "POD_UID" {
+					uid = &c.Env[i]
+				}
+			}
+			if got := uid != nil && uid.ValueFrom != nil && uid.ValueFrom.FieldRef != nil && uid.ValueFrom.FieldRef.FieldPath == "metadata.uid"; got != tc.wantUID {
+				t.Errorf("POD_UID from metadata.uid: %v, want %v (env %+v)", got, tc.wantUID, c.Env)
+			}
+			args := strings.Join(c.Args, " ")
+			r := c.ReadinessProbe
+			if tc.wantSocket {
+				want := []string{"facet-kubeletplugin", "--health-addr=unix:/tmp/facet-health.sock", "--probe=/readyz"}
+				if r == nil || r.Exec == nil || strings.Join(r.Exec.Command, " ") != strings.Join(want, " ") ||
+					!strings.Contains(args, "--health-addr=unix:/tmp/facet-health.sock") || len(c.Ports) != 0 {
+					t.Errorf("host network: readiness %+v, args %q, ports %+v; want an exec probe on the unix socket and no port", r, args, c.Ports)
+				}
+			} else if r == nil || r.HTTPGet == nil || r.HTTPGet.Path != "/readyz" || !strings.Contains(args, "--health-addr=:8081") {
+				t.Errorf("readiness %+v, args %q; want /readyz over HTTP on :8081", r, args)
+			}
+		})
+	}
 }

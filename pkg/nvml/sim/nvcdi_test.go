@@ -563,6 +563,56 @@ func TestBindSimulatedProcDriverRefusesHostNamespace(t *testing.T) {
 	}
 }
 
+// TestBindSimulatedProcDriverAsContainerInit runs this test binary as PID
+// 1 of a new PID namespace, the way a container runtime starts the chart's
+// plugin: with a /proc of its own (and so a mount namespace of its own) the
+// bind is allowed and shows the simulated table; with the host's /proc in
+// the host's mount namespace it is refused, though the process is PID 1 of
+// its PID namespace.
+func TestBindSimulatedProcDriverAsContainerInit(t *testing.T) {
+	if root := os.Getenv("FACET_TEST_BIND_ROOT"); root != "" {
+		// The child: report what BindSimulatedProcDriver did.
+		err := BindSimulatedProcDriver(root)
+		if err == nil {
+			_, err = os.Stat(filepath.Join(procDriver, "nvidia-caps", "mig-minors"))
+		}
+		fmt.Printf("pid %d, bind: %v\n", os.Getpid(), err)
+		return
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("no unshare")
+	}
+	self, _ := os.Readlink("/proc/self/ns/mnt")
+	pid1, err := os.Readlink("/proc/1/ns/mnt")
+	inInitNamespace := err == nil && self == pid1
+	root := t.TempDir()
+	layoutOrSkip(t, root, mockDriverVersion, []int{0})
+	for _, tc := range []struct {
+		name    string
+		unshare []string
+		want    string
+	}{
+		{"own /proc and mount namespace", []string{"--pid", "--fork", "--mount", "--propagation", "private", "--mount-proc"}, "pid 1, bind: <nil>"},
+		{"the host's /proc and mount namespace", []string{"--pid", "--fork"}, "pid 1, bind: bind simulated /proc/driver: refusing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if strings.Contains(tc.want, "refusing") && !inInitNamespace {
+				t.Skip("not in the mount namespace of /proc's PID 1")
+			}
+			args := append(append([]string{}, tc.unshare...), os.Args[0], "-test.run=^TestBindSimulatedProcDriverAsContainerInit$")
+			cmd := exec.Command("unshare", args...)
+			cmd.Env = append(os.Environ(), "FACET_TEST_BIND_ROOT="+root)
+			out, err := cmd.CombinedOutput()
+			if err != nil && strings.Contains(string(out), "Operation not permitted") {
+				t.Skipf("unshare not permitted here: %s", out)
+			}
+			if err != nil || !strings.Contains(string(out), tc.want) {
+				t.Fatalf("unshare %v: %v, output:\n%s\nwant %q", tc.unshare, err, out, tc.want)
+			}
+		})
+	}
+}
+
 func TestLayoutDriverRoot(t *testing.T) {
 	root := t.TempDir()
 	minors := []int{0, 3}

@@ -533,10 +533,16 @@ const procDriver = "/proc/driver"
 //
 // Start the process with `unshare --mount --propagation private` (or
 // SysProcAttr.Unshareflags = CLONE_NEWNS), a namespace every thread of the
-// process then shares. To protect the host, it refuses when a real NVIDIA
-// driver is loaded (/proc/driver/nvidia exists) and when it can tell that
-// it runs in PID 1's mount namespace (where /proc/1/ns/mnt is readable). It
-// needs CAP_SYS_ADMIN. Calling it again is a no-op.
+// process then shares, or run it as a container's first process (the
+// chart's DaemonSet with the simulator image). To protect the host, it
+// refuses when a real NVIDIA driver is loaded (/proc/driver/nvidia exists;
+// a container sees the host's) and when it runs in the mount namespace of
+// the init process of the /proc it sees (where /proc/1/ns/mnt is readable),
+// unless that init process is itself: a process that is PID 1 of the PID
+// namespace its /proc shows runs in a container, whose runtime mounted
+// that /proc in a mount namespace of the container's own (mounting it in
+// the host's would hide the host's processes from the host). It needs
+// CAP_SYS_ADMIN. Calling it again is a no-op.
 func BindSimulatedProcDriver(root string) error {
 	src := filepath.Join(root, "proc", "driver")
 	if _, err := os.Stat(filepath.Join(src, "nvidia-caps", "mig-minors")); err != nil {
@@ -551,7 +557,7 @@ func BindSimulatedProcDriver(root string) error {
 	if err != nil {
 		return fmt.Errorf("bind simulated %s: %w", procDriver, err)
 	}
-	if pid1, err := os.Readlink("/proc/1/ns/mnt"); err == nil && self == pid1 {
+	if pid1, err := os.Readlink("/proc/1/ns/mnt"); err == nil && self == pid1 && !isProcInit("/proc") {
 		return fmt.Errorf("bind simulated %s: refusing to mount over the host's %s; run in a private mount namespace (unshare --mount --propagation private)", procDriver, procDriver)
 	}
 	if same, err := sameFile(src, procDriver); err == nil && same {
@@ -561,6 +567,16 @@ func BindSimulatedProcDriver(root string) error {
 		return fmt.Errorf("bind %s over %s: %w", src, procDriver, err)
 	}
 	return nil
+}
+
+// isProcInit reports whether the calling process is PID 1 of the PID
+// namespace that the proc file system at proc shows: <proc>/self then
+// names "1". The host's init is never a Facet plugin, so this holds only
+// in a container (or a process started like one, with unshare --pid
+// --fork --mount-proc, which implies a mount namespace of its own).
+func isProcInit(proc string) bool {
+	self, err := os.Readlink(filepath.Join(proc, "self"))
+	return err == nil && self == "1" && os.Getpid() == 1
 }
 
 func sameFile(a, b string) (bool, error) {

@@ -22,8 +22,9 @@ import (
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -73,7 +74,7 @@ func (l *live) must(t testing.TB, stdin string, args ...string) string {
 func (l *live) namespace(t *testing.T, name string) {
 	t.Helper()
 	l.must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+name+"}\n", "apply", "-f", "-")
-	t.Cleanup(func() { l.run("", "delete", "namespace", name, "--wait=true", "--timeout=120s") })
+	t.Cleanup(func() { _, _ = l.run("", "delete", "namespace", name, "--wait=true", "--timeout=120s") })
 }
 
 func loadChart(t testing.TB) *chart.Chart {
@@ -104,48 +105,63 @@ func simImageArchive() string {
 	return filepath.Join("..", "..", "..", "_output", "facet-image-sim.tar")
 }
 
-// TestLiveChartPlugin installs the chart with Helm's install action into
-// the local node, with the simulator image imported into its containerd:
-// the DaemonSet's pod registers with the kubelet and publishes the node's
-// slices, a pod's whole-GPU claim is prepared through it (CDI spec, the
-// container runs), and unprepared when the pod goes.
-func TestLiveChartPlugin(t *testing.T) {
+// chartRig is the chart installed with Helm's install action into the
+// local node (hack/e2e.sh's), the simulator image imported into its
+// containerd.
+type chartRig struct {
+	*live
+	ch                                             *chart.Chart
+	repo, kubeletRoot, cdiDir, stateDir, sock, ctr string
+	// tag is the image's tag: facet.local/facet:<appVersion>-sim.
+	tag string
+	cfg *action.Configuration
+	// stock: the node runs stock Kubernetes 1.35's gates (the alpha DRA
+	// gates of shares and MIG partitions off).
+	stock bool
+	start time.Time
+}
+
+const (
+	chartNS      = "facet-chart-live"
+	chartRelease = "facet"
+	pluginPods   = "app.kubernetes.io/component=kubelet-plugin"
+)
+
+func newChartRig(t *testing.T) *chartRig {
+	t.Helper()
 	l := liveCluster(t)
 	archive := simImageArchive()
 	if _, err := os.Stat(archive); err != nil {
 		t.Skipf("no simulator image %s: build it with `make image-sim` (hack/image.sh --sim)", archive)
 	}
-	runDir, kubeletRoot, cdiDir, sock := l.runDir, os.Getenv("FACET_KUBELET_ROOT"), os.Getenv("FACET_CDI_DIR"), os.Getenv("FACET_CRI_SOCKET")
-	if os.Getenv("FACET_RUNTIME") != "containerd" || kubeletRoot == "" || cdiDir == "" || sock == "" {
+	r := &chartRig{live: l, kubeletRoot: os.Getenv("FACET_KUBELET_ROOT"), cdiDir: os.Getenv("FACET_CDI_DIR"), sock: os.Getenv("FACET_CRI_SOCKET"), start: time.Now()}
+	if os.Getenv("FACET_RUNTIME") != "containerd" || r.kubeletRoot == "" || r.cdiDir == "" || r.sock == "" {
 		t.Skip("needs the local node with RUNTIME=containerd (FACET_RUNTIME, FACET_KUBELET_ROOT, FACET_CDI_DIR, FACET_CRI_SOCKET)")
 	}
-	if _, err := os.Stat(filepath.Join(runDir, "driver-root", "dev")); err != nil {
+	if _, err := os.Stat(filepath.Join(l.runDir, "driver-root", "dev")); err != nil {
 		t.Skipf("no simulated driver root (hack/sim-node.sh): %v", err)
 	}
-	repo, err := filepath.Abs(filepath.Join("..", "..", ".."))
-	if err != nil {
+	gates := "," + os.Getenv("FACET_FEATURE_GATES") + ","
+	r.stock = !strings.Contains(gates, ",DRAPartitionableDevices=true,") || !strings.Contains(gates, ",DRAConsumableCapacity=true,")
+	var err error
+	if r.repo, err = filepath.Abs(filepath.Join("..", "..", "..")); err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	start := time.Now()
-
-	ch := loadChart(t)
-	image := "facet.local/facet:" + ch.Metadata.AppVersion + "-sim"
-	ctr := filepath.Join(os.Getenv("FACET_BIN_DIR"), "ctr")
-	if out, err := exec.Command(ctr, "--address", sock, "-n", "k8s.io", "images", "import", archive).CombinedOutput(); err != nil {
-		t.Fatalf("ctr images import %s: %v\n%s", archive, err, out)
-	}
-	t.Logf("imported %s (%s)", image, time.Since(start).Round(time.Millisecond))
+	r.ch = loadChart(t)
+	r.tag = r.ch.Metadata.AppVersion + "-sim"
+	r.ctr = filepath.Join(os.Getenv("FACET_BIN_DIR"), "ctr")
+	r.ctrRun(t, "images", "import", archive)
+	t.Logf("imported facet.local/facet:%s (%s)", r.tag, r.since())
 
 	// A host-process plugin of test/e2e may have left this node's slices;
 	// the DaemonSet's plugin must publish its own.
-	l.run("", "delete", "resourceslices", "--field-selector", "spec.driver=gpu.facet.dev,spec.nodeName=localhost", "--wait=true")
-	l.must(t, "", "apply", "-f", filepath.Join(repo, "deployments", "deviceclasses.yaml"))
+	_, _ = l.run("", "delete", "resourceslices", "--field-selector", "spec.driver=gpu.facet.dev,spec.nodeName=localhost", "--wait=true")
+	l.must(t, "", "apply", "-f", filepath.Join(r.repo, "deployments", "deviceclasses.yaml"))
 
 	// The chart mounts the driver root with HostToContainer propagation
 	// (the GPU Operator mounts it after boot), which containerd refuses
 	// on a private mount: make the simulated root a shared mount of its own.
-	driverRoot := filepath.Join(runDir, "driver-root")
+	driverRoot := filepath.Join(l.runDir, "driver-root")
 	for _, args := range [][]string{{"--bind", driverRoot, driverRoot}, {"--make-rshared", driverRoot}} {
 		if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
 			t.Fatalf("mount %v: %v\n%s", args, err, out)
@@ -153,12 +169,37 @@ func TestLiveChartPlugin(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", driverRoot).Run() })
 
-	const ns, release = "facet-chart-live", "facet"
-	l.namespace(t, ns)
-	stateDir := filepath.Join(runDir, "facet-state-chart")
-	os.RemoveAll(stateDir)
-	vals := values(t, fmt.Sprintf(`
-image: {repository: facet.local/facet, tag: %q, pullPolicy: Never}
+	l.namespace(t, chartNS)
+	r.stateDir = filepath.Join(l.runDir, "facet-state-chart")
+	os.RemoveAll(r.stateDir)
+
+	kubeconfig, namespace := l.kubeconfig, chartNS
+	getter := genericclioptions.NewConfigFlags(false)
+	getter.KubeConfig, getter.Namespace = &kubeconfig, &namespace
+	r.cfg = new(action.Configuration)
+	if err := r.cfg.Init(getter, chartNS, "secret", t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *chartRig) since() time.Duration { return time.Since(r.start).Round(time.Millisecond) }
+
+func (r *chartRig) ctrRun(t testing.TB, args ...string) {
+	t.Helper()
+	args = append([]string{"--address", r.sock, "-n", "k8s.io"}, args...)
+	if out, err := exec.Command(r.ctr, args...).CombinedOutput(); err != nil {
+		t.Fatalf("ctr %v: %v\n%s", args, err, out)
+	}
+}
+
+// values are the chart's values for the local node, with the image tag
+// and the default node group's fields (YAML flow mapping entries, without
+// the machine file, which is added).
+func (r *chartRig) values(t testing.TB, tag, group string) map[string]any {
+	t.Helper()
+	return values(t, fmt.Sprintf(`
+image: {repository: facet.local/facet, tag: %[1]q, pullPolicy: Never}
 # Installed by the test from deployments/ (Helm adopts no existing objects).
 deviceClasses: {enabled: false}
 admission:
@@ -171,147 +212,207 @@ kubeletPlugin:
   extraEnv:
   - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
   - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
-  kubeletDir: %q
-  cdiDir: %q
-  stateDir: %q
-  driver: {root: %q, devRoot: %q, nvidiaCDIHookPath: %q}
-  hamiCore: {enabled: false}
+  kubeletDir: %[2]q
+  cdiDir: %[3]q
+  stateDir: %[4]q
+  driver: {root: %[5]q, devRoot: %[5]q, nvidiaCDIHookPath: %[6]q}
+  # The simulator image plays HAMi's: the demo's stand-in libvgpu.so at
+  # HAMi's path, copied to the node by the chart's init container.
+  hamiCore:
+    enabled: true
+    hostDir: %[7]q
+    image: {repository: facet.local/facet, tag: %[1]q, pullPolicy: Never}
+    librarySource: /k8s-vgpu/lib/nvidia/libvgpu.so*
   logVerbosity: 4
   nodeGroups:
-    default:
-      mode: exclusive
-      extraArgs: [--machine=/usr/share/facet/machines/dgx-h100.yaml]
-`, ch.Metadata.AppVersion+"-sim", kubeletRoot, cdiDir, stateDir,
-		filepath.Join(runDir, "driver-root"), filepath.Join(runDir, "driver-root"), filepath.Join(repo, "bin", "nvidia-cdi-hook")))
+    default: {%[8]s, extraArgs: [--machine=/usr/share/facet/machines/dgx-h100.yaml]}
+`, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.runDir, "driver-root"),
+		filepath.Join(r.repo, "bin", "nvidia-cdi-hook"), filepath.Join(r.runDir, "hami-chart"), group))
+}
 
-	kubeconfig, namespace := l.kubeconfig, ns
-	getter := genericclioptions.NewConfigFlags(false)
-	getter.KubeConfig, getter.Namespace = &kubeconfig, &namespace
-	cfg := new(action.Configuration)
-	if err := cfg.Init(getter, ns, "secret", t.Logf); err != nil {
-		t.Fatal(err)
-	}
-	install := action.NewInstall(cfg)
-	install.ReleaseName, install.Namespace, install.Timeout = release, ns, 2*time.Minute
-	rel, err := install.Run(ch, vals)
+// install runs `helm install` and removes the release when the test ends,
+// waiting for the plugin's pods to go.
+func (r *chartRig) install(t *testing.T, vals map[string]any) {
+	t.Helper()
+	install := action.NewInstall(r.cfg)
+	install.ReleaseName, install.Namespace, install.Timeout = chartRelease, chartNS, 2*time.Minute
+	rel, err := install.Run(r.ch, vals)
 	if err != nil {
 		t.Fatalf("helm install: %v", err)
 	}
-	t.Logf("helm install: release %s revision %d, %s", rel.Name, rel.Version, rel.Info.Status)
+	t.Logf("helm install: release %s revision %d, %s (%s)", rel.Name, rel.Version, rel.Info.Status, r.since())
 	t.Cleanup(func() {
-		if _, err := action.NewUninstall(cfg).Run(release); err != nil {
+		if _, err := action.NewUninstall(r.cfg).Run(chartRelease); err != nil {
 			t.Errorf("helm uninstall: %v", err)
 		}
-		// Wait for the plugin's pod to go: later tests start their own.
+		// Wait for the plugin's pods to go: later tests start their own.
 		testenv.WaitFor(t, "plugin pods gone", 2*time.Minute, func() (bool, error) {
-			pods, err := l.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=kubelet-plugin"})
+			pods, err := r.client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: pluginPods})
 			return err == nil && len(pods.Items) == 0, err
 		})
 	})
+}
 
-	pluginLog := func() string {
-		out, _ := l.run("", "logs", "-n", ns, "-l", "app.kubernetes.io/component=kubelet-plugin", "--tail=-1")
-		return out
+func (r *chartRig) pluginLog(pod string) string {
+	args := []string{"logs", "-n", chartNS, "-c", "plugin", "--tail=-1"}
+	if pod != "" {
+		args = append(args, pod)
+	} else {
+		args = append(args, "-l", pluginPods)
 	}
-	var pluginPod string
-	testenv.WaitFor(t, "the DaemonSet's plugin pod Running and Ready", 2*time.Minute, func() (bool, error) {
-		pods, err := l.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=kubelet-plugin"})
+	out, _ := r.run("", args...)
+	return out
+}
+
+// waitPlugin waits for the one plugin pod whose image has tag, Running and
+// Ready (its /readyz: registered with the kubelet, all slices published),
+// with no other plugin pod left, and returns it.
+func (r *chartRig) waitPlugin(t testing.TB, tag string, timeout time.Duration) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	testenv.WaitFor(t, "the DaemonSet's plugin pod with tag "+tag+" Running and Ready, and no other", timeout, func() (bool, error) {
+		pods, err := r.client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: pluginPods})
 		if err != nil || len(pods.Items) != 1 {
 			return false, fmt.Errorf("%d plugin pods: %v", len(pods.Items), err)
 		}
-		p := pods.Items[0]
-		pluginPod = p.Name
-		return p.Status.Phase == corev1.PodRunning && podReady(&p), fmt.Errorf("phase %s, container statuses %+v", p.Status.Phase, p.Status.ContainerStatuses)
-	})
-	t.Logf("plugin pod %s Running (%s)", pluginPod, time.Since(start).Round(time.Millisecond))
-
-	sel := fields.Set{"spec.driver": "gpu.facet.dev", "spec.nodeName": "localhost"}.AsSelector().String()
-	testenv.WaitFor(t, "the plugin pod's ResourceSlices", time.Minute, func() (bool, error) {
-		list, err := l.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
-		if err != nil || len(list.Items) == 0 {
-			return false, fmt.Errorf("%d slices: %v", len(list.Items), err)
+		p := &pods.Items[0]
+		pod = p
+		if !strings.HasSuffix(p.Spec.Containers[0].Image, ":"+tag) {
+			return false, fmt.Errorf("pod %s has image %s", p.Name, p.Spec.Containers[0].Image)
 		}
-		devices := 0
-		for _, s := range list.Items {
-			devices += len(s.Spec.Devices)
-		}
-		return devices == 8, fmt.Errorf("%d devices", devices)
+		return p.Status.Phase == corev1.PodRunning && podReady(p) && p.DeletionTimestamp == nil,
+			fmt.Errorf("phase %s, container statuses %+v", p.Status.Phase, p.Status.ContainerStatuses)
 	})
-	// Ready is the plugin's /readyz: the kubelet registered it
-	// (NotifyRegistrationStatus) and the API server holds its slices.
-	pod, err := l.client.CoreV1().Pods(ns).Get(ctx, pluginPod, metav1.GetOptions{})
-	if err != nil || !podReady(pod) || pod.Spec.Containers[0].ReadinessProbe == nil {
-		t.Fatalf("plugin pod %s: want Ready through its readiness probe: %v", pluginPod, err)
+	if pod.Spec.Containers[0].ReadinessProbe == nil {
+		t.Fatalf("plugin pod %s has no readiness probe", pod.Name)
 	}
-	t.Logf("slices published and plugin registered (%s)", time.Since(start).Round(time.Millisecond))
+	return pod
+}
 
-	manifest := `
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {name: one-gpu, namespace: facet-chart-live}
-spec:
-  spec:
-    devices:
-      requests:
-      - {name: gpu, exactly: {deviceClassName: gpu.facet.dev}}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: one-gpu, namespace: facet-chart-live}
-spec:
-  hostNetwork: true
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: facet.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "86400"]
-    resources: {claims: [{name: gpu}]}
-  resourceClaims:
-  - {name: gpu, resourceClaimTemplateName: one-gpu}
-`
-	l.must(t, manifest, "apply", "-f", "-")
-	testenv.WaitFor(t, "pod one-gpu Running", 2*time.Minute, func() (bool, error) {
-		var err error
-		pod, err = l.client.CoreV1().Pods(ns).Get(ctx, "one-gpu", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		return pod.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s, conditions %v", pod.Status.Phase, pod.Status.Conditions)
-	})
-	if len(pod.Status.ResourceClaimStatuses) != 1 || pod.Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
-		t.Fatalf("pod claims: %+v", pod.Status.ResourceClaimStatuses)
-	}
-	claim, err := l.client.ResourceV1().ResourceClaims(ns).Get(ctx, *pod.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
+// claimOf returns the pod's only claim.
+func (r *chartRig) claimOf(t testing.TB, ns, pod string) *resourceapi.ResourceClaim {
+	t.Helper()
+	p, err := r.client.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != 1 {
-		t.Fatalf("claim %s: allocation %+v", claim.Name, claim.Status.Allocation)
+	if len(p.Status.ResourceClaimStatuses) != 1 || p.Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
+		t.Fatalf("pod %s claims: %+v", pod, p.Status.ResourceClaimStatuses)
 	}
-	spec := filepath.Join(cdiDir, "gpu.facet.dev-claim_"+string(claim.UID)+".json")
-	if _, err := os.Stat(spec); err != nil {
-		t.Fatalf("the plugin pod wrote no CDI spec for claim %s: %v\nplugin log:\n%s", claim.Name, err, pluginLog())
+	c, err := r.client.ResourceV1().ResourceClaims(ns).Get(context.Background(), *p.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	device := claim.Status.Allocation.Devices.Results[0].Device
-	out := l.must(t, "", "exec", "-n", ns, "one-gpu", "--", "sh", "-c", "env; echo ---; ls /dev")
-	if !strings.Contains(out, "FACET_DEVICES="+device+"\n") {
-		t.Errorf("the container lacks FACET_DEVICES=%s from the plugin pod's CDI spec:\n%s", device, out)
+	if c.Status.Allocation == nil || len(c.Status.Allocation.Devices.Results) == 0 {
+		t.Fatalf("claim %s: allocation %+v", c.Name, c.Status.Allocation)
 	}
-	if !strings.Contains(out, "\nnvidiactl\n") {
-		t.Errorf("the container has no /dev/nvidiactl from the CDI spec:\n%s", out)
-	}
-	t.Logf("pod one-gpu Running with %s through the chart's plugin (%s)", device, time.Since(start).Round(time.Millisecond))
+	return c
+}
 
-	l.must(t, "", "delete", "pod", "-n", ns, "one-gpu", "--wait=true", "--timeout=90s")
-	testenv.WaitFor(t, "claim "+claim.Name+" unprepared (CDI spec removed)", time.Minute, func() (bool, error) {
-		_, err := os.Stat(spec)
-		return os.IsNotExist(err), err
-	})
-	if !strings.Contains(pluginLog(), "NodeUnprepareResources") && testing.Verbose() {
-		t.Logf("plugin log:\n%s", pluginLog())
+func (r *chartRig) specPath(uid types.UID) string {
+	return filepath.Join(r.cdiDir, "gpu.facet.dev-claim_"+string(uid)+".json")
+}
+
+func (r *chartRig) recordPath(uid types.UID) string {
+	return filepath.Join(r.stateDir, "claims", string(uid)+".json")
+}
+
+// TestLiveChartPlugin installs the chart with Helm's install action into
+// the local node, with the simulator image imported into its containerd:
+// the DaemonSet's pod registers with the kubelet and publishes the node's
+// slices, and the demo's pods run with claims prepared through it (CDI
+// specs, the containers run): with the alpha gates on, whole GPUs, a MIG
+// instance carved at prepare and vGPU shares enforced by the stand-in
+// HAMi-core that the chart's init container installed; on stock 1.35,
+// whole GPUs, a static MIG device and vGPU slots. Each claim is
+// unprepared when its pod goes.
+func TestLiveChartPlugin(t *testing.T) {
+	r := newChartRig(t)
+	group := `mode: auto, gpuModes: "0-3=mig,4-7=shared"`
+	examples := []string{"demo/gpu/", "demo/mig/one-1g10gb.yaml", "demo/vgpu/"}
+	pods := map[string]string{"one-gpu": "gpu", "two-gpus": "gpu", "one-1g10gb": "mig", "volcano-share": "share", "notebook": "share", "shared-by-two-containers": "share"}
+	if r.stock {
+		group = `mode: auto, gpuModes: "0-1=static-mig,4=slots", migLayouts: "0-1=all-balanced", gpuSlots: "4=1x40Gi/50+2"`
+		examples = []string{"demo/gpu/", "demo/stock/"}
+		pods = map[string]string{"one-gpu": "gpu", "two-gpus": "gpu", "mig-3gb": "mig", "volcano-slot": "share", "hami-slot": "share"}
 	}
-	t.Logf("claim unprepared; total %s", time.Since(start).Round(time.Millisecond))
+	r.install(t, r.values(t, r.tag, group))
+	plugin := r.waitPlugin(t, r.tag, 2*time.Minute)
+	t.Logf("plugin pod %s Running and Ready: registered, slices published (%s)", plugin.Name, r.since())
+	if log := r.pluginLog(plugin.Name); strings.Contains(log, "MIG devices cannot get CDI edits") {
+		t.Errorf("the plugin pod could not bind the simulated /proc/driver:\n%s", log)
+	}
+
+	const demoNS = "facet-demo"
+	r.must(t, "", "apply", "-f", filepath.Join(r.repo, "demo", "gpu", "namespace.yaml"))
+	t.Cleanup(func() { _, _ = r.run("", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s") })
+	for _, ex := range examples {
+		r.must(t, "", "apply", "-f", filepath.Join(r.repo, ex))
+	}
+	ctx := context.Background()
+	for name := range pods {
+		testenv.WaitFor(t, "pod "+name+" Running", 3*time.Minute, func() (bool, error) {
+			p, err := r.client.CoreV1().Pods(demoNS).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			return p.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s, conditions %v", p.Status.Phase, p.Status.Conditions)
+		})
+	}
+	specs := map[string]string{}
+	for name, kind := range pods {
+		c := r.claimOf(t, demoNS, name)
+		spec := r.specPath(c.UID)
+		data, err := os.ReadFile(spec)
+		if err != nil {
+			t.Fatalf("pod %s: the plugin pod wrote no CDI spec for claim %s: %v\nplugin log:\n%s", name, c.Name, err, r.pluginLog(""))
+		}
+		specs[name] = spec
+		var devices []string
+		for _, res := range c.Status.Allocation.Devices.Results {
+			devices = append(devices, res.Device)
+		}
+		out := r.must(t, "", "exec", "-n", demoNS, name, "--", "sh", "-c", "env; echo ---; ls /dev; echo ---; cat /etc/ld.so.preload 2>/dev/null; true")
+		env := map[string]string{}
+		for _, line := range strings.Split(strings.SplitN(out, "---", 2)[0], "\n") {
+			if k, v, ok := strings.Cut(line, "="); ok {
+				env[k] = v
+			}
+		}
+		if want := strings.Join(devices, ","); env["FACET_DEVICES"] != want {
+			t.Errorf("pod %s: FACET_DEVICES=%q, want %q (its claim's devices)", name, env["FACET_DEVICES"], want)
+		}
+		if !strings.Contains(out, "\nnvidiactl\n") {
+			t.Errorf("pod %s: no /dev/nvidiactl from the CDI spec:\n%s", name, out)
+		}
+		switch kind {
+		case "mig":
+			// The MIG capability device nodes come from nvcdi's MIG edits,
+			// which need the simulated /proc/driver/nvidia-caps bound in
+			// the plugin pod's mount namespace.
+			if !strings.HasPrefix(env["FACET_GPU_UUIDS"], "MIG-") || !strings.Contains(string(data), "nvidia-caps") {
+				t.Errorf("pod %s: FACET_GPU_UUIDS=%q, want a MIG device's, and nvidia-caps in its spec:\n%s", name, env["FACET_GPU_UUIDS"], data)
+			}
+		case "share":
+			if env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "" || !strings.Contains(out, "libvgpu.so") {
+				t.Errorf("pod %s: want HAMi-core's memory limit and libvgpu.so preloaded:\n%s", name, out)
+			}
+		}
+		t.Logf("pod %s Running with %v (%s) through the chart's plugin", name, devices, kind)
+	}
+	if _, err := os.Stat(filepath.Join(r.runDir, "hami-chart", "libvgpu.so")); err != nil {
+		t.Errorf("the init container installed no libvgpu.so: %v", err)
+	}
+	t.Logf("%d demo pods Running (%s)", len(pods), r.since())
+
+	r.must(t, "", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s")
+	for name, spec := range specs {
+		testenv.WaitFor(t, "pod "+name+"'s claim unprepared (CDI spec removed)", time.Minute, func() (bool, error) {
+			_, err := os.Stat(spec)
+			return os.IsNotExist(err), err
+		})
+	}
+	t.Logf("claims unprepared; total %s", r.since())
 }
 
 func podReady(p *corev1.Pod) bool {
