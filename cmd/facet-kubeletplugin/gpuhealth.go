@@ -8,13 +8,9 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
@@ -148,63 +144,64 @@ func watchGPUHealth(ctx context.Context, lib *nvml.Library, p *publisher, probeE
 	}
 }
 
-// watchRecoverRequests acts on the Node annotation names.AnnotationRecover:
-// each request clears the faults of the GPUs it names, if they answer
-// NVML and saw no fault after it. Each request is acted on once per
-// plugin run.
+// recoverPoll is how often the plugin reads its Node for recovery
+// requests: a GET of one object from the API server's cache. A watch
+// would need list and watch on every Node (RBAC cannot narrow them to
+// one), which the plugin's role deliberately lacks.
+const recoverPoll = 5 * time.Second
+
+// watchRecoverRequests acts on the Node annotation names.AnnotationRecover
+// until ctx ends: each request clears the faults of the GPUs it names, if
+// they answer NVML and saw no fault after it. Each request is acted on
+// once per plugin run.
 func watchRecoverRequests(ctx context.Context, client kubernetes.Interface, lib *nvml.Library, p *publisher) {
 	logger := klog.FromContext(ctx)
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", p.node).String()
-	}))
 	done := map[gpuhealth.RecoverRequest]bool{}
-	var mu sync.Mutex
-	handle := func(obj any) {
-		node, ok := obj.(*corev1.Node)
-		if !ok {
-			return
-		}
-		value, ok := node.Annotations[names.AnnotationRecover]
-		if !ok {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		reqs, err := gpuhealth.ParseRecoverRequests(value)
+	tick := time.NewTicker(recoverPoll)
+	defer tick.Stop()
+	for {
+		node, err := client.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
 		if err != nil {
-			key := gpuhealth.RecoverRequest{GPU: "malformed:" + value}
-			if !done[key] {
-				done[key] = true
-				p.ev.warning(reasonGPURecoveryFailed, fmt.Sprintf("annotation %s: %v", names.AnnotationRecover, err))
-			}
-			return
+			logger.V(2).Info("Cannot read the Node for GPU recovery requests; retrying", "err", err)
+		} else if value, ok := node.Annotations[names.AnnotationRecover]; ok {
+			p.handleRecoverRequests(ctx, lib, value, done)
 		}
-		for _, r := range reqs {
-			if done[r] {
-				continue
-			}
-			done[r] = true
-			for _, uuid := range p.resolve(r.GPU) {
-				c, err := p.mon.Recover(uuid, r.At, lib.ProbeGPU)
-				switch {
-				case err != nil:
-					logger.Error(err, "GPU recovery refused", "gpu", uuid)
-					p.ev.warning(reasonGPURecoveryFailed, fmt.Sprintf("GPU %s: %v", p.describe(uuid), err))
-				case c != nil:
-					p.changed(ctx, *c)
-				}
-			}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 	}
-	_, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    handle,
-		UpdateFunc: func(_, obj any) { handle(obj) },
-	})
+}
+
+// handleRecoverRequests acts on the annotation's requests not in done.
+func (p *publisher) handleRecoverRequests(ctx context.Context, lib *nvml.Library, value string, done map[gpuhealth.RecoverRequest]bool) {
+	logger := klog.FromContext(ctx)
+	reqs, err := gpuhealth.ParseRecoverRequests(value)
 	if err != nil {
-		logger.Error(err, "Cannot watch the Node for GPU recovery requests")
+		key := gpuhealth.RecoverRequest{GPU: "malformed:" + value}
+		if !done[key] {
+			done[key] = true
+			p.ev.warning(reasonGPURecoveryFailed, fmt.Sprintf("annotation %s: %v", names.AnnotationRecover, err))
+		}
 		return
 	}
-	factory.Start(ctx.Done())
+	for _, r := range reqs {
+		if done[r] {
+			continue
+		}
+		done[r] = true
+		for _, uuid := range p.resolve(r.GPU) {
+			c, err := p.mon.Recover(uuid, r.At, lib.ProbeGPU)
+			switch {
+			case err != nil:
+				logger.Error(err, "GPU recovery refused", "gpu", uuid)
+				p.ev.warning(reasonGPURecoveryFailed, fmt.Sprintf("GPU %s: %v", p.describe(uuid), err))
+			case c != nil:
+				p.changed(ctx, *c)
+			}
+		}
+	}
 }
 
 // resolve turns a request's GPU (a UUID, an NVML index, "all") into the

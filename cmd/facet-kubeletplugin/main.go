@@ -313,7 +313,7 @@ func run(ctx context.Context, f flags) error {
 	}
 	if f.healthProbe > 0 {
 		go watchGPUHealth(ctx, lib, pub, f.healthProbe)
-		watchRecoverRequests(ctx, client, lib, pub)
+		go watchRecoverRequests(ctx, client, lib, pub)
 	}
 	go reportPublished(ctx, client, f.nodeName, want, start)
 	if err := startHealth(ctx, f, helper, client, want, m.Handler()); err != nil {
