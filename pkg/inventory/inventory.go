@@ -76,6 +76,15 @@ const (
 // Needs lists the DRA feature gates a mode's ResourceSlices need the
 // cluster to enforce; the API server silently drops the fields of a gate
 // that is off, and the scheduler then over-commits the GPU.
+// MaxDevicesPerSliceCounters is the API's limit on devices in one
+// ResourceSlice when any of them consumes counters or has taints: 64.
+// k8s.io/api names it ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
+// in v0.35 and ResourceSliceMaxDevicesWithAdvancedFeatures from v0.36;
+// Facet keeps its own name so that it builds against each (the allocator
+// tests run on v0.35, v0.36 and v0.37: hack/allocator-matrix.sh), and a
+// test pins it to v0.35's.
+const MaxDevicesPerSliceCounters = 64
+
 func (m Mode) Needs() []features.Gate {
 	switch m {
 	case ModeMIG:

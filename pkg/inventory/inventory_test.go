@@ -2,6 +2,7 @@ package inventory
 
 import (
 	"fmt"
+	resourceapi "k8s.io/api/resource/v1"
 	"reflect"
 	"slices"
 	"strings"
@@ -222,5 +223,13 @@ func TestBuildErrors(t *testing.T) {
 		if _, err := Build(node, cfg); err == nil {
 			t.Errorf("Build(%+v) succeeded", cfg)
 		}
+	}
+}
+
+// TestMaxDevicesPerSliceCounters pins Facet's copy of the limit to the
+// k8s.io/api it is built with (v0.35 here).
+func TestMaxDevicesPerSliceCounters(t *testing.T) {
+	if MaxDevicesPerSliceCounters != resourceapi.ResourceSliceMaxDevicesWithTaintsOrConsumesCounters {
+		t.Errorf("MaxDevicesPerSliceCounters %d, k8s.io/api says %d", MaxDevicesPerSliceCounters, resourceapi.ResourceSliceMaxDevicesWithTaintsOrConsumesCounters)
 	}
 }

@@ -82,8 +82,8 @@ func NewMIGModel(discovered []nvml.MIGProfile) (*MIGModel, error) {
 	for _, p := range m.Profiles {
 		devices += len(p.Placements)
 	}
-	if devices > resourceapi.ResourceSliceMaxDevicesWithTaintsOrConsumesCounters {
-		return nil, fmt.Errorf("%d devices for one GPU exceed the %d a slice may hold when they consume counters", devices, resourceapi.ResourceSliceMaxDevicesWithTaintsOrConsumesCounters)
+	if devices > MaxDevicesPerSliceCounters {
+		return nil, fmt.Errorf("%d devices for one GPU exceed the %d a slice may hold when they consume counters", devices, MaxDevicesPerSliceCounters)
 	}
 	m.counted = witnessSlices(m.Profiles, m.MemorySlices)
 	for k, ok := range m.counted {

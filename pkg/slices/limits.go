@@ -48,7 +48,7 @@ func CheckLimits(objs []*resourceapi.ResourceSlice) []error {
 			anyCounters = anyCounters || len(d.ConsumesCounters) > 0
 		}
 		if anyCounters {
-			limit = resourceapi.ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
+			limit = MaxDevicesPerSliceCounters
 		}
 		if len(o.Spec.Devices) > limit {
 			fail("%s: %d devices, limit %d", o.Name, len(o.Spec.Devices), limit)

@@ -24,7 +24,7 @@ const (
 	// MaxDevicesPerSlice is the limit on devices in one slice (128), or 64
 	// when any device consumes counters (or has taints).
 	MaxDevicesPerSlice         = resourceapi.ResourceSliceMaxDevices
-	MaxDevicesPerSliceCounters = resourceapi.ResourceSliceMaxDevicesWithTaintsOrConsumesCounters
+	MaxDevicesPerSliceCounters = inventory.MaxDevicesPerSliceCounters
 	// MaxCounterSetsPerSlice is the limit on counter sets in one slice.
 	MaxCounterSetsPerSlice = resourceapi.ResourceSliceMaxCounterSets
 )

@@ -174,13 +174,18 @@ func TestDynamicShareBesideMIG(t *testing.T) {
 // upgraded to a fixed one it fails, and the expectations flip to nil.
 func TestK8s139034DoubleBooking(t *testing.T) {
 	c := sharedH100(t, "dynamic")
+	mig, mig7 := []string{"gpu-0-mig-1g10gb-6"}, []string{"gpu-1-mig-7g80gb-0"}
+	if fixedIn(t, "v0.36.2") {
+		// gpu-1 is taken whole; another GPU's 7g.80gb fits.
+		mig, mig7 = nil, []string{"gpu-2-mig-7g80gb-0"}
+	}
 	run(t, c, "node-a", []step{
 		{share("s", "1Gi", "10"), []string{"gpu-0"}},
 		// Correct: nil. v0.35.4: allocated.
-		{migClaim("mig", onGPU(0)), []string{"gpu-0-mig-1g10gb-6"}},
+		{migClaim("mig", onGPU(0)), mig},
 		{gpuClaim("whole", 1, onGPU(1)), []string{"gpu-1"}},
-		// Correct: nil. v0.35.4: allocated.
-		{profileClaim("mig7", "7g.80gb"), []string{"gpu-1-mig-7g80gb-0"}},
+		// Correct: nil; but a 7g.80gb of another GPU fits. v0.35.4: gpu-1's.
+		{profileClaim("mig7", "7g.80gb"), mig7},
 	})
 	// Shared mode has no counters, mig mode no multi-allocatable device:
 	// neither can meet the bug.
@@ -200,13 +205,20 @@ func TestK8s140436RollbackLeak(t *testing.T) {
 	// gpu-0 first and reserves its counters; the MIG instance then fails,
 	// the allocator moves the share to gpu-1 but keeps gpu-0's counters
 	// reserved, and the MIG instance fails again.
+	fixed := fixedIn(t, "v0.36.3")
 	c := sharedH100(t, "dynamic")
 	both := claim("both", request("share", "vgpu.facet.dev", 1), request("mig", "mig.facet.dev", 1, onGPU(0)))
 	both.Spec.Devices.Requests[0].Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("1Gi")}}
+	var wantBoth []string // correct: [gpu-1 gpu-0-mig-1g10gb-6]
+	if fixed {
+		wantBoth = []string{"gpu-1", "gpu-0-mig-1g10gb-6"}
+	}
 	run(t, c, "node-a", []step{
-		{both, nil}, // correct: [gpu-1 gpu-0-mig-1g10gb-6]
+		{both, wantBoth},
 	})
-	// Without the backtracking (the share placed by selector) it fits.
+	// Without the backtracking (the share placed by selector) it fits, on
+	// a fresh node (with the fix, "both" holds these devices now).
+	c = sharedH100(t, "dynamic")
 	ok := claim("ok", request("share", "vgpu.facet.dev", 1, onGPU(1)), request("mig", "mig.facet.dev", 1, onGPU(0)))
 	run(t, c, "node-a", []step{{ok, []string{"gpu-1", "gpu-0-mig-1g10gb-6"}}})
 
@@ -218,7 +230,7 @@ func TestK8s140436RollbackLeak(t *testing.T) {
 	for _, mode := range []string{"exclusive", "shared", "mig", "dynamic"} {
 		c := NewCluster(nodeSlices(t, "dgx-h100", "node-a", "--mode", mode), deviceClasses(t))
 		want := []string{"gpu-2", "gpu-3"}
-		if mode == "mig" || mode == "dynamic" {
+		if (mode == "mig" || mode == "dynamic") && !fixed {
 			want = nil // correct: [gpu-2 gpu-3]
 		}
 		t.Run(mode, func(t *testing.T) {
@@ -247,7 +259,10 @@ func TestK8s140436RollbackLeak(t *testing.T) {
 		}
 	}
 	t.Logf("mig mode, gpu-0 taken: pair-one-pcie-root.yaml fits in %d of %d random slice orders (correct: all)", fits, trials)
-	if fits == 0 || fits == trials {
+	switch {
+	case fixed && fits != trials:
+		t.Errorf("pair-one-pcie-root.yaml fits in %d of %d random slice orders; with the fix it should in all", fits, trials)
+	case !fixed && (fits == 0 || fits == trials):
 		t.Errorf("pair-one-pcie-root.yaml fits in %d of %d random slice orders; the leak should show in some, not all", fits, trials)
 	}
 }
