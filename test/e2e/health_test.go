@@ -79,7 +79,7 @@ func TestGPUHealth(t *testing.T) {
 	if fileExists(filepath.Join(state, "simulated-nvml.json")) {
 		facetctlRun(t, "fault", "clear", "--gpu", "all")
 	}
-	startPlugin(t, "dgx-h100", "--mode=exclusive", "--gpu-health-probe-interval=500ms", "--gpu-health-quiet-period=5s")
+	p := startPlugin(t, "dgx-h100", "--mode=exclusive", "--gpu-health-probe-interval=500ms", "--gpu-health-quiet-period=5s")
 	deleteNamespaceAtEnd(t)
 	waitModes(t, func(int64) string { return "exclusive" })
 	const sick = "gpu-3"
@@ -105,6 +105,8 @@ func TestGPUHealth(t *testing.T) {
 				t.Errorf("%s is %s, want healthy", d, gpuState(t, d))
 			}
 		}
+		p.expectMetric(t, "facet_gpu_healthy", map[string]string{"gpu": "3"}, 0)
+		p.expectMetric(t, "facet_gpu_healthy", map[string]string{"gpu": "2"}, 1)
 	})
 
 	t.Run("a pod pinned to it stays Pending, an unpinned one lands elsewhere", func(t *testing.T) {
@@ -147,6 +149,7 @@ func TestGPUHealth(t *testing.T) {
 			return s == "healthy", fmt.Errorf("%s is %s", sick, s)
 		})
 		t.Logf("recovery request to offered again: %s", time.Since(start).Round(time.Millisecond))
+		p.expectMetric(t, "facet_gpu_healthy", map[string]string{"gpu": "3"}, 1)
 		nodeEvent(t, "FacetGPURecovered", "GPU 3 ", start)
 		pod := waitPodRunning(t, "pinned")
 		t.Logf("pinned pod Running %s after the recovery request", time.Since(start).Round(time.Millisecond))
