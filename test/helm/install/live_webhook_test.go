@@ -2,15 +2,10 @@ package install
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
-	"math/big"
+	certutil "k8s.io/client-go/util/cert"
 	"strings"
 	"testing"
 	"time"
@@ -25,44 +20,16 @@ import (
 // (the chart's tls.secret.caBundle).
 func servingSecret(t *testing.T, ns, name string, dnsNames ...string) (manifest, caBundle string) {
 	t.Helper()
-	newKey := func() *ecdsa.PrivateKey {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	caKey, key := newKey(), newKey()
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "facet-chart-live-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey(dnsNames[0], nil, dnsNames[1:])
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: dnsNames[0]},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames: dnsNames,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b64 := func(typ string, der []byte) string {
-		return base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}))
-	}
+	// GenerateSelfSignedCertKey's chain: the serving certificate, then its CA.
+	_, ca := pem.Decode(certPEM)
+	b64 := base64.StdEncoding.EncodeToString
 	manifest = fmt.Sprintf("apiVersion: v1\nkind: Secret\ntype: kubernetes.io/tls\nmetadata: {name: %s, namespace: %s}\ndata:\n  tls.crt: %s\n  tls.key: %s\n",
-		name, ns, b64("CERTIFICATE", der), b64("EC PRIVATE KEY", kder))
-	return manifest, b64("CERTIFICATE", caDER)
+		name, ns, b64(certPEM), b64(keyPEM))
+	return manifest, b64(ca)
 }
 
 // TestLiveChartWebhookDeployment installs the chart's webhook Deployment
