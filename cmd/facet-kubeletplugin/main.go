@@ -278,6 +278,9 @@ func reportPublished(ctx context.Context, client kubernetes.Interface, node stri
 		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
 		if err == nil && len(list.Items) >= want {
 			klog.FromContext(ctx).Info("ResourceSlices published", "slices", len(list.Items), "sinceStart", time.Since(start).Round(time.Millisecond))
+			// Start-up is over: hand back what only it used (memory.go).
+			n, err := releaseStartupPages()
+			klog.FromContext(ctx).V(2).Info("Released start-up pages of the executable", "bytes", n, "err", err)
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
