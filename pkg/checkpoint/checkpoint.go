@@ -24,6 +24,7 @@ import (
 	"sync"
 	"syscall"
 
+	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/facet-gpu/facet/pkg/claimuid"
@@ -193,24 +194,35 @@ func (s *Store) settle() error {
 			last[e.uid] = e
 		}
 	}
+	// The files to fsync, in parallel: this runs while every write waits
+	// (compaction), and the file system merges concurrent fsyncs into one
+	// journal commit.
+	var g errgroup.Group
+	g.SetLimit(16)
 	for uid, e := range last {
 		path := s.path(uid)
 		switch e.op {
 		case opPut:
 			if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, e.data) {
-				if err := syncFile(path); err != nil {
-					return fmt.Errorf("checkpoint of claim %s: %w", uid, err)
-				}
+				g.Go(func() error {
+					if err := syncFile(path); err != nil {
+						return fmt.Errorf("checkpoint of claim %s: %w", uid, err)
+					}
+					return nil
+				})
 				continue
 			}
 			if err := atomicfile.Write(s.dir, filepath.Base(path), tempPrefix(uid), e.data, 0o600); err != nil {
-				return fmt.Errorf("checkpoint of claim %s: %w", uid, err)
+				return errors.Join(fmt.Errorf("checkpoint of claim %s: %w", uid, err), g.Wait())
 			}
 		case opDelete:
 			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
+				return errors.Join(fmt.Errorf("delete checkpoint of claim %s: %w", uid, err), g.Wait())
 			}
 		}
+	}
+	if err := g.Wait(); err != nil {
+		return err
 	}
 	if err := atomicfile.SyncDir(s.dir); err != nil {
 		return err
