@@ -8,6 +8,7 @@ require (
 	github.com/NVIDIA/nvidia-container-toolkit v1.19.1
 	github.com/go-logr/logr v1.4.3
 	github.com/google/uuid v1.6.0
+	golang.org/x/sync v0.19.0
 	golang.org/x/sys v0.41.0
 	google.golang.org/grpc v1.79.3
 	k8s.io/api v0.35.4
@@ -73,7 +74,6 @@ require (
 	golang.org/x/mod v0.33.0 // indirect
 	golang.org/x/net v0.48.0 // indirect
 	golang.org/x/oauth2 v0.34.0 // indirect
-	golang.org/x/sync v0.19.0 // indirect
 	golang.org/x/term v0.38.0 // indirect
 	golang.org/x/text v0.32.0 // indirect
 	golang.org/x/time v0.9.0 // indirect

@@ -111,10 +111,13 @@ func parseFlags(args []string) (flags, error) {
 	fs.StringVar(&f.stateDir, "state-dir", "/var/lib/facet", "directory of the prepared-claims checkpoint")
 	fs.StringVar(&f.registrarDir, "kubelet-registrar-dir", "/var/lib/kubelet/plugins_registry", "kubelet's plugin registration directory")
 	fs.StringVar(&f.pluginsDir, "kubelet-plugins-dir", "/var/lib/kubelet/plugins", "kubelet's plugins directory; the socket goes in <dir>/"+names.Driver)
-	// client-go's default (5 QPS) throttles the helper's GET of every
-	// claim in NodePrepareResources to 200 ms once a burst is used up.
-	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", 50, "queries per second to the API server")
-	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", 100, "burst of queries to the API server")
+	// The kubelet helper GETs every claim in NodePrepareResources, so the
+	// client's limit caps prepares per second: client-go's default of 5
+	// QPS and even 50 did (about 53 claims/s). The GETs come only as
+	// fast as the kubelet starts pods; API Priority and Fairness guards
+	// the server.
+	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", 1000, "queries per second to the API server")
+	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", 1000, "burst of queries to the API server")
 	fs.StringVar(&f.hamiLibrary, "hami-library", "", "host path of HAMi-core's libvgpu.so, which enforces vGPU shares (installed by the DaemonSet's init container); without it, claims for enforced shares fail")
 	fs.BoolVar(&f.destroyUnownedMIG, "destroy-unowned-mig", false, "at start, destroy MIG instances on managed GPUs that no prepared claim owns (default: only report them)")
 	fs.StringVar(&f.featureGates, "feature-gates", "", "DRA feature gates the cluster enforces, in the Kubernetes components' syntax (DRAPartitionableDevices=true,DRAConsumableCapacity=false); overrides what the plugin detects, for clusters whose kube-scheduler runs other gates than the API server")
@@ -338,6 +341,9 @@ func reportPublished(ctx context.Context, client kubernetes.Interface, node stri
 		list, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
 		if err == nil && len(list.Items) >= want {
 			klog.FromContext(ctx).Info("ResourceSlices published", "slices", len(list.Items), "sinceStart", time.Since(start).Round(time.Millisecond))
+			// Start-up is over: hand back what only it used (memory.go).
+			n, err := releaseStartupPages()
+			klog.FromContext(ctx).V(2).Info("Released start-up pages of the executable", "bytes", n, "err", err)
 			return
 		}
 		time.Sleep(20 * time.Millisecond)

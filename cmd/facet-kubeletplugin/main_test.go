@@ -27,7 +27,7 @@ func TestParseFlags(t *testing.T) {
 				return f.nodeName == "from-env" && f.driverRoot == "/" && f.cdiDir == "/var/run/cdi" &&
 					f.stateDir == "/var/lib/facet" && f.cdiHook == "/usr/bin/nvidia-cdi-hook" &&
 					f.registrarDir == "/var/lib/kubelet/plugins_registry" && f.pluginsDir == "/var/lib/kubelet/plugins" &&
-					f.kubeAPIQPS == 50 && f.kubeAPIBurst == 100 && !f.destroyUnownedMIG && f.machine == "" &&
+					f.kubeAPIQPS == 1000 && f.kubeAPIBurst == 1000 && !f.destroyUnownedMIG && f.machine == "" &&
 					f.modes.Default == string(inventory.ModeAuto) && f.modes.Order == string(inventory.OrderBinpack) &&
 					f.podUID == ""
 			},

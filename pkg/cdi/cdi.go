@@ -105,9 +105,13 @@ func DeviceNames(claimUID types.UID, devices []string) []string {
 }
 
 // WriteClaim writes (or replaces) the claim's spec with common edits at the
-// top level and one CDI device per DRA device, durably: a temp file is
-// written, fsynced and renamed, and the directory fsynced, so after a crash
-// the spec is either the old one, the new one or absent, never truncated.
+// top level and one CDI device per DRA device, atomically: a temp file is
+// written and renamed, so after a plugin crash the spec is either the old
+// one, the new one or absent, never truncated. It is not fsynced: the
+// spec is derived state that the driver never trusts after a power loss
+// (the record's boot ID then forces a rebuild, Verify checks the content
+// hash, and specs without a record are removed at start), and on a tmpfs
+// such as /var/run/cdi an fsync would not outlive a reboot anyway.
 // It returns the spec's file name, the CDI device IDs in the order of
 // devices, and the SHA-256 of the file's content (see Verify).
 func (w *Writer) WriteClaim(claimUID types.UID, common *cdispec.ContainerEdits, devices []Device) (name string, ids []string, hash string, err error) {
@@ -163,9 +167,6 @@ func (w *Writer) writeAtomic(name string, data []byte) error {
 	}
 	defer os.Remove(tmp.Name())
 	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Sync()
-	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
@@ -175,10 +176,7 @@ func (w *Writer) writeAtomic(name string, data []byte) error {
 	if _, err := cdiapi.ReadSpec(tmp.Name(), 0); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), filepath.Join(w.dir, name)); err != nil {
-		return err
-	}
-	return syncDir(w.dir)
+	return os.Rename(tmp.Name(), filepath.Join(w.dir, name))
 }
 
 // Verify checks that the claim's spec exists with the content hash
@@ -211,10 +209,9 @@ func (w *Writer) RemoveClaim(claimUID types.UID) error {
 	if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
+	// Not fsynced (see WriteClaim): a spec that a power loss brings back
+	// has no record by then, and is removed at start.
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove CDI spec %s: %w", path, err)
-	}
-	if err := syncDir(w.dir); err != nil {
 		return fmt.Errorf("remove CDI spec %s: %w", path, err)
 	}
 	return nil
@@ -279,12 +276,3 @@ func (w *Writer) ClaimSpecs() ([]types.UID, error) {
 
 // Dir is the spec directory.
 func (w *Writer) Dir() string { return w.dir }
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}

@@ -4,10 +4,11 @@
 //
 // Each claim has a file of its own, <dir>/<claimUID>.json, holding a version,
 // a SHA-256 checksum and the claim's record. A file is replaced atomically
-// (write a temp file, fsync, rename, fsync the directory), so a crash leaves
-// either the old record or the new one. Because records are separate, a
-// corrupt file fails only its own claim: the others load, and the plugin
-// starts.
+// (write a temp file, rename), so a crash leaves either the old record or
+// the new one. Durability comes from a journal with group commit (see
+// journal.go): concurrent writes share one fdatasync. Because records are
+// separate, a corrupt file fails only its own claim: the others load, and
+// the plugin starts.
 package checkpoint
 
 import (
@@ -20,7 +21,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 
+	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/facet-gpu/facet/pkg/claimuid"
@@ -129,15 +133,143 @@ type envelope struct {
 // different claims; callers serialise work on one claim.
 type Store struct {
 	dir string
+	j   *journal
+	// gate is held shared by each Put and Delete from its journal entry
+	// to its file change, and exclusively by compaction, which needs the
+	// files to match the journal.
+	gate sync.RWMutex
 }
 
-// Open creates dir (0700) if needed.
+// Open creates dir (0700) if needed. Unless another process has the store
+// open, it replays the journal that a power loss or a crash left (every
+// record file is made to match it, durably) and empties it. It fails if a
+// record the journal names cannot be restored, e.g. in a read-only
+// directory after a power loss.
 func Open(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("checkpoint directory: %w", err)
 	}
-	return &Store{dir: dir}, nil
+	j, err := openJournal(dir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{dir: dir, j: j}
+	alone, err := j.tryExclusive()
+	if err != nil {
+		j.close()
+		return nil, err
+	}
+	if alone {
+		err := s.settle()
+		if serr := j.shared(); err == nil {
+			err = serr
+		}
+		if err != nil {
+			j.close()
+			return nil, fmt.Errorf("replay checkpoint journal %s: %w", j.path, err)
+		}
+	} else if st, err := os.Stat(j.path); err == nil {
+		j.size = st.Size()
+	}
+	j.compactAt = j.size + j.limit
+	return s, nil
 }
+
+// Close releases the store's lock on its directory. The store must not be
+// used after.
+func (s *Store) Close() error { return s.j.close() }
+
+// settle makes every record file the journal names match the journal's
+// last entry for it, durably, then empties the journal. It needs the
+// directory's flock exclusively.
+func (s *Store) settle() error {
+	data, err := s.j.readAll()
+	if err != nil || len(data) == 0 {
+		return err
+	}
+	entries, _ := parseJournal(data)
+	last := make(map[types.UID]entry, len(entries))
+	for _, e := range entries {
+		if claimuid.Validate(e.uid) == nil {
+			last[e.uid] = e
+		}
+	}
+	// The files to fsync, in parallel: this runs while every write waits
+	// (compaction), and the file system merges concurrent fsyncs into one
+	// journal commit.
+	var g errgroup.Group
+	g.SetLimit(16)
+	for uid, e := range last {
+		path := s.path(uid)
+		switch e.op {
+		case opPut:
+			if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, e.data) {
+				g.Go(func() error {
+					if err := syncFile(path); err != nil {
+						return fmt.Errorf("checkpoint of claim %s: %w", uid, err)
+					}
+					return nil
+				})
+				continue
+			}
+			if err := atomicfile.Write(s.dir, filepath.Base(path), tempPrefix(uid), e.data, 0o600); err != nil {
+				return errors.Join(fmt.Errorf("checkpoint of claim %s: %w", uid, err), g.Wait())
+			}
+		case opDelete:
+			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return errors.Join(fmt.Errorf("delete checkpoint of claim %s: %w", uid, err), g.Wait())
+			}
+		}
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	if err := atomicfile.SyncDir(s.dir); err != nil {
+		return err
+	}
+	if err := s.j.truncate(); err != nil && !errors.Is(err, syscall.EROFS) {
+		return err
+	}
+	return nil
+}
+
+// syncFile fsyncs a file that is already in place.
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// compact settles the journal once it has grown past its compaction point,
+// if no other process has the store open. A failure leaves the journal as
+// it is, to be replayed or compacted later: the records are durable in it.
+func (s *Store) compact() {
+	if !s.j.due() {
+		return
+	}
+	s.gate.Lock()
+	defer s.gate.Unlock()
+	if !s.j.due() {
+		return
+	}
+	alone, err := s.j.tryExclusive()
+	if err != nil || !alone {
+		s.j.postpone()
+		return
+	}
+	if err := s.settle(); err != nil {
+		s.j.postpone()
+	}
+	// Ignored: a failure to take the shared lock back only lets a second
+	// process compact while this one writes, which loses nothing: each of
+	// this process's writes is in the journal before its file changes.
+	_ = s.j.shared()
+}
+
+func tempPrefix(uid types.UID) string { return ".tmp-" + string(uid) + ".json-" }
 
 // Dir is the store's directory.
 func (s *Store) Dir() string { return s.dir }
@@ -232,7 +364,10 @@ func checksum(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// Put replaces the record of c.UID atomically and durably.
+// Put replaces the record of c.UID atomically and durably: it returns once
+// the journal holds the record on disk and the record file holds it. If
+// the file cannot be written after the journal entry was, Put fails, and
+// the next Open may still restore the new record, as after a crash.
 func (s *Store) Put(c *Claim) error {
 	if err := claimuid.Validate(c.UID); err != nil {
 		return fmt.Errorf("write checkpoint of claim %s/%s: %w", c.Namespace, c.Name, err)
@@ -245,21 +380,60 @@ func (s *Store) Put(c *Claim) error {
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.Write(s.dir, filepath.Base(s.path(c.UID)), ".tmp-"+filepath.Base(s.path(c.UID))+"-", data, 0o600); err != nil {
+	defer s.compact()
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	if err := s.j.append(frame(opPut, c.UID, data)); err != nil {
+		return fmt.Errorf("write checkpoint of claim %s/%s (%s): %w", c.Namespace, c.Name, c.UID, err)
+	}
+	if err := replace(s.dir, filepath.Base(s.path(c.UID)), tempPrefix(c.UID), data); err != nil {
 		return fmt.Errorf("write checkpoint of claim %s/%s (%s): %w", c.Namespace, c.Name, c.UID, err)
 	}
 	return nil
 }
 
-// Delete removes the record of uid; a missing record is not an error.
+// replace swaps dir/name for data atomically but without an fsync: the
+// journal entry before it is what is durable.
+func replace(dir, name, tempPrefix string, data []byte) error {
+	f, err := os.CreateTemp(dir, tempPrefix+"*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(0o600)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), filepath.Join(dir, name))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
+// Delete removes the record of uid durably; a missing record is not an
+// error, and needs no write.
 func (s *Store) Delete(uid types.UID) error {
 	if err := claimuid.Validate(uid); err != nil {
 		return err
 	}
+	if _, err := os.Lstat(s.path(uid)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	defer s.compact()
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	if err := s.j.append(frame(opDelete, uid, nil)); err != nil {
+		return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
+	}
 	if err := os.Remove(s.path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
 	}
-	return atomicfile.SyncDir(s.dir)
+	return nil
 }
 
 // List loads every record. Records that cannot be read are returned in

@@ -2,7 +2,13 @@ package driver
 
 import (
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // BenchmarkPrepareUnprepare is the driver's own share of NodePrepareResources
@@ -18,4 +24,56 @@ func BenchmarkPrepareUnprepare(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkPrepareConcurrent is the driver's share of many pods starting at
+// once: 4 whole GPUs and 60 vGPU shares of 4 others, prepared in one call
+// (concurrently, as the kubelet's parallel requests are). The checkpoint's
+// writes of all 64 share fdatasyncs.
+func BenchmarkPrepareConcurrent(b *testing.B) {
+	r := newRigMode(b, splitModes)
+	var lat []time.Duration
+	var mu sync.Mutex
+	n := 0
+	var wall time.Duration
+	for i := 0; b.Loop(); i++ {
+		claims := make([]*resourceapi.ResourceClaim, 0, 64)
+		for g := range 4 {
+			claims = append(claims, claim(fmt.Sprintf("w%d-%d", i, g), fmt.Sprintf("gpu-%d", g)))
+		}
+		for s := 4; s < 64; s++ {
+			claims = append(claims, share(fmt.Sprintf("s%d-%d", i, s), fmt.Sprintf("gpu-%d", 4+s%4), "1000Mi", 5))
+		}
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, c := range claims {
+			wg.Go(func() {
+				t := time.Now()
+				if err := r.prepare(c)[c.UID].Err; err != nil {
+					b.Error(err)
+				}
+				mu.Lock()
+				lat = append(lat, time.Since(t))
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		wall += time.Since(start)
+		n += len(claims)
+		b.StopTimer()
+		uids := make([]types.UID, 0, len(claims))
+		for _, c := range claims {
+			uids = append(uids, c.UID)
+		}
+		for uid, err := range r.unprepare(uids...) {
+			if err != nil {
+				b.Fatal(uid, err)
+			}
+		}
+		b.StartTimer()
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(n)/wall.Seconds(), "claims/s")
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 }

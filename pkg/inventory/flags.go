@@ -23,7 +23,7 @@ func (f *ModeFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.PerGPU, "gpu-modes", "", `per-GPU modes by NVML index, e.g. "0-3=mig,4-7=exclusive"`)
 	fs.StringVar(&f.Slots, "slots", DefaultSlotLayout.String(), `slot layout of every slots-mode GPU without a --gpu-slots entry: groups joined by "+", each COUNT (equal parts) or COUNTxMEMORY/PERCENT, e.g. "4x20Gi/25"`)
 	fs.StringVar(&f.PerGPUSlots, "gpu-slots", "", `per-GPU slot layouts by NVML index, e.g. "4-7=2x10Gi/10+1x40Gi/50"`)
-	fs.StringVar(&f.Order, "gpu-order", string(OrderBinpack), fmt.Sprintf("order of the GPUs sharing a ResourceSlice, one of %v: binpack fills one GPU before the next, spread makes equal MIG claims take turns", Orders))
+	fs.StringVar(&f.Order, "gpu-order", string(OrderBinpack), fmt.Sprintf("order of the GPUs sharing a ResourceSlice, one of %v: binpack fills one GPU before the next, spread makes equal MIG claims take turns, profile packs equal MIG claims node-wide (one slice per MIG profile) but gives up best fit across profiles", Orders))
 }
 
 // Config parses the flags. Errors name the flag and the bad entry.

@@ -127,10 +127,16 @@ const (
 	// (gpu-a, gpu-b, a's first MIG placement, b's first, ...), so equal MIG
 	// claims take turns among those GPUs.
 	OrderSpread Order = "spread"
+	// OrderProfile lays dynamic MIG devices out one slice per profile,
+	// across all GPUs, GPU after GPU: equal MIG claims fill one GPU before
+	// the next, node-wide, whatever order the scheduler lists the slices
+	// in. A claim that several profiles satisfy (a memory selector) then
+	// gets one of them at random, not the smallest.
+	OrderProfile Order = "profile"
 )
 
 // Orders lists the known orders.
-var Orders = []Order{OrderBinpack, OrderSpread}
+var Orders = []Order{OrderBinpack, OrderSpread, OrderProfile}
 
 // ParseOrder checks an order name.
 func ParseOrder(s string) (Order, error) { return parseName(s, "order", Orders) }

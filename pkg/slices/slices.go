@@ -39,6 +39,8 @@ const (
 //     when any of them consumes counters, else 128).
 //   - Inside a slice, inv.Order decides: binpack lists GPU after GPU,
 //     spread interleaves them device by device.
+//   - Except with OrderProfile: the dynamic MIG GPUs' devices go one slice
+//     per profile across GPUs (profileSlices), the other GPUs' as above.
 //
 // The allocator takes the first device that fits, in slice order. The
 // scheduler lists slices from an informer cache, whose order is that of a
@@ -53,7 +55,9 @@ const (
 // pair comes first is the scheduler's draw. In exclusive and shared mode
 // all GPUs of an 8- or 16-GPU node share one slice, so the order holds
 // node-wide; vGPU shares always go to the first GPU with room (spread
-// cannot change that: each GPU is one device).
+// cannot change that: each GPU is one device). OrderProfile packs equal MIG
+// claims node-wide (TestMIGProfileOrderPacks), at the price of best fit
+// across profiles.
 func Resources(inv *inventory.Inventory, nodeName string) resourceslice.DriverResources {
 	return TaintedResources(inv, nodeName, nil)
 }
@@ -86,6 +90,15 @@ func TaintedResources(inv *inventory.Inventory, nodeName string, taints map[stri
 		slices = append(slices, resourceslice.Slice{SharedCounters: sets})
 	}
 
+	gpus := inv.GPUs
+	if inv.Order == inventory.OrderProfile {
+		var byProfile []resourceslice.Slice
+		byProfile, gpus = profileSlices(inv)
+		for _, ps := range byProfile {
+			taint(ps.Devices, inv, taints)
+		}
+		slices = append(slices, byProfile...)
+	}
 	var group []*inventory.GPU
 	n, counters := 0, false
 	flush := func() {
@@ -96,7 +109,7 @@ func TaintedResources(inv *inventory.Inventory, nodeName string, taints map[stri
 		}
 		group, n, counters = nil, 0, false
 	}
-	for _, gpu := range inv.GPUs {
+	for _, gpu := range gpus {
 		_, tainted := taints[gpu.UUID]
 		hasCounters := gpu.CounterSet != "" || tainted
 		limit := MaxDevicesPerSlice
@@ -117,6 +130,60 @@ func TaintedResources(inv *inventory.Inventory, nodeName string, taints map[stri
 	return resourceslice.DriverResources{
 		Pools: map[string]resourceslice.Pool{nodeName: {Slices: slices}},
 	}
+}
+
+// profileSlices lays out the devices of the GPUs with counters (dynamic
+// MIG) for OrderProfile: one slice per MIG profile (the whole-GPU devices
+// count as one more), GPU after GPU, split between GPUs at the device
+// limit; profiles in the order a GPU lists them. It returns the slices and the other GPUs.
+//
+// Why: the allocator takes the first device that fits, visiting a node's
+// slices in the scheduler's random order. Only a claim whose candidates all
+// lie in one slice meets them in a fixed order. One slice holds at most 64
+// devices that consume counters, two H100s' worth of every profile, but
+// eight H100s' worth of one profile (56 1g.10gb).
+func profileSlices(inv *inventory.Inventory) ([]resourceslice.Slice, []*inventory.GPU) {
+	var rest []*inventory.GPU
+	var profiles []string
+	byProfile := map[string][]*inventory.Device{}
+	for _, gpu := range inv.GPUs {
+		if gpu.CounterSet == "" {
+			rest = append(rest, gpu)
+			continue
+		}
+		for _, d := range gpu.Devices {
+			key := ""
+			if d.MIG != nil {
+				key = d.MIG.Name
+			}
+			if _, ok := byProfile[key]; !ok {
+				profiles = append(profiles, key)
+			}
+			byProfile[key] = append(byProfile[key], d)
+		}
+	}
+	var out []resourceslice.Slice
+	for _, p := range profiles {
+		var slice []resourceapi.Device
+		devs := byProfile[p]
+		for len(devs) > 0 {
+			// One GPU's devices of the profile stay in one slice.
+			n := 1
+			for n < len(devs) && devs[n].GPU == devs[0].GPU {
+				n++
+			}
+			if len(slice)+n > MaxDevicesPerSliceCounters {
+				out = append(out, resourceslice.Slice{Devices: slice})
+				slice = nil
+			}
+			for _, d := range devs[:n] {
+				slice = append(slice, device(inv, d))
+			}
+			devs = devs[n:]
+		}
+		out = append(out, resourceslice.Slice{Devices: slice})
+	}
+	return out, rest
 }
 
 // ordered renders the devices of GPUs sharing one slice in inv.Order.

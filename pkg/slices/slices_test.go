@@ -58,6 +58,8 @@ func TestGolden(t *testing.T) {
 		{"dgx-h100", inventory.Config{DefaultMode: inventory.ModeDynamic}, "dgx-h100-dynamic.yaml"},
 		{"dgx-h100", inventory.Config{DefaultMode: inventory.ModeExclusive, PerGPU: map[int]inventory.Mode{0: inventory.ModeMIG, 1: inventory.ModeDynamic, 2: inventory.ModeShared}}, "dgx-h100-mixed.yaml"},
 		{"sixteen-h100", inventory.Config{DefaultMode: inventory.ModeMIG}, "sixteen-h100-mig.yaml"},
+		// One slice per profile; 16 GPUs' 1g.10gb (112) need two.
+		{"sixteen-h100", inventory.Config{DefaultMode: inventory.ModeMIG, Order: inventory.OrderProfile}, "sixteen-h100-profile.yaml"},
 		{"l4x4", inventory.Config{}, "l4x4-exclusive.yaml"},
 		{"l4x4", inventory.Config{DefaultMode: inventory.ModeMIG}, "l4x4-mig.yaml"}, // falls back to exclusive
 		// Stock 1.35: GA fields only.

@@ -286,3 +286,40 @@ func TestMoreThanEightGPUs(t *testing.T) {
 		{gpuClaim("none", 1), nil},
 	})
 }
+
+// TestMIGProfileOrderPacks: with --gpu-order profile each MIG profile has
+// one slice across the node's GPUs, so equal 1g.10gb claims fill one H100
+// before the next whatever order the scheduler lists the slices in (binpack
+// spreads seven over three GPUs on average, see TestMIGBinpackSpread). The
+// price: a claim that several profiles satisfy meets them in slice order,
+// so a memory selector no longer gets the smallest fit every time.
+func TestMIGProfileOrderPacks(t *testing.T) {
+	sl := nodeSlices(t, "dgx-h100", "node-a", "--gpu-order", "profile")
+	bestFit := 0
+	const trials = 20
+	for trial := range trials {
+		c := NewCluster(sl, deviceClasses(t))
+		c.Shuffle = rand.New(rand.NewSource(int64(trial)))
+		got := fill(t, c, 14)
+		perGPU := map[int]int{}
+		for _, d := range got {
+			perGPU[gpuIndex(sl, d)]++
+		}
+		if perGPU[0] != 7 || perGPU[1] != 7 {
+			t.Fatalf("trial %d: 14 1g.10gb claims on %v, want 7 on gpu-0 and 7 on gpu-1 (%v)", trial, perGPU, got)
+		}
+		c = NewCluster(sl, deviceClasses(t))
+		c.Shuffle = rand.New(rand.NewSource(int64(trial)))
+		res, err := c.Allocate(context.Background(), "node-a", migClaim("15g", memAtLeast("15G")))
+		if err != nil || res == nil {
+			t.Fatalf("trial %d: >= 15G: %v", trial, err)
+		}
+		if Devices(res)[0] == "gpu-0-mig-1g20gb-6" {
+			bestFit++
+		}
+	}
+	t.Logf("a >= 15G claim got the smallest fit (1g.20gb) in %d of %d slice orders", bestFit, trials)
+	if bestFit == trials {
+		t.Errorf("best fit across profiles held in every slice order; the trade-off documented for --gpu-order profile is gone")
+	}
+}

@@ -3,8 +3,11 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -160,6 +163,20 @@ func BenchmarkNodePrepareResources(b *testing.B) {
 		}
 		concurrentPrepare(b, client, claims)
 	})
+	// Many pods starting at once: 4 whole GPUs and 60 small shares of the
+	// other 4, one gRPC call each. This is where the checkpoint's group
+	// commit pays: their writes share fdatasyncs.
+	small := map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("1000Mi"), "cores": resource.MustParse("5")}
+	b.Run("64-concurrent-mixed", func(b *testing.B) {
+		var claims []*drapb.Claim
+		for i := range 4 {
+			claims = append(claims, allocatedClaim(b, fmt.Sprintf("bench-mixed-%d", i), fmt.Sprintf("gpu-%d", i)))
+		}
+		for i := 4; i < 64; i++ {
+			claims = append(claims, allocatedShare(b, fmt.Sprintf("bench-mixed-%d", i), small, fmt.Sprintf("gpu-%d", 4+i%4)))
+		}
+		concurrentPrepare(b, client, claims)
+	})
 }
 
 // concurrentPrepare prepares claims in parallel, one gRPC call each, and
@@ -189,4 +206,69 @@ func concurrentPrepare(b *testing.B, client drapb.DRAPluginClient, claims []*dra
 	}
 	b.ReportMetric(float64(n)/wall.Seconds(), "claims/s")
 	reportLatency(b, lat)
+}
+
+// vmRSS reads a process's resident set size in MiB from /proc.
+func vmRSS(b testing.TB, pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := regexp.MustCompile(`VmRSS:\s+(\d+) kB`).FindSubmatch(data)
+	if m == nil {
+		b.Fatalf("no VmRSS in /proc/%d/status", pid)
+	}
+	kb, _ := strconv.Atoi(string(m[1]))
+	return float64(kb) / 1024
+}
+
+var sinceStartRE = regexp.MustCompile(`"ResourceSlices published" slices=\d+ sinceStart="([^"]+)"`)
+
+// BenchmarkPluginFootprint measures the plugin on an 8×H100 node (the
+// demo's modes): its RSS once ready and after preparing and unpreparing
+// 100 claims, and its start-to-slices time (the "ResourceSlices
+// published" log line). One iteration is one plugin start.
+func BenchmarkPluginFootprint(b *testing.B) {
+	needGates(b, features.PartitionableDevices, features.ConsumableCapacity)
+	kubectl(b, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
+	kubectl(b, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
+	b.Cleanup(func() { _, _ = kubectlErr("delete", "resourceclaims", "-n", namespace, "--all", "--wait=false") })
+	small := map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("1000Mi"), "cores": resource.MustParse("1")}
+	var claims []*drapb.Claim
+	for i := range 100 {
+		claims = append(claims, allocatedShare(b, fmt.Sprintf("bench-rss-%d", i), small, fmt.Sprintf("gpu-%d", 4+i%4)))
+	}
+	var start, after, toSlices float64
+	n := 0
+	for b.Loop() {
+		p := startPlugin(b, "dgx-h100", demoModes...)
+		waitModes(b, demoMode)
+		client := draClient(b)
+		m := sinceStartRE.FindStringSubmatch(p.logText())
+		if m == nil {
+			b.Fatalf("no \"ResourceSlices published\" in the log:\n%s", p.logText())
+		}
+		d, err := time.ParseDuration(m[1])
+		if err != nil {
+			b.Fatal(err)
+		}
+		toSlices += float64(d.Milliseconds())
+		// Settle: the informers' initial lists are done by /readyz.
+		time.Sleep(2 * time.Second)
+		start += vmRSS(b, p.cmd.Process.Pid)
+		for i := 0; i < len(claims); i += 10 {
+			prepare(b, client, claims[i:i+10]...)
+		}
+		unprepare(b, client, claims...)
+		time.Sleep(2 * time.Second)
+		after += vmRSS(b, p.cmd.Process.Pid)
+		n++
+		b.StopTimer()
+		p.stop()
+		b.StartTimer()
+	}
+	b.ReportMetric(start/float64(n), "rss-ready-MiB")
+	b.ReportMetric(after/float64(n), "rss-100claims-MiB")
+	b.ReportMetric(toSlices/float64(n), "start-to-slices-ms")
+	b.ReportMetric(0, "ns/op")
 }
