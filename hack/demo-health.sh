@@ -48,7 +48,7 @@ echo "  out of scheduling $(elapsed "${start}") s after the fault"
 echo "  the GPU's devices in the slices now:"
 k get resourceslices --field-selector spec.driver=gpu.facet.dev -o jsonpath='{range .items[*].spec.devices[*]}{.name}{" "}{.taints[*].key}{"="}{.taints[*].value}{":"}{.taints[*].effect}{"\n"}{end}' |
   grep -E "^gpu-${GPU}( |-)" | sed 's/ =:$/ (untainted)/; s/^/    /' | head -5 || echo "    none: not published (this cluster has no device taints)"
-bin/facetctl occupancy --node "${NODE}" | grep -E "^(NODE|GPU|${NODE} +${GPU} )" || true
+bin/facetctl occupancy --node "${NODE}" | grep -E "^(NODE|${NODE} +gpu-${GPU} )" || true
 
 step "Recovery: refused while the GPU is lost, honoured after its reset"
 since=$(date -u +%Y-%m-%dT%H:%M:%SZ)
