@@ -46,8 +46,13 @@ bin/facetctl fault inject --gpu "${GPU}" --kind lost
 wait_event FacetGPUUnhealthy "${since}"
 echo "  out of scheduling $(elapsed "${start}") s after the fault"
 echo "  the GPU's devices in the slices now:"
-k get resourceslices --field-selector spec.driver=gpu.facet.dev -o jsonpath='{range .items[*].spec.devices[*]}{.name}{" "}{.taints[*].key}{"="}{.taints[*].value}{":"}{.taints[*].effect}{"\n"}{end}' |
-  grep -E "^gpu-${GPU}( |-)" | sed 's/ =:$/ (untainted)/; s/^/    /' | head -5 || echo "    none: not published (this cluster has no device taints)"
+devices=$(k get resourceslices --field-selector spec.driver=gpu.facet.dev -o jsonpath='{range .items[*].spec.devices[*]}{.name}{" "}{.taints[*].key}{"="}{.taints[*].value}{":"}{.taints[*].effect}{"\n"}{end}' |
+  grep -E "^gpu-${GPU}( |-)" | sed 's/ =:$/ (untainted)/; s/^/    /' || true)
+if [[ -n "${devices}" ]]; then
+  head -5 <<<"${devices}"
+else
+  echo "    none: not published (this cluster has no device taints)"
+fi
 bin/facetctl occupancy --node "${NODE}" | grep -E "^(NODE|${NODE} +gpu-${GPU} )" || true
 
 step "Recovery: refused while the GPU is lost, honoured after its reset"

@@ -45,12 +45,14 @@ hack/cluster/up.sh
 source "${RUN_DIR}/env.sh"
 k() { "${FACET_BIN_DIR}/kubectl" "$@"; }
 
-# plugin_log prints the plugin's log so far.
+# plugin_log prints the plugin's log so far. Readers that stop early
+# (grep -m1, grep -q) take it as a here-string, not through a pipe: under
+# pipefail the writer's SIGPIPE would fail the demo.
 plugin_log() {
   if [[ "${PLUGIN}" == chart ]]; then
-    k logs -n "${CHART_NS}" -l app.kubernetes.io/component=kubelet-plugin -c plugin --tail=-1 2>/dev/null
+    k logs -n "${CHART_NS}" -l app.kubernetes.io/component=kubelet-plugin -c plugin --tail=-1 2>/dev/null || true
   else
-    cat "${RUN_DIR}/logs/facet-plugin.log"
+    cat "${RUN_DIR}/logs/facet-plugin.log" 2>/dev/null || true
   fi
 }
 
@@ -121,10 +123,10 @@ for _ in $(seq 120); do
   [[ "${n}" -gt 0 ]] && break
   sleep 0.5
 done
-for _ in $(seq 60); do plugin_log | grep -q "ResourceSlices published" && break; sleep 0.5; done
-plugin_log | grep -m1 "ResourceSlices published" || { echo "no ResourceSlices; plugin log:"; plugin_log | tail -40; exit 1; }
+for _ in $(seq 60); do grep -q "ResourceSlices published" <<<"$(plugin_log)" && break; sleep 0.5; done
+grep -m1 "ResourceSlices published" <<<"$(plugin_log)" || { echo "no ResourceSlices; plugin log:"; plugin_log | tail -40; exit 1; }
 echo "What the plugin detected (also an Event on the Node: kubectl describe node localhost):"
-plugin_log | grep -m1 -o 'Cluster DRA features: [^"]*' | fold -s -w 100 | sed 's/^/  /'
+grep -m1 -o 'Cluster DRA features: [^"]*' <<<"$(plugin_log)" | fold -s -w 100 | sed 's/^/  /'
 
 k get resourceslices -o custom-columns='NAME:.metadata.name,NODE:.spec.nodeName,DRIVER:.spec.driver,DEVICES:.spec.devices[*].name,COUNTERS:.spec.sharedCounters[*].name'
 ${stock} || echo "(DEVICES <none>: a counter-only slice. It holds the GPUs' counter sets, which the devices in the other slices consume.)"
