@@ -75,6 +75,25 @@ spec:
 EOF
 }
 
+# gpu_claim NAME PARAMETERS: a whole GPU with an opaque config.
+gpu_claim() {
+  cat <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: $1, namespace: facet-demo}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: gpu.facet.dev}
+    config:
+    - requests: [gpu]
+      opaque:
+        driver: gpu.facet.dev
+        parameters: $2
+EOF
+}
+
 start() {
   stop
   # shellcheck disable=SC1091
@@ -88,7 +107,7 @@ start() {
       "$(vgpu_claim probe '{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig}' | sed '/capacity:/d')" \
       "ValidatingAdmissionPolicy 'resourceclaims.gpu.facet.dev'"
   else
-    echo "ValidatingAdmissionPolicies not installed: DRAConsumableCapacity is off, and the API server drops the capacity requests they check"
+    echo "ValidatingAdmissionPolicies: not applied here, as DRAConsumableCapacity is off and the API server drops the capacity requests they check (the chart's, where installed, then refuse vGPU share claims, which cannot work without it)"
   fi
 
   local dir="${RUN_DIR}/webhook"
@@ -142,12 +161,21 @@ kind: ValidatingWebhookConfiguration
 metadata: {name: ${VWC}}
 webhooks:${webhooks}
 EOF
-  local bad
-  bad="$(vgpu_claim bad-config '{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, corePolicy: force}')"
+  local bad what
+  if [[ ",${FACET_FEATURE_GATES}," == *",DRAConsumableCapacity=true,"* ]]; then
+    bad="$(vgpu_claim bad-config '{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, corePolicy: force}')"
+    what="A ResourceClaim whose VgpuConfig misspells coreUtilizationPolicy as corePolicy:"
+  else
+    # Without consumable capacity a vGPU share cannot be asked for (the
+    # chart's policies refuse it first): a whole GPU with NVIDIA's
+    # GpuConfig field "sharing", which Facet's GpuConfig does not have.
+    bad="$(gpu_claim bad-config '{apiVersion: gpu.facet.dev/v1alpha1, kind: GpuConfig, sharing: {strategy: TimeSlicing}}')"
+    what="A ResourceClaim whose GpuConfig carries NVIDIA's sharing field, which Facet's has not:"
+  fi
   wait_refused "facet-webhook" "${bad}" 'admission webhook "resourceclaims.gpu.facet.dev" denied the request'
 
   echo
-  echo "A ResourceClaim whose VgpuConfig misspells coreUtilizationPolicy as corePolicy:"
+  echo "${what}"
   sed 's/^/  /' <<<"${bad}"
   echo "kubectl apply answers:"
   if kubectl apply -f - <<<"${bad}" >"${dir}/refusal.txt" 2>&1; then
