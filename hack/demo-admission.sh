@@ -54,8 +54,9 @@ wait_refused() {
   return 1
 }
 
-# vgpu_claim NAME PARAMETERS: a 4 GiB vGPU share with an opaque config.
-vgpu_claim() {
+# claim NAME REQUEST EXACTLY PARAMETERS: a ResourceClaim with one request
+# (EXACTLY as a YAML flow mapping) and an opaque config for it.
+claim() {
   cat <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -63,36 +64,21 @@ metadata: {name: $1, namespace: facet-demo}
 spec:
   devices:
     requests:
-    - name: share
-      exactly:
-        deviceClassName: vgpu.facet.dev
-        capacity: {requests: {memory: 4Gi}}
+    - name: $2
+      exactly: $3
     config:
-    - requests: [share]
+    - requests: [$2]
       opaque:
         driver: gpu.facet.dev
-        parameters: $2
+        parameters: $4
 EOF
 }
 
+# vgpu_claim NAME PARAMETERS: a 4 GiB vGPU share with an opaque config.
+vgpu_claim() { claim "$1" share '{deviceClassName: vgpu.facet.dev, capacity: {requests: {memory: 4Gi}}}' "$2"; }
+
 # gpu_claim NAME PARAMETERS: a whole GPU with an opaque config.
-gpu_claim() {
-  cat <<EOF
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {name: $1, namespace: facet-demo}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly: {deviceClassName: gpu.facet.dev}
-    config:
-    - requests: [gpu]
-      opaque:
-        driver: gpu.facet.dev
-        parameters: $2
-EOF
-}
+gpu_claim() { claim "$1" gpu '{deviceClassName: gpu.facet.dev}' "$2"; }
 
 start() {
   stop
@@ -104,7 +90,7 @@ start() {
     kubectl apply -f "${REPO}/deployments/admission/policies.yaml"
     # A policy takes a moment to reach the API server's admission chain.
     wait_refused "ValidatingAdmissionPolicy resourceclaims.gpu.facet.dev" \
-      "$(vgpu_claim probe '{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig}' | sed '/capacity:/d')" \
+      "$(claim probe share '{deviceClassName: vgpu.facet.dev}' '{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig}')" \
       "ValidatingAdmissionPolicy 'resourceclaims.gpu.facet.dev'"
   else
     echo "ValidatingAdmissionPolicies: not applied here, as DRAConsumableCapacity is off and the API server drops the capacity requests they check (the chart's, where installed, then refuse vGPU share claims, which cannot work without it)"

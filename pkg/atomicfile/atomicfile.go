@@ -50,11 +50,14 @@ func Write(dir, name, tempPrefix string, data []byte, perm os.FileMode) error {
 }
 
 // SyncDir fsyncs a directory, making a rename or removal in it durable.
-func SyncDir(dir string) error {
-	d, err := os.Open(dir)
+func SyncDir(dir string) error { return Sync(dir) }
+
+// Sync fsyncs a file or a directory that is already in place.
+func Sync(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
-	defer d.Close()
-	return d.Sync()
+	defer f.Close()
+	return f.Sync()
 }

@@ -205,7 +205,7 @@ func (s *Store) settle() error {
 		case opPut:
 			if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, e.data) {
 				g.Go(func() error {
-					if err := syncFile(path); err != nil {
+					if err := atomicfile.Sync(path); err != nil {
 						return fmt.Errorf("checkpoint of claim %s: %w", uid, err)
 					}
 					return nil
@@ -231,16 +231,6 @@ func (s *Store) settle() error {
 		return err
 	}
 	return nil
-}
-
-// syncFile fsyncs a file that is already in place.
-func syncFile(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // compact settles the journal once it has grown past its compaction point,
