@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/driver"
@@ -57,7 +58,9 @@ func (p *publisher) publish(ctx context.Context) (int, error) {
 	defer p.mu.Unlock()
 	faults := p.mon.Faults()
 	p.drv.SetFaults(faults)
-	var res = slices.Resources(p.inv.Without(p.unusable), p.node)
+	// One slice build per publish: taints where the cluster enforces them,
+	// else the faulted GPUs left out like the unusable ones.
+	var res resourceslice.DriverResources
 	if p.gates.Has(features.DeviceTaints) {
 		taints := make(map[string]resourceapi.DeviceTaint, len(faults))
 		for uuid, f := range faults {
@@ -65,7 +68,7 @@ func (p *publisher) publish(ctx context.Context) (int, error) {
 			taints[uuid] = resourceapi.DeviceTaint{Key: names.TaintUnhealthy, Value: f.Reason, Effect: f.Effect(), TimeAdded: &t}
 		}
 		res = slices.TaintedResources(p.inv.Without(p.unusable), p.node, taints)
-	} else if len(faults) > 0 {
+	} else {
 		drop := maps.Clone(p.unusable)
 		for uuid, f := range faults {
 			drop[uuid] = f.String()

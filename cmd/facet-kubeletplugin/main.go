@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -291,13 +290,12 @@ func run(ctx context.Context, f flags) error {
 	}
 	defer helper.Stop()
 
-	bootID, _ := os.ReadFile(driver.DefaultBootIDPath)
 	var uuids []string
 	for _, g := range inv.GPUs {
 		uuids = append(uuids, g.UUID)
 	}
 	mon, opened, err := gpuhealth.Open(gpuhealth.Options{
-		Path: filepath.Join(f.stateDir, "gpu-faults.json"), BootID: strings.TrimSpace(string(bootID)),
+		Path: filepath.Join(f.stateDir, "gpu-faults.json"), BootID: drv.BootID(),
 		GPUs: uuids, QuietPeriod: f.healthQuiet,
 	})
 	if err != nil {

@@ -182,6 +182,10 @@ func (d *Driver) markUnusable(ctx context.Context, gpuUUID, why string) {
 	klog.FromContext(ctx).Error(nil, "GPU unusable: its claims fail until the plugin restarts with the problem fixed", "gpu", gpuUUID, "why", why)
 }
 
+// BootID is the boot ID New read ("" if it could not), for the other
+// records that must not outlive a reboot.
+func (d *Driver) BootID() string { return d.bootID }
+
 // UnusableGPUs returns, by GPU UUID, why each GPU that a start-up problem
 // confined to it must not be offered. The caller unpublishes them.
 func (d *Driver) UnusableGPUs() map[string]string {
