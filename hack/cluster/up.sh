@@ -26,7 +26,8 @@
 #
 # Needs root (the kubelet and containerd mount things) and the Debian packages of
 # hack/apt-packages.txt (hack/install-deps.sh). Builds the binaries on first use
-# (hack/build-tools.sh, ~10 minutes cold). Ports are the defaults (2379/2380,
+# (hack/build-tools.sh, ~10 minutes cold; for 1.36 hack/build-k8s.sh too, 9+
+# minutes more on 2 busy cores: docs/design/local-cluster.md). Ports are the defaults (2379/2380,
 # 6443, 10250/10248, 10257, 10259): only one cluster per machine.
 # Background and traps: docs/design/local-cluster.md.
 set -Eeuo pipefail  # -E: the ERR trap below also fires inside functions
