@@ -97,12 +97,14 @@ unit:
 allocator-matrix:
 	ALLOCATOR_VERSIONS="v0.36.3 v0.37.2" hack/allocator-matrix.sh
 
-## e2e: start a real Kubernetes 1.35 node with containerd and run test/e2e,
-## twice: with the DRA alpha gates on, and as stock 1.35 (every alpha gate
-## off), where the tests of gated modes skip and TestStock matters most.
+## e2e: start a real Kubernetes node with containerd and run test/e2e,
+## three times: 1.35 with the DRA alpha gates on, stock 1.35 (every alpha
+## gate off), where the tests of gated modes skip and TestStock matters most,
+## and 1.36 with Kubernetes' default gates (the DRA gates beta and on).
 e2e: build image-sim
 	hack/e2e.sh
 	FACET_FEATURE_GATES= hack/e2e.sh
+	FACET_K8S_VERSION=v1.36.3 hack/e2e.sh
 
 ## demo: the main job on a simulated DGX H100 node, Facet installed with its
 ## Helm chart (FACET_DEMO_PLUGIN=host: the plugin as a host process); the node stays up

@@ -2,6 +2,8 @@
 # Runs test/e2e against a fresh real node (hack/cluster/up.sh), then tears
 # the node down whatever happened.
 #   FACET_E2E_RUNTIME  containerd (default: real containers, CDI applied) | fake
+#   FACET_K8S_VERSION  v1.35.4 (default) | v1.36.3, and FACET_FEATURE_GATES:
+#                      the node's version and gates (hack/cluster/up.sh)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO}"

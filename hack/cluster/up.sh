@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Starts a real, single-node Kubernetes v1.35.4 on this machine, all on 127.0.0.1:
+# Starts a real, single-node Kubernetes (v1.35.4, or v1.36.3 with
+# FACET_K8S_VERSION) on this machine, all on 127.0.0.1:
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a container
 #   runtime (containerd 2 + runc, or an in-memory fake CRI) and the kubelet
-#   (node name "localhost"), with Facet's DRA feature gates on.
+#   (node name "localhost"), with Facet's DRA feature gates on (1.35) or
+#   Kubernetes' default gates (1.36).
 # No DRA driver is started: Facet's kubelet plugin registers separately through
 # $RUN_DIR/kubelet/plugins_registry and writes CDI specs into $RUN_DIR/cdi.
 #
@@ -17,10 +19,15 @@
 #   RUNTIME       containerd | fake (default fake)
 #   READY_TIMEOUT seconds to wait for each component and for the node (default 120)
 #   FACET_FEATURE_GATES  replaces the default DRA feature gates below
+#   FACET_K8S_VERSION    v1.35.4 (default) | v1.36.3: the version of
+#                 kube-apiserver, kube-controller-manager, kube-scheduler and
+#                 the kubelet; kubectl, etcd and the runtime stay those of
+#                 hack/build-tools.sh
 #
 # Needs root (the kubelet and containerd mount things) and the Debian packages of
 # hack/apt-packages.txt (hack/install-deps.sh). Builds the binaries on first use
-# (hack/build-tools.sh, ~10 minutes cold). Ports are the defaults (2379/2380,
+# (hack/build-tools.sh, ~10 minutes cold; for 1.36 hack/build-k8s.sh too, 9+
+# minutes more on 2 busy cores: docs/design/local-cluster.md). Ports are the defaults (2379/2380,
 # 6443, 10250/10248, 10257, 10259): only one cluster per machine.
 # Background and traps: docs/design/local-cluster.md.
 set -Eeuo pipefail  # -E: the ERR trap below also fires inside functions
@@ -31,20 +38,34 @@ HACK_DIR="$(cd "${CLUSTER_DIR}/.." && pwd)"
 RUN_DIR="${RUN_DIR:-${FACET_RUN_DIR:-/tmp/facet-run}}"
 RUNTIME="${RUNTIME:-fake}"
 READY_TIMEOUT="${READY_TIMEOUT:-120}"
-K8S_VERSION="v1.35.4"
+K8S_VERSION="${FACET_K8S_VERSION:-v1.35.4}"
 
-# Alpha DRA features Facet's resource model needs (docs/design/resource-model.md §1); each
-# exists in v1.35.4 pkg/features/kube_features.go. Every component gets them:
-# the apiserver drops gated fields otherwise, the scheduler ignores them, the
-# controller-manager and kubelet act on them.
-# FACET_FEATURE_GATES replaces the list (e.g. to test with a gate off); set
-# and empty, it is stock Kubernetes 1.35: every alpha gate off.
-FEATURE_GATES="${FACET_FEATURE_GATES-DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRAExtendedResource=true,DRADeviceTaints=true}"
-# With the DRA gates on, KEP-4680's ResourceHealthStatus (alpha in 1.35, beta
-# and on in 1.36) too, for the apiserver (the pod status field) and the
-# kubelet (it asks the plugin for device health); stock 1.35 has it off.
-NODE_GATES="${FEATURE_GATES}"
-if [[ -n "${FEATURE_GATES}" ]]; then NODE_GATES+=",ResourceHealthStatus=true"; fi
+case "${K8S_VERSION}" in
+  v1.35.4)
+    # Alpha DRA features Facet's resource model needs (docs/design/resource-model.md §1); each
+    # exists in v1.35.4 pkg/features/kube_features.go. Every component gets them:
+    # the apiserver drops gated fields otherwise, the scheduler ignores them, the
+    # controller-manager and kubelet act on them.
+    # FACET_FEATURE_GATES replaces the list (e.g. to test with a gate off); set
+    # and empty, it is stock Kubernetes 1.35: every alpha gate off.
+    FEATURE_GATES="${FACET_FEATURE_GATES-DRAPartitionableDevices=true,DRAConsumableCapacity=true,DRAExtendedResource=true,DRADeviceTaints=true}"
+    # With the DRA gates on, KEP-4680's ResourceHealthStatus (alpha in 1.35)
+    # too, for the apiserver (the pod status field) and the kubelet (it asks
+    # the plugin for device health); stock 1.35 has it off.
+    NODE_GATES="${FEATURE_GATES}"
+    if [[ -n "${FEATURE_GATES}" ]]; then NODE_GATES+=",ResourceHealthStatus=true"; fi
+    ;;
+  v1.36.3)
+    # Kubernetes' defaults: v1.36.3 pkg/features/kube_features.go has the four
+    # DRA gates Facet cares about beta and on (DRAPartitionableDevices,
+    # DRAConsumableCapacity, DRADeviceTaints, DRAExtendedResource), and
+    # ResourceHealthStatus beta and on. FACET_FEATURE_GATES, set, is passed to
+    # every component as it is.
+    FEATURE_GATES="${FACET_FEATURE_GATES-}"
+    NODE_GATES="${FEATURE_GATES}"
+    ;;
+  *) echo "FACET_K8S_VERSION must be v1.35.4 or v1.36.3, not '${K8S_VERSION}'" >&2; exit 2 ;;
+esac
 
 T0=${SECONDS}
 log() { printf '[up %3ds] %s\n' "$((SECONDS - T0))" "$*"; }
@@ -78,6 +99,14 @@ log "building/locating binaries (hack/build-tools.sh)"
 BIN_DIR="$("${HACK_DIR}/build-tools.sh" | tail -n1)"
 [[ -x "${BIN_DIR}/kubelet" ]] || { echo "build-tools.sh gave no usable bin dir: ${BIN_DIR}" >&2; exit 1; }
 KUBECTL="${BIN_DIR}/kubectl"
+# K8S_BIN_DIR: the control plane and the kubelet; BIN_DIR: everything else.
+K8S_BIN_DIR="${BIN_DIR}"
+if [[ "${K8S_VERSION}" != v1.35.4 ]]; then
+  log "building/locating Kubernetes ${K8S_VERSION} (hack/build-k8s.sh)"
+  K8S_BIN_DIR="$(FACET_K8S_COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubelet" \
+    "${HACK_DIR}/build-k8s.sh" "${K8S_VERSION}" | tail -n1)"
+  [[ -x "${K8S_BIN_DIR}/kubelet" ]] || { echo "build-k8s.sh gave no usable bin dir: ${K8S_BIN_DIR}" >&2; exit 1; }
+fi
 
 # A previous run may be left behind (crash, interrupted test): clean it first.
 RUN_DIR="${RUN_DIR}" "${CLUSTER_DIR}/down.sh" --quiet
@@ -249,7 +278,7 @@ log "starting kube-apiserver"
 # their Services' endpoints, not at the ClusterIP, which nothing routes here
 # (no kube-proxy); so the chart's webhook Deployment (on the host's network)
 # is reachable through its Service.
-start kube-apiserver "${BIN_DIR}/kube-apiserver" \
+start kube-apiserver "${K8S_BIN_DIR}/kube-apiserver" \
   --etcd-servers=http://127.0.0.1:2379 \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port=6443 \
   --endpoint-reconciler-type=none \
@@ -281,7 +310,7 @@ log "starting kube-controller-manager and kube-scheduler"
 # Default controllers ("*") include resourceclaim-controller, which turns
 # ResourceClaimTemplates into ResourceClaims. --root-ca-file feeds the
 # kube-root-ca.crt ConfigMap that every pod's service-account volume needs.
-start kube-controller-manager "${BIN_DIR}/kube-controller-manager" \
+start kube-controller-manager "${K8S_BIN_DIR}/kube-controller-manager" \
   --kubeconfig="${ADMIN_KUBECONFIG}" \
   --authentication-kubeconfig="${ADMIN_KUBECONFIG}" --authorization-kubeconfig="${ADMIN_KUBECONFIG}" \
   --bind-address=127.0.0.1 --leader-elect=false \
@@ -291,7 +320,7 @@ start kube-controller-manager "${BIN_DIR}/kube-controller-manager" \
   --cluster-signing-cert-file="${PKI}/ca.crt" --cluster-signing-key-file="${PKI}/ca.key" \
   --feature-gates="${FEATURE_GATES}" \
   --v=1
-start kube-scheduler "${BIN_DIR}/kube-scheduler" \
+start kube-scheduler "${K8S_BIN_DIR}/kube-scheduler" \
   --kubeconfig="${ADMIN_KUBECONFIG}" \
   --authentication-kubeconfig="${ADMIN_KUBECONFIG}" --authorization-kubeconfig="${ADMIN_KUBECONFIG}" \
   --bind-address=127.0.0.1 --leader-elect=false \
@@ -409,7 +438,7 @@ featureGates:
 $(tr ',' '\n' <<<"${NODE_GATES}" | sed -e 's/^/  /' -e 's/=/: /')
 EOF
 log "starting kubelet"
-start kubelet "${BIN_DIR}/kubelet" \
+start kubelet "${K8S_BIN_DIR}/kubelet" \
   --config="${RUN_DIR}/kubelet-config.yaml" \
   --kubeconfig="${RUN_DIR}/kubelet.kubeconfig" \
   --root-dir="${KUBELET_ROOT}" --cert-dir="${KUBELET_ROOT}/certs" \
@@ -437,6 +466,8 @@ export FACET_RUN_DIR="${RUN_DIR}"
 export FACET_BIN_DIR="${BIN_DIR}"
 export FACET_RUNTIME="${RUNTIME}"
 export FACET_FEATURE_GATES="${FEATURE_GATES}"
+export FACET_K8S_VERSION="${K8S_VERSION}"
+export FACET_K8S_BIN_DIR="${K8S_BIN_DIR}"  # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
 export FACET_CDI_DIR="${CDI_DIR}"
 export FACET_KUBELET_ROOT="${KUBELET_ROOT}"
 export FACET_CRI_SOCKET="${CRI_SOCK}"

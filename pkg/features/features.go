@@ -29,8 +29,8 @@ import (
 type Gate string
 
 // The gates Facet cares about (k8s.io/kubernetes pkg/features). All four are
-// alpha and off in 1.35; partitionable devices and consumable capacity are
-// beta and on from 1.36, extended resources from 1.36 (GA in 1.37).
+// alpha and off in 1.35, and beta and on by default in 1.36 (v1.36.3
+// kube_features.go); extended resources are GA in 1.37.
 const (
 	// PartitionableDevices guards sharedCounters and consumesCounters: the
 	// counters that make a whole GPU, its MIG placements and its shares

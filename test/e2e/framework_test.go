@@ -22,6 +22,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -37,8 +38,10 @@ type env struct {
 	runDir, binDir, runtime, cdiDir, kubeletRoot, kubeconfig string
 	repo, pluginBin, facetctl                                string
 	client                                                   kubernetes.Interface
-	// gates are the DRA feature gates the node runs (hack/cluster/up.sh's
-	// FACET_FEATURE_GATES); none is stock Kubernetes 1.35.
+	// gates are the DRA feature gates the node runs: its version's
+	// defaults (defaultGates) with hack/cluster/up.sh's FACET_FEATURE_GATES
+	// applied; none is stock Kubernetes 1.35. TestMain checks them against
+	// what the API server itself enforces (features.Detect).
 	gates features.Set
 }
 
@@ -66,13 +69,56 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	e.client = kubernetes.NewForConfigOrDie(cfg)
-	overrides, err := features.ParseOverrides(os.Getenv("FACET_FEATURE_GATES"))
-	if err != nil {
-		panic(err)
+	if e.gates, err = clusterGates(context.Background(), e.client, os.Getenv("FACET_FEATURE_GATES")); err != nil {
+		fmt.Printf("FAIL: %v\n", err)
+		os.Exit(1)
 	}
-	e.gates = features.Stock("hack/cluster/up.sh").Apply(overrides)
-	fmt.Printf("e2e: cluster feature gates %s\n", e.gates)
+	fmt.Printf("e2e: Kubernetes %s, cluster feature gates %s\n", e.gates.ServerVersion, e.gates)
 	os.Exit(m.Run())
+}
+
+// defaultGates says, per Kubernetes minor, whether the DRA gates of
+// features.Gates are on by default: all four are alpha (off) in v1.35.4 and
+// beta (on) in v1.36.3 (k8s.io/kubernetes pkg/features/kube_features.go of
+// each). A minor missing here is one the e2e suite has not been run on.
+var defaultGates = map[string]bool{"1.35": false, "1.36": true}
+
+// clusterGates is what the node's cluster should enforce: its version's
+// defaults with the gates hack/cluster/up.sh was given (FACET_FEATURE_GATES)
+// applied. It asks the API server for its version, and checks the result
+// against what the server keeps of gated fields (features.Detect), so that
+// a node that runs other gates than the suite assumes fails here instead of
+// skipping or misjudging the gated tests. An error names the difference.
+func clusterGates(ctx context.Context, client kubernetes.Interface, flag string) (features.Set, error) {
+	overrides, err := features.ParseOverrides(flag)
+	if err != nil {
+		return features.Set{}, err
+	}
+	detected, err := features.Detect(ctx, client, nodeName)
+	if err != nil {
+		return features.Set{}, fmt.Errorf("asking the API server which DRA gates it enforces: %w", err)
+	}
+	v, err := utilversion.ParseSemantic(detected.ServerVersion)
+	if err != nil {
+		return features.Set{}, fmt.Errorf("API server version: %w", err)
+	}
+	minor := fmt.Sprintf("%d.%d", v.Major(), v.Minor())
+	on, ok := defaultGates[minor]
+	if !ok {
+		return features.Set{}, fmt.Errorf("Kubernetes %s: no default DRA gates known for %s; add them to defaultGates from its pkg/features/kube_features.go", detected.ServerVersion, minor)
+	}
+	source := "defaults of " + minor
+	want := features.Stock(source)
+	if on {
+		want = features.AllOn(source)
+	}
+	want = want.Apply(overrides)
+	want.ServerVersion = detected.ServerVersion
+	if !want.Equal(detected) {
+		return features.Set{}, fmt.Errorf("Kubernetes %s should enforce %s (%s with FACET_FEATURE_GATES=%q) but its API server enforces %s",
+			detected.ServerVersion, want, source, flag, detected)
+	}
+	return want, nil
 }
 
 // needGates skips a test whose modes the node's cluster does not enforce:

@@ -425,6 +425,7 @@ func TestPluginRBAC(t *testing.T) {
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceslices"}, "verbs": []any{"get", "list", "watch", "create", "update", "delete"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceclaims"}, "verbs": []any{"get"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceclaims/status"}, "verbs": []any{"patch"}},
+		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resourceNames": []any{"gpu.facet.dev"}, "resources": []any{"resourceclaims/driver"}, "verbs": []any{"associated-node:patch"}},
 		map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"deviceclasses"}, "verbs": []any{"get"}},
 		map[string]any{"apiGroups": []any{"", "events.k8s.io"}, "resources": []any{"events"}, "verbs": []any{"create", "patch"}},

@@ -29,6 +29,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -270,10 +271,12 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 		}
 	})
 
-	t.Run("status.devices: server-side apply of its entries", func(t *testing.T) {
-		// An allocated claim, as the scheduler leaves it.
+	// allocated creates a claim allocated on nodeName, as the scheduler
+	// leaves it: one device of the node's pool, a node selector naming it.
+	allocated := func(t *testing.T, name, nodeName string) *resourceapi.ResourceClaim {
+		t.Helper()
 		c, err := l.client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: "prepared"},
+			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
 				{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.facet.dev"}},
 			}}},
@@ -281,25 +284,45 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
-			{Request: "gpu", Driver: names.Driver, Pool: node, Device: "gpu-0"},
-		}}}
-		if _, err := l.client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
+		c.Status.Allocation = &resourceapi.AllocationResult{
+			Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{
+				{Request: "gpu", Driver: names.Driver, Pool: nodeName, Device: "gpu-0"},
+			}},
+			NodeSelector: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+				{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{nodeName}},
+			}}}},
+		}
+		if c, err = l.client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		return c
+	}
+	// applyDevices server-side applies, as the plugin, the status.devices
+	// entries of rec (none for nil) to claim c.
+	applyDevices := func(t *testing.T, c *resourceapi.ResourceClaim, rec *checkpoint.Claim) ([]resourceapi.AllocatedDeviceStatus, error) {
+		t.Helper()
+		ac, err := claimstatus.Apply(ns, c.Name, c.UID, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := plugin.ResourceV1().ResourceClaims(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: claimstatus.FieldManager, Force: true})
+		if err != nil {
+			return nil, err
+		}
+		return got.Status.Devices, nil
+	}
+
+	t.Run("status.devices: server-side apply of its entries", func(t *testing.T) {
+		c := allocated(t, "prepared", node)
 		rec := &checkpoint.Claim{UID: c.UID, Namespace: ns, Name: c.Name, State: checkpoint.StatePrepared,
 			Devices: []checkpoint.Device{{Kind: names.KindGPU, Pool: node, Device: "gpu-0", GPUUUID: "GPU-test"}}}
 		apply := func(rec *checkpoint.Claim) []resourceapi.AllocatedDeviceStatus {
 			t.Helper()
-			ac, err := claimstatus.Apply(ns, c.Name, c.UID, rec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := plugin.ResourceV1().ResourceClaims(ns).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: claimstatus.FieldManager, Force: true})
+			d, err := applyDevices(t, c, rec)
 			if err != nil {
 				t.Fatalf("the plugin's service account cannot apply status.devices: %v", err)
 			}
-			return got.Status.Devices
+			return d
 		}
 		if d := apply(rec); len(d) != 1 || d[0].Driver != names.Driver || d[0].Device != "gpu-0" || d[0].Data == nil ||
 			!strings.Contains(string(d[0].Data.Raw), `"gpuUUID":"GPU-test"`) {
@@ -312,6 +335,26 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 		c.Labels = map[string]string{"x": "y"}
 		if _, err := plugin.ResourceV1().ResourceClaims(ns).Update(ctx, c, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}); !apierrors.IsForbidden(err) {
 			t.Errorf("updating a claim: %v, want Forbidden", err)
+		}
+	})
+
+	t.Run("status.devices: refused for a claim on another node", func(t *testing.T) {
+		// From 1.36 (DRAResourceClaimGranularStatusAuthorization, beta and
+		// on) the API server asks resourceclaims/driver of every
+		// status.devices change, and the chart grants associated-node only.
+		v, err := l.client.Discovery().ServerVersion()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !utilversion.MustParseGeneric(v.GitVersion).AtLeast(utilversion.MajorMinor(1, 36)) {
+			t.Skipf("Kubernetes %s does not authorize status.devices per driver and node (from 1.36)", v.GitVersion)
+		}
+		c := allocated(t, "elsewhere", "not-"+node)
+		rec := &checkpoint.Claim{UID: c.UID, Namespace: ns, Name: c.Name, State: checkpoint.StatePrepared,
+			Devices: []checkpoint.Device{{Kind: names.KindGPU, Pool: "not-" + node, Device: "gpu-0", GPUUUID: "GPU-test"}}}
+		_, err = applyDevices(t, c, rec)
+		if err == nil || !strings.Contains(err.Error(), `resource="resourceclaims/driver"`) {
+			t.Fatalf("applying status.devices of a claim on node not-%s: %v, want refused for resourceclaims/driver", node, err)
 		}
 	})
 
