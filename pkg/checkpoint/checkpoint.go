@@ -516,7 +516,8 @@ func checksum(b []byte) string {
 
 // Put replaces the record of c.UID atomically and durably: it returns once
 // the journal holds the record on disk. Its file is written at the next
-// compaction.
+// compaction, or at once (without an fsync) while another process has the
+// directory open.
 func (s *Store) Put(c *Claim) error {
 	if err := claimuid.Validate(c.UID); err != nil {
 		return fmt.Errorf("write checkpoint of claim %s/%s: %w", c.Namespace, c.Name, err)
@@ -538,7 +539,38 @@ func (s *Store) Put(c *Claim) error {
 	s.mu.Lock()
 	s.overlay[c.UID] = data
 	s.mu.Unlock()
+	if !s.j.alone() {
+		// Another plugin process has the directory open: a rolling
+		// update, perhaps from a release that reads only record files.
+		// Keep this claim's file current for it too.
+		if err := replace(s.dir, filepath.Base(s.path(c.UID)), tempPrefix(c.UID), data); err != nil {
+			return fmt.Errorf("write checkpoint of claim %s/%s (%s): %w", c.Namespace, c.Name, c.UID, err)
+		}
+	}
 	return nil
+}
+
+// replace swaps dir/name for data atomically but without an fsync: the
+// journal entry before it is what is durable.
+func replace(dir, name, tempPrefix string, data []byte) error {
+	f, err := os.CreateTemp(dir, tempPrefix+"*")
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(0o600)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), filepath.Join(dir, name))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
 }
 
 // Delete removes the record of uid durably; a missing record is not an
@@ -568,6 +600,12 @@ func (s *Store) Delete(uid types.UID) error {
 	s.mu.Lock()
 	s.overlay[uid] = nil
 	s.mu.Unlock()
+	if !s.j.alone() {
+		// See Put: a file-reading process may share the directory.
+		if err := os.Remove(s.path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
+		}
+	}
 	return nil
 }
 

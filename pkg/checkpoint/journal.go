@@ -339,6 +339,17 @@ func (j *journal) tryExclusive() (bool, error) {
 	return false, j.shared()
 }
 
+// alone says whether no other process has the directory open right now.
+// It takes the flock exclusively for a moment, so it costs two flock
+// calls; it is false if the probe itself fails.
+func (j *journal) alone() bool {
+	ok, err := j.tryExclusive()
+	if err != nil || !ok {
+		return false
+	}
+	return j.shared() == nil
+}
+
 func (j *journal) shared() error {
 	if err := unix.Flock(int(j.lock.Fd()), unix.LOCK_SH); err != nil {
 		return fmt.Errorf("lock checkpoint directory: %w", err)

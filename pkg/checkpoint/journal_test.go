@@ -214,6 +214,21 @@ func TestSecondStoreSeesWrites(t *testing.T) {
 	if c, err := s.Get("a"); err != nil || c != nil {
 		t.Fatalf("deleted by the other store, still here: %v %v", c, err)
 	}
+	// While two processes share the directory, record files stay current
+	// for a release that reads only them (rolling update from before the
+	// journal was the record).
+	if err := s.Put(claim("b")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "b.json")); err != nil {
+		t.Fatalf("record file not written while shared: %v", err)
+	}
+	if err := other.Delete("b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "b.json")); !os.IsNotExist(err) {
+		t.Fatalf("record file not removed while shared: %v", err)
+	}
 }
 
 func FuzzParseJournal(f *testing.F) {
