@@ -190,6 +190,9 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	// Compacts the journal into record files on the way out, unless the
+	// other instance of a rolling update still has it open.
+	defer store.Close()
 	if err := applyLayouts(ctx, lib, node, layouts, cfg, store, miglayout.NewStore(filepath.Join(f.stateDir, "mig-layouts.json")), ev); err != nil {
 		return err
 	}

@@ -511,3 +511,56 @@ func dnsLabel(s string) bool {
 	}
 	return true
 }
+
+// TestValidateAgreesWithReadSpec: WriteClaim checks specs in memory
+// (validate) instead of reading the file back through the CDI library. For
+// each spec, valid or not, validate must agree with cdi.ReadSpec on the
+// bytes WriteClaim would write, which is how the runtime reads them.
+func TestValidateAgreesWithReadSpec(t *testing.T) {
+	dev := func(name string, e cdispec.ContainerEdits) cdispec.Device {
+		return cdispec.Device{Name: name, ContainerEdits: e}
+	}
+	nodes := cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/nvidia0"}}}
+	for _, tc := range []struct {
+		name string
+		spec cdispec.Spec
+		ok   bool
+	}{
+		{"one device", cdispec.Spec{Kind: Kind, Devices: []cdispec.Device{dev("a", nodes)}}, true},
+		{"common edits", cdispec.Spec{Kind: Kind, ContainerEdits: cdispec.ContainerEdits{Env: []string{"A=1"}, Mounts: []*cdispec.Mount{{HostPath: "/h", ContainerPath: "/c"}},
+			Hooks: []*cdispec.Hook{{HookName: "createContainer", Path: "/bin/hook"}}}, Devices: []cdispec.Device{dev("a", nodes)}}, true},
+		{"env only device", cdispec.Spec{Kind: Kind, Devices: []cdispec.Device{dev("a", cdispec.ContainerEdits{Env: []string{"X=y"}})}}, true},
+		{"no devices", cdispec.Spec{Kind: Kind}, false},
+		{"empty device edits", cdispec.Spec{Kind: Kind, Devices: []cdispec.Device{dev("a", cdispec.ContainerEdits{})}}, false},
+		{"bad device name", cdispec.Spec{Kind: Kind, Devices: []cdispec.Device{dev("a b", nodes)}}, false},
+		{"duplicate device", cdispec.Spec{Kind: Kind, Devices: []cdispec.Device{dev("a", nodes), dev("a", nodes)}}, false},
+		{"bad vendor", cdispec.Spec{Kind: "-bad/claim", Devices: []cdispec.Device{dev("a", nodes)}}, false},
+		{"bad class", cdispec.Spec{Kind: Vendor + "/-x", Devices: []cdispec.Device{dev("a", nodes)}}, false},
+		{"bad env", cdispec.Spec{Kind: Kind, ContainerEdits: cdispec.ContainerEdits{Env: []string{"=x"}}, Devices: []cdispec.Device{dev("a", nodes)}}, false},
+		{"relative device node", cdispec.Spec{Kind: Kind, Devices: []cdispec.Device{dev("a", cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: ""}}})}}, false},
+		{"bad hook", cdispec.Spec{Kind: Kind, ContainerEdits: cdispec.ContainerEdits{Hooks: []*cdispec.Hook{{HookName: "nope", Path: "/bin/hook"}}}, Devices: []cdispec.Device{dev("a", nodes)}}, false},
+		{"bad mount", cdispec.Spec{Kind: Kind, Devices: []cdispec.Device{dev("a", cdispec.ContainerEdits{Mounts: []*cdispec.Mount{{HostPath: "/h"}}})}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := tc.spec
+			v, err := cdispec.MinimumRequiredVersion(&spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec.Version = v
+			got := validate(&spec)
+			data, err := json.Marshal(&spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "s.json")
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, lib := cdiapi.ReadSpec(path, 0)
+			if (got == nil) != tc.ok || (lib == nil) != tc.ok {
+				t.Fatalf("validate: %v; cdi.ReadSpec: %v; want ok=%v", got, lib, tc.ok)
+			}
+		})
+	}
+}

@@ -2,13 +2,15 @@
 // so that prepare and unprepare stay idempotent across plugin restarts,
 // upgrades and reboots.
 //
-// Each claim has a file of its own, <dir>/<claimUID>.json, holding a version,
-// a SHA-256 checksum and the claim's record. A file is replaced atomically
-// (write a temp file, rename), so a crash leaves either the old record or
-// the new one. Durability comes from a journal with group commit (see
-// journal.go): concurrent writes share one fdatasync. Because records are
-// separate, a corrupt file fails only its own claim: the others load, and
-// the plugin starts.
+// A record is written once, to a journal with group commit (see
+// journal.go): concurrent writes share one write and one fdatasync, and no
+// file is created per claim while the plugin runs. The journal is the
+// record until it is compacted (past 8 MiB, at Close and at the next
+// Open): then each claim's latest record goes to a file of its own,
+// <dir>/<claimUID>.json, holding a version, a SHA-256 checksum and the
+// record, written atomically (temp file, rename) and fsynced. Because
+// records are separate, a corrupt file or journal entry fails only its own
+// claim: the others load, and the plugin starts.
 package checkpoint
 
 import (
@@ -18,11 +20,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/types"
@@ -138,6 +142,21 @@ type Store struct {
 	// to its file change, and exclusively by compaction, which needs the
 	// files to match the journal.
 	gate sync.RWMutex
+
+	// mu guards overlay and seen.
+	mu sync.Mutex
+	// overlay holds each claim whose latest journal entry its record file
+	// does not hold yet: the record's bytes, or nil for a deleted claim.
+	// Compaction writes the files and empties it.
+	overlay map[types.UID][]byte
+	// seen is how far into the journal overlay reflects. Entries past it
+	// are another process's, during a rolling upgrade (or this one's,
+	// already applied); catchUp reads them.
+	seen int64
+	// damage describes journal ranges that failed their checksums with
+	// no claim UID left to blame, found by this process or kept from
+	// earlier ones (journal.wal.damaged-* files).
+	damage map[string]error
 }
 
 // Open creates dir (0700) if needed. Unless another process has the store
@@ -153,7 +172,17 @@ func Open(dir string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{dir: dir, j: j}
+	s := &Store{dir: dir, j: j, overlay: map[types.UID][]byte{}, damage: map[string]error{}}
+	// A batch of this process's own that directly follows what overlay
+	// reflects needs no reading back: its Puts and Deletes set overlay
+	// themselves once it is durable.
+	j.wrote = func(off, n int64) {
+		s.mu.Lock()
+		if s.seen == off {
+			s.seen = off + n
+		}
+		s.mu.Unlock()
+	}
 	alone, err := j.tryExclusive()
 	if err != nil {
 		j.close()
@@ -175,9 +204,28 @@ func Open(dir string) (*Store, error) {
 	return s, nil
 }
 
-// Close releases the store's lock on its directory. The store must not be
-// used after.
-func (s *Store) Close() error { return s.j.close() }
+// Peek reads the record of uid in the store at dir as an open store would
+// (its journal's entries over its record file), without opening it: no
+// lock, no replay, nothing written, so a running plugin is not disturbed.
+// It is for tools and tests; it returns nil if there is no record.
+func Peek(dir string, uid types.UID) (*Claim, error) {
+	s := &Store{dir: dir, j: &journal{path: filepath.Join(dir, journalName)}, overlay: map[types.UID][]byte{}, damage: map[string]error{}}
+	return s.Get(uid)
+}
+
+// Close writes the journal's records to their files if no other process
+// has the store open (so the next Open has nothing to replay), then
+// releases the store's lock on its directory. The store must not be used
+// after. A failed compaction loses nothing: the journal still holds the
+// records, and the next Open replays it.
+func (s *Store) Close() error {
+	s.gate.Lock()
+	if alone, err := s.j.tryExclusive(); err == nil && alone {
+		_ = s.settle()
+	}
+	s.gate.Unlock()
+	return s.j.close()
+}
 
 // settle makes every record file the journal names match the journal's
 // last entry for it, durably, then empties the journal. It needs the
@@ -185,9 +233,18 @@ func (s *Store) Close() error { return s.j.close() }
 func (s *Store) settle() error {
 	data, err := s.j.readAll()
 	if err != nil || len(data) == 0 {
+		s.resetOverlay()
 		return err
 	}
-	entries, _ := parseJournal(data)
+	entries, damaged, _ := parseJournal(data)
+	if len(damaged) > 0 {
+		// Kept for the operator, and reported by every List until it is
+		// removed: the records it held are unknown.
+		keep := fmt.Sprintf("%s.damaged-%d", journalName, time.Now().UnixNano())
+		if err := atomicfile.Write(s.dir, keep, ".tmp-"+keep+"-", data, 0o600); err != nil {
+			return fmt.Errorf("keep the damaged checkpoint journal: %w", err)
+		}
+	}
 	last := make(map[types.UID]entry, len(entries))
 	for _, e := range entries {
 		if claimuid.Validate(e.uid) == nil {
@@ -230,7 +287,80 @@ func (s *Store) settle() error {
 	if err := s.j.truncate(); err != nil && !errors.Is(err, syscall.EROFS) {
 		return err
 	}
+	s.resetOverlay()
 	return nil
+}
+
+// resetOverlay forgets the overlay once the record files hold what the
+// journal held.
+func (s *Store) resetOverlay() {
+	s.mu.Lock()
+	s.overlay, s.seen = map[types.UID][]byte{}, 0
+	s.mu.Unlock()
+}
+
+// catchUp applies the journal entries past seen to the overlay: those of
+// another process sharing the directory, and this one's own again (in
+// journal order, which ends in the same state). It reads only up to the
+// journal's size when it starts, and stops before a frame still being
+// written.
+func (s *Store) catchUp() error {
+	st, err := os.Stat(s.j.path)
+	var size int64
+	switch {
+	case err == nil:
+		size = st.Size()
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("checkpoint journal: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if size < s.seen {
+		// Compacted by another process: the files hold everything, and
+		// what the journal holds now is newer.
+		s.overlay, s.seen = map[types.UID][]byte{}, 0
+	}
+	if size == s.seen {
+		return nil
+	}
+	f, err := os.Open(s.j.path)
+	if err != nil {
+		return fmt.Errorf("checkpoint journal: %w", err)
+	}
+	defer f.Close()
+	buf := make([]byte, size-s.seen)
+	if _, err := f.ReadAt(buf, s.seen); err != nil {
+		return fmt.Errorf("checkpoint journal %s: %w", s.j.path, err)
+	}
+	entries, damaged, end := parseJournal(buf)
+	for _, e := range entries {
+		if claimuid.Validate(e.uid) != nil {
+			continue
+		}
+		if e.op == opDelete {
+			s.overlay[e.uid] = nil
+		} else {
+			s.overlay[e.uid] = e.data
+		}
+	}
+	for _, d := range damaged {
+		s.damage[fmt.Sprintf("%s@%d", journalName, s.seen+int64(d.from))] = fmt.Errorf("%w: checkpoint journal %s: bytes %d to %d fail their checksum; the records they held are unknown",
+			ErrCorrupt, s.j.path, s.seen+int64(d.from), s.seen+int64(d.to))
+	}
+	s.seen += int64(end)
+	return nil
+}
+
+// lookup returns what the overlay holds for uid: in says whether it holds
+// anything, and data is nil for a deleted claim.
+func (s *Store) lookup(uid types.UID) (data []byte, in bool, err error) {
+	if err := s.catchUp(); err != nil {
+		return nil, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	data, in = s.overlay[uid]
+	return data, in, nil
 }
 
 // compact settles the journal once it has grown past its compaction point,
@@ -274,6 +404,21 @@ func (s *Store) Get(uid types.UID) (*Claim, error) {
 	if err := claimuid.Validate(uid); err != nil {
 		return nil, err
 	}
+	data, in, err := s.lookup(uid)
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint of claim %s: %w", uid, err)
+	}
+	if in {
+		if data == nil {
+			return nil, nil
+		}
+		return s.decodeAs(uid, data, "checkpoint journal "+s.j.path+" entry of claim "+string(uid))
+	}
+	return s.getFile(uid)
+}
+
+// getFile reads uid's record file.
+func (s *Store) getFile(uid types.UID) (*Claim, error) {
 	data, err := os.ReadFile(s.path(uid))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -281,12 +426,17 @@ func (s *Store) Get(uid types.UID) (*Claim, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read checkpoint of claim %s: %w", uid, err)
 	}
+	return s.decodeAs(uid, data, "checkpoint "+s.path(uid))
+}
+
+// decodeAs decodes the record of uid from where (for errors).
+func (s *Store) decodeAs(uid types.UID, data []byte, where string) (*Claim, error) {
 	c, err := decode(data)
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", s.path(uid), err)
+		return nil, fmt.Errorf("%s: %w", where, err)
 	}
 	if c.UID != uid {
-		return nil, fmt.Errorf("checkpoint %s: %w: it records claim %s", s.path(uid), ErrCorrupt, c.UID)
+		return nil, fmt.Errorf("%s: %w: it records claim %s", where, ErrCorrupt, c.UID)
 	}
 	return c, nil
 }
@@ -300,7 +450,17 @@ func (s *Store) Salvage(uid types.UID) (*Claim, error) {
 	if err := claimuid.Validate(uid); err != nil {
 		return nil, err
 	}
-	data, err := os.ReadFile(s.path(uid))
+	data, in, err := s.lookup(uid)
+	if err != nil {
+		return nil, err
+	}
+	if in {
+		if data == nil {
+			return nil, fmt.Errorf("checkpoint of claim %s: %w", uid, os.ErrNotExist)
+		}
+		return salvage(data)
+	}
+	data, err = os.ReadFile(s.path(uid))
 	if err != nil {
 		return nil, err
 	}
@@ -355,9 +515,9 @@ func checksum(b []byte) string {
 }
 
 // Put replaces the record of c.UID atomically and durably: it returns once
-// the journal holds the record on disk and the record file holds it. If
-// the file cannot be written after the journal entry was, Put fails, and
-// the next Open may still restore the new record, as after a crash.
+// the journal holds the record on disk. Its file is written at the next
+// compaction, or at once (without an fsync) while another process has the
+// directory open.
 func (s *Store) Put(c *Claim) error {
 	if err := claimuid.Validate(c.UID); err != nil {
 		return fmt.Errorf("write checkpoint of claim %s/%s: %w", c.Namespace, c.Name, err)
@@ -376,8 +536,16 @@ func (s *Store) Put(c *Claim) error {
 	if err := s.j.append(frame(opPut, c.UID, data)); err != nil {
 		return fmt.Errorf("write checkpoint of claim %s/%s (%s): %w", c.Namespace, c.Name, c.UID, err)
 	}
-	if err := replace(s.dir, filepath.Base(s.path(c.UID)), tempPrefix(c.UID), data); err != nil {
-		return fmt.Errorf("write checkpoint of claim %s/%s (%s): %w", c.Namespace, c.Name, c.UID, err)
+	s.mu.Lock()
+	s.overlay[c.UID] = data
+	s.mu.Unlock()
+	if !s.j.alone() {
+		// Another plugin process has the directory open: a rolling
+		// update, perhaps from a release that reads only record files.
+		// Keep this claim's file current for it too.
+		if err := replace(s.dir, filepath.Base(s.path(c.UID)), tempPrefix(c.UID), data); err != nil {
+			return fmt.Errorf("write checkpoint of claim %s/%s (%s): %w", c.Namespace, c.Name, c.UID, err)
+		}
 	}
 	return nil
 }
@@ -411,8 +579,17 @@ func (s *Store) Delete(uid types.UID) error {
 	if err := claimuid.Validate(uid); err != nil {
 		return err
 	}
-	if _, err := os.Lstat(s.path(uid)); errors.Is(err, os.ErrNotExist) {
+	data, in, err := s.lookup(uid)
+	if err != nil {
+		return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
+	}
+	if in && data == nil {
 		return nil
+	}
+	if !in {
+		if _, err := os.Lstat(s.path(uid)); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
 	}
 	defer s.compact()
 	s.gate.RLock()
@@ -420,8 +597,14 @@ func (s *Store) Delete(uid types.UID) error {
 	if err := s.j.append(frame(opDelete, uid, nil)); err != nil {
 		return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
 	}
-	if err := os.Remove(s.path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
+	s.mu.Lock()
+	s.overlay[uid] = nil
+	s.mu.Unlock()
+	if !s.j.alone() {
+		// See Put: a file-reading process may share the directory.
+		if err := os.Remove(s.path(uid)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("delete checkpoint of claim %s: %w", uid, err)
+		}
 	}
 	return nil
 }
@@ -429,44 +612,91 @@ func (s *Store) Delete(uid types.UID) error {
 // List loads every record. Records that cannot be read are returned in
 // corrupt, keyed by the claim UID of their file name, and do not stop the
 // others from loading. Leftover temp files from a crash are removed.
+//
+// Journal damage that names no claim (and a kept damaged journal,
+// journal.wal.damaged-*) is in corrupt too, under a key that is not a
+// valid claim UID ("journal.wal@<offset>", or the kept file's name):
+// Salvage refuses it, so the caller treats the devices as unknown.
 func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error) {
+	if err := s.catchUp(); err != nil {
+		return nil, nil, err
+	}
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list checkpoints: %w", err)
 	}
+	s.mu.Lock()
+	overlay := maps.Clone(s.overlay)
 	corrupt = map[types.UID]error{}
+	for k, err := range s.damage {
+		corrupt[types.UID(k)] = err
+	}
+	s.mu.Unlock()
+	add := func(uid types.UID, c *Claim, err error) {
+		switch {
+		case err != nil:
+			corrupt[uid] = err
+		case c != nil:
+			claims = append(claims, c)
+		}
+	}
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".tmp-") {
 			os.Remove(filepath.Join(s.dir, name))
 			continue
 		}
+		if strings.HasPrefix(name, journalName+".damaged-") {
+			corrupt[types.UID(name)] = fmt.Errorf("%w: %s is a checkpoint journal kept because part of it failed its checksums; the records it held may be unknown (remove it once the node's claims are checked)", ErrCorrupt, filepath.Join(s.dir, name))
+			continue
+		}
 		uid, ok := strings.CutSuffix(name, ".json")
 		if !ok || e.IsDir() || claimuid.Validate(types.UID(uid)) != nil {
 			continue
 		}
-		c, err := s.Get(types.UID(uid))
-		if err != nil {
-			corrupt[types.UID(uid)] = err
+		if _, in := overlay[types.UID(uid)]; in {
 			continue
 		}
-		claims = append(claims, c)
+		c, err := s.getFile(types.UID(uid))
+		add(types.UID(uid), c, err)
+	}
+	for uid, data := range overlay {
+		if data != nil {
+			c, err := s.decodeAs(uid, data, "checkpoint journal "+s.j.path+" entry of claim "+string(uid))
+			add(uid, c, err)
+		}
 	}
 	return claims, corrupt, nil
 }
 
 // Usage is the records' total size in bytes and their number, readable or
-// not, from the directory listing alone (no record is read or parsed, so a
-// metrics scrape costs one readdir and a stat per record). Temp files are
-// not counted.
+// not: those in the journal not yet compacted, and the record files (from
+// the directory listing: no file is read or parsed, so a metrics scrape
+// costs the journal's new entries, one readdir and a stat per file). Temp
+// files are not counted.
 func (s *Store) Usage() (bytes int64, records int, err error) {
+	if err := s.catchUp(); err != nil {
+		return 0, 0, err
+	}
 	entries, err := os.ReadDir(s.dir)
 	if err != nil {
 		return 0, 0, fmt.Errorf("list checkpoints: %w", err)
 	}
+	s.mu.Lock()
+	overlay := maps.Clone(s.overlay)
+	s.mu.Unlock()
+	for _, data := range overlay {
+		if data != nil {
+			bytes += int64(len(data))
+			records++
+		}
+	}
 	for _, e := range entries {
 		uid, ok := strings.CutSuffix(e.Name(), ".json")
 		if !ok || e.IsDir() || claimuid.Validate(types.UID(uid)) != nil {
+			continue
+		}
+		if _, in := overlay[types.UID(uid)]; in {
 			continue
 		}
 		info, err := e.Info()

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/facet-gpu/facet/pkg/atomicfile"
+	"github.com/facet-gpu/facet/pkg/claimuid"
 )
 
 // The journal is what makes a Put or Delete durable. Every change is first
@@ -75,6 +76,9 @@ type journal struct {
 	queued, syncs int
 	// beforeSync, if set, runs before each batch's write (tests).
 	beforeSync func()
+	// wrote, if set, is told where each durable batch landed: its offset
+	// and length. It runs before the batch's appends return.
+	wrote func(off, n int64)
 }
 
 type batch struct {
@@ -101,31 +105,98 @@ type entry struct {
 	op   byte
 	uid  types.UID
 	data []byte
+	// off is where the entry's frame begins in the journal.
+	off int
 }
 
-// parseJournal decodes entries up to the first frame that is short or
-// fails its checksum: a batch a crash tore, never acknowledged.
-func parseJournal(b []byte) (entries []entry, torn bool) {
-	for len(b) > 0 {
-		if len(b) < 8 {
-			return entries, true
+// span is a range of the journal, [from, to), that holds no valid frame.
+type span struct{ from, to int }
+
+// parseJournal decodes the journal's frames. A frame that is short or
+// fails its checksum is either the tail of a batch that a crash or a
+// write in progress left (nothing valid follows it: parsing ends there,
+// and end is its offset) or damage in the middle (bit rot; a valid frame
+// follows). Damage is skipped up to the next valid frame and reported in
+// damaged; where the damaged frame's header still names a valid claim UID,
+// it is also returned as a Put of its damaged bytes, so that the claim's
+// record reads as corrupt (fail closed) rather than as an older version.
+func parseJournal(b []byte) (entries []entry, damaged []span, end int) {
+	off := 0
+	for off < len(b) {
+		if e, n, ok := parseFrame(b[off:]); ok {
+			e.off = off
+			entries = append(entries, e)
+			off += n
+			continue
 		}
-		n := binary.BigEndian.Uint32(b[0:4])
-		if uint64(n) > uint64(len(b)-8) || n < 3 {
-			return entries, true
+		next := -1
+		for o := off + 1; o+8 <= len(b); o++ {
+			if _, _, ok := parseFrame(b[o:]); ok {
+				next = o
+				break
+			}
 		}
-		payload := b[8 : 8+n]
-		if crc32.Checksum(payload, crcTable) != binary.BigEndian.Uint32(b[4:8]) {
-			return entries, true
+		if next < 0 {
+			return entries, damaged, off
 		}
-		ulen := int(binary.BigEndian.Uint16(payload[1:3]))
-		if 3+ulen > len(payload) {
-			return entries, true
+		damaged = append(damaged, span{off, next})
+		if uid, data, ok := damagedUID(b[off:next]); ok {
+			entries = append(entries, entry{op: opPut, uid: uid, data: data, off: off})
 		}
-		entries = append(entries, entry{op: payload[0], uid: types.UID(payload[3 : 3+ulen]), data: payload[3+ulen:]})
-		b = b[8+n:]
+		off = next
 	}
-	return entries, false
+	return entries, damaged, off
+}
+
+// parseFrame decodes the frame at the start of b, and its length.
+func parseFrame(b []byte) (entry, int, bool) {
+	if len(b) < 8 {
+		return entry{}, 0, false
+	}
+	n := binary.BigEndian.Uint32(b[0:4])
+	if uint64(n) > uint64(len(b)-8) || n < 3 {
+		return entry{}, 0, false
+	}
+	payload := b[8 : 8+n]
+	if crc32.Checksum(payload, crcTable) != binary.BigEndian.Uint32(b[4:8]) {
+		return entry{}, 0, false
+	}
+	if payload[0] != opPut && payload[0] != opDelete {
+		return entry{}, 0, false
+	}
+	ulen := int(binary.BigEndian.Uint16(payload[1:3]))
+	if 3+ulen > len(payload) {
+		return entry{}, 0, false
+	}
+	return entry{op: payload[0], uid: types.UID(payload[3 : 3+ulen]), data: payload[3+ulen:]}, 8 + int(n), true
+}
+
+// damagedUID reads the claim UID and record bytes of a damaged frame whose
+// header still holds together.
+func damagedUID(b []byte) (types.UID, []byte, bool) {
+	if len(b) < 11 {
+		return "", nil, false
+	}
+	n := int(binary.BigEndian.Uint32(b[0:4]))
+	if n < 3 || n > len(b)-8 {
+		return "", nil, false
+	}
+	payload := b[8 : 8+n]
+	ulen := int(binary.BigEndian.Uint16(payload[1:3]))
+	if 3+ulen > len(payload) {
+		return "", nil, false
+	}
+	uid := types.UID(payload[3 : 3+ulen])
+	if claimuid.Validate(uid) != nil {
+		return "", nil, false
+	}
+	data := payload[3+ulen:]
+	if len(data) == 0 {
+		// A damaged Delete, or a Put with nothing left: still not to
+		// be read as the older record.
+		data = []byte("damaged")
+	}
+	return uid, data, true
 }
 
 func openJournal(dir string) (*journal, error) {
@@ -227,6 +298,9 @@ func (j *journal) write(data []byte) (err error) {
 	j.mu.Lock()
 	j.size = st.Size() + int64(len(data))
 	j.mu.Unlock()
+	if j.wrote != nil {
+		j.wrote(st.Size(), int64(len(data)))
+	}
 	return nil
 }
 
@@ -263,6 +337,17 @@ func (j *journal) tryExclusive() (bool, error) {
 		return false, fmt.Errorf("lock checkpoint directory: %w", err)
 	}
 	return false, j.shared()
+}
+
+// alone says whether no other process has the directory open right now.
+// It takes the flock exclusively for a moment, so it costs two flock
+// calls; it is false if the probe itself fails.
+func (j *journal) alone() bool {
+	ok, err := j.tryExclusive()
+	if err != nil || !ok {
+		return false
+	}
+	return j.shared() == nil
 }
 
 func (j *journal) shared() error {

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -63,9 +64,14 @@ func TestGroupCommit(t *testing.T) {
 	}
 }
 
-// TestReplayAfterPowerLoss: record files lost or stale (as a power loss
-// leaves files written without fsync) are restored from the journal at
-// the next Open, deletes are redone, and the journal is emptied.
+// crash stops a store as a killed process does: its lock goes, nothing is
+// compacted.
+func crash(s *Store) { s.j.close() }
+
+// TestReplayAfterPowerLoss: the records a crash left only in the journal
+// are there at the next Open, over stale or damaged files a power loss
+// left; deletes are redone, the files are written, and the journal is
+// emptied.
 func TestReplayAfterPowerLoss(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(dir)
@@ -73,27 +79,29 @@ func TestReplayAfterPowerLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b, gone := claim("a"), claim("b"), claim("gone")
-	for _, c := range []*Claim{a, b, gone} {
+	for _, c := range []*Claim{b, gone} {
 		if err := s.Put(c); err != nil {
 			t.Fatal(err)
 		}
+	}
+	s.Close() // b.json and gone.json are written
+	s, _ = Open(dir)
+	if err := s.Put(a); err != nil {
+		t.Fatal(err)
 	}
 	b.State = StatePreparing
 	if err := s.Put(b); err != nil {
 		t.Fatal(err)
 	}
-	stale, _ := os.ReadFile(filepath.Join(dir, "gone.json"))
 	if err := s.Delete("gone"); err != nil {
 		t.Fatal(err)
 	}
-	s.Close()
-	// The "power loss": a's file never reached the disk, b's is an older
-	// version, and gone's removal was lost.
-	os.Remove(filepath.Join(dir, "a.json"))
-	if err := os.WriteFile(filepath.Join(dir, "b.json"), []byte{}, 0o600); err != nil {
-		t.Fatal(err)
+	if _, err := os.Stat(filepath.Join(dir, "a.json")); !os.IsNotExist(err) {
+		t.Fatalf("a record file written before compaction: %v", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "gone.json"), stale, 0o600); err != nil {
+	crash(s)
+	// And the power loss damaged b's older file.
+	if err := os.WriteFile(filepath.Join(dir, "b.json"), []byte{}, 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -116,6 +124,11 @@ func TestReplayAfterPowerLoss(t *testing.T) {
 	if st, err := os.Stat(filepath.Join(dir, journalName)); err != nil || st.Size() != 0 {
 		t.Fatalf("journal not emptied: %v %v", st, err)
 	}
+	for name, want := range map[string]bool{"a.json": true, "b.json": true, "gone.json": false} {
+		if _, err := os.Stat(filepath.Join(dir, name)); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", name, err == nil, want)
+		}
+	}
 }
 
 // TestTornJournalTail: a batch a crash cut short is ignored; the entries
@@ -126,8 +139,7 @@ func TestTornJournalTail(t *testing.T) {
 	if err := s.Put(claim("a")); err != nil {
 		t.Fatal(err)
 	}
-	s.Close()
-	os.Remove(filepath.Join(dir, "a.json"))
+	crash(s)
 	torn := frame(opPut, "b", []byte("{}"))
 	f, err := os.OpenFile(filepath.Join(dir, journalName), os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
@@ -202,20 +214,45 @@ func TestSecondStoreSeesWrites(t *testing.T) {
 	if c, err := s.Get("a"); err != nil || c != nil {
 		t.Fatalf("deleted by the other store, still here: %v %v", c, err)
 	}
+	// While two processes share the directory, record files stay current
+	// for a release that reads only them (rolling update from before the
+	// journal was the record).
+	if err := s.Put(claim("b")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "b.json")); err != nil {
+		t.Fatalf("record file not written while shared: %v", err)
+	}
+	if err := other.Delete("b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "b.json")); !os.IsNotExist(err) {
+		t.Fatalf("record file not removed while shared: %v", err)
+	}
 }
 
 func FuzzParseJournal(f *testing.F) {
 	f.Add(frame(opPut, "a", []byte(`{"x":1}`)))
 	f.Add(append(frame(opDelete, "a", nil), 0, 0, 0))
 	f.Add([]byte{0, 0, 0, 1, 0, 0, 0, 0, 'P'})
+	f.Add(append(append(frame(opPut, "a", []byte("x")), 1, 2, 3), frame(opDelete, "b", nil)...))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		entries, _ := parseJournal(data)
-		var again []byte
-		for _, e := range entries {
-			again = append(again, frame(e.op, e.uid, e.data)...)
+		entries, damaged, end := parseJournal(data)
+		if end > len(data) {
+			t.Fatalf("end %d past the journal's %d bytes", end, len(data))
 		}
-		if len(again) > len(data) || string(again) != string(data[:len(again)]) {
-			t.Fatalf("entries do not re-encode to the journal's prefix")
+		// Each valid entry re-encodes to the bytes at its offset, and
+		// no entry lies inside a damaged range.
+		for _, e := range entries {
+			fr := frame(e.op, e.uid, e.data)
+			valid := e.off+len(fr) <= len(data) && string(data[e.off:e.off+len(fr)]) == string(fr)
+			inDamage := false
+			for _, d := range damaged {
+				inDamage = inDamage || (e.off >= d.from && e.off < d.to)
+			}
+			if valid == inDamage {
+				t.Fatalf("entry at %d: valid frame %v, in a damaged range %v", e.off, valid, inDamage)
+			}
 		}
 	})
 }
@@ -261,4 +298,154 @@ func BenchmarkPutConcurrent(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99-ms")
 	b.ReportMetric(float64(len(lat))/float64(s.j.syncs), "puts/fdatasync")
+}
+
+// TestJournalIsTheRecord: while the store is open, records live in the
+// journal alone (no file is created per claim); Get and List read them
+// there; Close writes the files, and a new Open reads the same records.
+func TestJournalIsTheRecord(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := Open(dir)
+	for i := range 20 {
+		if err := s.Put(claim(fmt.Sprintf("c%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		if err := s.Delete(types.UID(fmt.Sprintf("c%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files := func() []string {
+		m, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+		return m
+	}
+	if f := files(); len(f) != 0 {
+		t.Fatalf("record files while open: %v", f)
+	}
+	claims, corrupt, err := s.List()
+	if err != nil || len(corrupt) != 0 || len(claims) != 10 {
+		t.Fatalf("List: %d records, %v %v", len(claims), corrupt, err)
+	}
+	if c, err := s.Get("c3"); c != nil || err != nil {
+		t.Fatalf("deleted c3: %v %v", c, err)
+	}
+	if b, n, err := s.Usage(); err != nil || n != 10 || b == 0 {
+		t.Fatalf("Usage: %d bytes, %d records, %v", b, n, err)
+	}
+	s.Close()
+	if f := files(); len(f) != 10 {
+		t.Fatalf("after Close: %d record files, want 10", len(f))
+	}
+	s, _ = Open(dir)
+	defer s.Close()
+	if c, err := s.Get("c15"); err != nil || c == nil || c.UID != "c15" {
+		t.Fatalf("c15 after reopen: %v %v", c, err)
+	}
+}
+
+// TestJournalDamage: a journal entry that fails its checksum in the middle
+// of the journal (bit rot, not a torn tail) fails only what it held. With
+// its claim UID readable, that claim reads as corrupt, not as its older
+// record; without, List reports the damage under a key Salvage refuses. The
+// entries after it load. The next Open keeps the damaged journal for the
+// operator, and List keeps reporting it.
+func TestJournalDamage(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// at is the byte of the damaged frame to flip: 9 is inside its
+		// payload's op byte, 0 its length.
+		at      int
+		wantKey types.UID
+	}{
+		{"payload", 20, "victim"},
+		{"header", 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s, _ := Open(dir)
+			old := claim("victim")
+			if err := s.Put(old); err != nil {
+				t.Fatal(err)
+			}
+			s.Close() // victim.json holds the old record
+			s, _ = Open(dir)
+			for _, uid := range []string{"before", "victim", "after"} {
+				c := claim(uid)
+				c.State = StatePreparing
+				if err := s.Put(c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			crash(s)
+			data, err := os.ReadFile(filepath.Join(dir, journalName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			entries, _, _ := parseJournal(data)
+			data[entries[1].off+tc.at] ^= 0xff
+			if err := os.WriteFile(filepath.Join(dir, journalName), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+
+			for round := range 2 {
+				// Round 0: another process still holds the store, so the
+				// journal is read, not replayed; round 1: a fresh Open
+				// replays it into files.
+				var holder *Store
+				if round == 0 {
+					holder, _ = Open(dir)
+				}
+				s, err := Open(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				claims, corrupt, err := s.List()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := map[types.UID]State{}
+				for _, c := range claims {
+					got[c.UID] = c.State
+				}
+				if got["before"] != StatePreparing || got["after"] != StatePreparing {
+					t.Fatalf("round %d: records around the damage: %v", round, got)
+				}
+				// With no UID left, the damaged entry cannot be blamed on
+				// victim, whose older record then loads; the damage report
+				// below is what makes the caller fail closed.
+				if _, ok := got["victim"]; ok && tc.wantKey != "" {
+					t.Fatalf("round %d: victim read as %v despite damage", round, got["victim"])
+				}
+				if tc.wantKey != "" {
+					if !errors.Is(corrupt[tc.wantKey], ErrCorrupt) {
+						t.Fatalf("round %d: corrupt %v, want %s", round, corrupt, tc.wantKey)
+					}
+					if _, err := s.Get(tc.wantKey); !errors.Is(err, ErrCorrupt) {
+						t.Fatalf("round %d: Get(victim) = %v", round, err)
+					}
+				}
+				unnamed := 0
+				for k, err := range corrupt {
+					if k == tc.wantKey {
+						continue
+					}
+					unnamed++
+					if !errors.Is(err, ErrCorrupt) {
+						t.Errorf("round %d: %s: %v", round, k, err)
+					}
+					if _, err := s.Salvage(k); err == nil {
+						t.Errorf("round %d: Salvage(%s) accepted", round, k)
+					}
+				}
+				if unnamed == 0 {
+					t.Fatalf("round %d: damage not reported: %v", round, corrupt)
+				}
+				s.Close()
+				if holder != nil {
+					holder.Close()
+				}
+			}
+		})
+	}
 }

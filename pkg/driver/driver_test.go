@@ -54,6 +54,26 @@ type rig struct {
 	cdiSurvivesReboot bool
 	// nodeLock is Options.NodeLock.
 	nodeLock string
+	// stores are the checkpoint stores of every start, left open as a
+	// killed process leaves its journal (see compactCheckpoint).
+	stores []*checkpoint.Store
+}
+
+// compactCheckpoint stops the driver cleanly, as a plugin that shuts
+// down does: its checkpoint's journal goes to record files, which is where
+// damage on disk can then be staged. Call start before using the driver
+// again.
+func (r *rig) compactCheckpoint() {
+	r.t.Helper()
+	for _, s := range r.stores {
+		if err := s.Close(); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	r.stores = nil
+	if m, _ := filepath.Glob(filepath.Join(r.checkpoints, "*.json")); len(m) == 0 {
+		r.t.Fatal("compaction wrote no record file")
+	}
 }
 
 var (
@@ -121,6 +141,7 @@ func (r *rig) start() {
 	if err != nil {
 		r.t.Fatal(err)
 	}
+	r.stores = append(r.stores, store)
 	w, err := cdi.NewWriter(r.cdiDir)
 	if err != nil {
 		r.t.Fatal(err)
@@ -341,6 +362,7 @@ func TestRestart(t *testing.T) {
 	r := newRig(t)
 	kept, broken := claim("kept", "gpu-0"), claim("broken", "gpu-3")
 	r.prepare(kept, broken)
+	r.compactCheckpoint()
 
 	// A crash between the Preparing record and the Prepared one.
 	store, _ := checkpoint.Open(r.checkpoints)

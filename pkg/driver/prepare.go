@@ -92,13 +92,19 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 		return nil, "", err
 	}
 	rec = &checkpoint.Claim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.StatePreparing, Devices: p.devices, BootID: d.bootID}
-	// Record the intent before any side effect: from here on a crash is
-	// rolled back at the next start, so nothing outlives it unrecorded.
-	if err := d.store.Put(rec); err != nil {
-		d.release(ref)
-		return rec, "", err
+	// Record the intent before a MIG instance is created: from there on a
+	// crash is rolled back at the next start, and an instance is destroyed
+	// only if a record says Facet made it. Claims without one skip it (one
+	// fdatasync'd record write less): their only side effects, the CDI spec
+	// and the HAMi-core region, are named after the claim, and a start
+	// removes those that have no record.
+	if carves(rec) {
+		if err := d.store.Put(rec); err != nil {
+			d.release(ref)
+			return rec, "", err
+		}
+		d.failpoint("prepare/recorded-intent")
 	}
-	d.failpoint("prepare/recorded-intent")
 	if err := d.carveMIG(ctx, rec); err != nil {
 		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
@@ -116,6 +122,16 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 	}
 	d.failpoint("prepare/recorded-prepared")
 	return rec, "prepared", nil
+}
+
+// carves says whether preparing rec creates MIG instances (dynamic MIG).
+func carves(rec *checkpoint.Claim) bool {
+	for _, dev := range rec.Devices {
+		if dev.MIG != nil && dev.Kind != kindStaticMIG {
+			return true
+		}
+	}
+	return false
 }
 
 // allocatedDevices names the claim's devices of this driver, for the log

@@ -40,6 +40,9 @@ func TestUnreadableRecordKeepsDevicesReserved(t *testing.T) {
 				if _, err := r.prepareOne(c); err != nil {
 					t.Fatal(err)
 				}
+			}
+			r.compactCheckpoint()
+			for _, c := range []*resourceapi.ResourceClaim{whole, mig} {
 				path := filepath.Join(r.checkpoints, string(c.UID)+".json")
 				data, _ := os.ReadFile(path)
 				var env map[string]any

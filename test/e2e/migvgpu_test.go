@@ -241,7 +241,7 @@ func TestMIGAndShares(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, c := range podClaims(t, pod) {
-			if fileExists(checkpointPath(c.UID)) || fileExists(specPath(c.UID)) {
+			if hasRecord(t, c.UID) || fileExists(specPath(c.UID)) {
 				t.Fatalf("claim %s kept a checkpoint record or CDI spec after recovery", c.Name)
 			}
 		}

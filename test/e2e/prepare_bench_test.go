@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -95,19 +96,57 @@ func unprepare(b testing.TB, client drapb.DRAPluginClient, claims ...*drapb.Clai
 	}
 }
 
-func setupBench(b *testing.B) drapb.DRAPluginClient {
+// benchRig is the plugin under benchmark: its socket's client and its
+// process, whose CPU time the concurrent cases read.
+type benchRig struct {
+	client drapb.DRAPluginClient
+	pid    int
+}
+
+func setupBench(b *testing.B) benchRig {
 	needGates(b, features.PartitionableDevices, features.ConsumableCapacity)
 	kubectl(b, "apply", "-f", filepath.Join(e.repo, "deployments", "deviceclasses.yaml"))
 	kubectl(b, "apply", "-f", filepath.Join(e.repo, "demo", "gpu", "namespace.yaml"))
 	b.Cleanup(func() { _, _ = kubectlErr("delete", "resourceclaims", "-n", namespace, "--all", "--wait=false") })
-	startPlugin(b, "dgx-h100", demoModes...)
+	p := startPlugin(b, "dgx-h100", demoModes...)
 	waitModes(b, demoMode)
 	client := draClient(b)
 	waitFor(b, "plugin socket", time.Minute, func() (bool, error) {
 		_, err := client.NodeUnprepareResources(context.Background(), &drapb.NodeUnprepareResourcesRequest{})
 		return err == nil, err
 	})
-	return client
+	return benchRig{client: client, pid: p.cmd.Process.Pid}
+}
+
+// cpuMillis is a process's user and system CPU time so far, in
+// milliseconds (/proc/<pid>/stat, clock ticks of 10 ms).
+func cpuMillis(b testing.TB, pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The command name (field 2) may hold spaces; fields 14 and 15 count
+	// from after its closing parenthesis.
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err1 != nil || err2 != nil {
+		b.Fatalf("/proc/%d/stat: %v %v", pid, err1, err2)
+	}
+	return (utime + stime) * 10
+}
+
+// apiserverPID is the local node's kube-apiserver (hack/cluster/up.sh).
+func apiserverPID(b testing.TB) int {
+	data, err := os.ReadFile(filepath.Join(e.runDir, "pids", "kube-apiserver.pid"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return pid
 }
 
 func reportLatency(b *testing.B, lat []time.Duration) {
@@ -123,7 +162,8 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 // fsynced writes and the CDI spec. Each iteration prepares then unprepares
 // (unprepare is not timed).
 func BenchmarkNodePrepareResources(b *testing.B) {
-	client := setupBench(b)
+	rig := setupBench(b)
+	client := rig.client
 	b.Run("whole-gpu", func(b *testing.B) {
 		claim := allocatedClaim(b, "bench-one", "gpu-3")
 		lat := make([]time.Duration, 0, b.N)
@@ -154,14 +194,14 @@ func BenchmarkNodePrepareResources(b *testing.B) {
 		for i := 4; i < 8; i++ {
 			claims = append(claims, allocatedShare(b, fmt.Sprintf("bench-par-%d", i), nil, fmt.Sprintf("gpu-%d", i)))
 		}
-		concurrentPrepare(b, client, claims)
+		concurrentPrepare(b, rig, claims)
 	})
 	b.Run("8-concurrent-shares", func(b *testing.B) {
 		var claims []*drapb.Claim
 		for i := range 8 {
 			claims = append(claims, allocatedShare(b, fmt.Sprintf("bench-shares-%d", i), volcano, fmt.Sprintf("gpu-%d", 4+i%4)))
 		}
-		concurrentPrepare(b, client, claims)
+		concurrentPrepare(b, rig, claims)
 	})
 	// Many pods starting at once: 4 whole GPUs and 60 small shares of the
 	// other 4, one gRPC call each. This is where the checkpoint's group
@@ -175,18 +215,26 @@ func BenchmarkNodePrepareResources(b *testing.B) {
 		for i := 4; i < 64; i++ {
 			claims = append(claims, allocatedShare(b, fmt.Sprintf("bench-mixed-%d", i), small, fmt.Sprintf("gpu-%d", 4+i%4)))
 		}
-		concurrentPrepare(b, client, claims)
+		concurrentPrepare(b, rig, claims)
 	})
 }
 
 // concurrentPrepare prepares claims in parallel, one gRPC call each, and
-// reports claims per second and the per-call latency.
-func concurrentPrepare(b *testing.B, client drapb.DRAPluginClient, claims []*drapb.Claim) {
+// reports claims per second, the per-call latency, and the CPU time per
+// claim of the plugin and of the kube-apiserver (the helper GETs each
+// claim, and the plugin applies its status.devices): on a machine shared
+// with the control plane, those bound claims/s, and they hold still where
+// claims/s moves with the load.
+func concurrentPrepare(b *testing.B, rig benchRig, claims []*drapb.Claim) {
+	client := rig.client
+	api := apiserverPID(b)
 	var lat []time.Duration
 	var mu sync.Mutex
 	var wall time.Duration
+	var pluginCPU, apiCPU float64
 	n := 0
 	for b.Loop() {
+		p0, a0 := cpuMillis(b, rig.pid), cpuMillis(b, api)
 		round := time.Now()
 		var wg sync.WaitGroup
 		for _, c := range claims {
@@ -200,11 +248,15 @@ func concurrentPrepare(b *testing.B, client drapb.DRAPluginClient, claims []*dra
 		wg.Wait()
 		wall += time.Since(round)
 		n += len(claims)
+		pluginCPU += cpuMillis(b, rig.pid) - p0
+		apiCPU += cpuMillis(b, api) - a0
 		b.StopTimer()
 		unprepare(b, client, claims...)
 		b.StartTimer()
 	}
 	b.ReportMetric(float64(n)/wall.Seconds(), "claims/s")
+	b.ReportMetric(pluginCPU/float64(n), "plugin-cpu-ms/claim")
+	b.ReportMetric(apiCPU/float64(n), "apiserver-cpu-ms/claim")
 	reportLatency(b, lat)
 }
 

@@ -17,6 +17,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/facet-gpu/facet/pkg/checkpoint"
 )
 
 // gpuInfo is what the published slices say about each whole-GPU device.
@@ -42,8 +44,15 @@ func specPath(uid types.UID) string {
 	return filepath.Join(e.cdiDir, "gpu.facet.dev-claim_"+string(uid)+".json")
 }
 
-func checkpointPath(uid types.UID) string {
-	return filepath.Join(e.runDir, "facet-state", "claims", string(uid)+".json")
+// hasRecord says whether the plugin's checkpoint holds a record of uid,
+// in its journal or its record files.
+func hasRecord(t *testing.T, uid types.UID) bool {
+	t.Helper()
+	c, err := checkpoint.Peek(filepath.Join(e.runDir, "facet-state", "claims"), uid)
+	if err != nil {
+		t.Fatalf("checkpoint of claim %s: %v", uid, err)
+	}
+	return c != nil
 }
 
 // waitModes waits until the API server holds this plugin's slices: all 8
@@ -113,7 +122,7 @@ func TestWholeGPUs(t *testing.T) {
 	t.Run("SIGKILL and restart keep prepared claims, then unprepare cleanly", func(t *testing.T) {
 		p.kill(t)
 		for _, uid := range claimUIDs {
-			if !fileExists(specPath(uid)) || !fileExists(checkpointPath(uid)) {
+			if !fileExists(specPath(uid)) || !hasRecord(t, uid) {
 				t.Fatalf("claim %s lost its spec or checkpoint with the plugin down", uid)
 			}
 		}
@@ -136,7 +145,7 @@ func TestWholeGPUs(t *testing.T) {
 			uid := claimUIDs[pod]
 			kubectl(t, "delete", "pod", "-n", namespace, pod, "--wait=true", "--timeout=120s")
 			waitFor(t, "CDI spec and checkpoint of "+pod+" removed", time.Minute, func() (bool, error) {
-				return !fileExists(specPath(uid)) && !fileExists(checkpointPath(uid)), nil
+				return !fileExists(specPath(uid)) && !hasRecord(t, uid), nil
 			})
 		}
 		if got := strings.Count(p2.logText(), "Unprepared claim"); got != 2 {

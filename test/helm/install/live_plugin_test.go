@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/facet-gpu/facet/internal/testenv"
+	"github.com/facet-gpu/facet/pkg/checkpoint"
 
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"
@@ -313,8 +314,10 @@ func (r *chartRig) specPath(uid types.UID) string {
 	return filepath.Join(r.cdiDir, "gpu.facet.dev-claim_"+string(uid)+".json")
 }
 
-func (r *chartRig) recordPath(uid types.UID) string {
-	return filepath.Join(r.stateDir, "claims", string(uid)+".json")
+// record is the plugin's checkpoint record of uid (nil if none), read as
+// the plugin reads it: its journal's entries over its record files.
+func (r *chartRig) record(uid types.UID) (*checkpoint.Claim, error) {
+	return checkpoint.Peek(filepath.Join(r.stateDir, "claims"), uid)
 }
 
 // TestLiveChartPlugin installs the chart with Helm's install action into

@@ -230,11 +230,13 @@ spec:
 	// record and its CDI spec.
 	lost := 0
 	for _, uid := range before {
-		for _, p := range []string{r.recordPath(uid), r.specPath(uid)} {
-			if _, err := os.Stat(p); err != nil {
-				lost++
-				t.Errorf("claim %s: %v", uid, err)
-			}
+		if c, err := r.record(uid); c == nil || err != nil {
+			lost++
+			t.Errorf("claim %s: checkpoint record %v, %v", uid, c, err)
+		}
+		if _, err := os.Stat(r.specPath(uid)); err != nil {
+			lost++
+			t.Errorf("claim %s: %v", uid, err)
 		}
 	}
 	// The old pod's claims are unprepared through the new pod, the only
@@ -242,9 +244,9 @@ spec:
 	for i, uid := range before {
 		r.must(t, "", "delete", "pod", "-n", upgradeNS, fmt.Sprintf("before-%d", i), "--wait=true", "--timeout=90s")
 		testenv.WaitFor(t, "claim "+string(uid)+" unprepared by the new pod (record and CDI spec removed)", time.Minute, func() (bool, error) {
-			_, e1 := os.Stat(r.recordPath(uid))
+			c, e1 := r.record(uid)
 			_, e2 := os.Stat(r.specPath(uid))
-			return os.IsNotExist(e1) && os.IsNotExist(e2), fmt.Errorf("record: %v, spec: %v", e1, e2)
+			return c == nil && e1 == nil && os.IsNotExist(e2), fmt.Errorf("record: %v (%v), spec: %v", c != nil, e1, e2)
 		})
 	}
 	newLog := r.pluginLog(cur.Name)
