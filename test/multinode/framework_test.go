@@ -77,10 +77,12 @@ func TestMain(m *testing.M) {
 		fmt.Println("SKIP: test/multinode needs the multi-node cluster; run it through `make multinode` (hack/multinode.sh)")
 		os.Exit(0)
 	}
+	// A single-node cluster (up.sh, hack/e2e.sh, the demo) has the same
+	// environment but not these nodes.
 	for _, n := range gpuNodes {
 		if _, err := os.Stat(n.dir()); err != nil {
-			fmt.Printf("test/multinode: node %s was not added (%v); run it through hack/multinode.sh\n", n.name, err)
-			os.Exit(1)
+			fmt.Printf("SKIP: test/multinode needs node %s (%v); run it through `make multinode` (hack/multinode.sh)\n", n.name, err)
+			os.Exit(0)
 		}
 	}
 	wd, err := os.Getwd()
