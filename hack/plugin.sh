@@ -44,17 +44,18 @@ start() {
   stop
   # shellcheck disable=SC1091
   source "${RUN_DIR}/env.sh"
+  local health=()
   if [[ "${NODE}" != localhost ]]; then
     # shellcheck disable=SC1090
     source "${NODE_DIR}/env.sh"
+    # Probes and metrics on the node's own port (add-node.sh's INDEX).
+    health=(--health-addr "${FACET_PLUGIN_HEALTH_ADDR}")
   fi
   # restart replays these arguments.
   printf '%s\0' "${MACHINE}" "$@" >"${argsfile}"
   "${REPO}/hack/sim-node.sh" "${NODE_DIR}" "${MACHINE}" >/dev/null
   mkdir -p "$(dirname "${logfile}")" "$(dirname "${pidfile}")"
   if [[ ${append} == 0 ]]; then : >"${logfile}"; fi
-  local health=()
-  if [[ -n "${FACET_PLUGIN_HEALTH_ADDR:-}" ]]; then health=(--health-addr "${FACET_PLUGIN_HEALTH_ADDR}"); fi
   # setsid: the plugin outlives the make that started it (and must not
   # hold the e2e lock's fd, see hack/cluster/up.sh's start). unshare: a
   # private mount namespace, where the plugin binds the simulated
