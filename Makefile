@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN := $(CURDIR)/bin
 RUN_DIR ?= /tmp/facet-run
 
-.PHONY: allocator-matrix all build image image-sim build-release verify-release generate verify-generate lint test unit e2e demo demo-down bench bench-scale clean fuzz fuzz-smoke
+.PHONY: allocator-matrix all build image image-sim build-release verify-release generate verify-generate lint test unit e2e multinode demo demo-down bench bench-scale clean fuzz fuzz-smoke
 
 all: build
 
@@ -78,9 +78,9 @@ $(GOLANGCI_LINT):
 lint: $(GOLANGCI_LINT)
 	$(GOLANGCI_LINT) run ./...
 
-## test: unit tests, allocator tests (on each Kubernetes minor) and
-## end-to-end tests on a real node
-test: unit allocator-matrix e2e
+## test: unit tests, allocator tests (on each Kubernetes minor),
+## end-to-end tests on a real node, and on a cluster of several nodes
+test: unit allocator-matrix e2e multinode
 
 ## unit: everything that needs no cluster (NVML simulated, upstream allocator)
 unit:
@@ -105,6 +105,14 @@ e2e: build image-sim
 	hack/e2e.sh
 	FACET_FEATURE_GATES= hack/e2e.sh
 	FACET_K8S_VERSION=v1.36.3 hack/e2e.sh
+
+## multinode: a cluster of real kubelets on this machine, three of them with
+## Facet on simulated machines (dgx-h100 in mig mode, dgx-a100-80gb in
+## shared mode, l4x4 in exclusive mode; fake CRI), and test/multinode on it:
+## placement by class and CEL, a claim that fits nowhere, spreading, one
+## node's plugin restart (hack/multinode.sh, hack/cluster/add-node.sh)
+multinode: build
+	hack/multinode.sh
 
 ## demo: the main job on a simulated DGX H100 node, Facet installed with its
 ## Helm chart (FACET_DEMO_PLUGIN=host: the plugin as a host process); the node stays up

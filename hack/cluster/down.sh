@@ -7,9 +7,10 @@
 #   hack/cluster/down.sh --quiet    # as called by up.sh
 #
 # What it does, in order:
-#   1. stops the kubelet first (so it restarts nothing), then the runtime's
-#      containers (runc kill/delete, for RUNTIME=containerd), then every component
-#      by the pid in RUN_DIR/pids (TERM, then KILL after 10s);
+#   1. stops the kubelets first (so they restart nothing), then the runtime's
+#      containers (runc kill/delete, for RUNTIME=containerd), then the added
+#      nodes' plugins and fake CRIs (hack/cluster/add-node.sh), then every
+#      component by the pid in RUN_DIR/pids (TERM, then KILL after 10s);
 #   2. kills leftover containerd shims that belong to this RUN_DIR's containerd;
 #   3. unmounts everything mounted under RUN_DIR (kubelet volumes, containerd
 #      snapshots and sandbox shm), deepest first;
@@ -44,13 +45,14 @@ is_ours() {
   exe="${exe% (deleted)}"  # the binary may have been rebuilt meanwhile
   case "${name}" in
     fakecri|etcd|kube-*|kubelet|containerd) [[ "${exe##*/}" == "${name}" ]] ;;
+    facet-plugin) [[ "${exe##*/}" == facet-kubeletplugin ]] ;;
     *) return 1 ;;
   esac
 }
 
-# stop NAME: TERM, wait up to 10s, then KILL.
+# stop NAME [PIDS_DIR]: TERM, wait up to 10s, then KILL.
 stop() {
-  local name="$1" pidfile="${PIDS}/$1.pid" pid
+  local name="$1" pidfile="${2:-${PIDS}}/$1.pid" pid
   [[ -f "${pidfile}" ]] || return 0
   pid="$(cat "${pidfile}")"
   if is_ours "${name}" "${pid}"; then
@@ -64,13 +66,17 @@ stop() {
       kill -KILL "${pid}" 2>/dev/null || true
       sleep 0.2
     fi
-    log "stopped ${name} (pid ${pid})"
+    log "stopped ${name} (pid ${pid}${2:+, ${2#"${RUN_DIR}"/}})"
   fi
   rm -f "${pidfile}"
 }
 
-# 1. The kubelet first: otherwise it restarts what we stop.
+# 1. The kubelets first: otherwise they restart what we stop.
 stop kubelet
+for node_pids in "${RUN_DIR}"/nodes/*/pids; do
+  [[ -d "${node_pids}" ]] || continue
+  stop kubelet "${node_pids}"
+done
 
 # Containers of RUNTIME=containerd: kill them through runc directly (works even
 # when containerd is already gone). up.sh sets runc's root to containerd/runc;
@@ -85,6 +91,13 @@ if [[ -d "${RUNC_ROOT}" ]] && command -v runc >/dev/null; then
     runc --root "${RUNC_ROOT}" delete --force "${id}" 2>/dev/null || true
   done
 fi
+
+# Added nodes' plugins and fake CRIs, while the API server still answers.
+for node_pids in "${RUN_DIR}"/nodes/*/pids; do
+  [[ -d "${node_pids}" ]] || continue
+  stop facet-plugin "${node_pids}"
+  stop fakecri "${node_pids}"
+done
 
 for name in containerd fakecri kube-scheduler kube-controller-manager kube-apiserver etcd; do
   stop "${name}"

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Adds a further node to the cluster that hack/cluster/up.sh runs in RUN_DIR:
+# its own fake CRI, its own kubelet, and, given a machine file, Facet's
+# kubelet plugin on that simulated machine. Several can run beside up.sh's
+# node "localhost"; hack/multinode.sh starts three.
+#
+# Usage:
+#   hack/cluster/add-node.sh NAME INDEX [MACHINE_FILE [plugin flags...]]
+#   e.g. hack/cluster/add-node.sh node-l4 3 demo/machines/l4x4.yaml --mode exclusive
+#   source "$RUN_DIR/nodes/NAME/env.sh"   # this node's paths, after $RUN_DIR/env.sh
+#   hack/cluster/down.sh                  # stops every node, this one included
+#
+# NAME is the Node's name and the plugin's pool. INDEX (1-9, one per node)
+# picks the node's ports, all on 127.0.0.1:
+#   kubelet 10250+100*INDEX, its healthz 10248+100*INDEX,
+#   the plugin's health probes and metrics (--health-addr) 10280+100*INDEX.
+# Everything else is per node, under RUN_DIR/nodes/NAME: the kubelet's root
+# and certificates, the CRI socket, the CDI spec directory, the plugin's
+# state, driver root and HAMi stand-in. Logs go to RUN_DIR/logs/NAME/
+# (kubelet.log, fakecri.log, facet-plugin.log, and cdi.jsonl: the CDI devices
+# of each container, as in up.sh's RUNTIME=fake).
+#
+# The node's IP is this host's first global IPv4 address (NODE_IP overrides
+# it), shared by all added nodes: the kubelet refuses a loopback node IP, and
+# this host cannot have more addresses of its own (docs/design/local-cluster.md,
+# "More nodes"). The kubelet still listens on 127.0.0.1 only; the API server
+# reaches a kubelet by hostname, which only "localhost" resolves to, so
+# `kubectl logs` and `exec` do not reach added nodes (the fake CRI runs no
+# containers anyway).
+#
+# Environment: RUN_DIR (as up.sh), READY_TIMEOUT (seconds, default 120),
+# NODE_IP. Needs root and a running up.sh cluster; the plugin needs `make build`.
+set -Eeuo pipefail
+
+CLUSTER_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "${CLUSTER_DIR}/../.." && pwd)"
+
+if [[ $# -lt 2 ]]; then
+  echo "usage: $0 NAME INDEX [MACHINE_FILE [plugin flags...]]" >&2
+  exit 2
+fi
+NAME="$1"; INDEX="$2"; shift 2
+MACHINE="${1:-}"; [[ $# -gt 0 ]] && shift
+RUN_DIR="${RUN_DIR:-${FACET_RUN_DIR:-/tmp/facet-run}}"
+READY_TIMEOUT="${READY_TIMEOUT:-120}"
+
+# A DNS label: it becomes a Node name, a pool name and a directory.
+[[ "${NAME}" =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ && "${NAME}" != localhost ]] ||
+  { echo "NAME must be a DNS label other than localhost: ${NAME}" >&2; exit 2; }
+[[ "${INDEX}" =~ ^[1-9]$ ]] || { echo "INDEX must be 1-9: ${INDEX}" >&2; exit 2; }
+[[ -f "${RUN_DIR}/env.sh" && -f "${RUN_DIR}/kubelet-config.yaml" ]] ||
+  { echo "no cluster in ${RUN_DIR}: start it with hack/cluster/up.sh" >&2; exit 1; }
+if [[ -n "${MACHINE}" ]]; then
+  [[ -f "${MACHINE}" ]] || { echo "no machine file ${MACHINE}" >&2; exit 2; }
+  MACHINE="$(cd "$(dirname "${MACHINE}")" && pwd)/$(basename "${MACHINE}")"
+fi
+# shellcheck disable=SC1091
+source "${RUN_DIR}/env.sh"
+
+KUBELET_PORT=$((10250 + 100 * INDEX))
+HEALTHZ_PORT=$((10248 + 100 * INDEX))
+PLUGIN_PORT=$((10280 + 100 * INDEX))
+NODE_DIR="${RUN_DIR}/nodes/${NAME}"
+LOGS="${RUN_DIR}/logs/${NAME}"
+PIDS="${NODE_DIR}/pids"
+KUBELET_ROOT="${NODE_DIR}/kubelet"
+PKI="${RUN_DIR}/pki"
+
+T0=${SECONDS}
+log() { printf '[add-node %s %3ds] %s\n' "${NAME}" "$((SECONDS - T0))" "$*"; }
+fail() {
+  echo "[add-node ${NAME}] FAILED: $*" >&2
+  for f in "${LOGS}"/*.log; do
+    [[ -f "${f}" ]] || continue
+    echo "[add-node ${NAME}] ---- last 20 lines of ${f} ----" >&2
+    tail -n 20 "${f}" >&2
+  done
+  echo "[add-node ${NAME}] clean up: RUN_DIR=${RUN_DIR} ${CLUSTER_DIR}/down.sh" >&2
+  exit 1
+}
+trap 'fail "command failed at line ${LINENO}: ${BASH_COMMAND}"' ERR
+
+[[ ! -e "${NODE_DIR}" ]] || fail "${NODE_DIR} exists: node ${NAME} was added already"
+for port in "${KUBELET_PORT}" "${HEALTHZ_PORT}" "${PLUGIN_PORT}"; do
+  if ss -Hltn "sport = :${port}" 2>/dev/null | grep -q .; then
+    fail "port ${port} (INDEX ${INDEX}) is in use; pick another INDEX"
+  fi
+done
+
+# The kubelet refuses a loopback node IP and one that is no address of this
+# host; without --node-ip it would look its own name up in DNS at every
+# status update.
+NODE_IP="${NODE_IP:-$(ip -4 -o addr show scope global | awk '{ split($4, a, "/"); print a[1]; exit }')}"
+[[ -n "${NODE_IP}" ]] || fail "this host has no global IPv4 address for the node IP; set NODE_IP"
+
+mkdir -p "${LOGS}" "${PIDS}" "${KUBELET_ROOT}/plugins/gpu.facet.dev" "${KUBELET_ROOT}/plugins_registry" \
+  "${KUBELET_ROOT}/certs" "${KUBELET_ROOT}/volume-plugins" "${NODE_DIR}/cdi" \
+  "${NODE_DIR}/pod-logs" "${NODE_DIR}/fakecri-imagefs"
+rm -f "${LOGS}"/*.log "${LOGS}"/*.jsonl
+
+# start NAME BINARY ARGS...: as up.sh's start (own session, no e2e lock fd).
+start() {
+  local comp="$1"; shift
+  setsid "$@" >"${LOGS}/${comp}.log" 2>&1 </dev/null 3>&- 9>&- &
+  echo $! >"${PIDS}/${comp}.pid"
+}
+# wait_for COMP WHAT CMD...: poll CMD until it succeeds, fail if COMP dies.
+wait_for() {
+  local comp="$1" what="$2"; shift 2
+  local deadline=$((SECONDS + READY_TIMEOUT))
+  until "$@" >/dev/null 2>&1; do
+    kill -0 "$(cat "${PIDS}/${comp}.pid")" 2>/dev/null || fail "${comp} exited while waiting for ${what}"
+    ((SECONDS < deadline)) || fail "${comp}: ${what} not reached within ${READY_TIMEOUT}s"
+    sleep 0.2
+  done
+  log "${comp}: ${what}"
+}
+
+# --- the kubelet's identity: CN system:node:NAME, so the Node authorizer
+# applies to it as to a real node ------------------------------------------
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "${NODE_DIR}/kubelet.key" 2>/dev/null
+openssl req -new -key "${NODE_DIR}/kubelet.key" -subj "/O=system:nodes/CN=system:node:${NAME}" \
+  -out "${NODE_DIR}/kubelet.csr" 2>/dev/null
+openssl x509 -req -in "${NODE_DIR}/kubelet.csr" -CA "${PKI}/ca.crt" -CAkey "${PKI}/ca.key" \
+  -CAcreateserial -days 365 -sha256 -out "${NODE_DIR}/kubelet.crt" 2>/dev/null \
+  -extfile <(printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n')
+rm -f "${NODE_DIR}/kubelet.csr"
+KC="${NODE_DIR}/kubelet.kubeconfig"
+kc() { kubectl --kubeconfig "${KC}" config "$@" >/dev/null; }
+kc set-cluster facet-local --server=https://127.0.0.1:6443 --certificate-authority="${PKI}/ca.crt" --embed-certs
+kc set-credentials "system:node:${NAME}" --client-certificate="${NODE_DIR}/kubelet.crt" \
+  --client-key="${NODE_DIR}/kubelet.key" --embed-certs
+kc set-context facet-local --cluster=facet-local --user="system:node:${NAME}"
+kc use-context facet-local
+chmod 600 "${KC}"
+
+# --- fake CRI ---------------------------------------------------------------
+CRI_SOCK="${NODE_DIR}/fakecri.sock"
+CDI_LOG="${LOGS}/cdi.jsonl"
+: >"${CDI_LOG}"
+start fakecri "${FACET_BIN_DIR}/fakecri" --socket "${CRI_SOCK}" --cdi-log "${CDI_LOG}" \
+  --image-fs "${NODE_DIR}/fakecri-imagefs" --images "facet.local/busybox:1,registry.k8s.io/pause:3.10"
+wait_for fakecri "serving" test -S "${CRI_SOCK}"
+
+# --- kubelet: up.sh's configuration, with this node's ports and paths. (Not
+# as a --config-dir drop-in: the kubelet's merge drops up.sh's empty
+# enforceNodeAllocatable list and defaults it to ["pods"], which then fails
+# validation beside cgroupsPerQOS: false.) --------------------------------------
+declare -A override=(
+  [port]="${KUBELET_PORT}"
+  [healthzPort]="${HEALTHZ_PORT}"
+  [containerRuntimeEndpoint]="unix://${CRI_SOCK}"
+  [podLogsDir]="${NODE_DIR}/pod-logs"
+  [volumePluginDir]="${KUBELET_ROOT}/volume-plugins"
+)
+cp "${RUN_DIR}/kubelet-config.yaml" "${NODE_DIR}/kubelet-config.yaml"
+for key in "${!override[@]}"; do
+  grep -q "^${key}: " "${NODE_DIR}/kubelet-config.yaml" || fail "no top-level ${key} in ${RUN_DIR}/kubelet-config.yaml"
+  sed -i "s|^${key}: .*|${key}: ${override[${key}]}|" "${NODE_DIR}/kubelet-config.yaml"
+done
+start kubelet "${FACET_BIN_DIR}/kubelet" \
+  --config="${NODE_DIR}/kubelet-config.yaml" \
+  --kubeconfig="${KC}" \
+  --root-dir="${KUBELET_ROOT}" --cert-dir="${KUBELET_ROOT}/certs" \
+  --hostname-override="${NAME}" --node-ip="${NODE_IP}" \
+  --v=2
+wait_for kubelet "healthz ok" curl -fsS "http://127.0.0.1:${HEALTHZ_PORT}/healthz"
+node_ready() {
+  [[ "$(kubectl get node "${NAME}" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]
+}
+wait_for kubelet "node ${NAME} Ready" node_ready
+
+# --- this node's environment, sourced after RUN_DIR/env.sh --------------------
+cat >"${NODE_DIR}/env.sh" <<EOF
+# Written by hack/cluster/add-node.sh for node ${NAME}; source after ${RUN_DIR}/env.sh.
+export FACET_NODE_NAME="${NAME}"
+export FACET_NODE_DIR="${NODE_DIR}"
+export FACET_CDI_DIR="${NODE_DIR}/cdi"
+export FACET_KUBELET_ROOT="${KUBELET_ROOT}"
+export FACET_CRI_SOCKET="${CRI_SOCK}"
+export FACET_CDI_LOG="${CDI_LOG}"
+export FACET_PLUGIN_HEALTH_ADDR="127.0.0.1:${PLUGIN_PORT}"
+EOF
+
+# --- Facet's kubelet plugin ----------------------------------------------------
+if [[ -n "${MACHINE}" ]]; then
+  FACET_NODE="${NAME}" "${REPO}/hack/plugin.sh" start "${RUN_DIR}" "${MACHINE}" "$@"
+  wait_for facet-plugin "registered with the kubelet, slices published (/readyz)" \
+    curl -fsS "http://127.0.0.1:${PLUGIN_PORT}/readyz"
+fi
+log "node ${NAME} Ready (IP ${NODE_IP}, kubelet 127.0.0.1:${KUBELET_PORT}${MACHINE:+, plugin on $(basename "${MACHINE}") at 127.0.0.1:${PLUGIN_PORT}})"

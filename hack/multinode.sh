@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs test/multinode on a fresh three-node cluster, then tears it down
+# whatever happened. Beside up.sh's node "localhost" (no GPUs), it adds with
+# hack/cluster/add-node.sh, all on the fake CRI:
+#   node-h100  demo/machines/dgx-h100.yaml       in mig mode
+#   node-a100  demo/machines/dgx-a100-80gb.yaml  in shared mode (vGPU shares)
+#   node-l4    demo/machines/l4x4.yaml           in exclusive mode (whole GPUs)
+# mig and shared mode need the DRA alpha gates, so the cluster runs with
+# up.sh's default gates whatever FACET_FEATURE_GATES says.
+# Extra arguments go to go test, e.g. -run TestRestart.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${REPO}"
+export RUN_DIR="${FACET_MULTINODE_RUN_DIR:-/tmp/facet-multinode}"
+export RUNTIME=fake
+unset FACET_FEATURE_GATES
+
+# One local cluster at a time (fixed ports): the same lock as hack/e2e.sh.
+exec 9>/tmp/facet-e2e.lock
+flock 9
+
+if [[ -f /tmp/facet-run/pids/kube-apiserver.pid ]] && kill -0 "$(cat /tmp/facet-run/pids/kube-apiserver.pid)" 2>/dev/null; then
+  echo "multinode: the demo node is running; stop it first with 'make demo-down'" >&2
+  exit 1
+fi
+
+T0=${SECONDS}  # after the lock: what a run costs, not how long it waited
+trap 'hack/cluster/down.sh >/dev/null 2>&1 || true; echo "[multinode] $((SECONDS - T0))s from cluster start to teardown"' EXIT
+hack/cluster/up.sh
+hack/cluster/add-node.sh node-h100 1 demo/machines/dgx-h100.yaml --mode mig
+hack/cluster/add-node.sh node-a100 2 demo/machines/dgx-a100-80gb.yaml --mode shared
+hack/cluster/add-node.sh node-l4 3 demo/machines/l4x4.yaml --mode exclusive
+echo "[multinode] cluster of 4 nodes up in $((SECONDS - T0))s"
+# shellcheck disable=SC1091
+source "${RUN_DIR}/env.sh"
+kubectl apply -f deployments/deviceclasses.yaml >/dev/null
+go test ./test/multinode/ -count=1 -v -timeout 20m "$@"
