@@ -1,6 +1,6 @@
 // Package scale measures scheduling through a real kube-apiserver and
 // kube-scheduler with hundreds of bare Nodes, each publishing Facet's
-// ResourceSlices for a simulated machine (hack/scale runs it; `make
+// ResourceSlices, or NVIDIA's driver's, for a simulated machine (hack/scale runs it; `make
 // bench-scale`). Nothing here is linked into the shipped binaries.
 package scale
 
