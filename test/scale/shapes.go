@@ -1,7 +1,8 @@
 // Package scale measures scheduling through a real kube-apiserver and
 // kube-scheduler with hundreds of bare Nodes, each publishing Facet's
-// ResourceSlices, or NVIDIA's driver's, for a simulated machine (hack/scale runs it; `make
-// bench-scale`). Nothing here is linked into the shipped binaries.
+// ResourceSlices, or NVIDIA's driver's, for a simulated machine
+// (hack/scale runs it; `make bench-scale`). Nothing here is linked into
+// the shipped binaries.
 package scale
 
 import (
