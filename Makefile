@@ -150,11 +150,12 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/... ./test/allocator/...
 
 ## bench-scale: scheduling throughput and latency through a real kube-apiserver
-## and kube-scheduler with 100 and 500 bare Nodes of Facet's slices
-## (hack/scale, test/scale); prints a table. Not part of `make test`.
+## and kube-scheduler with 100 and 500 bare Nodes of Facet's slices and of
+## NVIDIA's driver's (hack/scale, test/scale); prints a table of every
+## version, shape and driver. Not part of `make test`.
 ## BENCH_SCALE_VERSIONS picks the Kubernetes versions (hack/build-k8s.sh
 ## builds what is missing), BENCH_SCALE_ARGS adds flags (go run ./hack/scale -h).
-BENCH_SCALE_VERSIONS ?= v1.35.4
+BENCH_SCALE_VERSIONS ?= v1.35.4 v1.36.3 v1.37.2
 BENCH_SCALE_ARGS ?=
 bench-scale:
 	@set -e; versions=""; for v in $(BENCH_SCALE_VERSIONS); do \

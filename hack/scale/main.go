@@ -3,7 +3,7 @@
 // hundreds of bare Nodes (test/scale), and prints a table. `make
 // bench-scale` runs it; it is not part of `make test`.
 //
-//	go run ./hack/scale -versions v1.35.4=$(hack/build-tools.sh) -nodes 100,500
+//	go run ./hack/scale -versions v1.35.4=$(hack/build-k8s.sh v1.35.4),v1.37.2=$(hack/build-k8s.sh v1.37.2) -nodes 100,500
 package main
 
 import (
@@ -26,7 +26,7 @@ import (
 func main() {
 	var (
 		versions = flag.String("versions", "", "VERSION=BINDIR,... : kube-apiserver, kube-scheduler and etcd of each Kubernetes version (hack/build-tools.sh)")
-		shapes   = flag.String("shapes", "exclusive,static-mig,mig,nvidia-mig,shared,slots", "shapes to run")
+		shapes   = flag.String("shapes", "all", "shapes to run, comma-separated (test/scale Shapes: exclusive, nvidia-exclusive, static-mig, nvidia-static-mig, mig, nvidia-mig, shared, nvidia-shared, slots, nvidia-slots), or all")
 		nodes    = flag.String("nodes", "100,500", "node counts")
 		pods     = flag.Int("pods", 0, "pods per run; 0: max(500, 2 x nodes), at most what the nodes hold")
 		qps      = flag.String("qps", "1000", "scheduler --kube-api-qps values (burst = qps); 0 is the scheduler's default (50/100)")
@@ -56,7 +56,10 @@ func run(ctx context.Context, versions, shapeList, nodeList, qpsList string, pod
 		return err
 	}
 	var chosen []scale.Shape
-	for _, name := range strings.Split(shapeList, ",") {
+	if shapeList == "all" {
+		chosen, shapeList = all, ""
+	}
+	for _, name := range strings.FieldsFunc(shapeList, func(r rune) bool { return r == ',' }) {
 		found := false
 		for _, s := range all {
 			if s.Name == name {
@@ -84,7 +87,8 @@ func run(ctx context.Context, versions, shapeList, nodeList, qpsList string, pod
 		}
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "shape\tversion\tgates\tqps\tnodes\tslices/node\tpods/s\tp50\tp99\tbound/total\tGPUs used/min\tFilter/node\tFilter/pod\t")
+	fmt.Fprintln(tw, "version\tshape\tdriver\tgates\tqps\tnodes\tslices/node\tpods/s\tp50\tp99\tbound/total\tGPUs used/min\tFilter/node\tFilter/pod\tscheduler CPU\tbusy CPUs\tload1\t")
+	notes := map[string]string{}
 	t0 := time.Now()
 	for _, vb := range strings.Split(versions, ",") {
 		version, bin, ok := strings.Cut(vb, "=")
@@ -95,6 +99,15 @@ func run(ctx context.Context, versions, shapeList, nodeList, qpsList string, pod
 			for _, n := range ns {
 				for _, q := range qs {
 					gates, label := gatesFor(version, shape.Gates)
+					qs := strconv.Itoa(q)
+					if q == 0 {
+						qs = "default"
+					}
+					if shape.NA != "" {
+						notes[shape.Name] = shape.NA
+						fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t%d\t-\tn/a\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", version, shape.Family, shape.Driver, n)
+						continue
+					}
 					np := pods
 					if np == 0 {
 						np = max(500, 2*n)
@@ -110,27 +123,35 @@ func run(ctx context.Context, versions, shapeList, nodeList, qpsList string, pod
 					if err != nil {
 						return fmt.Errorf("%s %s nodes=%d: %w (logs: %s)", shape.Name, version, n, err, filepath.Join(runDir, "run", "logs"))
 					}
-					qs := strconv.Itoa(q)
-					if q == 0 {
-						qs = "default"
-					}
-					filter, perPod := "-", "-"
-					if r.FilterPerNode > 0 {
-						filter = r.FilterPerNode.Round(10 * time.Microsecond).String()
-					}
-					if r.FilterPerPod > 0 {
-						perPod = r.FilterPerPod.Round(10 * time.Microsecond).String()
-					}
-					line := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%.1f\t%.2fs\t%.2fs\t%d/%d\t%d/%d\t%s\t%s\t", shape.Name, version, label, qs, n, r.SlicesPerNode,
-						r.PodsPerSecond, r.P50.Seconds(), r.P99.Seconds(), r.Bound, r.Pods, r.GPUsUsed, r.GPUsMin, filter, perPod)
+					line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%d\t%.1f\t%.2fs\t%.2fs\t%d/%d\t%d/%d\t%s\t%s\t%.2f\t%.2f/%d\t%.1f\t", version, shape.Family, shape.Driver, label, qs, n, r.SlicesPerNode,
+						r.PodsPerSecond, r.P50.Seconds(), r.P99.Seconds(), r.Bound, r.Pods, r.GPUsUsed, r.GPUsMin, duration(r.FilterPerNode), duration(r.FilterPerPod),
+						r.CPU.Share(r.CPU.Scheduler), r.CPU.Share(r.CPU.Busy), r.CPU.Cores, r.CPU.Load1)
 					fmt.Fprintln(tw, line)
-					fmt.Fprintf(os.Stderr, "[scale %4.0fs]   %s\n", time.Since(t0).Seconds(), strings.ReplaceAll(line, "\t", " "))
+					fmt.Fprintf(os.Stderr, "[scale %4.0fs]   %s (apiserver %.2f, etcd %.2f, harness %.2f CPUs over %s)\n", time.Since(t0).Seconds(), strings.ReplaceAll(line, "\t", " "),
+						r.CPU.Share(r.CPU.APIServer), r.CPU.Share(r.CPU.Etcd), r.CPU.Share(r.CPU.Harness), r.CPU.Wall.Round(time.Second))
 				}
 			}
 		}
 	}
 	fmt.Fprintf(os.Stderr, "[scale] table done in %s\n", time.Since(t0).Round(time.Second))
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range chosen {
+		if notes[s.Name] != "" {
+			fmt.Printf("n/a: %s %s: %s\n", s.Family, s.Driver, notes[s.Name])
+		}
+	}
+	fmt.Println("scheduler CPU: CPUs the kube-scheduler used from the first pod to the last binding (or the timeout); busy CPUs: the whole machine's, every process counted; load1: at the end")
+	return nil
+}
+
+// duration is a Filter time for the table, "-" when the scheduler reported none.
+func duration(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return d.Round(10 * time.Microsecond).String()
 }
 
 // gatesFor is the --feature-gates of a version for a shape's "on" or

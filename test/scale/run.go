@@ -57,6 +57,9 @@ type Result struct {
 	// FilterPerPod is the mean wall time of the Filter extension point of
 	// one scheduling attempt (all nodes, in parallel; not sampled).
 	FilterPerPod time.Duration
+	// CPU is where the machine's CPU went from the first pod's creation
+	// to the end of the wait.
+	CPU CPUUse
 }
 
 // Run populates a started cluster (nodes, slices, classes), starts the
@@ -73,7 +76,7 @@ func Run(ctx context.Context, c *Cluster, p Params) (Result, error) {
 	if _, err := cs.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
 		return res, fmt.Errorf("service account: %w", err)
 	}
-	for _, dc := range p.Classes {
+	for _, dc := range slices.Concat(p.Classes, p.Shape.Classes) {
 		dc = dc.DeepCopy()
 		dc.ResourceVersion = ""
 		if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, dc, metav1.CreateOptions{}); err != nil {
@@ -152,6 +155,7 @@ func Run(ctx context.Context, c *Cluster, p Params) (Result, error) {
 	factory.Start(stop)
 	factory.WaitForCacheSync(stop)
 
+	cpu0 := c.sampleCPU()
 	start := time.Now()
 	go func() {
 		err := parallel(ctx, 64, p.Pods, func(i int) error {
@@ -185,6 +189,7 @@ wait:
 			mu.Unlock()
 		}
 	}
+	res.CPU = c.sampleCPU().since(cpu0)
 	mu.Lock()
 	defer mu.Unlock()
 	if nbound < p.Pods {

@@ -1,7 +1,8 @@
 // Package scale measures scheduling through a real kube-apiserver and
 // kube-scheduler with hundreds of bare Nodes, each publishing Facet's
-// ResourceSlices for a simulated machine (hack/scale runs it; `make
-// bench-scale`). Nothing here is linked into the shipped binaries.
+// ResourceSlices, or NVIDIA's driver's, for a simulated machine
+// (hack/scale runs it; `make bench-scale`). Nothing here is linked into
+// the shipped binaries.
 package scale
 
 import (
@@ -27,7 +28,13 @@ const domain = "gpu.facet.dev"
 // Shape is one way of publishing a machine's GPUs, with the claim each pod
 // of the run makes.
 type Shape struct {
-	Name string
+	// Name is unique; Family is what the table compares across drivers
+	// (exclusive, static-mig, mig, shared, slots), Driver is "Facet" or
+	// "NVIDIA".
+	Name, Family, Driver string
+	// NA, when set, says why NVIDIA's driver has no equivalent of the
+	// family: the shape is not run and the table says n/a.
+	NA string
 	// Gates says whether the cluster runs with Facet's DRA alpha gates on
 	// ("on") or as stock Kubernetes 1.35 ("stock").
 	Gates string
@@ -37,6 +44,8 @@ type Shape struct {
 	Claim func(name string) *resourceapi.ResourceClaim
 	// PerNode is how many claims one node holds (bounds the pods of a run).
 	PerNode int
+	// Classes are DeviceClasses the shape needs besides Facet's.
+	Classes []*resourceapi.DeviceClass
 }
 
 // GPUsPerNode is the number of GPUs of the DGX H100 machine file.
@@ -86,14 +95,23 @@ func Shapes(machine string) ([]Shape, error) {
 	profile := func(name string) *resourceapi.ResourceClaim {
 		return Claim(name, Request("mig", "mig.facet.dev", fmt.Sprintf(`device.attributes["%s"].profile == "1g.10gb"`, domain)))
 	}
+	nvidiaProfile := func(name string) *resourceapi.ResourceClaim {
+		return Claim(name, Request("mig", "mig.nvidia.com", fmt.Sprintf(`device.attributes["%s"].profile == "1g.10gb"`, NVIDIADriver)))
+	}
 	return []Shape{
-		{Name: "exclusive", Gates: "stock", Node: facet(excl), PerNode: gpus,
+		{Name: "exclusive", Family: "exclusive", Driver: "Facet", Gates: "stock", Node: facet(excl), PerNode: gpus,
 			Claim: func(n string) *resourceapi.ResourceClaim { return Claim(n, Request("gpu", "gpu.facet.dev")) }},
-		{Name: "static-mig", Gates: "stock", Node: facet(static), PerNode: 7 * gpus, Claim: profile},
-		{Name: "mig", Gates: "on", Node: facet(mig), PerNode: 7 * gpus, Claim: profile},
-		{Name: "nvidia-mig", Gates: "on", Node: func(n string) []*resourceapi.ResourceSlice { return NVIDIAShape(mig, n) }, PerNode: 7 * gpus, Claim: profile},
+		{Name: "nvidia-exclusive", Family: "exclusive", Driver: "NVIDIA", Gates: "stock", PerNode: gpus, Classes: NVIDIAClasses(),
+			Node:  func(n string) []*resourceapi.ResourceSlice { return NVIDIAGPUs(excl, n) },
+			Claim: func(n string) *resourceapi.ResourceClaim { return Claim(n, Request("gpu", "gpu.nvidia.com")) }},
+		{Name: "static-mig", Family: "static-mig", Driver: "Facet", Gates: "stock", Node: facet(static), PerNode: 7 * gpus, Claim: profile},
+		{Name: "nvidia-static-mig", Family: "static-mig", Driver: "NVIDIA", Gates: "stock", PerNode: 7 * gpus, Classes: NVIDIAClasses(),
+			Node: func(n string) []*resourceapi.ResourceSlice { return NVIDIAStaticMIG(static, n) }, Claim: nvidiaProfile},
+		{Name: "mig", Family: "mig", Driver: "Facet", Gates: "on", Node: facet(mig), PerNode: 7 * gpus, Claim: profile},
+		// NVIDIA's dynamic-MIG counters on Facet's devices (and classes).
+		{Name: "nvidia-mig", Family: "mig", Driver: "NVIDIA", Gates: "on", Node: func(n string) []*resourceapi.ResourceSlice { return NVIDIAShape(mig, n) }, PerNode: 7 * gpus, Claim: profile},
 		// 8Gi shares: as many as the memory holds (10 % cores each).
-		{Name: "shared", Gates: "on", Node: facet(shared), PerNode: min(int(node.GPUs[0].MemoryBytes>>30)/8, 10) * gpus,
+		{Name: "shared", Family: "shared", Driver: "Facet", Gates: "on", Node: facet(shared), PerNode: min(int(node.GPUs[0].MemoryBytes>>30)/8, 10) * gpus,
 			Claim: func(n string) *resourceapi.ResourceClaim {
 				r := Request("vgpu", "vgpu.facet.dev")
 				r.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
@@ -101,10 +119,14 @@ func Shapes(machine string) ([]Shape, error) {
 				}}
 				return Claim(n, r)
 			}},
-		{Name: "slots", Gates: "stock", Node: facet(slots), PerNode: 4 * gpus,
+		{Name: "nvidia-shared", Family: "shared", Driver: "NVIDIA",
+			NA: "no device with consumable capacity: NVIDIA shares a whole GPU by time-slicing or MPS in the claim's config, not in the slice"},
+		{Name: "slots", Family: "slots", Driver: "Facet", Gates: "stock", Node: facet(slots), PerNode: 4 * gpus,
 			Claim: func(n string) *resourceapi.ResourceClaim {
 				return Claim(n, Request("vgpu", "vgpu-slot.facet.dev", fmt.Sprintf(`device.capacity["%s"].memory.compareTo(quantity("8Gi")) >= 0`, domain)))
 			}},
+		{Name: "nvidia-slots", Family: "slots", Driver: "NVIDIA",
+			NA: "no share devices: NVIDIA publishes whole GPUs and MIG devices only"},
 	}, nil
 }
 
