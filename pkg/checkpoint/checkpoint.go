@@ -292,10 +292,11 @@ func (s *Store) settle() error {
 }
 
 // resetOverlay forgets the overlay once the record files hold what the
-// journal held.
+// journal held. Damage found in the journal is forgotten too: its offsets
+// are gone with it, and the copy settle kept reports it from now on.
 func (s *Store) resetOverlay() {
 	s.mu.Lock()
-	s.overlay, s.seen = map[types.UID][]byte{}, 0
+	s.overlay, s.seen, s.damage = map[types.UID][]byte{}, 0, map[string]error{}
 	s.mu.Unlock()
 }
 

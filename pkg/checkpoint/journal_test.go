@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -447,5 +448,58 @@ func TestJournalDamage(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestJournalDamageAfterCompaction: damage a running store found in the
+// journal is reported once after compaction, by the journal copy kept, not
+// also under its offset in a journal that no longer holds it.
+func TestJournalDamageAfterCompaction(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := Open(dir)
+	defer s.Close()
+	const limit = 16 << 10
+	s.j.limit, s.j.compactAt = limit, limit
+	holder, _ := Open(dir) // no compaction while it is open
+	for _, uid := range []string{"a", "b", "c"} {
+		if err := holder.Put(claim(uid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, _ := os.ReadFile(filepath.Join(dir, journalName))
+	entries, _, _ := parseJournal(data)
+	data[entries[1].off] ^= 0xff // b's frame length: no UID left
+	if err := os.WriteFile(filepath.Join(dir, journalName), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys := func() (offsets, kept int) {
+		_, corrupt, err := s.List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range corrupt {
+			switch {
+			case strings.HasPrefix(string(k), journalName+"@"):
+				offsets++
+			case strings.HasPrefix(string(k), journalName+".damaged-"):
+				kept++
+			}
+		}
+		return offsets, kept
+	}
+	if o, k := keys(); o != 1 || k != 0 {
+		t.Fatalf("before compaction: %d offset reports, %d kept journals; want 1, 0", o, k)
+	}
+	holder.Close()
+	for i := 0; i < 200; i++ {
+		if err := s.Put(claim(fmt.Sprintf("x%d", i%5))); err != nil {
+			t.Fatal(err)
+		}
+		if m, _ := filepath.Glob(filepath.Join(dir, journalName+".damaged-*")); len(m) > 0 {
+			break // compacted
+		}
+	}
+	if o, k := keys(); o != 0 || k != 1 {
+		t.Fatalf("after compaction: %d offset reports, %d kept journals; want 0, 1", o, k)
 	}
 }
