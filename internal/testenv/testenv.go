@@ -89,3 +89,24 @@ func StartWebhook(t testing.TB, bin, logPath, certFile, keyFile string, caPEM []
 	})
 	return addr
 }
+
+// ClaimPod is the manifest of a pod that sleeps in the local node's busybox
+// image (hostNetwork: the node has only a loopback CNI) with one claim,
+// called claim, made from the ResourceClaimTemplate template.
+func ClaimPod(name, namespace, claim, template string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: %s}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: facet.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "86400"]
+    resources: {claims: [{name: %s}]}
+  resourceClaims:
+  - {name: %s, resourceClaimTemplateName: %s}
+`, name, namespace, claim, claim, template)
+}

@@ -374,19 +374,5 @@ spec:
       requests:
       - REQUEST
 ---
-apiVersion: v1
-kind: Pod
-metadata: {name: NAME, namespace: facet-demo}
-spec:
-  hostNetwork: true
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: facet.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "86400"]
-    resources: {claims: [{name: req}]}
-  resourceClaims:
-  - {name: req, resourceClaimTemplateName: NAME}
-`)
+`) + testenv.ClaimPod(name, "facet-demo", "req", name)
 }

@@ -17,6 +17,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/facet-gpu/facet/internal/testenv"
 	"github.com/facet-gpu/facet/pkg/claimstatus"
 	"github.com/facet-gpu/facet/pkg/features"
 )
@@ -293,21 +294,7 @@ spec:
           driver: gpu.facet.dev
           parameters: {apiVersion: gpu.facet.dev/v1alpha1, kind: GpuConfig, bogusField: 1}
 ---
-apiVersion: v1
-kind: Pod
-metadata: {name: obs-bad, namespace: facet-demo}
-spec:
-  hostNetwork: true
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: facet.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "86400"]
-    resources: {claims: [{name: req}]}
-  resourceClaims:
-  - {name: req, resourceClaimTemplateName: obs-bad}
-`)
+`+testenv.ClaimPod("obs-bad", "facet-demo", "req", "obs-bad"))
 		var claimName string
 		waitFor(t, "obs-bad's claim", time.Minute, func() (bool, error) {
 			pod, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), "obs-bad", metav1.GetOptions{})

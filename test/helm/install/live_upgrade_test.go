@@ -22,22 +22,7 @@ import (
 
 // gpuPod is a pod of the upgrade test's namespace with one whole GPU.
 func gpuPod(name string) string {
-	return fmt.Sprintf(`
-apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: %s}
-spec:
-  hostNetwork: true
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: c
-    image: facet.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "86400"]
-    resources: {claims: [{name: gpu}]}
-  resourceClaims:
-  - {name: gpu, resourceClaimTemplateName: one-gpu}
-`, name, upgradeNS)
+	return testenv.ClaimPod(name, upgradeNS, "gpu", "one-gpu")
 }
 
 const upgradeNS = "facet-upgrade"
