@@ -196,19 +196,29 @@ func TestSlowGPUEditsDoNotBlockOtherGPUs(t *testing.T) {
 		return slowEdits{EditSource: e, gpu: slowGPU, hung: hung, release: release}
 	}
 	r.restart()
-	defer close(release)
-	// Ignored: this prepare hangs in nvcdi until the test ends; the test
-	// is about the other GPU's prepare.
-	go func() { _, _ = r.prepareOne(claim("slow", "gpu-0")) }()
+	// The slow prepare hangs in nvcdi until release. The test waits for it
+	// before it returns: a prepare still writing its CDI spec while the
+	// test's TempDir is removed fails the cleanup ("directory not empty").
+	slow := make(chan error, 1)
+	go func() { _, err := r.prepareOne(claim("slow", "gpu-0")); slow <- err }()
+	defer func() {
+		close(release)
+		if err := <-slow; err != nil {
+			t.Errorf("the slow prepare, once released: %v", err)
+		}
+	}()
 	<-hung
 	done := make(chan error, 1)
 	go func() { _, err := r.prepareOne(claim("fast", "gpu-1")); done <- err }()
+	// A prepare that waited for gpu-0 would wait forever (release comes
+	// only at the end), so the bound only turns a deadlock into a failure;
+	// it is generous so that load cannot trip it.
 	select {
 	case err := <-done:
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(20 * time.Second):
+	case <-time.After(2 * time.Minute):
 		t.Fatal("a prepare on gpu-1 waited for nvcdi on gpu-0")
 	}
 }
