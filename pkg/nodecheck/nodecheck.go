@@ -199,6 +199,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	var wholeIters int
 	var wholeTFLOPS float64
 	for _, kind := range []string{ClaimWhole, ClaimShare, ClaimSlot} {
+		if ctx.Err() != nil {
+			// Interrupted: prepare nothing more.
+			rep.Rows = append(rep.Rows, &Row{Claim: kind, PrepareErr: fmt.Errorf("not started: %w", context.Cause(ctx))})
+			continue
+		}
 		row := c.claim(ctx, kind, wholeIters)
 		rep.Rows = append(rep.Rows, row)
 		if row.Probe != nil && row.Probe.Compute != nil {

@@ -160,6 +160,14 @@ func TestRun(t *testing.T) {
 			wantLargest: 1472, wantPast: "CUDA_ERROR_OUT_OF_MEMORY", wantTFLOPS: 10, wantIters: 4096, wantGrid: 132 * 8, wantLaunches: true,
 		},
 		{
+			name:   "a batch longer than the whole run",
+			gpu:    fakeGPU{limitMiB: 10, totalMiB: 10, freeMiB: 10, tflops: 0.001, sms: 1},
+			params: Params{PublishedMiB: 10, Seconds: 0.001, Iters: 100000},
+			// The first batch starts in the first half; one more is run
+			// to be measured.
+			wantLargest: 10, wantPast: "CUDA_ERROR_OUT_OF_MEMORY", wantTFLOPS: 0.001, wantIters: 100000, wantGrid: 8, wantLaunches: true,
+		},
+		{
 			name:        "limit not enforced",
 			gpu:         fakeGPU{limitMiB: 80000, totalMiB: 81079, freeMiB: 80974, sms: 132},
 			params:      Params{PublishedMiB: 2000},
