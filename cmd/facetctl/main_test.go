@@ -292,6 +292,11 @@ func TestNodeCheckOnTheSimulator(t *testing.T) {
 			wantErr: "does not deliver what it publishes",
 			wantOut: []string{"vGPU share  gpu-0 (share)", "FAILED (prepare)", "vGPU share prepare failed: claim facet-node-check/share: vGPU shares need HAMi-core", "Left nothing behind"},
 		},
+		{
+			name:    "a hook that is not here",
+			args:    []string{"--nvidia-cdi-hook", "/nonexistent/nvidia-cdi-hook"},
+			wantOut: []string{"whole GPU note: the spec's hook /nonexistent/nvidia-cdi-hook does not exist here", "prepared, probe skipped"},
+		},
 		{name: "no such GPU", args: []string{"--gpu", "9"}, wantErr: "--gpu 9: the node has GPUs 0-7"},
 		{name: "bad share", args: []string{"--share-memory", "lots"}, wantErr: "--share-memory"},
 		{name: "bad slots", args: []string{"--slots", "4x"}, wantErr: "--slots"},

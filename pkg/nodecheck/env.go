@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -31,9 +32,15 @@ type Process struct {
 	Env []string
 	// LibCUDA is the host path of the libcuda.so the spec mounts.
 	LibCUDA string
-	// Missing lists what the spec names on the host that does not exist:
-	// a container runtime would fail to create a container from it.
+	// Missing lists the device nodes and mount sources the spec names
+	// that do not exist: a container runtime would fail to create a
+	// container from it.
 	Missing []string
+	// MissingHooks lists the hook binaries the spec names that do not
+	// exist here. Only a note: run from the plugin's pod, the check sees
+	// the host's driver root, device nodes and HAMi-core directory at
+	// their host paths, but not the host's /usr/bin.
+	MissingHooks []string
 }
 
 // NewProcess reads a claim's spec. It fails when the spec mounts no
@@ -62,7 +69,9 @@ func NewProcess(spec *cdispec.Spec) (*Process, error) {
 			exists("device node", host)
 		}
 		for _, h := range e.Hooks {
-			exists("hook", h.Path)
+			if _, err := os.Stat(h.Path); err != nil && !slices.Contains(p.MissingHooks, h.Path) {
+				p.MissingHooks = append(p.MissingHooks, h.Path)
+			}
 		}
 	}
 	for _, m := range mounts {

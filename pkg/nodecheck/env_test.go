@@ -34,6 +34,7 @@ func TestNewProcess(t *testing.T) {
 		spec        cdispec.Spec
 		wantEnv     []string
 		wantMissing []string
+		wantHooks   []string
 		wantErr     string
 	}{
 		{
@@ -70,7 +71,8 @@ func TestNewProcess(t *testing.T) {
 					Hooks: []*cdispec.Hook{{HookName: "createContainer", Path: "/usr/bin/no-such-hook"}}}}},
 			},
 			wantEnv:     []string{"CUDA_VISIBLE_DEVICES=0", "FACET_GPU_UUIDS=GPU-a", "LD_LIBRARY_PATH=" + host("driver/usr/lib")},
-			wantMissing: []string{"device node " + host("dev/nvidia9"), "hook /usr/bin/no-such-hook"},
+			wantMissing: []string{"device node " + host("dev/nvidia9")},
+			wantHooks:   []string{"/usr/bin/no-such-hook"},
 		},
 		{
 			name:    "no libcuda",
@@ -100,6 +102,9 @@ func TestNewProcess(t *testing.T) {
 			}
 			if got, want := strings.Join(p.Missing, "\n"), strings.Join(tc.wantMissing, "\n"); got != want {
 				t.Errorf("missing:\n%s\nwant:\n%s", got, want)
+			}
+			if got, want := strings.Join(p.MissingHooks, "\n"), strings.Join(tc.wantHooks, "\n"); got != want {
+				t.Errorf("missing hooks:\n%s\nwant:\n%s", got, want)
 			}
 			if p.LibCUDA != libcuda.HostPath {
 				t.Errorf("libcuda %s, want %s", p.LibCUDA, libcuda.HostPath)

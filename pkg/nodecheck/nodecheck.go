@@ -356,6 +356,9 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 	proc, err := NewProcess(spec)
 	if proc != nil {
 		row.Missing = proc.Missing
+		for _, h := range proc.MissingHooks {
+			row.Notes = append(row.Notes, fmt.Sprintf("the spec's hook %s does not exist here: the host's container runtime needs it there (the plugin's --nvidia-cdi-hook)", h))
+		}
 		var shown []string
 		for _, kv := range proc.Env {
 			if strings.HasPrefix(kv, "CUDA_") || strings.HasPrefix(kv, "LD_PRELOAD=") {
