@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/facet-gpu/facet/pkg/hami"
 )
 
 // preloadFile is the container path of the loader's preload list, which
@@ -28,7 +30,9 @@ type Process struct {
 	//     libvgpu.so's own dlopen("libcuda.so.1") finds the driver's;
 	//   - CUDA_VISIBLE_DEVICES: the claim's GPUs (FACET_GPU_UUIDS), which
 	//     stand for the container's device nodes: on the host every GPU's
-	//     node is there.
+	//     node is there;
+	//   - CUDA_REDIRECT: the host path of the libvgpu.so mounted at
+	//     hami.ContainerLibrary, where HAMi-core looks for itself.
 	Env []string
 	// LibCUDA is the host path of the libcuda.so the spec mounts.
 	LibCUDA string
@@ -131,6 +135,11 @@ func NewProcess(spec *cdispec.Spec) (*Process, error) {
 		if len(libs) > 0 {
 			set("LD_PRELOAD", strings.Join(libs, ":"))
 		}
+	}
+	// HAMi-core dlopens itself by this container path to find its
+	// hooks, unless CUDA_REDIRECT names another.
+	if lib, mounted := hostPath(hami.ContainerLibrary); mounted && vars["CUDA_REDIRECT"] == "" {
+		set("CUDA_REDIRECT", lib)
 	}
 	libDirs := filepath.Dir(p.LibCUDA)
 	if v := vars["LD_LIBRARY_PATH"]; v != "" {

@@ -58,7 +58,7 @@ func TestNewProcess(t *testing.T) {
 				"CUDA_DEVICE_MEMORY_LIMIT_0=2000m",
 				// /usr/local/vgpu itself is no mount: kept; /opt/x too.
 				"LD_LIBRARY_PATH=" + host("driver/usr/lib") + ":/usr/local/vgpu:/opt/x",
-				"LD_PRELOAD=" + host("hami/libvgpu.so"), "CUDA_VISIBLE_DEVICES=GPU-a,GPU-b"},
+				"LD_PRELOAD=" + host("hami/libvgpu.so"), "CUDA_REDIRECT=" + host("hami/libvgpu.so"), "CUDA_VISIBLE_DEVICES=GPU-a,GPU-b"},
 			// The claim's region is made by prepare; here it is not.
 			wantMissing: []string{"mount source " + host("hami/claims/c1")},
 		},

@@ -353,6 +353,7 @@ func TestProbedClaims(t *testing.T) {
 			for _, want := range []string{
 				"CUDA_DEVICE_MEMORY_LIMIT_0=2000m", "CUDA_DEVICE_SM_LIMIT_0=20",
 				"LD_PRELOAD=" + o.HAMiLibrary,
+				"CUDA_REDIRECT=" + o.HAMiLibrary,
 				"CUDA_VISIBLE_DEVICES=" + rep.GPU.UUID,
 				"CUDA_DEVICE_MEMORY_SHARED_CACHE=" + filepath.Join(rep.Scratch, "state", "vgpu", "claims"),
 				"LD_LIBRARY_PATH=" + filepath.Dir(f.libs[ClaimShare]),

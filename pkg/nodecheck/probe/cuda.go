@@ -37,8 +37,9 @@ typedef struct {
 	CUresult (*cuDeviceGet)(CUdevice *, int);
 	CUresult (*cuDeviceGetName)(char *, int, CUdevice);
 	CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
-	CUresult (*cuCtxCreate)(CUcontext *, unsigned int, CUdevice);
-	CUresult (*cuCtxDestroy)(CUcontext);
+	CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+	CUresult (*cuDevicePrimaryCtxRelease)(CUdevice);
+	CUresult (*cuCtxSetCurrent)(CUcontext);
 	CUresult (*cuMemGetInfo)(size_t *, size_t *);
 	CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
 	CUresult (*cuMemFree)(CUdeviceptr);
@@ -81,8 +82,9 @@ static facet_cuda *facet_cuda_open(const char *path, const char **missing, char 
 	SYM(cuDeviceGet, "cuDeviceGet")
 	SYM(cuDeviceGetName, "cuDeviceGetName")
 	SYM(cuDeviceGetAttribute, "cuDeviceGetAttribute")
-	SYM(cuCtxCreate, "cuCtxCreate_v2")
-	SYM(cuCtxDestroy, "cuCtxDestroy_v2")
+	SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")
+	SYM(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2")
+	SYM(cuCtxSetCurrent, "cuCtxSetCurrent")
 	SYM(cuMemGetInfo, "cuMemGetInfo_v2")
 	SYM(cuMemAlloc, "cuMemAlloc_v2")
 	SYM(cuMemFree, "cuMemFree_v2")
@@ -124,7 +126,13 @@ static CUresult facet_cuda_sms(facet_cuda *c, int *sms) {
 	return c->cuDeviceGetAttribute(sms, FACET_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->dev);
 }
 
-static CUresult facet_cuda_ctx(facet_cuda *c) { return c->cuCtxCreate(&c->ctx, 0, c->dev); }
+static CUresult facet_cuda_ctx(facet_cuda *c, const char **call) {
+	CUresult r;
+	*call = "cuDevicePrimaryCtxRetain";
+	if ((r = c->cuDevicePrimaryCtxRetain(&c->ctx, c->dev)) != 0) return r;
+	*call = "cuCtxSetCurrent";
+	return c->cuCtxSetCurrent(c->ctx);
+}
 
 static CUresult facet_cuda_meminfo(facet_cuda *c, unsigned long long *free_, unsigned long long *total) {
 	size_t f = 0, t = 0;
@@ -180,7 +188,7 @@ static CUresult facet_cuda_close(facet_cuda *c) {
 	if (c->stop) { r = c->cuEventDestroy(c->stop); if (!first) first = r; }
 	if (c->out) { r = c->cuMemFree(c->out); if (!first) first = r; }
 	if (c->mod) { r = c->cuModuleUnload(c->mod); if (!first) first = r; }
-	if (c->ctx) { r = c->cuCtxDestroy(c->ctx); if (!first) first = r; }
+	if (c->ctx) { r = c->cuDevicePrimaryCtxRelease(c->dev); if (!first) first = r; }
 	return first;
 }
 
@@ -257,7 +265,11 @@ func (d *cuda) Multiprocessors() (int, error) {
 	return int(n), err
 }
 
-func (d *cuda) CreateContext() error { return d.err("cuCtxCreate_v2", C.facet_cuda_ctx(d.c)) }
+func (d *cuda) CreateContext() error {
+	var call *C.char
+	r := C.facet_cuda_ctx(d.c, &call)
+	return d.err(C.GoString(call), r)
+}
 
 func (d *cuda) MemInfo() (free, total uint64, err error) {
 	var f, t C.ulonglong
@@ -298,7 +310,7 @@ func (d *cuda) Close() error {
 	if d.c == nil {
 		return nil
 	}
-	err := d.err("cuEventDestroy/cuMemFree/cuModuleUnload/cuCtxDestroy", C.facet_cuda_close(d.c))
+	err := d.err("cuEventDestroy/cuMemFree/cuModuleUnload/cuDevicePrimaryCtxRelease", C.facet_cuda_close(d.c))
 	C.facet_cuda_release(d.c)
 	d.c = nil
 	return err

@@ -5,7 +5,10 @@
 // claim's (HAMi-core's limits and libvgpu.so preloaded where the claim's
 // CDI spec has them), and measures:
 //
-//   - the device count and name, after cuInit and cuCtxCreate;
+//   - the device count and name, after cuInit, and the device's primary
+//     context (cuDevicePrimaryCtxRetain), which is the context the CUDA
+//     runtime, and so PyTorch, uses, and which HAMi-core hooks on every
+//     CUDA version (its cuCtxCreate_v2 hook is built only for CUDA < 13);
 //   - cuMemGetInfo: total and free memory as the process sees them;
 //   - the largest single cuMemAlloc, by binary search in MiB;
 //   - what a cuMemAlloc of the published memory plus 1 MiB returns;
@@ -38,7 +41,8 @@ type Driver interface {
 	DeviceName() (string, error)
 	// Multiprocessors is device 0's CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.
 	Multiprocessors() (int, error)
-	// CreateContext is cuCtxCreate on device 0, made current.
+	// CreateContext retains device 0's primary context and makes it
+	// current (cuDevicePrimaryCtxRetain, cuCtxSetCurrent).
 	CreateContext() error
 	// MemInfo is cuMemGetInfo, in bytes.
 	MemInfo() (free, total uint64, err error)
@@ -111,7 +115,8 @@ type Result struct {
 	Devices         int    `json:"devices"`
 	Name            string `json:"name"`
 	Multiprocessors int    `json:"multiprocessors"`
-	// TotalMiB and FreeMiB are cuMemGetInfo's, right after cuCtxCreate.
+	// TotalMiB and FreeMiB are cuMemGetInfo's, right after the context
+	// is made.
 	TotalMiB uint64 `json:"totalMiB"`
 	FreeMiB  uint64 `json:"freeMiB"`
 	// LargestAllocMiB is the largest single cuMemAlloc that succeeded.

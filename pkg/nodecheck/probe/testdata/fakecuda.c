@@ -23,8 +23,10 @@ CUresult cuDeviceGetCount(int *n) { if (!inited) return 3; *n = 1; return 0; }
 CUresult cuDeviceGet(int *d, int i) { if (i != 0) return 101; *d = 0; return 0; }
 CUresult cuDeviceGetName(char *buf, int len, int d) { strncpy(buf, "Facet fake GPU", len); return 0; }
 CUresult cuDeviceGetAttribute(int *v, int attr, int d) { if (attr != 16) return 1; *v = 4; return 0; }
-CUresult cuCtxCreate_v2(void **c, unsigned int flags, int d) { ctx = 1; *c = &ctx; return 0; }
-CUresult cuCtxDestroy_v2(void *c) { if (c != &ctx || !ctx) return 201; ctx = 0; return 0; }
+static int retained;
+CUresult cuDevicePrimaryCtxRetain(void **c, int d) { retained++; *c = &retained; return 0; }
+CUresult cuCtxSetCurrent(void *c) { if (c != &retained || !retained) return 201; ctx = 1; return 0; }
+CUresult cuDevicePrimaryCtxRelease_v2(int d) { if (!retained) return 201; retained--; ctx = 0; return 0; }
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) {
 	if (!ctx) return 201;
 	*t = (size_t)limit_mib() << 20;
