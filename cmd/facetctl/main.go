@@ -47,6 +47,12 @@ Commands:
   mig-instances
            list the MIG instances carved on the node's GPUs (real NVML, or a
            simulated machine with the plugin's NVML state file)
+  node-check
+           on a GPU node: prepare a whole GPU, a vGPU share and a slot with
+           the plugin's code in scratch directories, run a CUDA probe in each
+           claim's environment, and print what each delivers against what
+           it publishes; unprepares and leaves nothing behind (--machine:
+           every step but the probe)
   sim-driver-root
            lay out a simulated NVIDIA driver root (libraries, binaries,
            device nodes) for a machine file, for demos and tests
@@ -77,12 +83,17 @@ func main() {
 		err = runMIGInstances(os.Args[2:])
 	case "sim-driver-root":
 		err = runSimDriverRoot(os.Args[2:])
+	case "node-check":
+		err = runNodeCheck(os.Args[2:], os.Stdout, os.Stderr)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
 	default:
 		fmt.Fprintf(os.Stderr, "facetctl: unknown command %q\n\n%s", os.Args[1], usage)
 		os.Exit(2)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
 	}
 	if errors.Is(err, errNoFit) {
 		os.Exit(3)

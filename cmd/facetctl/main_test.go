@@ -236,3 +236,94 @@ func TestMIGInstancesFindsTheDemoNode(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeCheckOnTheSimulator runs `facetctl node-check` as an operator
+// would on a simulated node: a driver root from sim-driver-root, with its
+// stand-in libvgpu.so; every step but the CUDA probe.
+func TestNodeCheckOnTheSimulator(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("sim-driver-root makes device nodes (root)")
+	}
+	dir := t.TempDir()
+	root, hamiLib, hook, scratch := filepath.Join(dir, "driver"), filepath.Join(dir, "hami", "libvgpu.so"), filepath.Join(dir, "nvidia-cdi-hook"), filepath.Join(dir, "scratch")
+	if _, err := captureStdout(t, func() error {
+		return runSimDriverRoot([]string{"--machine", machine, "--root", root, "--hami-library", hamiLib})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(hook, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(scratch, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--machine", machine, "--driver-root", root, "--hami-library", hamiLib, "--nvidia-cdi-hook", hook, "--scratch-dir", scratch}
+	for _, tc := range []struct {
+		name       string
+		args       []string
+		wantErr    string
+		wantOut    []string
+		wantStderr []string
+	}{
+		{
+			name: "defaults",
+			wantOut: []string{
+				"CLAIM ", "PUBLISHED", "PROCESS SEES", "LARGEST ALLOC", "PAST THE LIMIT", "COMPUTE",
+				"whole GPU   gpu-0 ", "vGPU share  gpu-0 (share)  2000 MiB, 20 % SM    2000m, SM 20",
+				"vGPU slot   gpu-0-slot-0 ", "prepared, probe skipped",
+				"CUDA probe skipped for every claim: simulated GPU (--machine " + machine + ")",
+				"Left nothing behind",
+			},
+			wantStderr: []string{"node-check: GPU 0 (NVIDIA H100 80GB HBM3", "vGPU slot   unprepared"},
+		},
+		{
+			name:    "a GPU, share and slot layout of the operator's",
+			args:    []string{"--gpu", "5", "--share-memory", "3000Mi", "--share-cores", "50", "--slots", "2x10Gi/10+2"},
+			wantOut: []string{"gpu-5 (share)  3000 MiB, 50 % SM", "gpu-5-slot-0   10240 MiB, 10 % SM   10240m, SM 10"},
+		},
+		{
+			name:    "per-GPU slot layout",
+			args:    []string{"--gpu", "1", "--gpu-slots", "1=7"},
+			wantOut: []string{"gpu-1-slot-0 ", ", 14 % SM"},
+		},
+		{
+			name:    "the share's plugin refuses without HAMi-core",
+			args:    []string{"--hami-library", filepath.Join(dir, "none.so")},
+			wantErr: "does not deliver what it publishes",
+			wantOut: []string{"vGPU share  gpu-0 (share)", "FAILED (prepare)", "vGPU share prepare failed: claim facet-node-check/share: vGPU shares need HAMi-core", "Left nothing behind"},
+		},
+		{
+			name:    "a hook that is not here",
+			args:    []string{"--nvidia-cdi-hook", "/nonexistent/nvidia-cdi-hook"},
+			wantOut: []string{"whole GPU note: the spec's hook /nonexistent/nvidia-cdi-hook does not exist here", "prepared, probe skipped"},
+		},
+		{name: "no such GPU", args: []string{"--gpu", "9"}, wantErr: "--gpu 9: the node has GPUs 0-7"},
+		{name: "bad share", args: []string{"--share-memory", "lots"}, wantErr: "--share-memory"},
+		{name: "bad slots", args: []string{"--slots", "4x"}, wantErr: "--slots"},
+		{name: "stray argument", args: []string{"now"}, wantErr: `unexpected argument "now"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr strings.Builder
+			err := runNodeCheck(append(append([]string(nil), base...), tc.args...), &stdout, &stderr)
+			if tc.wantErr == "" && err != nil {
+				t.Fatalf("%v\n%s%s", err, stderr.String(), stdout.String())
+			}
+			if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("err = %v, want %q", err, tc.wantErr)
+			}
+			for _, want := range tc.wantOut {
+				if !strings.Contains(stdout.String(), want) {
+					t.Errorf("output lacks %q:\n%s", want, stdout.String())
+				}
+			}
+			for _, want := range tc.wantStderr {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+				}
+			}
+			if left, _ := filepath.Glob(filepath.Join(scratch, "*")); len(left) != 0 {
+				t.Errorf("left behind: %v", left)
+			}
+		})
+	}
+}

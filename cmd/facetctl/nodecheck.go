@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/klog/v2"
+
+	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/nodecheck"
+	"github.com/facet-gpu/facet/pkg/nodecheck/probe"
+	"github.com/facet-gpu/facet/pkg/nvml"
+)
+
+// errNodeCheckFailed: the check ran and found a failure or a problem; its
+// report says which.
+var errNodeCheckFailed = errors.New("the node does not deliver what it publishes (see above)")
+
+// runNodeCheck is `facetctl node-check`; `facetctl node-check probe` is the
+// CUDA probe's process, which the check starts in each claim's environment.
+func runNodeCheck(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "probe" {
+		return probe.Command(args[1:], stdout)
+	}
+	fs := flag.NewFlagSet("node-check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	machine := fs.String("machine", "", "machine file of a simulated node: every step runs except the CUDA probe (default: the real NVML of this host)")
+	nvmlLib := fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: the loader's search path), as the plugin's --nvml-library")
+	gpu := fs.Int("gpu", 0, "NVML index of the GPU to check; it must be idle (no claim, no process) and have MIG mode off")
+	shareMemory := fs.String("share-memory", "2000Mi", "memory of the vGPU share, a Kubernetes quantity in whole MiB")
+	shareCores := fs.Int64("share-cores", 20, "SM time of the vGPU share in percent (0: best effort)")
+	slots := fs.String("slots", inventory.DefaultSlotLayout.String(), "the node's slot layout, as the plugin's --slots; the check prepares its smallest slot")
+	gpuSlots := fs.String("gpu-slots", "", "per-GPU slot layouts, as the plugin's --gpu-slots")
+	driverRoot := fs.String("driver-root", "/", "host path of the NVIDIA driver's files, as the plugin's --driver-root")
+	devRoot := fs.String("dev-root", "", "host path whose dev/ holds the NVIDIA device nodes (default: --driver-root), as the plugin's --dev-root")
+	cdiHook := fs.String("nvidia-cdi-hook", "/usr/bin/nvidia-cdi-hook", "host path of nvidia-cdi-hook, as the plugin's --nvidia-cdi-hook")
+	hamiLib := fs.String("hami-library", "/var/lib/facet-hami-core/libvgpu.so", "host path of HAMi-core's libvgpu.so, as the plugin's --hami-library (the chart installs it here)")
+	seconds := fs.Float64("seconds", 10, "how long the compute kernel runs per claim; its throughput is taken over the second half, once HAMi-core's throttle has settled; 0 measures memory only")
+	scratch := fs.String("scratch-dir", "", "where to make the check's scratch directory (CDI specs, checkpoint, HAMi-core regions), removed at the end (default: $TMPDIR or /tmp)")
+	verbose := fs.Bool("v", false, "also print the plugin code's log")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	mem, err := resource.ParseQuantity(*shareMemory)
+	if err != nil {
+		return fmt.Errorf("--share-memory: %w", err)
+	}
+	layout, err := inventory.ParseSlotLayout(*slots)
+	if err != nil {
+		return fmt.Errorf("--slots: %w", err)
+	}
+	perGPU, err := inventory.ParsePerGPU(*gpuSlots, "layout", inventory.ParseSlotLayout)
+	if err != nil {
+		return fmt.Errorf("--gpu-slots: %w", err)
+	}
+	if l, ok := perGPU[*gpu]; ok {
+		layout = l
+	}
+	opts := nodecheck.Options{
+		GPU: *gpu, ShareMemoryBytes: mem.Value(), ShareCores: *shareCores, Slots: layout,
+		DriverRoot: *driverRoot, DevRoot: *devRoot, NvidiaCDIHook: *cdiHook, HAMiLibrary: *hamiLib,
+		ScratchParent: *scratch, ProbeSeconds: *seconds, Log: stderr,
+	}
+	if *machine != "" {
+		opts.SkipProbe = fmt.Sprintf("simulated GPU (--machine %s): no CUDA device behind it, and its libcuda.so is a stand-in", *machine)
+		opts.Library, err = openLibrary(*machine)
+	} else {
+		self, exeErr := os.Executable()
+		if exeErr != nil {
+			return fmt.Errorf("find facetctl's own path for the probe process: %w", exeErr)
+		}
+		opts.Prober = nodecheck.ExecProber{Path: self, Args: []string{"node-check", "probe"}}
+		opts.Library, err = nvml.OpenReal(*nvmlLib)
+	}
+	if err != nil {
+		return err
+	}
+	defer opts.Library.Close()
+	// Ctrl-C stops the probe, and the claims are still unprepared.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	logger := logr.Discard()
+	if *verbose {
+		logger = klog.Background()
+	}
+	rep, err := nodecheck.Run(klog.NewContext(ctx, logger), opts)
+	if rep != nil {
+		fmt.Fprintln(stdout)
+		if werr := rep.WriteTable(stdout); werr != nil {
+			return werr
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if rep.Failed() {
+		return errNodeCheckFailed
+	}
+	return nil
+}
