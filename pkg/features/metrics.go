@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -74,15 +73,4 @@ func FromGates(gates map[string]bool, source string) Set {
 		s.Enabled[g] = gates[string(g)]
 	}
 	return s
-}
-
-// OnGates lists, sorted as given, the gates of names that are on in gates.
-func OnGates(gates map[string]bool, names []string) []string {
-	var on []string
-	for _, n := range names {
-		if gates[strings.TrimSpace(n)] {
-			on = append(on, strings.TrimSpace(n))
-		}
-	}
-	return on
 }
