@@ -3,10 +3,12 @@ package controller
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -44,6 +46,56 @@ type Config struct {
 	MetricsAddr string
 	// Timeout, Backoff, MaxBackoff, Resync: see Options.
 	Timeout, Backoff, MaxBackoff, Resync time.Duration
+
+	mode, gates string
+}
+
+// AddFlags defines facet-preemptor's flags on fs; Complete checks them.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig; default: the in-cluster service account")
+	fs.StringVar(&c.FeatureGates, "feature-gates", "", "the kube-scheduler's DRA gates where they differ from the API server's (DRAPartitionableDevices=true,...); applied over what its /metrics says")
+	fs.StringVar(&c.mode, "scheduler-preempts-claims", string(SchedulerAuto), "auto (read the API server's feature gates), true (the kube-scheduler preempts for DRA claims: stay idle) or false (it does not: preempt)")
+	fs.StringVar(&c.gates, "scheduler-preemption-gates", strings.Join(SchedulerPreemptionGates, ","), "feature gates that give the kube-scheduler DRA preemption, for auto")
+	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "preempt only while holding the leader Lease (run several replicas)")
+	fs.StringVar(&c.LeaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "default"), "namespace of the leader Lease")
+	fs.StringVar(&c.LeaseName, "leader-elect-name", "facet-preemptor", "name of the leader Lease")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address for /metrics and /healthz; empty: none")
+	fs.DurationVar(&c.Timeout, "preemption-timeout", 2*time.Minute, "how long one preemption may take, from the evictions to the preemptor scheduled, before it is given up")
+	fs.DurationVar(&c.Backoff, "backoff", 10*time.Second, "first wait before preempting again for a pod whose preemption did not get it scheduled; doubles each time")
+	fs.DurationVar(&c.MaxBackoff, "max-backoff", 5*time.Minute, "longest such wait")
+	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "how often every pending pod is looked at again")
+}
+
+// Complete checks the flags and fills what they imply.
+func (c *Config) Complete() error {
+	var err error
+	if c.SchedulerPreempts, err = ParseSchedulerMode(c.mode); err != nil {
+		return err
+	}
+	c.PreemptionGates = nil
+	for _, g := range strings.Split(c.gates, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			c.PreemptionGates = append(c.PreemptionGates, g)
+		}
+	}
+	if c.FeatureGates != "" {
+		if _, err := features.ParseOverrides(c.FeatureGates); err != nil {
+			return err
+		}
+	}
+	for name, d := range map[string]time.Duration{"preemption-timeout": c.Timeout, "backoff": c.Backoff, "max-backoff": c.MaxBackoff, "resync": c.Resync} {
+		if d <= 0 {
+			return fmt.Errorf("--%s=%s: must be positive", name, d)
+		}
+	}
+	return nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 // Main runs facet-preemptor until ctx ends.
