@@ -51,8 +51,9 @@ type Snapshot struct {
 	// Claims are all the cluster's ResourceClaims: the preemptor's, and
 	// those with status.allocation, which hold devices.
 	Claims []*resourceapi.ResourceClaim
-	// Pods are the pods bound to nodes (spec.nodeName set), the potential
-	// victims among them.
+	// Pods are the cluster's pods: those bound to nodes are the potential
+	// victims; a claim reserved only for pods not here is being freed (its
+	// pods are gone, the resourceclaim controller deallocates it).
 	Pods []*v1.Pod
 	// Nodes, where given, filter the candidate nodes by the preemptor's
 	// nodeSelector, required node affinity and taints, and drop cordoned
@@ -258,10 +259,14 @@ type decider struct {
 	fresh []*resourceapi.ResourceClaim
 	pool  map[string]bool                            // nodes with Facet slices
 	holds map[types.UID][]*resourceapi.ResourceClaim // pod -> allocated claims it reserves
+	known map[types.UID]bool                         // pods that exist
 }
 
 func newDecider(s Snapshot, claims []*resourceapi.ResourceClaim) *decider {
-	d := &decider{s: s, pool: map[string]bool{}, holds: map[types.UID][]*resourceapi.ResourceClaim{}}
+	d := &decider{s: s, pool: map[string]bool{}, holds: map[types.UID][]*resourceapi.ResourceClaim{}, known: map[types.UID]bool{}}
+	for _, p := range s.Pods {
+		d.known[p.UID] = true
+	}
 	// The claims are asked about as if new, as in fit.Check.
 	for _, c := range claims {
 		f := c.DeepCopy()
@@ -323,7 +328,7 @@ func (d *decider) fits(ctx context.Context, node string, gone map[types.UID]bool
 	f := d.s.Features
 	cluster.Features = &f
 	for _, c := range d.s.Claims {
-		if c.Status.Allocation == nil || freed(c, gone) {
+		if c.Status.Allocation == nil || d.freed(c, gone) {
 			continue
 		}
 		cluster.Record(c.Status.Allocation)
@@ -345,15 +350,15 @@ func (d *decider) fits(ctx context.Context, node string, gone map[types.UID]bool
 }
 
 // freed reports whether the claim is deallocated once the gone pods are:
-// when every consumer it is reserved for is one of them. A claim reserved
-// for nobody stays held (the resourceclaim controller frees it, not an
-// eviction).
-func freed(c *resourceapi.ResourceClaim, gone map[types.UID]bool) bool {
-	if len(gone) == 0 || len(c.Status.ReservedFor) == 0 {
+// when every consumer it is reserved for is one of them or no longer
+// exists. A claim reserved for nobody stays held (whether the resourceclaim
+// controller frees it is not an eviction's doing).
+func (d *decider) freed(c *resourceapi.ResourceClaim, gone map[types.UID]bool) bool {
+	if len(c.Status.ReservedFor) == 0 {
 		return false
 	}
 	for _, r := range c.Status.ReservedFor {
-		if r.Resource != "pods" || r.APIGroup != "" || !gone[r.UID] {
+		if r.Resource != "pods" || r.APIGroup != "" || (d.known[r.UID] && !gone[r.UID]) {
 			return false
 		}
 	}

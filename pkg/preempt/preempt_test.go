@@ -3,6 +3,7 @@ package preempt
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -132,6 +133,7 @@ func TestDecide(t *testing.T) {
 		never     bool
 		reqs      []request
 		protected []string
+		vanished  []string // running pods deleted, their claims not yet deallocated
 		k8sNodes  []*v1.Node
 		outcome   Outcome
 		node      string
@@ -167,6 +169,10 @@ func TestDecide(t *testing.T) {
 		prio:    1000, reqs: []request{whole},
 		outcome: Wait, node: "n1",
 	}, {
+		name: "a claim whose pod is gone is being freed: fits, nothing evicted", nodes: []occtest.Node{dgx},
+		running: eight, vanished: []string{"batch-3"}, prio: 1000, reqs: []request{whole},
+		outcome: Fits, node: "n1",
+	}, {
 		name: "two claims of a GPU each: two victims on one node", nodes: []occtest.Node{dgx},
 		running: eight, prio: 1000, reqs: []request{whole, whole},
 		outcome: Preempt, node: "n1", victims: []string{"batch-7", "batch-6"},
@@ -181,7 +187,7 @@ func TestDecide(t *testing.T) {
 		outcome:   NoCandidate,
 	}, {
 		name: "a claim shared with a pod of higher priority is not freed", nodes: []occtest.Node{{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 1}},
-		running: []running{{name: "low", node: "n1", prio: 100, results: []resourceapi.DeviceRequestAllocationResult{occtest.Result("n1", "gpu-0")}, sharedWith: "high"}},
+		running: []running{{name: "low", node: "n1", prio: 100, results: []resourceapi.DeviceRequestAllocationResult{occtest.Result("n1", "gpu-0")}, sharedWith: "high"}, {name: "high", node: "n1", prio: 2000}},
 		prio:    1000, reqs: []request{whole},
 		outcome: NoCandidate,
 	}, {
@@ -259,7 +265,9 @@ func TestDecide(t *testing.T) {
 			}
 			for _, r := range tc.running {
 				p, c := r.objects()
-				s.Pods = append(s.Pods, p)
+				if !slices.Contains(tc.vanished, r.name) {
+					s.Pods = append(s.Pods, p)
+				}
 				s.Claims = append(s.Claims, c)
 			}
 			pod, claims := preemptor(tc.prio, tc.reqs...)

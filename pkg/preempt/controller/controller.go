@@ -352,11 +352,7 @@ func (c *Controller) snapshot() (preempt.Snapshot, error) {
 	if err != nil {
 		return s, err
 	}
-	for _, p := range pods {
-		if p.Spec.NodeName != "" {
-			s.Pods = append(s.Pods, p)
-		}
-	}
+	s.Pods = pods
 	if s.Nodes, err = c.nodes.List(labels.Everything()); err != nil {
 		return s, err
 	}
