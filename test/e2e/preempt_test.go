@@ -405,6 +405,8 @@ spec: {maxUnavailable: 0, selector: {matchLabels: {tier: batch}}}
 `)
 			t.Cleanup(func() { _, _ = kubectlErr("delete", "pdb", "-n", namespace, "batch", "--ignore-not-found") })
 		})
+		// The pod first: without the budget it would preempt.
+		kubectl(t, "delete", "pod", "-n", namespace, "blocked", "--wait=true", "--timeout=120s")
 		kubectl(t, "delete", "pdb", "-n", namespace, "batch")
 	})
 	t.Run("two claims of a GPU each: two victims on the node", func(t *testing.T) {
