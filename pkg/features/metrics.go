@@ -1,9 +1,12 @@
 package features
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -40,8 +43,25 @@ func ServerGates(ctx context.Context, client kubernetes.Interface) (map[string]b
 // exposition. An exposition without that metric is an error: it is not a
 // Kubernetes component's.
 func ParseGateMetrics(r io.Reader) (map[string]bool, error) {
+	// Only the gate metric's lines are parsed: an API server exposes
+	// thousands of series, and one the parser dislikes must not hide the
+	// gates.
+	var only bytes.Buffer
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, featureMetric+"{") || strings.HasPrefix(line, featureMetric+" ") ||
+			line == "# TYPE "+featureMetric+" gauge" {
+			only.WriteString(line)
+			only.WriteByte('\n')
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read /metrics: %w", err)
+	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(r)
+	families, err := p.TextToMetricFamilies(&only)
 	if err != nil {
 		return nil, fmt.Errorf("parse /metrics: %w", err)
 	}

@@ -14,6 +14,7 @@ kubernetes_feature_enabled{name="DRADeviceTaints",stage="ALPHA"} 1
 # HELP apiserver_request_total Counter of apiserver requests.
 # TYPE apiserver_request_total counter
 apiserver_request_total{code="200",verb="GET"} 12
+a_series_the_parser_refuses{le="1" 3
 `
 	gates, err := ParseGateMetrics(strings.NewReader(exposition))
 	if err != nil {
