@@ -12,18 +12,19 @@
 # plays HAMi's image for the chart's init container (a stand-in libvgpu.so
 # at /k8s-vgpu/lib/nvidia/libvgpu.so and a static busybox shell).
 #
-# Contents (/usr/bin): facet-kubeletplugin, facet-webhook, facetctl. The
-# webhook is static (CGO_ENABLED=0). The plugin and facetctl link go-nvml,
-# whose bindings dlopen libnvidia-ml.so.1 through cgo: they are linked
-# dynamically against glibc, which must then be in the image, since a static
+# Contents (/usr/bin): facet-kubeletplugin, facet-webhook, facetctl,
+# facet-preemptor. The webhook is static (CGO_ENABLED=0). The plugin,
+# facetctl and facet-preemptor (through pkg/occupancy's MIG profile tables)
+# link go-nvml, whose bindings dlopen libnvidia-ml.so.1 through cgo: they
+# are linked dynamically against glibc, which must then be in the image, since a static
 # glibc binary cannot safely dlopen a library that needs the shared libc. The
 # glibc is Debian 12's (libc6 on amd64, libc6-arm64-cross on arm64: the same
 # source package and version), only its shared objects. arm64 cross-compiles
 # with aarch64-linux-gnu-gcc (hack/apt-image-packages.txt, installed here on
 # demand so that CI, which builds no arm64 image, does not pay for it).
 #
-# The image runs as 65532:65532 by default (the webhook and facetctl need no
-# more); the chart runs the plugin as root and privileged (NVML's MIG calls,
+# The image runs as 65532:65532 by default (the webhook, facetctl and
+# facet-preemptor need no more); the chart runs the plugin as root and privileged (NVML's MIG calls,
 # device nodes, mounts).
 #
 # Environment:
@@ -119,10 +120,10 @@ for platform in ${PLATFORMS}; do
   mkdir -p "${base}" "${app}/usr/bin"
   base_root "${base}"
   glibc_root "${arch}" "${base}"
-  log "${platform}: go build (cgo: facet-kubeletplugin, facetctl; static: facet-webhook)"
+  log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor; static: facet-webhook)"
   ldflags="-s -w"
   GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
-    "${GO}" build -trimpath "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl
+    "${GO}" build -trimpath "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor
   GOOS=linux GOARCH="${arch}" CGO_ENABLED=0 \
     "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook
   if ${SIM}; then

@@ -268,6 +268,12 @@ admission:
         vgpus:
         - {count: volcano.sh/vgpu-number, memory: volcano.sh/vgpu-memory, deviceClassName: vgpu-slot.facet.dev}
 `),
+		"preemptor": values(t, `
+preemptor:
+  enabled: true
+  replicas: 1
+  tolerations: [{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}]
+`),
 		"external issuer and GPU Operator paths on RHEL": values(t, `
 kubeletPlugin:
   driver:

@@ -1,0 +1,180 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+
+	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/fit"
+	"github.com/facet-gpu/facet/pkg/occupancy/occtest"
+)
+
+// cluster is a node n1 with two whole GPUs, each held by a pod of priority
+// 100 (low-0 started before low-1), and a pending pod "urgent" of priority
+// prio with one claim for a whole GPU, which the scheduler gave up on.
+func cluster(t *testing.T, prio int32, never bool) []runtime.Object {
+	t.Helper()
+	var objs []runtime.Object
+	for _, s := range occtest.Slices(t, occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 2}) {
+		objs = append(objs, s)
+	}
+	_, classes, _, err := fit.ReadFile("../../../deployments/deviceclasses.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range classes {
+		objs = append(objs, c)
+	}
+	objs = append(objs, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 2 {
+		name := fmt.Sprint("low-", i)
+		p := &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name, UID: types.UID("uid-" + name)},
+			Spec:       v1.PodSpec{NodeName: "n1", Priority: ptr.To[int32](100)},
+			Status:     v1.PodStatus{Phase: v1.PodRunning, StartTime: ptr.To(metav1.NewTime(t0.Add(time.Duration(i) * time.Minute)))},
+		}
+		c := occtest.Allocated("ml/"+name+"-gpu", occtest.Result("n1", fmt.Sprint("gpu-", i)))
+		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: name, UID: p.UID}}
+		objs = append(objs, p, c)
+	}
+	urgent := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "urgent", UID: "uid-urgent"},
+		Spec: v1.PodSpec{
+			Priority:       ptr.To(prio),
+			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("whole")}},
+		},
+		Status: v1.PodStatus{
+			Phase:                 v1.PodPending,
+			ResourceClaimStatuses: []v1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr.To("urgent-gpu")}},
+			Conditions: []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: v1.PodReasonUnschedulable,
+				Message: "0/1 nodes are available: 1 cannot allocate all claims. still not schedulable, preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."}},
+		},
+	}
+	if never {
+		urgent.Spec.PreemptionPolicy = ptr.To(v1.PreemptNever)
+	}
+	claim := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "urgent-gpu", UID: "uid-urgent-gpu"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
+			Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.facet.dev", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1},
+		}}}},
+	}
+	return append(objs, urgent, claim)
+}
+
+// evictions records the Eviction API calls; pods in refuse get 429, as
+// from a PodDisruptionBudget.
+type evictions struct {
+	mu     sync.Mutex
+	calls  []string // "dry low-1", "evict low-0"
+	refuse map[string]bool
+}
+
+func (e *evictions) react(a clienttesting.Action) (bool, runtime.Object, error) {
+	ca, ok := a.(clienttesting.CreateAction)
+	if !ok || a.GetSubresource() != "eviction" {
+		return false, nil, nil
+	}
+	ev := ca.GetObject().(*policyv1.Eviction)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	verb := "evict"
+	if ev.DeleteOptions != nil && slices.Contains(ev.DeleteOptions.DryRun, metav1.DryRunAll) {
+		verb = "dry"
+	}
+	e.calls = append(e.calls, verb+" "+ev.Name)
+	if e.refuse[ev.Name] {
+		return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	}
+	return true, nil, nil
+}
+
+func (e *evictions) list() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.calls...)
+}
+
+// TestController runs the loop against a fake API server: which evictions
+// it asks for and which Events it raises.
+func TestController(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		prio   int32
+		never  bool
+		refuse []string
+		calls  []string // the Eviction API calls, in order
+		event  string   // an Event it must raise
+	}{{
+		name: "the latest started is evicted, after a dry run", prio: 1000,
+		calls: []string{"dry low-1", "evict low-1"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-1 (priority 100) on node n1",
+	}, {
+		name: "a PDB refuses one: the other", prio: 1000, refuse: []string{"low-1"},
+		calls: []string{"dry low-1", "dry low-0", "evict low-0"}, event: "Normal FacetPreempted Preempted by facet-preemptor for pod ml/urgent (priority 1000)",
+	}, {
+		name: "a PDB refuses both: nothing, an Event", prio: 1000, refuse: []string{"low-0", "low-1"},
+		calls: []string{"dry low-1", "dry low-0"}, event: "Warning FacetPreemptionBlocked facet-preemptor evicts nothing for this pod: the eviction of ml/low-1",
+	}, {
+		name: "equal priority: nothing", prio: 100,
+		event: "Normal FacetNotPreempting facet-preemptor evicts nothing for this pod: evicting every pod of lower priority than 100",
+	}, {
+		name: "preemptionPolicy Never: nothing", prio: 1000, never: true,
+		event: "Normal FacetNotPreempting facet-preemptor evicts nothing for this pod: its preemptionPolicy is Never",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(cluster(t, tc.prio, tc.never)...)
+			ev := &evictions{refuse: map[string]bool{}}
+			for _, r := range tc.refuse {
+				ev.refuse[r] = true
+			}
+			client.PrependReactor("create", "pods", ev.react)
+			recorder := record.NewFakeRecorder(100)
+			c := New(Options{
+				Client: client, Recorder: recorder, Metrics: NewMetrics(), Features: fit.FeaturesOf(features.AllOn("test")),
+				Timeout: time.Minute, Backoff: time.Minute, MaxBackoff: time.Minute, Resync: time.Hour,
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error)
+			go func() { done <- c.Run(ctx) }()
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Error(err)
+				}
+			})
+			var events []string
+			deadline := time.After(30 * time.Second)
+			for !slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, tc.event) }) {
+				select {
+				case e := <-recorder.Events:
+					events = append(events, e)
+				case <-deadline:
+					t.Fatalf("no Event %q in %q; evictions %v", tc.event, events, ev.list())
+				}
+			}
+			// The decision is taken once the event is out: every
+			// eviction call came before it.
+			if got := ev.list(); strings.Join(got, ",") != strings.Join(tc.calls, ",") {
+				t.Errorf("eviction calls %v, want %v", got, tc.calls)
+			}
+		})
+	}
+}

@@ -1,0 +1,101 @@
+package controller
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Outcomes of a preemption, the label of facet_preemptor_outcomes_total.
+const (
+	OutcomeScheduled = "scheduled"
+	OutcomeLost      = "lost"
+	OutcomeTimedOut  = "timed_out"
+	OutcomeBlocked   = "blocked"
+)
+
+// Metrics are facet-preemptor's, on a registry of its own (as
+// pkg/metrics), with the Kubernetes naming conventions. A nil *Metrics
+// records nothing.
+type Metrics struct {
+	reg                            *prometheus.Registry
+	preemptions, victims, refusals prometheus.Counter
+	outcomes                       *prometheus.CounterVec
+	active                         prometheus.Gauge
+}
+
+// NewMetrics registers the metrics, the Go runtime's and the process's.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		preemptions: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "facet", Subsystem: "preemptor", Name: "preemptions_total",
+			Help: "Preemptions carried out: a pending pod's victims evicted so that its ResourceClaims fit.",
+		}),
+		victims: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "facet", Subsystem: "preemptor", Name: "victims_total",
+			Help: "Pods evicted by preemptions.",
+		}),
+		refusals: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "facet", Subsystem: "preemptor", Name: "evictions_refused_total",
+			Help: "Evictions a PodDisruptionBudget refused (dry run), after which other victims were sought.",
+		}),
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "facet", Subsystem: "preemptor", Name: "outcomes_total",
+			Help: "How preemptions ended: scheduled (the preemptor was bound), lost (the freed devices went to another pod first), timed_out, blocked (evictions refused, no other victims).",
+		}, []string{"outcome"}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "facet", Subsystem: "preemptor", Name: "active",
+			Help: "1 while this replica leads and preempts; 0 while it waits for the lease or stays idle because the kube-scheduler preempts for DRA claims itself.",
+		}),
+	}
+	for _, o := range []string{OutcomeScheduled, OutcomeLost, OutcomeTimedOut, OutcomeBlocked} {
+		m.outcomes.WithLabelValues(o)
+	}
+	m.reg.MustRegister(m.preemptions, m.victims, m.refusals, m.outcomes, m.active,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// SetActive sets facet_preemptor_active.
+func (m *Metrics) SetActive(on bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if on {
+		v = 1
+	}
+	m.active.Set(v)
+}
+
+func (m *Metrics) preemption() {
+	if m != nil {
+		m.preemptions.Inc()
+	}
+}
+
+func (m *Metrics) victim() {
+	if m != nil {
+		m.victims.Inc()
+	}
+}
+
+func (m *Metrics) refused() {
+	if m != nil {
+		m.refusals.Inc()
+	}
+}
+
+func (m *Metrics) outcome(o string) {
+	if m != nil {
+		m.outcomes.WithLabelValues(o).Inc()
+	}
+}

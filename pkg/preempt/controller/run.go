@@ -1,0 +1,227 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/fit"
+)
+
+// Config is facet-preemptor's command line.
+type Config struct {
+	// Kubeconfig; empty: the in-cluster service account.
+	Kubeconfig string
+	// FeatureGates override the DRA gates read from the API server, for a
+	// kube-scheduler that runs others (features.ParseOverrides syntax).
+	FeatureGates string
+	// SchedulerPreempts is auto, true or false (StepAside).
+	SchedulerPreempts SchedulerMode
+	// PreemptionGates are the gates that give the scheduler DRA preemption.
+	PreemptionGates []string
+	// LeaderElect: only the holder of the Lease LeaseNamespace/LeaseName
+	// preempts.
+	LeaderElect               bool
+	LeaseNamespace, LeaseName string
+	// MetricsAddr serves /metrics and /healthz; empty: not served.
+	MetricsAddr string
+	// Timeout, Backoff, MaxBackoff, Resync: see Options.
+	Timeout, Backoff, MaxBackoff, Resync time.Duration
+
+	mode, gates string
+}
+
+// AddFlags defines facet-preemptor's flags on fs; Complete checks them.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig; default: the in-cluster service account")
+	fs.StringVar(&c.FeatureGates, "feature-gates", "", "the kube-scheduler's DRA gates where they differ from the API server's (DRAPartitionableDevices=true,...); applied over what its /metrics says")
+	fs.StringVar(&c.mode, "scheduler-preempts-claims", string(SchedulerAuto), "auto (read the API server's feature gates), true (the kube-scheduler preempts for DRA claims: stay idle) or false (it does not: preempt)")
+	fs.StringVar(&c.gates, "scheduler-preemption-gates", strings.Join(SchedulerPreemptionGates, ","), "feature gates that give the kube-scheduler DRA preemption, for auto")
+	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "preempt only while holding the leader Lease (run several replicas)")
+	fs.StringVar(&c.LeaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "default"), "namespace of the leader Lease")
+	fs.StringVar(&c.LeaseName, "leader-elect-name", "facet-preemptor", "name of the leader Lease")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address for /metrics and /healthz; empty: none")
+	fs.DurationVar(&c.Timeout, "preemption-timeout", 2*time.Minute, "how long one preemption may take, from the evictions to the preemptor scheduled, before it is given up")
+	fs.DurationVar(&c.Backoff, "backoff", 10*time.Second, "first wait before preempting again for a pod whose preemption did not get it scheduled; doubles each time")
+	fs.DurationVar(&c.MaxBackoff, "max-backoff", 5*time.Minute, "longest such wait")
+	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "how often every pending pod is looked at again")
+}
+
+// Complete checks the flags and fills what they imply.
+func (c *Config) Complete() error {
+	var err error
+	if c.SchedulerPreempts, err = ParseSchedulerMode(c.mode); err != nil {
+		return err
+	}
+	c.PreemptionGates = nil
+	for _, g := range strings.Split(c.gates, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			c.PreemptionGates = append(c.PreemptionGates, g)
+		}
+	}
+	if c.FeatureGates != "" {
+		if _, err := features.ParseOverrides(c.FeatureGates); err != nil {
+			return err
+		}
+	}
+	for name, d := range map[string]time.Duration{"preemption-timeout": c.Timeout, "backoff": c.Backoff, "max-backoff": c.MaxBackoff, "resync": c.Resync} {
+		if d <= 0 {
+			return fmt.Errorf("--%s=%s: must be positive", name, d)
+		}
+	}
+	return nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Main runs facet-preemptor until ctx ends.
+func Main(ctx context.Context, cfg Config) error {
+	logger := klog.FromContext(ctx)
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("API client: %w", err)
+	}
+	rc.UserAgent = "facet-preemptor"
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	metrics := NewMetrics()
+	if cfg.MetricsAddr != "" {
+		if err := serve(ctx, cfg.MetricsAddr, metrics); err != nil {
+			return err
+		}
+	}
+
+	// One read of the API server's gates answers both questions: does
+	// the scheduler preempt for claims, and which DRA features does the
+	// allocator run with.
+	gates, gatesErr := features.ServerGates(ctx, client)
+	idle, why := StepAside(cfg.SchedulerPreempts, cfg.PreemptionGates, gates, gatesErr)
+	if idle {
+		logger.Info("Staying idle: the kube-scheduler preempts for pods with ResourceClaims itself", "why", why)
+		metrics.SetActive(false)
+		<-ctx.Done()
+		return nil
+	}
+	logger.Info("Preempting for pods whose ResourceClaims cannot be allocated: the kube-scheduler does not", "why", why)
+
+	set := features.FromGates(gates, "API server /metrics")
+	if gatesErr != nil {
+		// Where the gates cannot be read, all on is right wherever the
+		// scheduler and the API server agree: the API server drops the
+		// fields of a gate that is off from slices and claims, and the
+		// allocator then has nothing gated to enforce.
+		set = features.AllOn("assumed: " + gatesErr.Error())
+	}
+	if cfg.FeatureGates != "" {
+		o, err := features.ParseOverrides(cfg.FeatureGates)
+		if err != nil {
+			return err
+		}
+		set = set.Apply(o)
+	}
+	logger.Info("Allocator features", "gates", set.String())
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartStructuredLogging(0)
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "facet-preemptor"})
+
+	run := func(ctx context.Context) {
+		metrics.SetActive(true)
+		defer metrics.SetActive(false)
+		c := New(Options{
+			Client: client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set),
+			Timeout: cfg.Timeout, Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Resync: cfg.Resync,
+		})
+		if err := c.Run(ctx); err != nil {
+			logger.Error(err, "Preemption controller failed")
+		}
+	}
+	if !cfg.LeaderElect {
+		run(ctx)
+		return nil
+	}
+	id, err := os.Hostname()
+	if err != nil {
+		return err
+	}
+	id += "_" + time.Now().Format("150405.000000")
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.LeaseNamespace, Name: cfg.LeaseName},
+		Client:     client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: id, EventRecorder: recorder},
+	}
+	lost := make(chan struct{})
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock: lock, ReleaseOnCancel: true, Name: cfg.LeaseName,
+		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: run,
+			OnStoppedLeading: func() { close(lost) },
+			OnNewLeader: func(identity string) {
+				if identity != id {
+					logger.Info("Another replica leads", "leader", identity, "lease", cfg.LeaseNamespace+"/"+cfg.LeaseName)
+				}
+			},
+		},
+	})
+	<-lost
+	if ctx.Err() != nil {
+		return nil
+	}
+	// A replica that lost its lease may hold stale in-flight state:
+	// exit, and let the Deployment restart it as a follower.
+	return errors.New("lost the leader lease " + cfg.LeaseNamespace + "/" + cfg.LeaseName)
+}
+
+// serve starts the metrics and health server; it stops with ctx.
+func serve(ctx context.Context, addr string, m *Metrics) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	klog.FromContext(ctx).Info("Serving metrics and health", "addr", ln.Addr().String())
+	return nil
+}

@@ -1,0 +1,103 @@
+package helm
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/facet-gpu/facet/pkg/preempt/controller"
+)
+
+const preemptorName = releaseName + "-preemptor"
+
+// TestPreemptorOffByDefault: nothing of facet-preemptor renders unless it
+// is enabled.
+func TestPreemptorOffByDefault(t *testing.T) {
+	for _, o := range render(t, values(t, "")) {
+		if strings.Contains(o.GetName(), "preemptor") {
+			t.Errorf("%s %s rendered with the defaults", o.GetKind(), o.GetName())
+		}
+	}
+}
+
+// TestPreemptor checks the Deployment's command line against the binary's
+// own flags, and that its RBAC is exactly what it uses.
+func TestPreemptor(t *testing.T) {
+	objs := render(t, values(t, `
+preemptor:
+  enabled: true
+  schedulerPreemptsClaims: "false"
+  featureGates: DRAPartitionableDevices=true
+  preemptionTimeout: 90s
+  priorityClassName: system-cluster-critical
+`))
+	var d appsv1.Deployment
+	into(t, find(t, objs, "Deployment", preemptorName), &d)
+	spec := d.Spec.Template.Spec
+	if spec.ServiceAccountName != preemptorName || spec.PriorityClassName != "system-cluster-critical" || *d.Spec.Replicas != 2 {
+		t.Errorf("service account %q, priority class %q, replicas %d", spec.ServiceAccountName, spec.PriorityClassName, *d.Spec.Replicas)
+	}
+	if sc := spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Error("the preemptor must not run as root")
+	}
+	c := spec.Containers[0]
+	if strings.Join(c.Command, " ") != "facet-preemptor" {
+		t.Errorf("command %v", c.Command)
+	}
+	// The args parse with the binary's flags, and mean what the values say.
+	var cfg controller.Config
+	fs := flag.NewFlagSet("facet-preemptor", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg.AddFlags(fs)
+	fs.Int("v", 0, "klog verbosity")
+	if err := fs.Parse(c.Args); err != nil {
+		t.Fatalf("args %v: %v", c.Args, err)
+	}
+	if err := cfg.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprintf("%t %s/%s %s %s %s %s", cfg.LeaderElect, cfg.LeaseNamespace, cfg.LeaseName, cfg.SchedulerPreempts, cfg.FeatureGates, cfg.Timeout, cfg.MetricsAddr)
+	want := fmt.Sprintf("true %s/%s false DRAPartitionableDevices=true 1m30s :8080", releaseNamespace, preemptorName)
+	if got != want {
+		t.Errorf("parsed args %q, want %q", got, want)
+	}
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Error("no /healthz liveness probe")
+	}
+
+	var cr rbacv1.ClusterRole
+	into(t, find(t, objs, "ClusterRole", preemptorName), &cr)
+	gotRules := fmt.Sprint(cr.Rules)
+	wantRules := fmt.Sprint([]rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods", "nodes"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods/eviction"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims", "resourceslices", "deviceclasses"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+		{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}},
+	})
+	if gotRules != wantRules {
+		t.Errorf("ClusterRole rules\n%s\nwant\n%s", gotRules, wantRules)
+	}
+	var role rbacv1.Role
+	into(t, find(t, objs, "Role", preemptorName), &role)
+	gotRules = fmt.Sprint(role.Rules)
+	wantRules = fmt.Sprint([]rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, ResourceNames: []string{preemptorName}, Verbs: []string{"get", "update"}},
+	})
+	if gotRules != wantRules || role.Namespace != releaseNamespace {
+		t.Errorf("Role in %s, rules\n%s\nwant\n%s", role.Namespace, gotRules, wantRules)
+	}
+	for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
+		var b rbacv1.RoleBinding // the fields compared are common to both
+		into(t, find(t, objs, kind, preemptorName), &b)
+		if b.RoleRef.Name != preemptorName || len(b.Subjects) != 1 || b.Subjects[0].Name != preemptorName || b.Subjects[0].Namespace != releaseNamespace {
+			t.Errorf("%s: roleRef %v, subjects %v", kind, b.RoleRef, b.Subjects)
+		}
+	}
+}
