@@ -6,14 +6,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/facet-gpu/facet/pkg/mps"
-	"github.com/facet-gpu/facet/pkg/mps/mpssim"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/facet-gpu/facet/pkg/mps"
+	"github.com/facet-gpu/facet/pkg/mps/mpssim"
 )
 
 // Every simulated device node is a character device with the numbers of
