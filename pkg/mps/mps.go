@@ -262,14 +262,24 @@ func (m *Manager) Holders(gpuUUID string) []types.UID {
 	return out
 }
 
-// Restore is called once at start with the claims that hold each GPU,
-// from the caller's checkpoint. It adopts each held GPU's running daemon,
+// Restore is called at start, and again whenever another plugin process
+// (a rolling update) may have changed the checkpoint, with the claims that
+// hold each GPU: they replace the holders known. It adopts each held GPU's running daemon,
 // or starts one (returned in restarted: the claims on it lost theirs), and
 // stops the daemons no claim holds (a crash between a start and its
 // claim's record, or between a release and its stop). Errors are per GPU;
 // the next Acquire or Check retries.
 func (m *Manager) Restore(ctx context.Context, holders map[string][]types.UID) (restarted []string, err error) {
 	var errs []error
+	m.mu.Lock()
+	for uuid, g := range m.gpus {
+		if _, ok := holders[uuid]; !ok {
+			g.mu.Lock()
+			clear(g.holders)
+			g.mu.Unlock()
+		}
+	}
+	m.mu.Unlock()
 	for uuid, claims := range holders {
 		if err := validGPU(uuid); err != nil {
 			errs = append(errs, err)
@@ -277,6 +287,7 @@ func (m *Manager) Restore(ctx context.Context, holders map[string][]types.UID) (
 		}
 		g := m.gpu(uuid)
 		g.mu.Lock()
+		clear(g.holders)
 		for _, c := range claims {
 			g.holders[c] = true
 		}
@@ -353,6 +364,15 @@ func (m *Manager) Daemon(gpuUUID string) *Record {
 	}
 	r := *g.rec
 	return &r
+}
+
+// Running returns the PID of the GPU's live daemon as its pipe directory
+// names it, whether or not this Manager started or adopted it.
+func (m *Manager) Running(gpuUUID string) (int, bool) {
+	if validGPU(gpuUUID) != nil {
+		return 0, false
+	}
+	return m.pidFileDaemon(m.DirsOf(gpuUUID))
 }
 
 // Edits are what a share of the GPU adds to its claim's CDI spec: the

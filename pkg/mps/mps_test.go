@@ -59,7 +59,7 @@ func newNode(t *testing.T) *node {
 // plugin starts a manager, as a plugin process would.
 func (n *node) plugin(fail func(string)) *Manager {
 	n.t.Helper()
-	m, err := New(Options{Control: n.control, Dir: n.dir, BootID: n.bootID, PrivateShm: n.private, StopTimeout: 5 * time.Second, Failpoint: fail})
+	m, err := New(Options{Control: n.control, Dir: n.dir, BootID: n.bootID, PrivateShm: n.private, StopTimeout: 30 * time.Second, Failpoint: fail})
 	if err != nil {
 		n.t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ case "$1" in
 	i=0
 	while [ ! -p "$pipe/control" ] || [ ! -s "$pidf" ]; do
 		i=$((i + 1))
-		[ "$i" -gt 500 ] && { echo "daemon did not start" >&2; exit 1; }
+		[ "$i" -gt 3000 ] && { echo "daemon did not start" >&2; exit 1; }
 		sleep 0.01
 	done
 	exit 0
