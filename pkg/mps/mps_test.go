@@ -411,3 +411,22 @@ func TestPrivateShm(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestFindControl(t *testing.T) {
+	for _, dir := range []string{"usr/bin", "bin"} {
+		root := t.TempDir()
+		if err := mpssim.Write(filepath.Join(root, dir)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(root, "lib64"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		control, libs, err := FindControl(root)
+		if err != nil || control != filepath.Join(root, dir, ControlName) || libs != filepath.Join(root, "lib64") {
+			t.Errorf("%s: %q %q %v", dir, control, libs, err)
+		}
+	}
+	if _, _, err := FindControl(t.TempDir()); err == nil || !strings.Contains(err.Error(), ControlName+" not found") {
+		t.Errorf("empty root: %v", err)
+	}
+}
