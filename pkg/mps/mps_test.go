@@ -24,14 +24,14 @@ const gpuB = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
 // program and an MPS directory, shared by the managers (plugin processes)
 // a test starts on it.
 type node struct {
-	t       *testing.T
+	t       testing.TB
 	control string
 	dir     string
 	bootID  string
 	private bool
 }
 
-func newNode(t *testing.T) *node {
+func newNode(t testing.TB) *node {
 	t.Helper()
 	if _, err := exec.LookPath("mkfifo"); err != nil {
 		t.Skip("the MPS stand-in needs mkfifo")
