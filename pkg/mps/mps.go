@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -222,20 +223,19 @@ func (m *Manager) Acquire(ctx context.Context, gpuUUID string, claim types.UID) 
 // Release drops claim from every GPU it holds, and stops the daemon of each
 // GPU left without holders. A claim holding nothing is no error.
 func (m *Manager) Release(ctx context.Context, claim types.UID) error {
+	// Not under m.mu: a GPU busy starting its daemon must not hold up
+	// the others.
 	m.mu.Lock()
-	var held []string
-	for uuid, g := range m.gpus {
-		g.mu.Lock()
-		if g.holders[claim] {
-			held = append(held, uuid)
-		}
-		g.mu.Unlock()
-	}
+	all := make(map[string]*gpuState, len(m.gpus))
+	maps.Copy(all, m.gpus)
 	m.mu.Unlock()
 	var errs []error
-	for _, uuid := range held {
-		g := m.gpu(uuid)
+	for uuid, g := range all {
 		g.mu.Lock()
+		if !g.holders[claim] {
+			g.mu.Unlock()
+			continue
+		}
 		delete(g.holders, claim)
 		if len(g.holders) == 0 {
 			if err := m.stop(ctx, uuid, g); err != nil {
