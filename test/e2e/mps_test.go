@@ -29,7 +29,7 @@ func TestMPS(t *testing.T) {
 	setupNamespace(t)
 	mpsDir := filepath.Join(e.runDir, "mps")
 	shares := e.gates.Has(features.ConsumableCapacity)
-	args := []string{"--gpu-modes", "4=slots", "--gpu-slots", "4=1x40Gi/50+2", "--mps-dir", mpsDir}
+	args := []string{"--gpu-modes", "4=slots", "--gpu-slots", "4=1x40Gi/50+2"}
 	onGPU4 := `selectors: [{cel: {expression: 'device.attributes["gpu.facet.dev"].index == 4 && device.attributes["gpu.facet.dev"].computePartitioning == "mps"'}}]`
 	requests := map[string]string{
 		"mps-small": `{name: req, exactly: {deviceClassName: vgpu-slot.facet.dev, ` + onGPU4 + `}}`,
@@ -37,7 +37,7 @@ func TestMPS(t *testing.T) {
 	}
 	want := map[string]string{"mps-small": "25", "mps-big": "50"}
 	if shares {
-		args = []string{"--gpu-modes", "4=shared", "--mps-dir", mpsDir}
+		args = []string{"--gpu-modes", "4=shared"}
 		requests = map[string]string{
 			"mps-small": `{name: req, exactly: {deviceClassName: vgpu.facet.dev, ` + onGPU4 + `, capacity: {requests: {memory: 2000Mi, cores: "20"}}}}`,
 			"mps-big":   `{name: req, exactly: {deviceClassName: vgpu.facet.dev, ` + onGPU4 + `, capacity: {requests: {memory: 3000Mi, cores: "50"}}}}`,
