@@ -178,11 +178,12 @@ func describeDevices(devs []checkpoint.Device) []string {
 			} else {
 				fmt.Fprintf(&b, "SM %d%%", s.Cores)
 			}
-			if s.MPS {
+			switch {
+			case s.MPS:
 				b.WriteString(", SMs partitioned by MPS, memory by HAMi-core")
-			} else if s.Enforced {
+			case s.Enforced:
 				b.WriteString(", enforced by HAMi-core")
-			} else {
+			default:
 				b.WriteString(", not enforced")
 			}
 			if dev.ShareID != nil {
