@@ -411,14 +411,18 @@ func (m *Manager) ensure(ctx context.Context, uuid string, g *gpuState) (bool, e
 		klog.FromContext(ctx).Error(err, "MPS daemon record unreadable; starting afresh", "gpu", uuid)
 	case rec != nil && m.opts.BootID != "" && rec.BootID != m.opts.BootID:
 		klog.FromContext(ctx).Info("MPS daemon record is from before a reboot; its directories are not trusted", "gpu", uuid, "recordBootID", rec.BootID)
-	case rec != nil && alive(rec):
+	case rec != nil && alive(rec) && m.namedByPidFile(dirs, rec.PID):
+		// The pid file too: a daemon that got "quit" removes it before
+		// it exits, and is not to be adopted.
 		g.rec = rec
 		klog.FromContext(ctx).Info("Adopted the running MPS control daemon", "gpu", uuid, "pid", rec.PID)
 		return false, nil
 	}
 	// No trusted record: a daemon may still run that a crash left
-	// unrecorded, named by its pid file. Never a second one beside it.
-	if pid, ok := m.pidFileDaemon(dirs); ok && (rec == nil || rec.BootID == m.opts.BootID || m.opts.BootID == "") {
+	// unrecorded, named by its pid file. A live control program serving
+	// this pipe directory is this boot's, whatever a record says: never
+	// a second one beside it.
+	if pid, ok := m.pidFileDaemon(dirs); ok {
 		if r, err := m.recordDaemon(uuid, pid); err == nil {
 			g.rec = r
 			klog.FromContext(ctx).Info("Adopted an unrecorded MPS control daemon", "gpu", uuid, "pid", pid)
@@ -610,6 +614,11 @@ func (m *Manager) pidFileDaemon(dirs Dirs) (int, bool) {
 		return 0, false
 	}
 	return pid, true
+}
+
+func (m *Manager) namedByPidFile(dirs Dirs, pid int) bool {
+	p, ok := m.pidFileDaemon(dirs)
+	return ok && p == pid
 }
 
 // alive says whether the recorded process still runs: same PID, same start
