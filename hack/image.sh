@@ -140,7 +140,9 @@ for platform in ${PLATFORMS}; do
     rm -rf "${sim_root}"
     mkdir -p "${app}/bin"
     cp "${BUSYBOX_BIN:-/bin/busybox}" "${app}/bin/busybox"
-    for applet in sh cp chmod mv cmp; do ln -sf busybox "${app}/bin/${applet}"; done
+    # The simulated driver root's nvidia-cuda-mps-control stand-in
+    # (pkg/mps/mpssim), which the plugin runs, needs the rest.
+    for applet in sh cp chmod mv cmp cat date id kill mkdir mkfifo rm setsid sleep; do ln -sf busybox "${app}/bin/${applet}"; done
   fi
   layers+=(--layer "${platform}=${base}" --layer "${platform}=${app}")
 done

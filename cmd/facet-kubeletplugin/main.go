@@ -54,6 +54,7 @@ type flags struct {
 
 	hamiLibrary       string
 	destroyUnownedMIG bool
+	mps               mpsFlags
 
 	featureGates  string
 	migLayouts    string
@@ -118,6 +119,10 @@ func parseFlags(args []string) (flags, error) {
 	fs.Float64Var(&f.kubeAPIQPS, "kube-api-qps", 1000, "queries per second to the API server")
 	fs.IntVar(&f.kubeAPIBurst, "kube-api-burst", 1000, "burst of queries to the API server")
 	fs.StringVar(&f.hamiLibrary, "hami-library", "", "host path of HAMi-core's libvgpu.so, which enforces vGPU shares (installed by the DaemonSet's init container); without it, claims for enforced shares fail")
+	fs.StringVar(&f.mps.mode, "mps", "auto", "MPS partitioning of vGPU shares and slots (docs/mps.md): auto (the default partitioning wherever the driver root has nvidia-cuda-mps-control) or off (HAMi-core time-slicing only; claims asking for partitioning mps fail)")
+	fs.StringVar(&f.mps.dir, "mps-dir", "/run/facet/mps", "host directory (a tmpfs) of the per-GPU MPS pipe, log and shared-memory directories; the CDI specs mount them by this path")
+	fs.BoolVar(&f.mps.privateShm, "mps-private-shm", true, "start each MPS control daemon in a mount namespace of its own with the GPU's shm directory as /dev/shm, the /dev/shm its shares get (needs CAP_SYS_ADMIN)")
+	fs.DurationVar(&f.mps.checkEvery, "mps-check-interval", 10*time.Second, "how often MPS control daemons are checked; a dead one is restarted, with an Event on its claims")
 	fs.BoolVar(&f.destroyUnownedMIG, "destroy-unowned-mig", false, "at start, destroy MIG instances on managed GPUs that no prepared claim owns (default: only report them)")
 	fs.StringVar(&f.featureGates, "feature-gates", "", "DRA feature gates the cluster enforces, in the Kubernetes components' syntax (DRAPartitionableDevices=true,DRAConsumableCapacity=false); overrides what the plugin detects, for clusters whose kube-scheduler runs other gates than the API server")
 	fs.StringVar(&f.migLayouts, "mig-layouts", "", `MIG layouts Facet carves at start on idle static-mig GPUs, by NVML index: all-<profile>, all-balanced, or profiles joined by "/", e.g. "0-3=all-1g.10gb,4=3g.40gb/2g.20gb/1g.10gb/1g.10gb"`)
@@ -234,6 +239,11 @@ func run(ctx context.Context, f flags) error {
 	if hamiErr != nil {
 		logger.Error(hamiErr, "vGPU shares that need enforcement will fail to prepare; everything else is served")
 	}
+	partitioner, mpsErr, err := f.mps.open(ctx, f.driverRoot)
+	if err != nil {
+		return err
+	}
+	inv.ComputePartitioning = partitioning(partitioner)
 	editor, err := lib.DriverEditor(nvml.DriverEditorOptions{DriverRoot: f.driverRoot, DevRoot: f.devRoot, NvidiaCDIHookPath: f.cdiHook})
 	if err != nil {
 		return err
@@ -251,6 +261,7 @@ func run(ctx context.Context, f flags) error {
 	drv, err := driver.New(ctx, driver.Options{
 		NodeName: f.nodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor,
 		MIG: lib, HAMi: vgpu, HAMiUnavailable: hamiErr, DestroyUnownedMIG: f.destroyUnownedMIG,
+		MPS: partitioner, MPSUnavailable: mpsErr,
 		Failpoint: failpoint(ctx), NodeLock: nodeLock,
 		// Events on claims go through the Node's broadcaster too.
 		Metrics: m, Events: ev.rec, Status: status,
@@ -258,6 +269,7 @@ func run(ctx context.Context, f flags) error {
 	if err != nil {
 		return err
 	}
+	go drv.RunMPSWatch(ctx, f.mps.checkEvery)
 	m.Registry().MustRegister(&metrics.Collector{GPUs: drv, Health: metrics.HealthFunc(drv.GPUHealth), Checkpoint: store})
 	unusable := drv.UnusableGPUs()
 	for uuid, why := range unusable {

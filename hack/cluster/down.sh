@@ -115,6 +115,20 @@ for p in /proc/[0-9]*; do
   fi
 done
 
+# MPS control daemons (the simulated driver root's stand-in) that the
+# plugins started with --mps-dir under RUN_DIR and a killed plugin left:
+# only a live process that is the control program is killed.
+for pidfile in "${RUN_DIR}"/mps/*/pipe/nvidia-cuda-mps-control.pid; do
+  [[ -f "${pidfile}" ]] || continue
+  pid="$(cat "${pidfile}" 2>/dev/null || true)"
+  [[ "${pid}" =~ ^[0-9]+$ ]] || continue
+  cmdline="$( { tr '\0' ' ' <"/proc/${pid}/cmdline"; } 2>/dev/null)" || continue
+  if [[ "${cmdline}" == *nvidia-cuda-mps-control* ]]; then
+    log "killing leftover MPS control daemon ${pid}"
+    kill -KILL "${pid}" 2>/dev/null || true
+  fi
+done
+
 # 3. Unmount everything below RUN_DIR, deepest first. Mountinfo escapes spaces
 #    as \040; RUN_DIR is expected to have none.
 mounts_below() {

@@ -122,6 +122,10 @@ type Share struct {
 	// Enforced is false for a share that takes the whole GPU, or whose
 	// config opted out: HAMi-core is not injected.
 	Enforced bool `json:"enforced"`
+	// MPS is set for a share partitioned by its GPU's MPS control daemon
+	// (package mps): the claim holds that daemon, which runs while any
+	// claim does. False: HAMi-core time-slices it.
+	MPS bool `json:"mps,omitempty"`
 }
 
 // ErrCorrupt marks a record that cannot be trusted.

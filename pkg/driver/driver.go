@@ -41,7 +41,11 @@ type Driver struct {
 	hami     ShareEditor
 	// hamiErr says why hami is nil, for the claims that need it.
 	hamiErr error
-	fail    func(string)
+	// mps partitions shares' SMs with MPS; nil: shares are time-sliced.
+	mps Partitioner
+	// mpsErr says why mps is nil, for claims that ask for it.
+	mpsErr error
+	fail   func(string)
 	// bootID is this boot's ID; "" if it could not be read, in which case
 	// records are verified, never judged to be from another boot.
 	bootID string
@@ -117,6 +121,13 @@ type Options struct {
 	// HAMiUnavailable, with HAMi nil, says why HAMi-core could not be set
 	// up; claims for enforced shares fail with it, and nothing else does.
 	HAMiUnavailable error
+	// MPS partitions enforced shares and slots with a per-GPU MPS control
+	// daemon (package mps), the default partitioning when set. Nil (a nil
+	// *mps.Manager counts as none): shares are time-sliced by HAMi-core,
+	// and a claim whose VgpuConfig asks for "mps" fails, with
+	// MPSUnavailable as the reason when it is set.
+	MPS            Partitioner
+	MPSUnavailable error
 	// BootIDPath is read for the boot ID; DefaultBootIDPath when empty.
 	BootIDPath string
 	// Failpoint, when set, is called at named points of prepare and
@@ -166,6 +177,8 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		mig:            o.MIG,
 		hami:           shareEditor(o.HAMi),
 		hamiErr:        o.HAMiUnavailable,
+		mps:            partitioner(o.MPS),
+		mpsErr:         o.MPSUnavailable,
 		fail:           o.Failpoint,
 		destroyUnowned: o.DestroyUnownedMIG,
 		metrics:        o.Metrics,

@@ -54,6 +54,11 @@ type rig struct {
 	cdiSurvivesReboot bool
 	// nodeLock is Options.NodeLock.
 	nodeLock string
+	// mpsDir, when set, starts the driver with MPS (package mps) on the
+	// simulated driver root's stand-in, with its daemons there.
+	mpsDir string
+	// mpsKilled counts, by GPU, the daemons a test killed (they log no quit).
+	mpsKilled map[string]int
 	// stores are the checkpoint stores of every start, left open as a
 	// killed process leaves its journal (see compactCheckpoint).
 	stores []*checkpoint.Store
@@ -162,8 +167,12 @@ func (r *rig) start() {
 	if r.wrapMIG != nil {
 		mig = r.wrapMIG(mig)
 	}
+	var partitioner Partitioner
+	if r.mpsDir != "" {
+		partitioner = r.mpsManager()
+	}
 	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: edits, MIG: mig, HAMi: h, HAMiUnavailable: hamiErr,
-		BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint, NodeLock: r.nodeLock})
+		MPS: partitioner, BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint, NodeLock: r.nodeLock})
 	if err != nil {
 		r.t.Fatal(err)
 	}

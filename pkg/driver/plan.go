@@ -133,7 +133,8 @@ func shareOf(r resourceapi.DeviceRequestAllocationResult, dev *inventory.Device)
 }
 
 func equalVgpu(a, b *configapi.VgpuConfig) bool {
-	return strings.Join(a.HAMiCoreEnv(), ",") == strings.Join(b.HAMiCoreEnv(), ",") && a.EnforcementEnabled() == b.EnforcementEnabled()
+	return strings.Join(a.HAMiCoreEnv(), ",") == strings.Join(b.HAMiCoreEnv(), ",") && a.EnforcementEnabled() == b.EnforcementEnabled() &&
+		a.PartitioningFor(true) == b.PartitioningFor(true)
 }
 
 // admit reserves all of a claim's devices, or none, refusing conflicts with

@@ -112,7 +112,7 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	d.failpoint("prepare/left-mig")
-	if err := d.writeSpec(rec, p.vgpu, false); err != nil {
+	if err := d.writeSpec(ctx, rec, p.vgpu, false); err != nil {
 		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	d.failpoint("prepare/wrote-spec")
@@ -178,9 +178,12 @@ func describeDevices(devs []checkpoint.Device) []string {
 			} else {
 				fmt.Fprintf(&b, "SM %d%%", s.Cores)
 			}
-			if s.Enforced {
+			switch {
+			case s.MPS:
+				b.WriteString(", SMs partitioned by MPS, memory by HAMi-core")
+			case s.Enforced:
 				b.WriteString(", enforced by HAMi-core")
-			} else {
+			default:
 				b.WriteString(", not enforced")
 			}
 			if dev.ShareID != nil {
@@ -226,6 +229,11 @@ func (d *Driver) staleness(rec *checkpoint.Claim) string {
 		}
 		if _, ok, err := d.findOwnMIG(dev); err != nil || !ok {
 			return fmt.Sprintf("device %s: its MIG instance (GI %d, CI %d) is gone", dev.Device, dev.MIG.GIID, dev.MIG.CIID)
+		}
+	}
+	for _, dev := range rec.Devices {
+		if dev.Share != nil && dev.Share.MPS && (d.mps == nil || d.mps.Daemon(dev.GPUUUID) == nil) {
+			return fmt.Sprintf("device %s: the MPS control daemon of its GPU is not running", dev.Device)
 		}
 	}
 	if d.hami != nil && enforcedShares(rec) {
@@ -305,7 +313,7 @@ func (d *Driver) rebuild(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		return err
 	}
 	// After a reboot no container uses the old accounting region.
-	if err := d.writeSpec(rec, p.vgpu, !rebooted); err != nil {
+	if err := d.writeSpec(ctx, rec, p.vgpu, !rebooted); err != nil {
 		return err
 	}
 	rec.BootID = d.bootID
@@ -341,7 +349,7 @@ func (d *Driver) wholeGPUEdits(gpuUUID string) (*cdispec.ContainerEdits, error) 
 
 // writeSpec writes the claim's CDI spec. keepRegion rebuilds a prepared
 // claim's spec without resetting the HAMi-core region its containers use.
-func (d *Driver) writeSpec(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig, keepRegion bool) error {
+func (d *Driver) writeSpec(ctx context.Context, rec *checkpoint.Claim, vgpu *configapi.VgpuConfig, keepRegion bool) error {
 	devices := make([]cdi.Device, 0, len(rec.Devices))
 	var names, uuids []string
 	var shares []hami.Share
@@ -390,6 +398,28 @@ func (d *Driver) writeSpec(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig, ke
 		"FACET_GPU_UUIDS="+strings.Join(uuids, ","),
 	)
 	if vgpu != nil && vgpu.EnforcementEnabled() {
+		mpsGPU, fallback, err := d.mpsGPU(rec, vgpu)
+		if err != nil {
+			return err
+		}
+		if fallback != "" {
+			klog.FromContext(ctx).Info("Shares not MPS-partitioned", "claim", klog.KRef(rec.Namespace, rec.Name), "why", fallback)
+			d.mpsNotApplied(rec, fallback)
+		}
+		if mpsGPU != "" {
+			edits, err := d.mpsEdits(ctx, rec, mpsGPU)
+			if err != nil {
+				return err
+			}
+			common.Env = append(common.Env, edits.Env...)
+			common.Mounts = append(append([]*cdispec.Mount(nil), common.Mounts...), edits.Mounts...)
+			// MPS holds the SM share; HAMi-core's token bucket would
+			// only add its stalls on top (docs/mps.md), so it is off
+			// (0: no throttle) and HAMi-core keeps the memory limit.
+			for i := range shares {
+				shares[i].Cores = 0
+			}
+		}
 		if d.hami == nil {
 			if d.hamiErr != nil {
 				return fmt.Errorf("vGPU shares need HAMi-core, which is unavailable: %w", d.hamiErr)
@@ -464,6 +494,14 @@ func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Cl
 		}
 	}
 	d.failpoint("rollback/removed-cache")
+	if d.mps != nil {
+		// After the spec: no new container can join the daemon once it
+		// may be stopped.
+		if err := d.mps.Release(ctx, uid); err != nil {
+			return err
+		}
+	}
+	d.failpoint("rollback/released-mps")
 	if err := d.store.Delete(uid); err != nil {
 		return err
 	}

@@ -119,6 +119,7 @@ func (d *Driver) restore(ctx context.Context) error {
 		}
 		d.reconcileMIG(ctx, owned, destroy)
 	}
+	d.restoreMPS(ctx)
 	return nil
 }
 

@@ -121,7 +121,6 @@ func (d *Driver) reloadReservations(ctx context.Context) error {
 		return err
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	d.occ = occupancy{}
 	owned := map[string]bool{}
 	for uid := range corrupt {
@@ -132,6 +131,10 @@ func (d *Driver) reloadReservations(ctx context.Context) error {
 	for _, c := range claims {
 		d.restoreUses(ctx, claimRef{c.UID, c.Namespace, c.Name}, c, owned)
 	}
+	d.mu.Unlock()
+	// The other process may have started or stopped MPS daemons for its
+	// claims: the checkpoint says who holds which.
+	d.syncMPS(ctx, claims)
 	return nil
 }
 

@@ -217,8 +217,14 @@ type Inventory struct {
 	// Order is how slices order the devices of several GPUs.
 	Order Order
 	// Notes are configuration fallbacks the plugin should log as warnings.
-	Notes  []string
-	byName map[string]*Device
+	Notes []string
+	// ComputePartitioning is the node's default partitioning of vGPU
+	// shares and slots (names.PartitioningMPS or
+	// names.PartitioningTimeSliced), published as their
+	// computePartitioning attribute; empty: not published. The plugin
+	// sets it once it knows whether MPS runs.
+	ComputePartitioning string
+	byName              map[string]*Device
 }
 
 // Config chooses each GPU's mode.

@@ -54,6 +54,18 @@ const (
 	AttrMIGUUID = "migUUID"
 	// AttrSlot is a vGPU slot's number on its GPU.
 	AttrSlot = "slot"
+	// AttrComputePartitioning, on vGPU shares (shareable gpu-<i>) and
+	// slots, is how the node holds a share to its cores by default:
+	// PartitioningMPS or PartitioningTimeSliced. A claim's VgpuConfig
+	// partitioning may still choose the other.
+	AttrComputePartitioning = "computePartitioning"
+)
+
+// Values of AttrComputePartitioning; the same words as VgpuConfig's
+// partitioning.
+const (
+	PartitioningMPS        = "mps"
+	PartitioningTimeSliced = "time-sliced"
 )
 
 // Capacity names, in the driver's domain.

@@ -260,6 +260,9 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
 	}
 	out := resourceapi.Device{Name: d.Name, Attributes: attrs}
+	if inv.ComputePartitioning != "" && (d.Shareable || d.Kind == inventory.KindSlot) {
+		attrs[names.AttrComputePartitioning] = str(inv.ComputePartitioning)
+	}
 	switch d.Kind {
 	case inventory.KindMIG:
 		attrs[names.AttrProfile] = str(d.MIG.Name)

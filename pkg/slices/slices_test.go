@@ -14,6 +14,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/miglayout"
+	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
@@ -320,5 +321,46 @@ func TestTaintedResources(t *testing.T) {
 				t.Errorf("Dropped did not see the taints: %v", got)
 			}
 		})
+	}
+}
+
+// TestComputePartitioningAttribute: vGPU shares and slots, and only they,
+// carry the node's default partitioning, so a DeviceClass's CEL can pick
+// MPS-partitioned shares; a node that has not set it publishes none.
+func TestComputePartitioningAttribute(t *testing.T) {
+	node, err := sim.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", "dgx-h100.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout, err := inventory.ParseSlotLayout("1x40Gi/50+2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := inventory.Config{DefaultMode: inventory.ModeExclusive, PerGPU: map[int]inventory.Mode{
+		1: inventory.ModeDynamic, 2: inventory.ModeShared, 3: inventory.ModeSlots}, PerGPUSlots: map[int]inventory.SlotLayout{3: layout}}
+	for _, value := range []string{"", names.PartitioningMPS, names.PartitioningTimeSliced} {
+		inv, err := inventory.Build(node, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv.ComputePartitioning = value
+		tagged := map[string]bool{}
+		for _, s := range Objects(Resources(inv, "node-a"), "node-a") {
+			for _, d := range s.Spec.Devices {
+				if a, ok := d.Attributes[names.AttrComputePartitioning]; ok {
+					if a.StringValue == nil || *a.StringValue != value {
+						t.Errorf("%q: %s has %v", value, d.Name, a)
+					}
+					tagged[d.Name] = true
+				}
+			}
+		}
+		want := map[string]bool{}
+		if value != "" {
+			want = map[string]bool{"gpu-1": true, "gpu-2": true, "gpu-3-slot-0": true, "gpu-3-slot-1": true, "gpu-3-slot-2": true}
+		}
+		if fmt.Sprint(tagged) != fmt.Sprint(want) {
+			t.Errorf("%q: tagged %v, want %v", value, tagged, want)
+		}
 	}
 }

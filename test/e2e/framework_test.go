@@ -175,6 +175,9 @@ func startPluginEnv(t testing.TB, machine string, env []string, extra ...string)
 		"--kubelet-registrar-dir", filepath.Join(e.kubeletRoot, "plugins_registry"),
 		"--kubelet-plugins-dir", filepath.Join(e.kubeletRoot, "plugins"),
 		"--hami-library", filepath.Join(e.runDir, "hami", "libvgpu.so"),
+		// MPS daemons' directories in the run directory, which
+		// hack/cluster/down.sh cleans up.
+		"--mps-dir", filepath.Join(e.runDir, "mps"),
 		// Any free port; waitReady reads it from the log.
 		"--health-addr", "127.0.0.1:0",
 		"-v", "4",

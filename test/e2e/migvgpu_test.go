@@ -128,18 +128,20 @@ func TestMIGAndShares(t *testing.T) {
 		for _, f := range []string{"volcano-share.yaml", "notebook.yaml", "shared-by-two-containers.yaml"} {
 			kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "vgpu", f))
 		}
-		type view struct{ pod, container, mem, sm string }
+		// MPS partitions the SMs (the simulated driver root has the
+		// stand-in control daemon): HAMi-core's SM throttle is off.
+		type view struct{ pod, container, mem, sm, pct string }
 		want := []view{
-			{"volcano-share", "", "2000m", "20"},
-			{"notebook", "", "4096m", "0"},
+			{"volcano-share", "", "2000m", "0", "20"},
+			{"notebook", "", "4096m", "0", "100"},
 		}
 		gpus := map[string]bool{}
 		caches := map[string]string{}
 		for _, w := range want {
 			waitPodRunning(t, w.pod)
 			env := envOf(execIn(t, w.pod, w.container, "env"))
-			if env["CUDA_DEVICE_MEMORY_LIMIT_0"] != w.mem || env["CUDA_DEVICE_SM_LIMIT_0"] != w.sm {
-				t.Errorf("%s: limits %q %q, want %s %s", w.pod, env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_0"], w.mem, w.sm)
+			if env["CUDA_DEVICE_MEMORY_LIMIT_0"] != w.mem || env["CUDA_DEVICE_SM_LIMIT_0"] != w.sm || env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != w.pct {
+				t.Errorf("%s: limits %q %q %q, want %s %s %s", w.pod, env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_0"], env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], w.mem, w.sm, w.pct)
 			}
 			gpus[env["FACET_GPU_UUIDS"]] = true
 			caches[w.pod] = env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
@@ -185,7 +187,7 @@ func TestMIGAndShares(t *testing.T) {
 					t.Fatalf("%s: allocated %+v", pod.Name, r)
 				}
 			}
-			if env := envOf(execIn(t, pod.Name, "", "env")); env["CUDA_DEVICE_SM_LIMIT_0"] != "25" || env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "8192m" {
+			if env := envOf(execIn(t, pod.Name, "", "env")); env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "25" || env["CUDA_DEVICE_SM_LIMIT_0"] != "0" || env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "8192m" {
 				t.Errorf("%s: limits %v", pod.Name, env)
 			}
 		}

@@ -86,6 +86,7 @@ var (
 		// The plugin works in <dir>/gpu.facet.dev only.
 		"kubelet-plugins-dir": func(v string) string { return path.Join(v, names.Driver) },
 		"hami-library":        identity,
+		"mps-dir":             identity,
 	}
 	// hostOnlyPathFlags: host paths the plugin only writes into CDI specs,
 	// for the container runtime; they need not be mounted.
@@ -95,6 +96,7 @@ var (
 		"node-name": true, "kube-api-qps": true, "kube-api-burst": true, "destroy-unowned-mig": true,
 		"feature-gates": true, "mig-layouts": true, "feature-detection-interval": true,
 		"health-addr": true, "gpu-health-probe-interval": true, "gpu-health-quiet-period": true, "pod-uid": true, "probe": true,
+		"mps": true, "mps-private-shm": true, "mps-check-interval": true,
 	}
 	forbiddenFlags = map[string]string{
 		"kubeconfig": "the plugin runs in-cluster",

@@ -75,6 +75,11 @@ func TestDecode(t *testing.T) {
 			wantErr: `VgpuConfig: coreUtilizationPolicy: Unsupported value: "turbo": supported values: "default", "force", "disable"`,
 		},
 		{
+			name:    "unsupported partitioning",
+			in:      vgpuJSON(`"partitioning":"MPS"`),
+			wantErr: `VgpuConfig: partitioning: Unsupported value: "MPS": supported values: "mps", "time-sliced"`,
+		},
+		{
 			name:    "policy is case-sensitive",
 			in:      vgpuJSON(`"coreUtilizationPolicy":"FORCE"`),
 			wantErr: `coreUtilizationPolicy: Unsupported value: "FORCE"`,

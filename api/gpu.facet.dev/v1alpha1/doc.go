@@ -62,6 +62,15 @@
 //     default, 2, is what HAMi-core does when the variable is unset, so a
 //     config that leaves logLevel alone changes nothing.
 //
+//   - partitioning: "mps" or "time-sliced". "mps" (the default where the
+//     node's plugin runs MPS) makes the share's processes clients of its
+//     GPU's MPS control daemon with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set to
+//     the share's cores, which partitions the GPU's SMs; HAMi-core keeps
+//     the memory limit and its SM throttle is off. "time-sliced" (the
+//     default elsewhere) leaves the cores to HAMi-core's SM throttle, which
+//     does not hold for GEMMs. "mps" on a node without MPS fails the claim.
+//     docs/mps.md has MPS's limits.
+//
 // GpuConfig is the kind for whole GPUs and MIG devices. Nothing about them
 // is configurable yet, so it has no fields; it exists so that a class or a
 // claim may name it and so that fields can be added later without a new

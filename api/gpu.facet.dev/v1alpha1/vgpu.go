@@ -24,6 +24,23 @@ const (
 	EnforcementDisabled Enforcement = "disabled"
 )
 
+// Partitioning says what holds a vGPU share to its cores (its SM share).
+type Partitioning string
+
+const (
+	// PartitioningMPS runs the share's processes as clients of its GPU's
+	// MPS control daemon with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set to the
+	// share's cores: the SMs are partitioned, which holds for GEMMs too
+	// (docs/mps.md). HAMi-core keeps the memory limit. The default where
+	// the node's plugin runs MPS.
+	PartitioningMPS Partitioning = "mps"
+	// PartitioningTimeSliced leaves the SM share to HAMi-core's token
+	// bucket (CUDA_DEVICE_SM_LIMIT), which throttles many-block kernels
+	// only (docs/design/hami-core.md). The default where MPS is
+	// unavailable.
+	PartitioningTimeSliced Partitioning = "time-sliced"
+)
+
 // CoreUtilizationPolicy is HAMi-core's GPU_CORE_UTILIZATION_POLICY.
 type CoreUtilizationPolicy string
 
@@ -66,6 +83,7 @@ const (
 var (
 	supportedEnforcements = []Enforcement{EnforcementEnabled, EnforcementDisabled}
 	supportedPolicies     = []CoreUtilizationPolicy{CoreUtilizationPolicyDefault, CoreUtilizationPolicyForce, CoreUtilizationPolicyDisable}
+	supportedPartitioning = []Partitioning{PartitioningMPS, PartitioningTimeSliced}
 )
 
 // VgpuConfig tunes HAMi-core for a vGPU share (a partial allocation of a
@@ -109,6 +127,13 @@ type VgpuConfig struct {
 	// percent, 1 to 100. More than the device gives fails the claim.
 	// +optional
 	Cores *int32 `json:"cores,omitempty"`
+
+	// Partitioning is "mps" or "time-sliced": whether the share's cores
+	// are held by MPS (its GPU's SMs partitioned) or by HAMi-core's SM
+	// throttle alone. Unset: "mps" where the node runs MPS, else
+	// "time-sliced". "mps" on a node without MPS fails the claim.
+	// +optional
+	Partitioning *Partitioning `json:"partitioning,omitempty"`
 }
 
 // NewVgpuConfig returns an empty VgpuConfig with its apiVersion and kind set.
@@ -167,6 +192,9 @@ func (c *VgpuConfig) validate(fldPath *field.Path) field.ErrorList {
 	if c.Cores != nil && (*c.Cores < 1 || *c.Cores > 100) {
 		errs = append(errs, field.Invalid(fldPath.Child("cores"), *c.Cores, validation.InclusiveRangeError(1, 100)))
 	}
+	if c.Partitioning != nil && !contains(supportedPartitioning, *c.Partitioning) {
+		errs = append(errs, field.NotSupported(fldPath.Child("partitioning"), string(*c.Partitioning), supportedPartitioning))
+	}
 	return errs
 }
 
@@ -197,6 +225,18 @@ func (c *VgpuConfig) Limit(memoryBytes, cores int64) (int64, int64, error) {
 // unless enforcement is explicitly "disabled".
 func (c *VgpuConfig) EnforcementEnabled() bool {
 	return c == nil || c.Enforcement == nil || *c.Enforcement != EnforcementDisabled
+}
+
+// PartitioningFor is the share's partitioning: the config's, else "mps"
+// when mpsAvailable (the node's plugin runs MPS), else "time-sliced".
+func (c *VgpuConfig) PartitioningFor(mpsAvailable bool) Partitioning {
+	if c != nil && c.Partitioning != nil {
+		return *c.Partitioning
+	}
+	if mpsAvailable {
+		return PartitioningMPS
+	}
+	return PartitioningTimeSliced
 }
 
 // HAMiCoreEnv returns the HAMi-core variables the config becomes, as
@@ -252,6 +292,9 @@ func Merge(configs ...*VgpuConfig) *VgpuConfig {
 		}
 		if c.Cores != nil {
 			out.Cores = ptr.To(*c.Cores)
+		}
+		if c.Partitioning != nil {
+			out.Partitioning = ptr.To(*c.Partitioning)
 		}
 	}
 	return out

@@ -129,6 +129,36 @@ func TestMerge(t *testing.T) {
 	}
 }
 
+func TestPartitioning(t *testing.T) {
+	mps, sliced := ptr.To(PartitioningMPS), ptr.To(PartitioningTimeSliced)
+	tests := []struct {
+		name      string
+		in        []*VgpuConfig
+		available bool
+		want      Partitioning
+	}{
+		{"unset on an MPS node", nil, true, PartitioningMPS},
+		{"unset without MPS", nil, false, PartitioningTimeSliced},
+		{"class asks time-sliced", []*VgpuConfig{{Partitioning: sliced}}, true, PartitioningTimeSliced},
+		{"claim overrides the class", []*VgpuConfig{{Partitioning: sliced}, {Partitioning: mps}}, true, PartitioningMPS},
+		{"mps asked without MPS stays asked", []*VgpuConfig{{Partitioning: mps}}, false, PartitioningMPS},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Merge(tc.in...)
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			if got := c.PartitioningFor(tc.available); got != tc.want {
+				t.Fatalf("PartitioningFor(%v) = %q, want %q", tc.available, got, tc.want)
+			}
+		})
+	}
+	if got := (*VgpuConfig)(nil).PartitioningFor(true); got != PartitioningMPS {
+		t.Fatalf("nil config: %q", got)
+	}
+}
+
 func TestHAMiCoreEnv(t *testing.T) {
 	tests := []struct {
 		name string
@@ -181,6 +211,7 @@ func TestEnforcementEnabled(t *testing.T) {
 func TestDeepCopyCoversEveryField(t *testing.T) {
 	in := vgpu(ptr.To(EnforcementDisabled), ptr.To(CoreUtilizationPolicyForce), ptr.To[int32](0), ptr.To[int32](4))
 	in.Memory, in.Cores = ptr.To(resource.MustParse("3000Mi")), ptr.To[int32](50)
+	in.Partitioning = ptr.To(PartitioningTimeSliced)
 	v := reflect.ValueOf(in).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		if f := v.Field(i); f.Kind() == reflect.Pointer && f.IsNil() {

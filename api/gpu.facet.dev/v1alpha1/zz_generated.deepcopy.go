@@ -72,6 +72,11 @@ func (in *VgpuConfig) DeepCopyInto(out *VgpuConfig) {
 		*out = new(int32)
 		**out = **in
 	}
+	if in.Partitioning != nil {
+		in, out := &in.Partitioning, &out.Partitioning
+		*out = new(Partitioning)
+		**out = **in
+	}
 	return
 }
 

@@ -12,6 +12,9 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/facet-gpu/facet/pkg/mps"
+	"github.com/facet-gpu/facet/pkg/mps/mpssim"
 )
 
 // Every simulated device node is a character device with the numbers of
@@ -154,7 +157,9 @@ func SimulatedLibraryDir() string {
 //	                                       libnvidia-ml, ... (see simLibraries)
 //	usr/lib/<triplet>/<SONAME>, <lib>.so   the symlinks ldconfig and the
 //	                                       installer leave
-//	usr/bin/nvidia-smi, ...                shell scripts that say they are simulated
+//	usr/bin/nvidia-smi, ...                shell scripts that say they are simulated;
+//	                                       nvidia-cuda-mps-control is a working
+//	                                       stand-in (package mps/mpssim)
 //	lib/firmware/nvidia/<ver>/gsp_*.bin    placeholder GSP firmware
 //	dev/nvidiactl, dev/nvidia-uvm, dev/nvidia-uvm-tools, dev/nvidia<minor>
 //	dev/nvidia-caps/nvidia-cap<N>          character devices 1:3 (like /dev/null):
@@ -286,6 +291,10 @@ func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error 
 
 // simBinary returns the shell script standing in for a driver executable.
 func simBinary(name, driverVersion string) []byte {
+	if name == mps.ControlName {
+		// It runs: the kubelet plugin starts a daemon per MPS-partitioned GPU.
+		return []byte(mpssim.Script)
+	}
 	if name == "nvidia-smi" {
 		return fmt.Appendf(nil, `#!/bin/sh
 # Simulated by Facet: this is not NVIDIA's nvidia-smi. It reports the

@@ -1,0 +1,689 @@
+// Package mps runs one NVIDIA MPS control daemon (nvidia-cuda-mps-control
+// from the driver root) per GPU whose vGPU shares or slots it partitions,
+// and writes what each share's CDI spec needs to join it: the GPU's pipe
+// directory and shared-memory directory as mounts, and
+// CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
+//
+// Why MPS: HAMi-core's SM limit does not hold for GEMMs on an H100, while
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE does (measured:
+// shared/hardware/h100-80gb-hbm3.md, "MPS on this card"). HAMi-core keeps
+// the per-claim memory budget; MPS's own pinned-memory limit is per
+// process, not per claim. docs/mps.md lists MPS's limits and what Facet
+// does about each.
+//
+// Lifecycle, per GPU: the daemon starts at the first claim that holds the
+// GPU (Acquire) and gets "quit" when the last lets go (Release); a GPU
+// never has two. Each daemon is recorded in <Dir>/<gpu-uuid>/daemon.json
+// (pid, process start time, boot ID), next to its pipe/, log/ and shm/
+// directories. A restarted plugin adopts a daemon whose record is of this
+// boot and whose process is still the one recorded; a record of another
+// boot is not trusted, and its directories are wiped. A daemon found dead
+// is started again (Check), and the caller tells the claims on it.
+//
+// Which claims hold a GPU is the caller's to record (the driver keeps it in
+// its checkpoint and hands it to Restore at start): this package records
+// only the daemons.
+package mps
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/facet-gpu/facet/pkg/atomicfile"
+)
+
+// MPS's environment variables (NVIDIA, "Multi-Process Service", Appendix:
+// Tools and Interface Reference).
+const (
+	EnvPipeDirectory          = "CUDA_MPS_PIPE_DIRECTORY"
+	EnvLogDirectory           = "CUDA_MPS_LOG_DIRECTORY"
+	EnvActiveThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+)
+
+// Container paths of a share's MPS mounts.
+const (
+	// ContainerPipeDir is MPS's default pipe directory, so a client that
+	// ignores the variable still finds it.
+	ContainerPipeDir = "/tmp/nvidia-mps"
+	// ContainerShmDir is where MPS clients and servers share memory.
+	ContainerShmDir = "/dev/shm"
+)
+
+// MaxClients is how many client CUDA contexts one MPS server serves per
+// GPU on Volta and later (NVIDIA, "Multi-Process Service", Limitations: 48;
+// 16 before Volta). Each claim is at least one client, so a GPU's daemon
+// takes at most this many claims.
+const MaxClients = 48
+
+// ControlName is the control program's file name in the driver root.
+const ControlName = "nvidia-cuda-mps-control"
+
+// pidFileName is what the control daemon writes into its pipe directory.
+const pidFileName = "nvidia-cuda-mps-control.pid"
+
+const recordName = "daemon.json"
+
+// Failpoint names (Options.Failpoint), in the order a start and a stop
+// reach them.
+const (
+	// FailpointStarting: the GPU's directories are fresh, the daemon is
+	// not started yet.
+	FailpointStarting = "mps/starting"
+	// FailpointStarted: the daemon runs, its record is not written.
+	FailpointStarted = "mps/started"
+	// FailpointRecorded: the daemon runs and is recorded.
+	FailpointRecorded = "mps/recorded"
+	// FailpointQuitSent: "quit" was sent, the record still exists.
+	FailpointQuitSent = "mps/quit-sent"
+)
+
+// Options configure a Manager.
+type Options struct {
+	// Control is the host path of nvidia-cuda-mps-control, from the driver
+	// root.
+	Control string
+	// LibraryPath, if set, is the daemon's LD_LIBRARY_PATH (the driver
+	// root's library directories).
+	LibraryPath string
+	// Dir holds a directory per GPU: pipe/, log/, shm/ and daemon.json.
+	// It should be on a tmpfs (e.g. /run/facet/mps); a record of another
+	// boot is distrusted either way.
+	Dir string
+	// BootID is this boot's ID; a record with another is from before a
+	// reboot. Empty: records are judged by their process alone.
+	BootID string
+	// PrivateShm starts each daemon in a mount namespace of its own where
+	// the GPU's shm/ directory is /dev/shm, the directory each share of
+	// the GPU gets as /dev/shm: MPS clients and servers must share it,
+	// and shares of other GPUs must not. Needs CAP_SYS_ADMIN; the
+	// kubelet plugin sets it, unit tests may not.
+	PrivateShm bool
+	// StopTimeout bounds "quit": a daemon still alive after it is killed.
+	// Default 10 s.
+	StopTimeout time.Duration
+	// Failpoint, when set, is called at the Failpoint* names.
+	Failpoint func(string)
+}
+
+// Manager runs the control daemons. It is safe for concurrent use; work on
+// one GPU is serialised.
+type Manager struct {
+	opts Options
+	mu   sync.Mutex
+	gpus map[string]*gpuState
+}
+
+type gpuState struct {
+	mu      sync.Mutex
+	holders map[types.UID]bool
+	// rec is the daemon this process started or adopted; nil: none known.
+	rec *Record
+}
+
+// Record is a running daemon, as recorded in <Dir>/<gpu>/daemon.json.
+type Record struct {
+	GPU    string `json:"gpu"`
+	BootID string `json:"bootID,omitempty"`
+	PID    int    `json:"pid"`
+	// StartTime is the process's start time (/proc/<pid>/stat field 22,
+	// clock ticks since boot), so a reused PID is not taken for it.
+	StartTime uint64    `json:"startTime"`
+	Started   time.Time `json:"started"`
+}
+
+// New checks the control program and creates Dir.
+func New(opts Options) (*Manager, error) {
+	st, err := os.Stat(opts.Control)
+	if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return nil, fmt.Errorf("MPS control program %s: not an executable file (%v)", opts.Control, err)
+	}
+	if opts.Dir == "" || !filepath.IsAbs(opts.Dir) {
+		return nil, fmt.Errorf("MPS directory %q: must be an absolute path", opts.Dir)
+	}
+	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("MPS directory: %w", err)
+	}
+	if opts.StopTimeout <= 0 {
+		opts.StopTimeout = 10 * time.Second
+	}
+	return &Manager{opts: opts, gpus: map[string]*gpuState{}}, nil
+}
+
+// Dirs are a GPU's host directories.
+type Dirs struct{ Root, Pipe, Log, Shm string }
+
+// DirsOf returns a GPU's directories under Options.Dir.
+func (m *Manager) DirsOf(gpuUUID string) Dirs {
+	root := filepath.Join(m.opts.Dir, gpuUUID)
+	return Dirs{Root: root, Pipe: filepath.Join(root, "pipe"), Log: filepath.Join(root, "log"), Shm: filepath.Join(root, "shm")}
+}
+
+func (m *Manager) gpu(uuid string) *gpuState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	g := m.gpus[uuid]
+	if g == nil {
+		g = &gpuState{holders: map[types.UID]bool{}}
+		m.gpus[uuid] = g
+	}
+	return g
+}
+
+func (m *Manager) failpoint(name string) {
+	if m.opts.Failpoint != nil {
+		m.opts.Failpoint(name)
+	}
+}
+
+func validGPU(uuid string) error {
+	if uuid == "" || uuid == "." || uuid == ".." || strings.ContainsAny(uuid, "/\x00") {
+		return fmt.Errorf("GPU UUID %q is not one path element", uuid)
+	}
+	return nil
+}
+
+// Acquire makes claim a holder of the GPU's daemon, starting or adopting
+// the daemon first. It fails, and the claim does not hold the GPU, when
+// the daemon cannot be started or already serves MaxClients claims.
+// Acquiring again is a no-op beyond making sure the daemon runs.
+func (m *Manager) Acquire(ctx context.Context, gpuUUID string, claim types.UID) error {
+	if err := validGPU(gpuUUID); err != nil {
+		return err
+	}
+	g := m.gpu(gpuUUID)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.holders[claim] && len(g.holders) >= MaxClients {
+		return fmt.Errorf("GPU %s: its MPS control daemon already serves %d claims, the most an MPS server serves (NVIDIA MPS: 48 clients per GPU on Volta and later)", gpuUUID, len(g.holders))
+	}
+	if _, err := m.ensure(ctx, gpuUUID, g); err != nil {
+		return err
+	}
+	g.holders[claim] = true
+	return nil
+}
+
+// Release drops claim from every GPU it holds, and stops the daemon of each
+// GPU left without holders. A claim holding nothing is no error.
+func (m *Manager) Release(ctx context.Context, claim types.UID) error {
+	// Not under m.mu: a GPU busy starting its daemon must not hold up
+	// the others.
+	m.mu.Lock()
+	all := make(map[string]*gpuState, len(m.gpus))
+	maps.Copy(all, m.gpus)
+	m.mu.Unlock()
+	var errs []error
+	for uuid, g := range all {
+		g.mu.Lock()
+		if !g.holders[claim] {
+			g.mu.Unlock()
+			continue
+		}
+		delete(g.holders, claim)
+		if len(g.holders) == 0 {
+			if err := m.stop(ctx, uuid, g); err != nil {
+				// Held again by nobody, still running: Restore or the
+				// next Release retries the stop.
+				errs = append(errs, err)
+			}
+		}
+		g.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// Holders returns the claims holding a GPU's daemon, sorted.
+func (m *Manager) Holders(gpuUUID string) []types.UID {
+	g := m.gpu(gpuUUID)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]types.UID, 0, len(g.holders))
+	for uid := range g.holders {
+		out = append(out, uid)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// Restore is called at start, and again whenever another plugin process
+// (a rolling update) may have changed the checkpoint, with the claims that
+// hold each GPU: they replace the holders known. It adopts each held GPU's running daemon,
+// or starts one (returned in restarted: the claims on it lost theirs), and
+// stops the daemons no claim holds (a crash between a start and its
+// claim's record, or between a release and its stop). Errors are per GPU;
+// the next Acquire or Check retries.
+func (m *Manager) Restore(ctx context.Context, holders map[string][]types.UID) (restarted []string, err error) {
+	var errs []error
+	m.mu.Lock()
+	for uuid, g := range m.gpus {
+		if _, ok := holders[uuid]; !ok {
+			g.mu.Lock()
+			clear(g.holders)
+			g.mu.Unlock()
+		}
+	}
+	m.mu.Unlock()
+	for uuid, claims := range holders {
+		if err := validGPU(uuid); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		g := m.gpu(uuid)
+		g.mu.Lock()
+		clear(g.holders)
+		for _, c := range claims {
+			g.holders[c] = true
+		}
+		started, err := m.ensure(ctx, uuid, g)
+		g.mu.Unlock()
+		if err != nil {
+			errs = append(errs, err)
+		} else if started {
+			restarted = append(restarted, uuid)
+		}
+	}
+	entries, err := os.ReadDir(m.opts.Dir)
+	if err != nil {
+		return restarted, errors.Join(append(errs, fmt.Errorf("list MPS directories: %w", err))...)
+	}
+	for _, en := range entries {
+		if !en.IsDir() || len(holders[en.Name()]) > 0 || validGPU(en.Name()) != nil {
+			continue
+		}
+		g := m.gpu(en.Name())
+		g.mu.Lock()
+		if len(g.holders) == 0 {
+			if err := m.stop(ctx, en.Name(), g); err != nil {
+				errs = append(errs, err)
+			} else {
+				klog.FromContext(ctx).Info("Stopped an MPS control daemon no prepared claim holds", "gpu", en.Name())
+			}
+		}
+		g.mu.Unlock()
+	}
+	sort.Strings(restarted)
+	return restarted, errors.Join(errs...)
+}
+
+// Check restarts the daemon of each held GPU that has died, and returns,
+// by GPU, the claims on each one restarted: their running MPS clients lost
+// their server.
+func (m *Manager) Check(ctx context.Context) (map[string][]types.UID, error) {
+	m.mu.Lock()
+	uuids := make([]string, 0, len(m.gpus))
+	for uuid := range m.gpus {
+		uuids = append(uuids, uuid)
+	}
+	m.mu.Unlock()
+	sort.Strings(uuids)
+	restarted := map[string][]types.UID{}
+	var errs []error
+	for _, uuid := range uuids {
+		g := m.gpu(uuid)
+		g.mu.Lock()
+		if len(g.holders) > 0 {
+			started, err := m.ensure(ctx, uuid, g)
+			if err != nil {
+				errs = append(errs, err)
+			} else if started {
+				for uid := range g.holders {
+					restarted[uuid] = append(restarted[uuid], uid)
+				}
+				sort.Slice(restarted[uuid], func(i, j int) bool { return restarted[uuid][i] < restarted[uuid][j] })
+			}
+		}
+		g.mu.Unlock()
+	}
+	return restarted, errors.Join(errs...)
+}
+
+// Daemon returns the GPU's running daemon, or nil.
+func (m *Manager) Daemon(gpuUUID string) *Record {
+	g := m.gpu(gpuUUID)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rec == nil || !alive(g.rec) {
+		return nil
+	}
+	r := *g.rec
+	return &r
+}
+
+// Running returns the PID of the GPU's live daemon as its pipe directory
+// names it, whether or not this Manager started or adopted it.
+func (m *Manager) Running(gpuUUID string) (int, bool) {
+	if validGPU(gpuUUID) != nil {
+		return 0, false
+	}
+	return m.pidFileDaemon(m.DirsOf(gpuUUID))
+}
+
+// Edits are what a share of the GPU adds to its claim's CDI spec: the
+// GPU's pipe and shm directories, CUDA_MPS_PIPE_DIRECTORY, and
+// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE from the share's cores (percent of the
+// GPU's SMs; 0, best effort, is 100: no partition).
+func (m *Manager) Edits(gpuUUID string, cores int64) *cdispec.ContainerEdits {
+	d := m.DirsOf(gpuUUID)
+	pct := cores
+	if pct <= 0 || pct > 100 {
+		pct = 100
+	}
+	return &cdispec.ContainerEdits{
+		Env: []string{
+			EnvPipeDirectory + "=" + ContainerPipeDir,
+			EnvActiveThreadPercentage + "=" + strconv.FormatInt(pct, 10),
+		},
+		Mounts: []*cdispec.Mount{
+			{HostPath: d.Pipe, ContainerPath: ContainerPipeDir, Options: []string{"rw", "nosuid", "nodev", "bind"}},
+			{HostPath: d.Shm, ContainerPath: ContainerShmDir, Options: []string{"rw", "nosuid", "nodev", "noexec", "bind"}},
+		},
+	}
+}
+
+// ensure makes the GPU's daemon run: the one known, else the recorded one
+// if it is still the process recorded and of this boot, else a new one.
+// It reports whether it started one. Called with g.mu held.
+func (m *Manager) ensure(ctx context.Context, uuid string, g *gpuState) (bool, error) {
+	if g.rec != nil && alive(g.rec) {
+		return false, nil
+	}
+	dirs := m.DirsOf(uuid)
+	rec, err := m.readRecord(uuid)
+	switch {
+	case err != nil:
+		klog.FromContext(ctx).Error(err, "MPS daemon record unreadable; starting afresh", "gpu", uuid)
+	case rec != nil && m.opts.BootID != "" && rec.BootID != m.opts.BootID:
+		klog.FromContext(ctx).Info("MPS daemon record is from before a reboot; its directories are not trusted", "gpu", uuid, "recordBootID", rec.BootID)
+	case rec != nil && alive(rec) && m.namedByPidFile(dirs, rec.PID):
+		// The pid file too: a daemon that got "quit" removes it before
+		// it exits, and is not to be adopted.
+		g.rec = rec
+		klog.FromContext(ctx).Info("Adopted the running MPS control daemon", "gpu", uuid, "pid", rec.PID)
+		return false, nil
+	}
+	// No trusted record: a daemon may still run that a crash left
+	// unrecorded, named by its pid file. A live control program serving
+	// this pipe directory is this boot's, whatever a record says: never
+	// a second one beside it.
+	if pid, ok := m.pidFileDaemon(dirs); ok {
+		if r, err := m.recordDaemon(uuid, pid); err == nil {
+			g.rec = r
+			klog.FromContext(ctx).Info("Adopted an unrecorded MPS control daemon", "gpu", uuid, "pid", pid)
+			return false, nil
+		}
+	}
+	g.rec = nil
+	if err := m.start(ctx, uuid, dirs); err != nil {
+		return false, fmt.Errorf("GPU %s: start MPS control daemon: %w", uuid, err)
+	}
+	pid, ok := m.pidFileDaemon(dirs)
+	if !ok {
+		return false, fmt.Errorf("GPU %s: MPS control daemon started but no live daemon is named in %s", uuid, filepath.Join(dirs.Pipe, pidFileName))
+	}
+	m.failpoint(FailpointStarted)
+	r, err := m.recordDaemon(uuid, pid)
+	if err != nil {
+		return false, fmt.Errorf("GPU %s: %w", uuid, err)
+	}
+	g.rec = r
+	m.failpoint(FailpointRecorded)
+	klog.FromContext(ctx).Info("Started MPS control daemon", "gpu", uuid, "pid", pid, "pipeDirectory", dirs.Pipe)
+	return true, nil
+}
+
+// start wipes the GPU's pipe and shm directories and runs the control
+// program with -d, which returns once the daemon listens.
+func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
+	if err := os.Remove(filepath.Join(dirs.Root, recordName)); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	for _, dir := range []string{dirs.Pipe, dirs.Shm} {
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+	}
+	for _, dir := range []struct {
+		path string
+		mode os.FileMode
+	}{{dirs.Root, 0o755}, {dirs.Pipe, 0o755}, {dirs.Log, 0o755}, {dirs.Shm, 0o1777}} {
+		if err := os.MkdirAll(dir.path, dir.mode); err != nil {
+			return err
+		}
+		// MkdirAll honours the umask; shm must be world-writable and
+		// sticky like /dev/shm, for clients of any UID.
+		if err := os.Chmod(dir.path, dir.mode); err != nil {
+			return err
+		}
+	}
+	m.failpoint(FailpointStarting)
+	out, err := os.Create(filepath.Join(dirs.Log, "facet-start.log"))
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	ctx, cancel := context.WithTimeout(ctx, m.opts.StopTimeout)
+	defer cancel()
+	var cmd *exec.Cmd
+	if m.opts.PrivateShm {
+		cmd = launchPrivateShm(ctx, dirs.Shm, m.opts.Control)
+	} else {
+		cmd = exec.CommandContext(ctx, m.opts.Control, "-d")
+	}
+	cmd.Env = m.env(uuid, dirs)
+	// A file, not a pipe: the daemon may keep inherited descriptors, and
+	// Wait would then wait for it.
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		msg, _ := os.ReadFile(out.Name())
+		return fmt.Errorf("%s -d: %w: %s", m.opts.Control, err, bytes.TrimSpace(msg))
+	}
+	return nil
+}
+
+func (m *Manager) env(uuid string, dirs Dirs) []string {
+	env := []string{
+		EnvPipeDirectory + "=" + dirs.Pipe,
+		EnvLogDirectory + "=" + dirs.Log,
+		"CUDA_VISIBLE_DEVICES=" + uuid,
+		// The daemon starts nvidia-cuda-mps-server, next to it.
+		"PATH=" + filepath.Dir(m.opts.Control) + ":/usr/sbin:/usr/bin:/sbin:/bin",
+	}
+	if m.opts.LibraryPath != "" {
+		env = append(env, "LD_LIBRARY_PATH="+m.opts.LibraryPath)
+	}
+	return env
+}
+
+// stop sends "quit" to the GPU's daemon, kills it if it outlives
+// StopTimeout, and removes its record and its pipe and shm directories
+// (the log stays for the operator). Called with g.mu held.
+func (m *Manager) stop(ctx context.Context, uuid string, g *gpuState) error {
+	dirs := m.DirsOf(uuid)
+	rec := g.rec
+	if rec == nil {
+		r, err := m.readRecord(uuid)
+		if err == nil && r != nil && (m.opts.BootID == "" || r.BootID == m.opts.BootID) {
+			rec = r
+		}
+	}
+	if rec == nil || !alive(rec) {
+		if pid, ok := m.pidFileDaemon(dirs); ok {
+			if r, err := m.recordDaemon(uuid, pid); err == nil {
+				rec = r
+			}
+		}
+	}
+	if rec != nil && alive(rec) {
+		qctx, cancel := context.WithTimeout(ctx, m.opts.StopTimeout)
+		cmd := exec.CommandContext(qctx, m.opts.Control)
+		cmd.Env = m.env(uuid, dirs)
+		cmd.Stdin = strings.NewReader("quit\n")
+		out, err := cmd.CombinedOutput()
+		cancel()
+		m.failpoint(FailpointQuitSent)
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "MPS quit failed; killing the control daemon", "gpu", uuid, "pid", rec.PID, "output", string(bytes.TrimSpace(out)))
+		}
+		if !waitGone(ctx, rec, m.opts.StopTimeout) {
+			klog.FromContext(ctx).Info("MPS control daemon outlived quit; killing it", "gpu", uuid, "pid", rec.PID)
+			_ = syscall.Kill(rec.PID, syscall.SIGKILL)
+			if !waitGone(ctx, rec, m.opts.StopTimeout) {
+				return fmt.Errorf("GPU %s: MPS control daemon %d survives SIGKILL", uuid, rec.PID)
+			}
+		}
+		klog.FromContext(ctx).Info("Stopped MPS control daemon", "gpu", uuid, "pid", rec.PID)
+	}
+	g.rec = nil
+	if err := os.Remove(filepath.Join(dirs.Root, recordName)); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	for _, dir := range []string{dirs.Pipe, dirs.Shm} {
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Manager) readRecord(uuid string) (*Record, error) {
+	b, err := os.ReadFile(filepath.Join(m.opts.Dir, uuid, recordName))
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r Record
+	if err := json.Unmarshal(b, &r); err != nil || r.GPU != uuid || r.PID <= 0 {
+		return nil, fmt.Errorf("MPS daemon record of GPU %s is corrupt (%v)", uuid, err)
+	}
+	return &r, nil
+}
+
+// recordDaemon writes the record of the live daemon pid.
+func (m *Manager) recordDaemon(uuid string, pid int) (*Record, error) {
+	st, ok := procStart(pid)
+	if !ok {
+		return nil, fmt.Errorf("MPS control daemon %d is gone", pid)
+	}
+	r := &Record{GPU: uuid, BootID: m.opts.BootID, PID: pid, StartTime: st, Started: time.Now().UTC()}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := atomicfile.Write(filepath.Join(m.opts.Dir, uuid), recordName, ".daemon-", b, 0o644); err != nil {
+		return nil, fmt.Errorf("record MPS control daemon: %w", err)
+	}
+	return r, nil
+}
+
+// pidFileDaemon returns the pid the pipe directory's pid file names, if
+// that process lives, is the control program, and serves this pipe
+// directory.
+func (m *Manager) pidFileDaemon(dirs Dirs) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(dirs.Pipe, pidFileName))
+	if err != nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	if _, ok := procStart(pid); !ok || !isControl(pid) {
+		return 0, false
+	}
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil || !bytes.Contains(append([]byte{0}, env...), []byte("\x00"+EnvPipeDirectory+"="+dirs.Pipe+"\x00")) {
+		return 0, false
+	}
+	return pid, true
+}
+
+func (m *Manager) namedByPidFile(dirs Dirs, pid int) bool {
+	p, ok := m.pidFileDaemon(dirs)
+	return ok && p == pid
+}
+
+// alive says whether the recorded process still runs: same PID, same start
+// time, not a zombie, and the control program.
+func alive(r *Record) bool {
+	st, ok := procStart(r.PID)
+	return ok && st == r.StartTime && isControl(r.PID)
+}
+
+// procStart reads a live (non-zombie) process's start time.
+func procStart(pid int) (uint64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// The command name is in parentheses and may hold spaces: fields
+	// count from the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state), f[19] field 22 (starttime).
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+		if len(f) > 0 && f[0] == "Z" {
+			// An orphan reparented to this process (PID 1 in a
+			// container) is reaped here.
+			var ws syscall.WaitStatus
+			_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		}
+		return 0, false
+	}
+	st, err := strconv.ParseUint(f[19], 10, 64)
+	return st, err == nil
+}
+
+// isControl says whether a process runs the control program: its command
+// line names it (as argv[0], or as the script a shell runs).
+func isControl(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := bytes.Split(bytes.TrimRight(b, "\x00"), []byte{0})
+	for i, a := range args {
+		if i > 1 {
+			break
+		}
+		if filepath.Base(string(a)) == ControlName {
+			return true
+		}
+	}
+	return false
+}
+
+// waitGone polls until the recorded process is gone or timeout passes.
+func waitGone(ctx context.Context, r *Record, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	delay := time.Millisecond
+	for alive(r) {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(delay)
+		delay = min(2*delay, 50*time.Millisecond)
+	}
+	return true
+}

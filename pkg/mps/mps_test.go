@@ -1,0 +1,432 @@
+package mps
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/facet-gpu/facet/pkg/mps/mpssim"
+)
+
+const gpuA = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+const gpuB = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+
+// node is a simulated node: a driver root with the stand-in control
+// program and an MPS directory, shared by the managers (plugin processes)
+// a test starts on it.
+type node struct {
+	t       testing.TB
+	control string
+	dir     string
+	bootID  string
+	private bool
+}
+
+func newNode(t testing.TB) *node {
+	t.Helper()
+	if _, err := exec.LookPath("mkfifo"); err != nil {
+		t.Skip("the MPS stand-in needs mkfifo")
+	}
+	root := t.TempDir()
+	if err := mpssim.Write(filepath.Join(root, "usr", "bin")); err != nil {
+		t.Fatal(err)
+	}
+	n := &node{t: t, control: filepath.Join(root, "usr", "bin", ControlName), dir: filepath.Join(root, "run", "mps"), bootID: "boot-1"}
+	// No daemon outlives its test.
+	t.Cleanup(func() {
+		entries, _ := os.ReadDir(n.dir)
+		for _, en := range entries {
+			if b, err := os.ReadFile(filepath.Join(n.dir, en.Name(), "pipe", pidFileName)); err == nil {
+				var pid int
+				if _, err := fmt.Sscan(string(b), &pid); err == nil && pid > 0 && isControl(pid) {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	return n
+}
+
+// plugin starts a manager, as a plugin process would.
+func (n *node) plugin(fail func(string)) *Manager {
+	n.t.Helper()
+	m, err := New(Options{Control: n.control, Dir: n.dir, BootID: n.bootID, PrivateShm: n.private, StopTimeout: 30 * time.Second, Failpoint: fail})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return m
+}
+
+// log returns the GPU daemon's control.log lines of one kind ("startup",
+// "quit", "client").
+func (n *node) log(gpu, kind string) []string {
+	b, _ := os.ReadFile(filepath.Join(n.dir, gpu, "log", "control.log"))
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[1] == kind {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// pid is the live daemon of a GPU, 0 if none.
+func (n *node) pid(gpu string) int {
+	m := &Manager{opts: Options{Dir: n.dir}}
+	pid, _ := m.pidFileDaemon(m.DirsOf(gpu))
+	return pid
+}
+
+func TestLifecycle(t *testing.T) {
+	n := newNode(t)
+	_, ctx := ktesting.NewTestContext(t)
+	m := n.plugin(nil)
+	if err := m.Acquire(ctx, gpuA, "claim-1"); err != nil {
+		t.Fatal(err)
+	}
+	first := n.pid(gpuA)
+	if first == 0 {
+		t.Fatal("no daemon after the first claim")
+	}
+	if d := m.Daemon(gpuA); d == nil || d.PID != first || d.BootID != n.bootID {
+		t.Fatalf("recorded daemon %+v, want pid %d of %s", d, first, n.bootID)
+	}
+	if got := n.log(gpuA, "startup"); len(got) != 1 || !strings.Contains(got[0], "gpu="+gpuA) {
+		t.Fatalf("startup log %q: want one start with CUDA_VISIBLE_DEVICES=%s", got, gpuA)
+	}
+	// A second claim, and the first again: the same daemon.
+	for _, c := range []types.UID{"claim-2", "claim-1"} {
+		if err := m.Acquire(ctx, gpuA, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := n.pid(gpuA); got != first || len(n.log(gpuA, "startup")) != 1 {
+		t.Fatalf("daemon %d (%d starts) after more claims, want %d alone", got, len(n.log(gpuA, "startup")), first)
+	}
+	// Another GPU, another daemon.
+	if err := m.Acquire(ctx, gpuB, "claim-3"); err != nil {
+		t.Fatal(err)
+	}
+	if b := n.pid(gpuB); b == 0 || b == first {
+		t.Fatalf("GPU B daemon %d, want its own", b)
+	}
+	if err := m.Release(ctx, "claim-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n.pid(gpuA) != first || len(n.log(gpuA, "quit")) != 0 {
+		t.Fatal("daemon stopped while claim-2 still holds the GPU")
+	}
+	if err := m.Release(ctx, "claim-2"); err != nil {
+		t.Fatal(err)
+	}
+	if n.pid(gpuA) != 0 || len(n.log(gpuA, "quit")) != 1 {
+		t.Fatalf("after the last claim: daemon %d, quit log %q; want stopped by quit", n.pid(gpuA), n.log(gpuA, "quit"))
+	}
+	if _, err := os.Stat(m.DirsOf(gpuA).Pipe); !os.IsNotExist(err) {
+		t.Fatalf("pipe directory left after stop: %v", err)
+	}
+	if err := m.Release(ctx, "claim-2"); err != nil {
+		t.Fatalf("second release: %v", err)
+	}
+	if n.pid(gpuB) == 0 {
+		t.Fatal("GPU B's daemon stopped with GPU A's")
+	}
+}
+
+func TestRestartAdoptsAndNeverStartsTwo(t *testing.T) {
+	n := newNode(t)
+	_, ctx := ktesting.NewTestContext(t)
+	if err := n.plugin(nil).Acquire(ctx, gpuA, "claim-1"); err != nil {
+		t.Fatal(err)
+	}
+	pid := n.pid(gpuA)
+	tests := []struct {
+		name  string
+		setup func()
+	}{
+		{"record intact", func() {}},
+		// A crash between the start and the record: the pid file names it.
+		{"record lost", func() { _ = os.Remove(filepath.Join(n.dir, gpuA, recordName)) }},
+		{"record corrupt", func() { _ = os.WriteFile(filepath.Join(n.dir, gpuA, recordName), []byte("{"), 0o644) }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.setup()
+			m := n.plugin(nil)
+			restarted, err := m.Restore(ctx, map[string][]types.UID{gpuA: {"claim-1"}})
+			if err != nil || len(restarted) != 0 {
+				t.Fatalf("Restore: restarted %v, %v; want the daemon adopted", restarted, err)
+			}
+			if err := m.Acquire(ctx, gpuA, "claim-2"); err != nil {
+				t.Fatal(err)
+			}
+			if got := n.pid(gpuA); got != pid || len(n.log(gpuA, "startup")) != 1 {
+				t.Fatalf("daemon %d with %d starts, want %d adopted", got, len(n.log(gpuA, "startup")), pid)
+			}
+			if d := m.Daemon(gpuA); d == nil || d.PID != pid {
+				t.Fatalf("adopted daemon %+v, want pid %d", d, pid)
+			}
+		})
+	}
+}
+
+func TestRestartAfterDeath(t *testing.T) {
+	n := newNode(t)
+	_, ctx := ktesting.NewTestContext(t)
+	m := n.plugin(nil)
+	for _, c := range []types.UID{"claim-2", "claim-1"} {
+		if err := m.Acquire(ctx, gpuA, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := m.Check(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("Check of a live daemon: %v, %v", got, err)
+	}
+	old := n.pid(gpuA)
+	d := m.Daemon(gpuA)
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !waitGone(ctx, d, 5*time.Second) {
+		t.Fatal("killed daemon still alive")
+	}
+	got, err := m.Check(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []types.UID{"claim-1", "claim-2"}; fmt.Sprint(got[gpuA]) != fmt.Sprint(want) {
+		t.Fatalf("Check reported %v, want the holders %v of GPU A", got, want)
+	}
+	if p := n.pid(gpuA); p == 0 || p == old {
+		t.Fatalf("daemon after Check: %d, want a new one (old %d)", p, old)
+	}
+	// A plugin started while the daemon is dead restarts it too.
+	d = m.Daemon(gpuA)
+	if err := syscall.Kill(d.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !waitGone(ctx, d, 5*time.Second) {
+		t.Fatal("killed daemon still alive")
+	}
+	restarted, err := n.plugin(nil).Restore(ctx, map[string][]types.UID{gpuA: {"claim-1"}})
+	if err != nil || fmt.Sprint(restarted) != fmt.Sprint([]string{gpuA}) {
+		t.Fatalf("Restore after death: %v, %v; want GPU A restarted", restarted, err)
+	}
+}
+
+func TestRebootDistrustsPipeDirectory(t *testing.T) {
+	n := newNode(t)
+	_, ctx := ktesting.NewTestContext(t)
+	dirs := (&Manager{opts: Options{Dir: n.dir}}).DirsOf(gpuA)
+	// What a boot left on a persistent directory: a record, and a pid file
+	// naming a PID that now belongs to someone else (this test).
+	for _, d := range []string{dirs.Pipe, dirs.Log, dirs.Shm} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	self := os.Getpid()
+	st, _ := procStart(self)
+	stale := fmt.Sprintf(`{"gpu":%q,"bootID":"boot-0","pid":%d,"startTime":%d}`, gpuA, self, st)
+	for path, data := range map[string]string{
+		filepath.Join(dirs.Root, recordName):   stale,
+		filepath.Join(dirs.Pipe, pidFileName):  fmt.Sprint(self),
+		filepath.Join(dirs.Pipe, "stale-file"): "old",
+	} {
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := n.plugin(nil)
+	if err := m.Acquire(ctx, gpuA, "claim-1"); err != nil {
+		t.Fatal(err)
+	}
+	pid := n.pid(gpuA)
+	if pid == 0 || pid == self {
+		t.Fatalf("daemon %d, want a new one", pid)
+	}
+	if _, err := os.Stat(filepath.Join(dirs.Pipe, "stale-file")); !os.IsNotExist(err) {
+		t.Fatalf("stale pipe directory content kept: %v", err)
+	}
+	if d := m.Daemon(gpuA); d == nil || d.BootID != n.bootID {
+		t.Fatalf("record %+v, want this boot's", d)
+	}
+}
+
+func TestRestoreStopsUnheldDaemons(t *testing.T) {
+	n := newNode(t)
+	_, ctx := ktesting.NewTestContext(t)
+	m := n.plugin(nil)
+	for _, g := range []string{gpuA, gpuB} {
+		if err := m.Acquire(ctx, g, "claim-"+types.UID(g[4:5])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := n.pid(gpuB)
+	// A restart whose checkpoint holds GPU B only.
+	if _, err := n.plugin(nil).Restore(ctx, map[string][]types.UID{gpuB: {"claim-b"}}); err != nil {
+		t.Fatal(err)
+	}
+	if n.pid(gpuA) != 0 || len(n.log(gpuA, "quit")) != 1 {
+		t.Fatal("GPU A's daemon, which no claim holds, still runs")
+	}
+	if n.pid(gpuB) != b {
+		t.Fatal("GPU B's daemon was not adopted")
+	}
+}
+
+func TestMaxClients(t *testing.T) {
+	n := newNode(t)
+	_, ctx := ktesting.NewTestContext(t)
+	m := n.plugin(nil)
+	for i := range MaxClients {
+		if err := m.Acquire(ctx, gpuA, types.UID(fmt.Sprintf("claim-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := m.Acquire(ctx, gpuA, "claim-one-too-many")
+	if err == nil || !strings.Contains(err.Error(), "48") || !strings.Contains(err.Error(), gpuA) {
+		t.Fatalf("claim %d on one GPU: %v, want an error naming the GPU and the limit", MaxClients+1, err)
+	}
+	if err := m.Acquire(ctx, gpuA, "claim-0"); err != nil {
+		t.Fatalf("a holder acquiring again: %v", err)
+	}
+	if got := len(m.Holders(gpuA)); got != MaxClients {
+		t.Fatalf("%d holders, want %d", got, MaxClients)
+	}
+}
+
+func TestEdits(t *testing.T) {
+	m := &Manager{opts: Options{Dir: "/run/facet/mps"}}
+	tests := []struct {
+		cores int64
+		pct   string
+	}{{20, "20"}, {50, "50"}, {100, "100"}, {0, "100"}}
+	for _, tc := range tests {
+		e := m.Edits(gpuA, tc.cores)
+		want := []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + tc.pct}
+		if fmt.Sprint(e.Env) != fmt.Sprint(want) {
+			t.Errorf("cores %d: env %v, want %v", tc.cores, e.Env, want)
+		}
+		if len(e.Mounts) != 2 ||
+			e.Mounts[0].HostPath != "/run/facet/mps/"+gpuA+"/pipe" || e.Mounts[0].ContainerPath != "/tmp/nvidia-mps" ||
+			e.Mounts[1].HostPath != "/run/facet/mps/"+gpuA+"/shm" || e.Mounts[1].ContainerPath != "/dev/shm" {
+			t.Errorf("cores %d: mounts %+v", tc.cores, e.Mounts)
+		}
+	}
+}
+
+// TestKillMatrix kills the plugin at each step of a daemon's start and stop
+// and checks that the next start converges: one daemon for a GPU its
+// checkpoint says is held, none for one it says is not.
+func TestKillMatrix(t *testing.T) {
+	type crash struct{ at string }
+	for _, point := range []string{FailpointStarting, FailpointStarted, FailpointRecorded, FailpointQuitSent} {
+		for _, held := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/held=%v", point, held), func(t *testing.T) {
+				t.Parallel()
+				n := newNode(t)
+				_, ctx := ktesting.NewTestContext(t)
+				kill := func(name string) {
+					if name == point {
+						panic(crash{name})
+					}
+				}
+				run := func(f func() error) (died bool) {
+					defer func() {
+						if v := recover(); v != nil {
+							if _, ok := v.(crash); !ok {
+								panic(v)
+							}
+							died = true
+						}
+					}()
+					_ = f()
+					return false
+				}
+				m := n.plugin(kill)
+				died := run(func() error { return m.Acquire(ctx, gpuA, "claim-1") })
+				if !died {
+					died = run(func() error { return m.Release(ctx, "claim-1") })
+				}
+				if !died {
+					t.Fatalf("never reached %s", point)
+				}
+				holders := map[string][]types.UID{}
+				if held {
+					holders[gpuA] = []types.UID{"claim-1"}
+				}
+				if _, err := n.plugin(nil).Restore(ctx, holders); err != nil {
+					t.Fatal(err)
+				}
+				pid := n.pid(gpuA)
+				switch {
+				case held && pid == 0:
+					t.Fatal("held GPU has no daemon after the restart")
+				case !held && pid != 0:
+					t.Fatalf("daemon %d runs for a GPU no claim holds", pid)
+				}
+				if held {
+					// Never two: every start the log shows but the last
+					// was stopped.
+					starts, quits := len(n.log(gpuA, "startup")), len(n.log(gpuA, "quit"))
+					if starts-quits > 1 {
+						t.Fatalf("%d starts and %d quits: more than one daemon", starts, quits)
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestPrivateShm(t *testing.T) {
+	n := newNode(t)
+	n.private = true
+	_, ctx := ktesting.NewTestContext(t)
+	m := n.plugin(nil)
+	err := m.Acquire(ctx, gpuA, "claim-1")
+	if err != nil && (errors.Is(err, syscall.EPERM) || strings.Contains(err.Error(), "operation not permitted")) {
+		t.Skipf("no mount namespaces here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker := filepath.Join(m.DirsOf(gpuA).Shm, fmt.Sprintf("%s.%d", mpssim.ShmMarker, n.pid(gpuA)))
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("the daemon's /dev/shm is not the GPU's shm directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join("/dev/shm", filepath.Base(marker))); err == nil {
+		t.Fatal("the daemon wrote into the plugin's /dev/shm")
+	}
+	if err := m.Release(ctx, "claim-1"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFindControl(t *testing.T) {
+	for _, dir := range []string{"usr/bin", "bin"} {
+		root := t.TempDir()
+		if err := mpssim.Write(filepath.Join(root, dir)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(filepath.Join(root, "lib64"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		control, libs, err := FindControl(root)
+		if err != nil || control != filepath.Join(root, dir, ControlName) || libs != filepath.Join(root, "lib64") {
+			t.Errorf("%s: %q %q %v", dir, control, libs, err)
+		}
+	}
+	if _, _, err := FindControl(t.TempDir()); err == nil || !strings.Contains(err.Error(), ControlName+" not found") {
+		t.Errorf("empty root: %v", err)
+	}
+}
