@@ -88,8 +88,9 @@ func TestBuild(t *testing.T) {
 		},
 		gpu: 2, bar: "[AAAAB...........]", memory: 24 << 10, sm: 20, health: HealthOK,
 		held: []string{
-			"default/a: share s1 of gpu-2 (20Gi, 20%)",
-			"default/b: share s2 of gpu-2 (4Gi, best-effort SM)",
+			// usable: less HAMi-core's 518 MiB context charge
+			"default/a: share s1 of gpu-2 (20Gi, 20%; 19.5Gi usable)",
+			"default/b: share s2 of gpu-2 (4Gi, best-effort SM; 3.49Gi usable)",
 		},
 	}, {
 		name:   "static-mig, one of the all-balanced instances",
@@ -100,12 +101,12 @@ func TestBuild(t *testing.T) {
 		name:   "slots, one of four held",
 		claims: []*resourceapi.ResourceClaim{claim("default/a", r("node-1", "gpu-4-slot-2"))},
 		gpu:    4, bar: "[....|....|AAAA|....]", memory: 20269, sm: 25, health: HealthOK,
-		held: []string{"default/a: gpu-4-slot-2 (19.8Gi, 25%)", "3 of 4 slots free"},
+		held: []string{"default/a: gpu-4-slot-2 (19.8Gi, 25%; 19.3Gi usable)", "3 of 4 slots free"},
 	}, {
 		name:   "dynamic, a share keeps MIG off",
 		claims: []*resourceapi.ResourceClaim{claim("default/a", share("node-1", "gpu-5", "s1", "10Gi", 50))},
 		gpu:    5, bar: "[~~~~~~~~]", memory: 10 << 10, sm: 50, health: HealthOK,
-		held: []string{"default/a: share s1 of gpu-5 (10Gi, 50%)"},
+		held: []string{"default/a: share s1 of gpu-5 (10Gi, 50%; 9.49Gi usable)"},
 	}, {
 		name:   "a held device no slice publishes",
 		claims: []*resourceapi.ResourceClaim{claim("default/a", r("node-1", "gpu-9"))},
@@ -182,6 +183,13 @@ func TestPicture(t *testing.T) {
 	for _, want := range []string{"A default/train", "B ml/small", "C default/big", "[B...CCCC]", "3 of 8 memory slices free", "[....FFFF]", "[GGGG|....|....|....]"} {
 		if !strings.Contains(pic.String(), want) {
 			t.Errorf("picture lacks %q", want)
+		}
+	}
+	// A share says what a workload can use of it (2000 MiB less the 518
+	// MiB context HAMi-core charges), and the table names the source.
+	for _, want := range []string{"default/volcano: share s1 of gpu-2 (1.95Gi, 20%; 1.45Gi usable)", "usable: a vGPU share's or slot's memory less the CUDA context", "measured on an H100 80GB HBM3 (518 MiB)"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q", want)
 		}
 	}
 	var y bytes.Buffer
