@@ -250,7 +250,7 @@ func TestPrepareWholeGPUs(t *testing.T) {
 		r.root + `/dev/nvidia2"`,
 		r.root + `/dev/nvidia3"`,
 		r.root + `/dev/nvidiactl"`,
-		"libcuda.so.550.54.15",
+		"libcuda.so.580.159.04",
 		"FACET_GPU_UUIDS=" + g2 + "," + g3,
 		"FACET_DEVICES=gpu-2,gpu-3",
 	} {

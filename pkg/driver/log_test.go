@@ -114,7 +114,7 @@ func TestUnitOneLogLinePerClaim(t *testing.T) {
 			op:   func(u *unit) error { return prepare(u, claim("small", "gpu-3-slot-0")) },
 			typ:  ktesting.LogInfo, msg: "Prepared claim",
 			want: func(*unit) map[string][]string {
-				return map[string][]string{"devices": {"gpu-3-slot-0 (slot of GPU-", "memory 21474836480 bytes, SM 25%, enforced by HAMi-core)"}}
+				return map[string][]string{"devices": {"gpu-3-slot-0 (slot of GPU-", "memory 21033385984 bytes, SM 25%, enforced by HAMi-core)"}}
 			},
 		},
 		{

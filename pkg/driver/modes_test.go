@@ -145,7 +145,7 @@ func TestConflictsAcrossModes(t *testing.T) {
 	}
 	// What the refusals named is still free where it should be.
 	ok := claim("ok", r.migDevice(1, "1g.10gb", 6))
-	s2 := share("s2", "gpu-2", "50Gi", 75)
+	s2 := share("s2", "gpu-2", "50359Mi", 75) // the rest of the H100's usable 81079 MiB
 	res := r.prepare(ok, s2)
 	if res[ok.UID].Err != nil || res[s2.UID].Err != nil {
 		t.Fatalf("later claims: %v / %v", res[ok.UID].Err, res[s2.UID].Err)
@@ -156,7 +156,7 @@ func TestSharesGetHAMiCoreLimits(t *testing.T) {
 	r := newRigMode(t, inventory.Config{DefaultMode: inventory.ModeShared})
 	volcano := share("volcano", "gpu-3", "2000Mi", 20)
 	notebook := share("notebook", "gpu-3", "4Gi", 0, `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","coreUtilizationPolicy":"force"}`)
-	whole := share("whole", "gpu-4", "80Gi", 100)
+	whole := share("whole", "gpu-4", "81079Mi", 100) // all of the H100's usable memory
 	optOut := share("opt-out", "gpu-5", "8Gi", 50, `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","enforcement":"disabled"}`)
 	bad := share("bad", "gpu-5", "8Gi", 10, `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","taskPriority":7}`)
 	res := r.prepare(volcano, notebook, whole, optOut, bad)
@@ -201,6 +201,27 @@ func TestSharesGetHAMiCoreLimits(t *testing.T) {
 	r.unprepare(volcano.UID)
 	if _, err := os.Stat(cache); !os.IsNotExist(err) {
 		t.Fatal("accounting region survived unprepare")
+	}
+}
+
+// TestWholeGPUBesideAShareGetsUsableLimit: a container that sees a vGPU
+// share needs a HAMi-core limit for every GPU it sees; a whole GPU's is the
+// memory CUDA can give (the H100's 81079 MiB: 81559 less 480 reserved),
+// never NVML's total, which the card cannot allocate.
+func TestWholeGPUBesideAShareGetsUsableLimit(t *testing.T) {
+	r := newRigMode(t, inventory.Config{DefaultMode: inventory.ModeShared, PerGPU: map[int]inventory.Mode{0: inventory.ModeExclusive}})
+	c := share("mixed", "gpu-3", "2000Mi", 20)
+	c.Status.Allocation.Devices.Results = append(c.Status.Allocation.Devices.Results,
+		resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: names.Driver, Pool: node, Device: "gpu-0"})
+	if err := r.prepare(c)[c.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	spec := r.spec(c.UID)
+	// gpu-0 comes first in PCI order (0000:1b:00.0 before gpu-3's 0000:61:00.0).
+	for _, want := range []string{"CUDA_DEVICE_MEMORY_LIMIT_0=81079m", "CUDA_DEVICE_SM_LIMIT_0=100", "CUDA_DEVICE_MEMORY_LIMIT_1=2000m", "CUDA_DEVICE_SM_LIMIT_1=20"} {
+		if !strings.Contains(spec, want) {
+			t.Errorf("spec lacks %s:\n%s", want, spec)
+		}
 	}
 }
 

@@ -115,7 +115,7 @@ func TestUnitObserved(t *testing.T) {
 			name:  "whole GPU",
 			cfg:   func(*testing.T) inventory.Config { return inventory.Config{DefaultMode: inventory.ModeExclusive} },
 			claim: func(*unit) *resourceapi.ResourceClaim { return claim("whole", "gpu-2") },
-			kind:  kindWhole, gpu: 2, memory: 80 << 30, compute: 100,
+			kind:  kindWhole, gpu: 2, memory: 81079 << 20, compute: 100,
 		},
 		{
 			name:  "vGPU share",
@@ -127,7 +127,7 @@ func TestUnitObserved(t *testing.T) {
 			name:  "vGPU slot",
 			cfg:   slotCfg,
 			claim: func(*unit) *resourceapi.ResourceClaim { return claim("small", "gpu-3-slot-0") },
-			kind:  kindSlot, gpu: 3, memory: 20 << 30, compute: 25,
+			kind:  kindSlot, gpu: 3, memory: 20059 << 20, compute: 25,
 		},
 		{
 			name:  "MIG device",

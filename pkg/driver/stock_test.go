@@ -87,7 +87,7 @@ func TestSlots(t *testing.T) {
 		name string
 		want []string
 	}{
-		{"small", []string{"CUDA_DEVICE_MEMORY_LIMIT_0=20480m", "CUDA_DEVICE_SM_LIMIT_0=25", "uid-small/vgpu.cache", "/etc/ld.so.preload", r.root + `/dev/nvidia3"`}},
+		{"small", []string{"CUDA_DEVICE_MEMORY_LIMIT_0=20059m", "CUDA_DEVICE_SM_LIMIT_0=25", "uid-small/vgpu.cache", "/etc/ld.so.preload", r.root + `/dev/nvidia3"`}},
 		{"big", []string{"CUDA_DEVICE_MEMORY_LIMIT_0=40960m", "CUDA_DEVICE_SM_LIMIT_0=50"}},
 	} {
 		spec := r.spec(claim(tc.name).UID)
@@ -138,7 +138,7 @@ func TestSlotLimitedByVgpuConfig(t *testing.T) {
 			t.Errorf("spec lacks %s", w)
 		}
 	}
-	want := `claim ns/greedy: request "gpu": device node-a/gpu-3-slot-1: VgpuConfig: memory: Invalid value: "30Gi": more than the 20480 MiB the device gives`
+	want := `claim ns/greedy: request "gpu": device node-a/gpu-3-slot-1: VgpuConfig: memory: Invalid value: "30Gi": more than the 20269 MiB the device gives`
 	if err := res[greedy.UID].Err; err == nil || err.Error() != want {
 		t.Errorf("error %v\nwant  %s", err, want)
 	}

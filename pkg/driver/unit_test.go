@@ -181,7 +181,7 @@ func TestUnitPrepare(t *testing.T) {
 		{
 			name:  "vGPU share of the whole GPU",
 			cfg:   func(*testing.T) inventory.Config { return inventory.Config{DefaultMode: inventory.ModeShared} },
-			claim: func(*unit) *resourceapi.ResourceClaim { return share("whole", "gpu-4", "80Gi", 100) },
+			claim: func(*unit) *resourceapi.ResourceClaim { return share("whole", "gpu-4", "81079Mi", 100) },
 			kind:  kindShare,
 			want: func(u *unit) []string {
 				return []string{"/dev/nvidia-" + u.inv.GPUs[4].UUID}
@@ -194,7 +194,7 @@ func TestUnitPrepare(t *testing.T) {
 			claim: func(*unit) *resourceapi.ResourceClaim { return claim("small", "gpu-3-slot-0") },
 			kind:  kindSlot,
 			want: func(u *unit) []string {
-				return []string{"/dev/nvidia-" + u.inv.GPUs[3].UUID, "CUDA_DEVICE_MEMORY_LIMIT_0=20480m", "CUDA_DEVICE_SM_LIMIT_0=25", "uid-small/vgpu.cache"}
+				return []string{"/dev/nvidia-" + u.inv.GPUs[3].UUID, "CUDA_DEVICE_MEMORY_LIMIT_0=20059m", "CUDA_DEVICE_SM_LIMIT_0=25", "uid-small/vgpu.cache"}
 			},
 		},
 		{
@@ -287,13 +287,13 @@ func TestUnitConflictRefused(t *testing.T) {
 			later: func(*unit) *resourceapi.ResourceClaim { return claim("again", "gpu-3-slot-0") },
 			free:  "gpu-3-slot-1",
 			want: func(*unit) string {
-				return "claim ns/again: device gpu-3-slot-0: conflicts with vGPU share of gpu-3-slot-0 (20480 MiB, 25% SM) of claim ns/small (uid-small)"
+				return "claim ns/again: device gpu-3-slot-0: conflicts with vGPU share of gpu-3-slot-0 (20059 MiB, 25% SM) of claim ns/small (uid-small)"
 			},
 		},
 		{
 			name:  "shares beyond the GPU",
 			cfg:   func(*testing.T) inventory.Config { return inventory.Config{DefaultMode: inventory.ModeShared} },
-			first: func(*unit) *resourceapi.ResourceClaim { return share("whole", "gpu-4", "80Gi", 100) },
+			first: func(*unit) *resourceapi.ResourceClaim { return share("whole", "gpu-4", "81079Mi", 100) },
 			later: func(*unit) *resourceapi.ResourceClaim { return share("late", "gpu-4", "1Gi", 1) },
 			free:  "gpu-5",
 			want: func(u *unit) string {

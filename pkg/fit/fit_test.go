@@ -101,7 +101,7 @@ func TestCheck(t *testing.T) {
 		node:  occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 1, Modes: "0=shared"},
 		held:  []*resourceapi.ResourceClaim{held("ml/a", share("n1", "gpu-0", "s1", "70Gi", 30))},
 		claim: ask("vgpu.facet.dev", map[string]string{"memory": "20Gi", "cores": "20"}),
-		why:   []string{"gpu-0: 10Gi of 80Gi memory free, need 20Gi (held by ml/a)"},
+		why:   []string{"gpu-0: 9.18Gi of 79.18Gi memory free, need 20Gi (held by ml/a)"}, // 81079 - 71680 of 81079 MiB
 	}, {
 		name:  "a share that fits beside another",
 		node:  occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 1, Modes: "0=shared"},

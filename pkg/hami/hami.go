@@ -34,6 +34,27 @@ const (
 	CacheFileName = "vgpu.cache"
 )
 
+// ContextChargeBytes is the CUDA context HAMi-core charges to a share's
+// memory limit: HAMi-core counts the primary context against
+// CUDA_DEVICE_MEMORY_LIMIT, so a workload can allocate the share's size
+// less this. 543162368 bytes (518 MiB) is HAMi-core's "Primary Context
+// Size" for one PyTorch 2.11 process on an H100 80GB HBM3, driver
+// 580.159.04 (../shared/hardware/h100-80gb-hbm3.md): a 2000 MiB share's
+// largest allocation was 1472 MiB. It is one measurement on one card and
+// framework; other GPUs, drivers, CUDA versions and libraries loaded
+// (cuBLAS, cuDNN, NCCL) change it. Where MPS serves the share the context
+// lives in the MPS server and is not charged (measured: 1872 of 2000 MiB).
+const ContextChargeBytes int64 = 543162368
+
+// ContextChargeSource names the measurement behind ContextChargeBytes, for
+// tools that print a usable figure.
+const ContextChargeSource = "one PyTorch process's CUDA context under HAMi-core, measured on an H100 80GB HBM3 (518 MiB)"
+
+// Usable is how much of a share of shareBytes a workload can allocate once
+// HAMi-core has charged its CUDA context (ContextChargeBytes), never
+// negative. It is an estimate: see ContextChargeBytes.
+func Usable(shareBytes int64) int64 { return max(shareBytes-ContextChargeBytes, 0) }
+
 // Share is one vGPU share of a claim, as the allocator recorded it.
 type Share struct {
 	// Device is the DRA device name, e.g. "gpu-3".

@@ -19,7 +19,7 @@ var MIGModels = []string{"A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIE-40GB", "
 
 func discover(t *testing.T, models ...string) *nvml.Node {
 	t.Helper()
-	m := &sim.Machine{Name: "inv-test", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
+	m := &sim.Machine{Name: "inv-test", DriverVersion: "580.159.04", CUDADriverVersion: "13.0"}
 	for _, model := range models {
 		m.GPUs = append(m.GPUs, sim.MachineGPU{Model: model})
 	}

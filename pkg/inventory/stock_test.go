@@ -225,11 +225,42 @@ func TestSlotsMode(t *testing.T) {
 			got = append(got, fmt.Sprintf("%s=%dMiB/%d", d.Name, d.Slot.MemoryBytes>>20, d.Slot.Cores))
 		}
 	}
-	// 80 GiB less the 40 GiB slot, halved; the L4's 23034 MiB in quarters.
-	want := "gpu-0-slot-0=20480MiB/25 gpu-0-slot-1=20480MiB/25 gpu-0-slot-2=40960MiB/50 " +
-		"gpu-1-slot-0=5758MiB/25 gpu-1-slot-1=5758MiB/25 gpu-1-slot-2=5758MiB/25 gpu-1-slot-3=5758MiB/25"
+	// The H100's usable 81079 MiB less the 40 GiB slot, halved; the L4's
+	// usable 22898 MiB (23034 less its estimated 136 reserved) in quarters.
+	want := "gpu-0-slot-0=20059MiB/25 gpu-0-slot-1=20059MiB/25 gpu-0-slot-2=40960MiB/50 " +
+		"gpu-1-slot-0=5724MiB/25 gpu-1-slot-1=5724MiB/25 gpu-1-slot-2=5724MiB/25 gpu-1-slot-3=5724MiB/25"
 	if strings.Join(got, " ") != want {
 		t.Errorf("got  %s\nwant %s", strings.Join(got, " "), want)
+	}
+}
+
+// TestDefaultSlotsFitUsableMemory: the default four slots of a real card
+// add up to no more than CUDA can give (the driver's reserved memory is not
+// for slots): on the measured H100, 4 x 20269 MiB = 81076 of 81079 MiB.
+func TestDefaultSlotsFitUsableMemory(t *testing.T) {
+	for _, tc := range []struct {
+		model   string
+		slotMiB int64
+	}{
+		{"H100-SXM5-80GB", 20269}, // 81079 / 4
+		{"H200-141GB", 35788},     // 143155 / 4
+		{"L4", 5724},              // 22898 / 4
+	} {
+		node := discover(t, tc.model)
+		inv, err := Build(node, Config{Features: cluster("v1.35.4"), DefaultMode: ModeSlots})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum int64
+		for _, d := range inv.GPUs[0].Devices {
+			if d.Slot.MemoryBytes != tc.slotMiB<<20 {
+				t.Errorf("%s: %s has %d MiB, want %d", tc.model, d.Name, d.Slot.MemoryBytes>>20, tc.slotMiB)
+			}
+			sum += d.Slot.MemoryBytes
+		}
+		if usable := int64(node.GPUs[0].MemoryBytes); sum > usable {
+			t.Errorf("%s: slots take %d MiB of %d usable", tc.model, sum>>20, usable>>20)
+		}
 	}
 }
 

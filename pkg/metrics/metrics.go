@@ -157,7 +157,8 @@ type GPU struct {
 	Product string
 	// Mode is the inventory mode in force (exclusive, mig, shared, ...).
 	Mode string
-	// MemoryBytes is the GPU's framebuffer.
+	// MemoryBytes is the GPU's usable framebuffer in bytes: NVML's total
+	// less what the driver reserves (nvml.GPU.MemoryBytes).
 	MemoryBytes int64
 	// AllocatedMemoryBytes is the memory prepared claims hold: all of it
 	// for a whole GPU, the instances' for MIG, the shares' limits.
@@ -207,7 +208,7 @@ type Collector struct {
 var (
 	gpuLabels     = []string{"gpu", "uuid", "product"}
 	descMode      = prometheus.NewDesc(namespace+"_gpu_mode", "The GPU's mode: 1 for the mode in force, labelled by it.", append(gpuLabels, "mode"), nil)
-	descMemory    = prometheus.NewDesc(namespace+"_gpu_memory_bytes", "The GPU's framebuffer memory.", gpuLabels, nil)
+	descMemory    = prometheus.NewDesc(namespace+"_gpu_memory_bytes", "The GPU's framebuffer memory a workload can be given: NVML's total less what the driver reserves (memory info v2), as published in the GPU's memory capacity.", gpuLabels, nil)
 	descAllocMem  = prometheus.NewDesc(namespace+"_gpu_allocated_memory_bytes", "Memory of the GPU that prepared claims hold: all of it for a whole GPU, each MIG instance's, each vGPU share's limit.", gpuLabels, nil)
 	descAllocComp = prometheus.NewDesc(namespace+"_gpu_allocated_compute_percent", "Compute of the GPU that prepared claims hold, in percent: 100 for a whole GPU, each vGPU share's SM limit, each MIG instance's compute slices.", gpuLabels, nil)
 	descMIG       = prometheus.NewDesc(namespace+"_gpu_mig_instances_in_use", "Prepared MIG instances on the GPU, by profile.", append(gpuLabels, "profile"), nil)

@@ -13,7 +13,7 @@ import (
 
 func gpuOf(t *testing.T, model string) (*nvml.Library, nvml.GPU) {
 	t.Helper()
-	lib, err := sim.OpenSimulated(&sim.Machine{Name: "layout-test", DriverVersion: "550.54.15", CUDADriverVersion: "12.4",
+	lib, err := sim.OpenSimulated(&sim.Machine{Name: "layout-test", DriverVersion: "580.159.04", CUDADriverVersion: "13.0",
 		GPUs: []sim.MachineGPU{{Model: model}}})
 	if err != nil {
 		t.Fatal(err)

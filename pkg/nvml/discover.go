@@ -8,6 +8,7 @@ import (
 
 	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
 )
 
 // PCIeRootFunc resolves a PCI bus ID ("dddd:bb:dd.f") to its PCIe root
@@ -96,11 +97,9 @@ func discoverGPU(devlib nvdev.Interface, dev gonvml.Device, index int, pcieRoot 
 		return nil, nvmlError("nvmlDeviceGetCudaComputeCapability", ret)
 	}
 	gpu.CUDAComputeCapability = fmt.Sprintf("%d.%d", major, minor)
-	mem, ret := dev.GetMemoryInfo()
-	if ret != gonvml.SUCCESS {
-		return nil, nvmlError("nvmlDeviceGetMemoryInfo", ret)
+	if err := readMemory(dev, gpu); err != nil {
+		return nil, err
 	}
-	gpu.MemoryBytes = mem.Total
 	pci, ret := dev.GetPciInfo()
 	if ret != gonvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetPciInfo", ret)
@@ -129,13 +128,45 @@ func discoverGPU(devlib nvdev.Interface, dev gonvml.Device, index int, pcieRoot 
 		return nil, nvmlError("nvmlDeviceGetMigMode", ret)
 	}
 	if gpu.MIGCapable {
-		profiles, err := discoverMIGProfiles(devlib, dev, gpu.MemoryBytes)
+		profiles, err := discoverMIGProfiles(devlib, dev, gpu.TotalMemoryBytes)
 		if err != nil {
 			return nil, err
 		}
 		gpu.MIGProfiles = profiles
 	}
 	return gpu, nil
+}
+
+// readMemory fills the GPU's memory fields from NVML memory info v2: the
+// usable memory is Total minus Reserved, the figure CUDA reports as total
+// (measured on an H100 80GB HBM3, driver 580.159.04: 81559 MiB total, 480
+// MiB reserved, cudaMemGetInfo total 81079 MiB). A driver that does not
+// support v2 (ERROR_NOT_SUPPORTED or ERROR_FUNCTION_NOT_FOUND) gets v1's
+// Total, with a log line that says the figure includes reserved memory.
+func readMemory(dev gonvml.Device, gpu *GPU) error {
+	v2, ret := dev.GetMemoryInfo_v2()
+	switch {
+	case ret == gonvml.SUCCESS && v2.Reserved < v2.Total:
+		gpu.TotalMemoryBytes, gpu.ReservedMemoryBytes = v2.Total, v2.Reserved
+		// Whole MiB: HAMi-core limits and slots are given in MiB, and CUDA
+		// reports the H200's 143155.5 MiB as 143155.
+		gpu.MemoryBytes = (v2.Total - v2.Reserved) &^ (1<<20 - 1)
+		gpu.MemorySource = MemorySourceV2
+		return nil
+	case ret == gonvml.SUCCESS:
+		return fmt.Errorf("nvmlDeviceGetMemoryInfo_v2: reserved %d bytes is not less than total %d bytes", v2.Reserved, v2.Total)
+	case ret != gonvml.ERROR_NOT_SUPPORTED && ret != gonvml.ERROR_FUNCTION_NOT_FOUND:
+		return nvmlError("nvmlDeviceGetMemoryInfo_v2", ret)
+	}
+	v1, ret := dev.GetMemoryInfo()
+	if ret != gonvml.SUCCESS {
+		return nvmlError("nvmlDeviceGetMemoryInfo", ret)
+	}
+	gpu.TotalMemoryBytes, gpu.ReservedMemoryBytes, gpu.MemoryBytes = v1.Total, 0, v1.Total&^(1<<20-1)
+	gpu.MemorySource = MemorySourceV1Total
+	klog.InfoS("NVML memory info v2 is not supported; publishing the v1 total, which includes the driver's reserved memory and so overstates what a workload can allocate",
+		"gpu", gpu.UUID, "totalBytes", v1.Total)
+	return nil
 }
 
 // discoverMIGProfiles lists every GPU instance profile the device supports

@@ -150,6 +150,7 @@ func (l *Library) loadProfiles(g *gpuState) error {
 	if g.profiles != nil {
 		return nil
 	}
+	// Names derive from the total (v1's equals v2's), as in discovery.
 	mem, ret := g.dev.GetMemoryInfo()
 	if ret != gonvml.SUCCESS {
 		return fmt.Errorf("%s: %w", g, nvmlError("nvmlDeviceGetMemoryInfo", ret))

@@ -2,11 +2,11 @@ package nvml
 
 // Node is what discovery learns about one machine.
 type Node struct {
-	// DriverVersion is the kernel driver version, e.g. "550.54.15"
+	// DriverVersion is the kernel driver version, e.g. "580.159.04"
 	// (nvmlSystemGetDriverVersion).
 	DriverVersion string
 	// CUDADriverVersion is the newest CUDA version the driver supports,
-	// as "major.minor", e.g. "12.4" (nvmlSystemGetCudaDriverVersion).
+	// as "major.minor", e.g. "13.0" (nvmlSystemGetCudaDriverVersion).
 	CUDADriverVersion string
 	// GPUs in NVML index order.
 	GPUs []GPU
@@ -28,8 +28,25 @@ type GPU struct {
 	Brand string
 	// CUDAComputeCapability is "major.minor", e.g. "9.0".
 	CUDAComputeCapability string
-	// MemoryBytes is the total framebuffer memory in bytes.
+	// MemoryBytes is the framebuffer memory a workload can be given, in
+	// bytes: NVML memory info v2's Total minus Reserved (the memory the
+	// driver keeps for itself), rounded down to a whole MiB; what CUDA's
+	// cudaMemGetInfo reports as total on an idle GPU. It is what Facet publishes as a whole GPU's memory
+	// capacity and sizes slots, vGPU shares and HAMi-core limits from.
+	// Where the driver does not support memory info v2, it is the v1 total
+	// (MemorySource says which), which overstates it by the reserved part.
 	MemoryBytes uint64
+	// TotalMemoryBytes is NVML's total framebuffer in bytes (memory info
+	// v1 and v2 Total, nvidia-smi's "FB Memory Usage: Total"), reserved
+	// memory included. MIG profile names are derived from it, as NVIDIA's
+	// tools derive them.
+	TotalMemoryBytes uint64
+	// ReservedMemoryBytes is the framebuffer the driver reserves (memory
+	// info v2 Reserved; nvidia-smi's "Reserved"); 0 when MemorySource is
+	// MemorySourceV1Total.
+	ReservedMemoryBytes uint64
+	// MemorySource names the NVML figure MemoryBytes comes from.
+	MemorySource MemorySource
 	// PCIBusID is the bus ID in the kernel's sysfs form "dddd:bb:dd.f"
 	// (NVML's 8-digit domain is shortened to 4).
 	PCIBusID string
@@ -49,11 +66,24 @@ type GPU struct {
 	MIGProfiles []MIGProfile
 }
 
+// MemorySource names where a GPU's MemoryBytes comes from.
+type MemorySource string
+
+const (
+	// MemorySourceV2 is NVML memory info v2 (nvmlDeviceGetMemoryInfo_v2):
+	// Total minus Reserved.
+	MemorySourceV2 MemorySource = "nvml-memory-info-v2"
+	// MemorySourceV1Total is NVML memory info v1's Total, used where the
+	// driver answers v2 with ERROR_NOT_SUPPORTED: it includes the driver's
+	// reserved memory, so it overstates what a workload can allocate.
+	MemorySourceV1Total MemorySource = "nvml-memory-info-v1-total"
+)
+
 // MIGProfile is one GPU instance profile and every placement NVML allows
 // for it. The tables behind it are NVIDIA's: on real hardware they come from
-// the driver; in simulation from go-nvml's mock GPU configs
-// (github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus, v0.13.3-1), which transcribe
-// the MIG user guide's profile tables.
+// the driver; in simulation from Facet's model tables (pkg/nvml/sim,
+// models.go), which hold the values NVML reports on the measured H100 and
+// H200 and NVIDIA's MIG user guide for the other models.
 type MIGProfile struct {
 	// Name in NVIDIA's notation, e.g. "1g.10gb", "1g.10gb+me", "4g.40gb".
 	Name string
@@ -67,7 +97,9 @@ type MIGProfile struct {
 	// MemorySlices is the number of memory slices a placement occupies
 	// (the placement's Size).
 	MemorySlices int
-	// MemoryBytes is the instance's framebuffer in bytes.
+	// MemoryBytes is the instance's framebuffer in bytes, as NVML reports
+	// it (GpuInstanceProfileInfo.MemorySizeMB, in MiB): e.g. 9984 MiB for
+	// an H100 80GB's 1g.10gb, not the 10 GB of its name.
 	MemoryBytes uint64
 	// Multiprocessors is the number of SMs of the instance.
 	Multiprocessors int

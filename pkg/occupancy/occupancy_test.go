@@ -48,10 +48,10 @@ func TestBuild(t *testing.T) {
 		name   string
 		claims []*resourceapi.ResourceClaim
 		gpu    int
-		// want: the GPU's bar, memory used (GiB), SM used (percent),
+		// want: the GPU's bar, memory used (MiB), SM used (percent),
 		// holdings, health.
 		bar    string
-		memory float64
+		memory int64
 		sm     int64
 		held   []string
 		health string
@@ -61,7 +61,7 @@ func TestBuild(t *testing.T) {
 	}, {
 		name:   "exclusive, held",
 		claims: []*resourceapi.ResourceClaim{claim("default/a", r("node-1", "gpu-0"))},
-		gpu:    0, bar: "[AAAAAAAAAAAAAAAA]", memory: 80, sm: 100, health: HealthOK,
+		gpu:    0, bar: "[AAAAAAAAAAAAAAAA]", memory: 81079, sm: 100, health: HealthOK,
 		held: []string{"default/a: whole GPU"},
 	}, {
 		name: "mig, carved placements",
@@ -69,7 +69,7 @@ func TestBuild(t *testing.T) {
 			claim("default/a", r("node-1", "gpu-1-mig-3g40gb-4")),
 			claim("ml/c", r("node-1", "gpu-1-mig-1g10gb-0"), r("node-1", "gpu-1-mig-1g10gb-me-1")),
 		},
-		gpu: 1, bar: "[CC..AAAA]", memory: 60, sm: 42 + 14 + 14, health: HealthOK,
+		gpu: 1, bar: "[CC..AAAA]", memory: 40448 + 9984 + 9984, sm: 42 + 14 + 14, health: HealthOK,
 		held: []string{
 			"default/a: gpu-1-mig-3g40gb-4 (3g.40gb, slices 4-7)",
 			"ml/c: gpu-1-mig-1g10gb-0 (1g.10gb, slice 0)",
@@ -78,7 +78,7 @@ func TestBuild(t *testing.T) {
 	}, {
 		name:   "mig, whole GPU",
 		claims: []*resourceapi.ResourceClaim{claim("default/b", r("node-1", "gpu-1"))},
-		gpu:    1, bar: "[BBBBBBBB]", memory: 80, sm: 100, health: HealthOK,
+		gpu:    1, bar: "[BBBBBBBB]", memory: 81079, sm: 100, health: HealthOK,
 		held: []string{"default/b: whole GPU"},
 	}, {
 		name: "shared, two shares",
@@ -86,26 +86,27 @@ func TestBuild(t *testing.T) {
 			claim("default/a", share("node-1", "gpu-2", "s1", "20Gi", 20)),
 			claim("default/b", share("node-1", "gpu-2", "s2", "4Gi", 0)),
 		},
-		gpu: 2, bar: "[AAAAB...........]", memory: 24, sm: 20, health: HealthOK,
+		gpu: 2, bar: "[AAAAB...........]", memory: 24 << 10, sm: 20, health: HealthOK,
 		held: []string{
-			"default/a: share s1 of gpu-2 (20Gi, 20%)",
-			"default/b: share s2 of gpu-2 (4Gi, best-effort SM)",
+			// usable: less HAMi-core's 518 MiB context charge
+			"default/a: share s1 of gpu-2 (20Gi, 20%; 19.5Gi usable)",
+			"default/b: share s2 of gpu-2 (4Gi, best-effort SM; 3.49Gi usable)",
 		},
 	}, {
 		name:   "static-mig, one of the all-balanced instances",
 		claims: []*resourceapi.ResourceClaim{claim("default/a", r("node-1", "gpu-3-mig-2g20gb-0"))},
-		gpu:    3, bar: "[AA......]", memory: 20, sm: 28, health: HealthOK,
+		gpu:    3, bar: "[AA......]", memory: 20096, sm: 28, health: HealthOK,
 		held: []string{"default/a: gpu-3-mig-2g20gb-0 (2g.20gb, slices 0-1)"},
 	}, {
 		name:   "slots, one of four held",
 		claims: []*resourceapi.ResourceClaim{claim("default/a", r("node-1", "gpu-4-slot-2"))},
-		gpu:    4, bar: "[....|....|AAAA|....]", memory: 20, sm: 25, health: HealthOK,
-		held: []string{"default/a: gpu-4-slot-2 (20Gi, 25%)", "3 of 4 slots free"},
+		gpu:    4, bar: "[....|....|AAAA|....]", memory: 20269, sm: 25, health: HealthOK,
+		held: []string{"default/a: gpu-4-slot-2 (19.8Gi, 25%; 19.3Gi usable)", "3 of 4 slots free"},
 	}, {
 		name:   "dynamic, a share keeps MIG off",
 		claims: []*resourceapi.ResourceClaim{claim("default/a", share("node-1", "gpu-5", "s1", "10Gi", 50))},
-		gpu:    5, bar: "[~~~~~~~~]", memory: 10, sm: 50, health: HealthOK,
-		held: []string{"default/a: share s1 of gpu-5 (10Gi, 50%)"},
+		gpu:    5, bar: "[~~~~~~~~]", memory: 10 << 10, sm: 50, health: HealthOK,
+		held: []string{"default/a: share s1 of gpu-5 (10Gi, 50%; 9.49Gi usable)"},
 	}, {
 		name:   "a held device no slice publishes",
 		claims: []*resourceapi.ResourceClaim{claim("default/a", r("node-1", "gpu-9"))},
@@ -124,8 +125,8 @@ func TestBuild(t *testing.T) {
 			if got := Bar(g, letters); got != tc.bar {
 				t.Errorf("bar %s, want %s", got, tc.bar)
 			}
-			if got := float64(g.Memory.Used) / gi; got != tc.memory {
-				t.Errorf("memory used %vGi, want %vGi", got, tc.memory)
+			if got := g.Memory.Used >> 20; got != tc.memory || g.Memory.Used%(1<<20) != 0 {
+				t.Errorf("memory used %d bytes (%d MiB), want %d MiB", g.Memory.Used, got, tc.memory)
 			}
 			if g.Cores.Used != tc.sm {
 				t.Errorf("SM used %d%%, want %d%%", g.Cores.Used, tc.sm)
@@ -182,6 +183,13 @@ func TestPicture(t *testing.T) {
 	for _, want := range []string{"A default/train", "B ml/small", "C default/big", "[B...CCCC]", "3 of 8 memory slices free", "[....FFFF]", "[GGGG|....|....|....]"} {
 		if !strings.Contains(pic.String(), want) {
 			t.Errorf("picture lacks %q", want)
+		}
+	}
+	// A share says what a workload can use of it (2000 MiB less the 518
+	// MiB context HAMi-core charges), and the table names the source.
+	for _, want := range []string{"default/volcano: share s1 of gpu-2 (1.95Gi, 20%; 1.45Gi usable)", "usable: a vGPU share's or slot's memory less the CUDA context", "measured on an H100 80GB HBM3 (518 MiB)"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q", want)
 		}
 	}
 	var y bytes.Buffer

@@ -46,7 +46,7 @@ var (
 func KnownProfiles() ProfileTable {
 	knownOnce.Do(func() {
 		known = tables{}
-		m := &sim.Machine{Name: "profile-tables", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
+		m := &sim.Machine{Name: "profile-tables", DriverVersion: "580.159.04", CUDADriverVersion: "13.0"}
 		for _, model := range sim.Models() {
 			m.GPUs = append(m.GPUs, sim.MachineGPU{Model: model})
 		}

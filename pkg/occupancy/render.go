@@ -7,13 +7,34 @@ import (
 	"text/tabwriter"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/facet-gpu/facet/pkg/hami"
 )
 
 // Table writes one row per GPU and one more per further holder:
 //
-//	NODE       GPU    MODE    HEALTH  MEMORY USED      SM USED  HELD BY
-//	node-1     gpu-0  mig     ok      19.5Gi of 80Gi   28%      default/a: gpu-0-mig-1g10gb-6 (1g.10gb, slices 6-6)
+//	NODE       GPU    MODE    HEALTH  MEMORY USED        SM USED  HELD BY
+//	node-1     gpu-0  mig     ok      9.75Gi of 79.2Gi   16%      default/a: gpu-0-mig-1g10gb-6 (1g.10gb, slice 6)
+//
+// A vGPU share or slot also shows how much of it a workload can allocate
+// under HAMi-core (hami.Usable), and a note under the table names where
+// that figure comes from.
 func Table(w io.Writer, c *Cluster) error {
+	if err := table(w, c); err != nil {
+		return err
+	}
+	for _, g := range c.GPUs {
+		if len(g.Shares) > 0 || len(g.Slots) > 0 {
+			_, err := fmt.Fprintf(w, "\nusable: a vGPU share's or slot's memory less the CUDA context HAMi-core charges to it,\n"+
+				"about %d MiB (%s);\nnone is charged where MPS serves the share. Request that much more than the workload needs.\n",
+				hami.ContextChargeBytes>>20, hami.ContextChargeSource)
+			return err
+		}
+	}
+	return nil
+}
+
+func table(w io.Writer, c *Cluster) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tGPU\tMODE\tHEALTH\tMEMORY USED\tSM USED\tHELD BY")
 	for _, g := range c.GPUs {
@@ -48,11 +69,11 @@ func holdings(g *GPU) []string {
 		out = append(out, fmt.Sprintf("%s: %s (%s, %s)", m.Claim, m.Device, m.Profile, where))
 	}
 	for _, s := range g.Shares {
-		out = append(out, fmt.Sprintf("%s: share %s of %s (%s, %s)", s.Claim, s.ShareID, s.Device, gib(s.MemoryBytes), cores(s.Cores)))
+		out = append(out, fmt.Sprintf("%s: share %s of %s (%s, %s; %s usable)", s.Claim, s.ShareID, s.Device, gib(s.MemoryBytes), cores(s.Cores), gib(hami.Usable(s.MemoryBytes))))
 	}
 	for _, s := range g.Slots {
 		if s.Claim != nil {
-			out = append(out, fmt.Sprintf("%s: %s (%s, %s)", s.Claim, s.Device, gib(s.MemoryBytes), cores(s.Cores)))
+			out = append(out, fmt.Sprintf("%s: %s (%s, %s; %s usable)", s.Claim, s.Device, gib(s.MemoryBytes), cores(s.Cores), gib(hami.Usable(s.MemoryBytes))))
 		}
 	}
 	if n := freeSlots(g); n > 0 {

@@ -6,6 +6,7 @@ package slices
 import (
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -356,11 +357,23 @@ func intAttr(i int) resourceapi.DeviceAttribute {
 
 func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
 
-// version turns NVIDIA's "12.4" or "550.54.15" into semver ("12.4.0").
+// version turns NVIDIA's "12.4" or "580.159.04" into semver ("12.4.0",
+// "580.159.4"). Semantic versions forbid leading zeros, and NVIDIA's driver
+// versions have them (580.159.04, 535.104.05): published as they are, the
+// API server rejects the ResourceSlice and CEL cannot compare them. A part
+// that is not a number is left alone (and the slice then fails validation
+// with an error naming the attribute).
 func version(v string) resourceapi.DeviceAttribute {
-	if strings.Count(v, ".") == 1 {
-		v += ".0"
+	parts := strings.Split(v, ".")
+	if len(parts) == 2 {
+		parts = append(parts, "0")
 	}
+	for i, p := range parts {
+		if n, err := strconv.ParseUint(p, 10, 64); err == nil {
+			parts[i] = strconv.FormatUint(n, 10)
+		}
+	}
+	v = strings.Join(parts, ".")
 	return resourceapi.DeviceAttribute{VersionValue: &v}
 }
 

@@ -364,3 +364,21 @@ func TestComputePartitioningAttribute(t *testing.T) {
 		}
 	}
 }
+
+// TestVersionIsSemver: NVIDIA's versions become semantic versions the API
+// server accepts; a leading zero (580.159.04) would get the slice rejected.
+func TestVersionIsSemver(t *testing.T) {
+	for in, want := range map[string]string{
+		"13.0":       "13.0.0",
+		"12.4":       "12.4.0",
+		"9.0":        "9.0.0",
+		"580.159.04": "580.159.4",
+		"535.104.05": "535.104.5",
+		"550.54.15":  "550.54.15",
+	} {
+		got := *version(in).VersionValue
+		if got != want {
+			t.Errorf("version(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -21,7 +21,7 @@ const domain = "gpu.facet.dev"
 // oneGPU is a machine with one GPU of a model, MIG mode on.
 func oneGPU(model string) *sim.Machine {
 	return &sim.Machine{
-		Name: "one-" + model, DriverVersion: "550.54.15", CUDADriverVersion: "12.4",
+		Name: "one-" + model, DriverVersion: "580.159.04", CUDADriverVersion: "13.0",
 		GPUs: []sim.MachineGPU{{Model: model, MIGEnabled: true}},
 	}
 }

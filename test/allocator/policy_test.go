@@ -257,7 +257,7 @@ func TestTierTraining(t *testing.T) {
 	t.Run("a node with four GPUs behind one root takes the first alternative", func(t *testing.T) {
 		// Eight H100s on one NUMA node: 0-1, 2-5 (four) and 6-7 behind
 		// three roots.
-		m := &sim.Machine{Name: "four-per-root", DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
+		m := &sim.Machine{Name: "four-per-root", DriverVersion: "580.159.04", CUDADriverVersion: "13.0"}
 		roots := []string{"10", "10", "30", "30", "30", "30", "50", "50"}
 		for i, r := range roots {
 			numa := 0
@@ -510,7 +510,8 @@ func TestMigrationExamples(t *testing.T) {
 	run(t, c, "node-a", []step{
 		{m("gpu.yaml"), []string{"gpu-0", "gpu-1"}},
 		{m("mig-1g10gb.yaml"), []string{"gpu-2-mig-1g10gb-6"}},
-		// Time-slicing's four replicas: four 20Gi shares fill a GPU's memory.
+		// Time-slicing's four replicas: four 20269Mi shares fill an H100's
+		// usable 81079 MiB.
 		{m("time-slicing.yaml"), []string{"gpu-4"}},
 		{m("time-slicing.yaml"), []string{"gpu-4"}},
 		{m("time-slicing.yaml"), []string{"gpu-4"}},
@@ -533,7 +534,7 @@ func TestMigrationExamples(t *testing.T) {
 		wantSame = []string{"gpu-4", "gpu-5"}
 	}
 	run(t, c, "node-a", []step{{same, wantSame}})
-	// gpumem-percentage 50 written as 40Gi for 80 GB GPUs: no A100 40GB.
+	// gpumem-percentage 50 written as half an H100 80GB: no A100 40GB.
 	c = NewCluster(nodeSlices(t, "dgx-a100-40gb", "node-a", "--mode", "shared"), exampleClasses(t))
 	run(t, c, "node-a", []step{{m("hami-percentage.yaml"), nil}})
 }

@@ -103,7 +103,7 @@ func TestStockShapes(t *testing.T) {
 		// Volcano's 20 % / 2000 MiB and HAMi's 50 % / 3000 MiB.
 		{"volcano", slotClaim("volcano", 1, "2000Mi", "20", false), "gpu-4-slot-0"},
 		{"hami", slotClaim("hami", 1, "3000Mi", "50", false), "gpu-4-slot-2"},
-		{"quarter", slotClaim("quarter", 1, "20Gi", "25", false), "gpu-4-slot-1"},
+		{"quarter", slotClaim("quarter", 1, "20059Mi", "25", false), "gpu-4-slot-1"}, // (81079 - 40960) / 2 MiB
 		{"too-big", slotClaim("too-big", 1, "50Gi", "", false), ""},
 		{"whole", gpuClaim("whole", 1), "gpu-6"},
 	}

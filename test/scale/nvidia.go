@@ -2,6 +2,7 @@ package scale
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -74,7 +75,9 @@ func NVIDIAGPUs(inv *inventory.Inventory, node string) []*resourceapi.ResourceSl
 		devs = append(devs, resourceapi.Device{
 			Name:       fmt.Sprintf("gpu-%d", g.Minor),
 			Attributes: attrs,
-			Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: bytesQ(g.MemoryBytes)}},
+			// NVIDIA's driver publishes NVML's (v1) total, reserved
+			// memory included; Facet publishes the usable part.
+			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: bytesQ(g.TotalMemoryBytes)}},
 		})
 	}
 	return nvidiaSlice(node, devs)
@@ -160,10 +163,19 @@ func count(n int) resource.Quantity { return *resource.NewQuantity(int64(n), res
 
 func bytesQ(n uint64) resource.Quantity { return *resource.NewQuantity(int64(n), resource.BinarySI) }
 
-// version is NVIDIA's semver.MustParse(v).String(): "9.0" becomes "9.0.0".
+// version is NVIDIA's semver.MustParse(v).String(): "9.0" becomes "9.0.0",
+// and leading zeros go ("580.159.04" becomes "580.159.4"), as the API
+// server's semantic versions require.
 func version(v string) resourceapi.DeviceAttribute {
-	if strings.Count(v, ".") == 1 {
-		v += ".0"
+	parts := strings.Split(v, ".")
+	if len(parts) == 2 {
+		parts = append(parts, "0")
 	}
+	for i, p := range parts {
+		if n, err := strconv.ParseUint(p, 10, 64); err == nil {
+			parts[i] = strconv.FormatUint(n, 10)
+		}
+	}
+	v = strings.Join(parts, ".")
 	return resourceapi.DeviceAttribute{VersionValue: &v}
 }

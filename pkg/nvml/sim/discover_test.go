@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/facet-gpu/facet/pkg/nvml"
 )
 
 func machinePath(name string) string {
@@ -17,17 +19,18 @@ func TestDiscoverMachineFiles(t *testing.T) {
 		product      string
 		arch         string
 		cc           string
-		memoryMiB    uint64
+		memoryMiB    uint64 // usable: total less reserved
+		totalMiB     uint64
 		migCapable   bool
 		smallestMIG  string
 		largestMIG   string
 		profileCount int
 	}{
-		{"dgx-a100-40gb", 8, "NVIDIA A100-SXM4-40GB", "ampere", "8.0", 40960, true, "1g.5gb", "7g.40gb", 6},
-		{"dgx-a100-80gb", 8, "NVIDIA A100-SXM4-80GB", "ampere", "8.0", 81920, true, "1g.10gb", "7g.80gb", 6},
-		{"dgx-h100", 8, "NVIDIA H100 80GB HBM3", "hopper", "9.0", 81920, true, "1g.10gb", "7g.80gb", 6},
-		{"dgx-h200", 8, "NVIDIA H200 141GB HBM3e", "hopper", "9.0", 144384, true, "1g.18gb", "7g.141gb", 6},
-		{"l4x4", 4, "NVIDIA L4", "ada", "8.9", 23034, false, "", "", 0},
+		{"dgx-a100-40gb", 8, "NVIDIA A100-SXM4-40GB", "ampere", "8.0", 40960 - 241, 40960, true, "1g.5gb", "7g.40gb", 6},
+		{"dgx-a100-80gb", 8, "NVIDIA A100-SXM4-80GB", "ampere", "8.0", 81920 - 482, 81920, true, "1g.10gb", "7g.80gb", 6},
+		{"dgx-h100", 8, "NVIDIA H100 80GB HBM3", "hopper", "9.0", 81079, 81559, true, "1g.10gb", "7g.80gb", 6},
+		{"dgx-h200", 8, "NVIDIA H200", "hopper", "9.0", 143155, 143771, true, "1g.18gb", "7g.141gb", 6},
+		{"l4x4", 4, "NVIDIA L4", "ada", "8.9", 23034 - 136, 23034, false, "", "", 0},
 	} {
 		t.Run(tc.machine, func(t *testing.T) {
 			lib, err := OpenMachine(machinePath(tc.machine))
@@ -39,7 +42,7 @@ func TestDiscoverMachineFiles(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if node.DriverVersion != "550.54.15" || node.CUDADriverVersion != "12.4" {
+			if node.DriverVersion != "580.159.04" || node.CUDADriverVersion != "13.0" {
 				t.Errorf("driver %q cuda %q", node.DriverVersion, node.CUDADriverVersion)
 			}
 			if len(node.GPUs) != tc.gpus {
@@ -53,8 +56,9 @@ func TestDiscoverMachineFiles(t *testing.T) {
 				if g.ProductName != tc.product || g.Architecture != tc.arch || g.CUDAComputeCapability != tc.cc {
 					t.Errorf("GPU %d: %q %q %q", i, g.ProductName, g.Architecture, g.CUDAComputeCapability)
 				}
-				if g.MemoryBytes != tc.memoryMiB<<20 {
-					t.Errorf("GPU %d: memory %d bytes, want %d MiB", i, g.MemoryBytes, tc.memoryMiB)
+				if g.MemoryBytes != tc.memoryMiB<<20 || g.TotalMemoryBytes != tc.totalMiB<<20 || g.MemorySource != nvml.MemorySourceV2 {
+					t.Errorf("GPU %d: memory %d bytes of %d (%s), want %d MiB of %d from memory info v2",
+						i, g.MemoryBytes, g.TotalMemoryBytes, g.MemorySource, tc.memoryMiB, tc.totalMiB)
 				}
 				if !strings.HasPrefix(g.PCIeRoot, "pci0000:") || !busIDPattern.MatchString(g.PCIBusID) {
 					t.Errorf("GPU %d: bus %q root %q", i, g.PCIBusID, g.PCIeRoot)
@@ -106,7 +110,7 @@ func TestUUIDsStableAcrossOpens(t *testing.T) {
 func TestMachineValidation(t *testing.T) {
 	zero := -1
 	good := func() Machine {
-		return Machine{Name: "m", DriverVersion: "550.54.15", CUDADriverVersion: "12.4",
+		return Machine{Name: "m", DriverVersion: "580.159.04", CUDADriverVersion: "13.0",
 			GPUs: []MachineGPU{{Model: "L4"}, {Model: "H100-SXM5-80GB"}}}
 	}
 	for _, tc := range []struct {

@@ -265,6 +265,18 @@ func (n *simNode) installEvents(srv *server.Server, src *faultSource) {
 			}
 			return memInfo()
 		}
+		memInfoV2 := dev.GetMemoryInfo_v2Func
+		dev.GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
+			if src != nil {
+				if f, ok := src.activeOn(i); ok {
+					if f.Kind == FaultLost {
+						return gonvml.Memory_v2{}, gonvml.ERROR_GPU_IS_LOST
+					}
+					return gonvml.Memory_v2{}, gonvml.ERROR_UNKNOWN
+				}
+			}
+			return memInfoV2()
+		}
 	}
 	srv.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) {
 		s := &mock.EventSet{}

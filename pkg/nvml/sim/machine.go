@@ -14,8 +14,8 @@ import (
 // (YAML), e.g. demo/machines/dgx-h100.yaml:
 //
 //	name: dgx-h100
-//	driverVersion: "550.54.15"
-//	cudaDriverVersion: "12.4"
+//	driverVersion: "580.159.04"
+//	cudaDriverVersion: "13.0"
 //	gpus:
 //	- model: H100-SXM5-80GB
 //	  pciBusID: "0000:18:00.0"
@@ -25,9 +25,9 @@ type Machine struct {
 	// Name identifies the machine; it seeds the GPUs' default UUIDs, so two
 	// machines with the same name and layout have the same UUIDs.
 	Name string `json:"name"`
-	// DriverVersion is the NVIDIA kernel driver version, e.g. "550.54.15".
+	// DriverVersion is the NVIDIA kernel driver version, e.g. "580.159.04".
 	DriverVersion string `json:"driverVersion"`
-	// CUDADriverVersion is "major.minor", e.g. "12.4".
+	// CUDADriverVersion is "major.minor", e.g. "13.0".
 	CUDADriverVersion string `json:"cudaDriverVersion"`
 	// GPUs in NVML index order.
 	GPUs []MachineGPU `json:"gpus"`
@@ -89,7 +89,7 @@ func (m *Machine) Validate() error {
 		return fmt.Errorf("name: required")
 	}
 	if !versionPattern.MatchString(m.DriverVersion) {
-		return fmt.Errorf("driverVersion: %q is not a version like 550.54.15", m.DriverVersion)
+		return fmt.Errorf("driverVersion: %q is not a version like 580.159.04", m.DriverVersion)
 	}
 	if _, err := cudaVersionInt(m.CUDADriverVersion); err != nil {
 		return fmt.Errorf("cudaDriverVersion: %w", err)
@@ -106,7 +106,7 @@ func (m *Machine) Validate() error {
 		if !ok {
 			return fmt.Errorf("%s.model: unknown model %q (known: %s)", field, g.Model, strings.Join(Models(), ", "))
 		}
-		if g.MIGEnabled && !migCapable(cfg) {
+		if g.MIGEnabled && !migCapable(cfg.Config) {
 			return fmt.Errorf("%s.migEnabled: model %s does not support MIG", field, g.Model)
 		}
 		if g.PCIBusID == "" {

@@ -21,7 +21,7 @@ func FuzzParseMachine(f *testing.F) {
 		}
 		f.Add(data)
 	}
-	f.Add([]byte("name: x\ndriverVersion: \"550.54.15\"\ncudaDriverVersion: \"12.4\"\ngpus:\n- model: H100-SXM5-80GB\n  pciBusID: \"0000:01:00.0\"\n"))
+	f.Add([]byte("name: x\ndriverVersion: \"580.159.04\"\ncudaDriverVersion: \"13.0\"\ngpus:\n- model: H100-SXM5-80GB\n  pciBusID: \"0000:01:00.0\"\n"))
 	f.Add([]byte("name: x\ngpus: []\n"))
 	f.Add([]byte("{"))
 	f.Fuzz(func(t *testing.T, data []byte) {

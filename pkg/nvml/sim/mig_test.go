@@ -119,8 +119,8 @@ func TestMIGEveryProfileEveryPlacement(t *testing.T) {
 }
 
 // TestMIGTablesAsDocumented checks the placements discovery reports against
-// `nvidia-smi mig -lgipp` as NVIDIA documents it (see eightSlicePlacements),
-// and that fixMIG left go-nvml's own tables alone.
+// `nvidia-smi mig -lgipp` as NVIDIA documents it (see eightSlice), and that
+// applyTable left go-nvml's own tables alone.
 func TestMIGTablesAsDocumented(t *testing.T) {
 	eight := map[string]string{
 		"1g":       "[{0 1} {1 1} {2 1} {3 1} {4 1} {5 1} {6 1}]",
@@ -738,8 +738,8 @@ func TestMIGStateFile(t *testing.T) {
 	dir := t.TempDir()
 	machine := filepath.Join(dir, "machine.yaml")
 	if err := os.WriteFile(machine, []byte(`name: persist
-driverVersion: "550.54.15"
-cudaDriverVersion: "12.4"
+driverVersion: "580.159.04"
+cudaDriverVersion: "13.0"
 gpus:
 - model: H100-SXM5-80GB
 - model: L4
@@ -960,7 +960,7 @@ func TestSimComputeInstances(t *testing.T) {
 		t.Fatal(gonvml.ErrorString(ret))
 	}
 	attrs, _ := mig.GetAttributes()
-	if isMig, _ := mig.IsMigDeviceHandle(); !isMig || attrs.MemorySizeMB != 40960 || attrs.GpuInstanceSliceCount != 3 || cii.Id != 0 {
+	if isMig, _ := mig.IsMigDeviceHandle(); !isMig || attrs.MemorySizeMB != 40448 || attrs.GpuInstanceSliceCount != 3 || cii.Id != 0 {
 		t.Errorf("MIG device: %v %+v, CI %d", isMig, attrs, cii.Id)
 	}
 	if _, ret := dev.GetMigDeviceHandleByIndex(1); ret != gonvml.ERROR_NOT_FOUND {

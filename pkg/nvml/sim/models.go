@@ -7,27 +7,209 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 )
 
-// models maps a machine file's `model` to the GPU it simulates.
+// model is one GPU a machine file can name: go-nvml's mock config (or one
+// defined here for GPUs the mock lacks), with the values the mock gets wrong
+// replaced by Facet's tables below.
+type model struct {
+	gpus.Config
+	// ReservedBytes is the framebuffer the driver reserves, as NVML
+	// memory info v2 reports it; the simulated GPU answers
+	// GetMemoryInfo_v2 with it, so discovery publishes MemoryMB MiB less
+	// this, rounded down to a MiB.
+	ReservedBytes uint64
+	// ReservedSource says where ReservedBytes comes from: a measurement, or
+	// "estimate" where no card was measured and NVIDIA publishes no figure.
+	ReservedSource string
+}
+
+// Where the values come from. The tables below name one of these in a
+// comment:
 //
-// The MIG-capable models are go-nvml's own mock configs
-// (github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus at v0.13.3-1), whose MIG
-// profile and placement tables transcribe NVIDIA's MIG user guide
-// ("Supported MIG Profiles"), corrected where they differ from it in what
-// decides which instances can coexist (placements and engine counts; see
-// fixMIG). The others are defined here from the product data sheets, for
-// GPUs the mock lacks.
-var models = map[string]gpus.Config{
-	"A100-SXM4-40GB": named(gpus.A100_SXM4_40GB, "NVIDIA A100-SXM4-40GB"),
-	"A100-SXM4-80GB": fixMIG(gpus.A100_SXM4_80GB, fixA100_80GB),
-	"A100-PCIE-40GB": gpus.A100_PCIE_40GB,
-	"A100-PCIE-80GB": fixMIG(gpus.A100_PCIE_80GB, fixA100_80GB),
-	"A30-PCIE-24GB":  gpus.A30_PCIE_24GB,
-	"H100-SXM5-80GB": fixMIG(gpus.H100_SXM5_80GB, fixHopper),
-	"H200-141GB":     fixMIG(gpus.H200_SXM5_141GB, fixHopper),
-	"B200-180GB":     fixMIG(gpus.B200_SXM5_180GB, fixB200),
+//   - measured: ../shared/hardware/h100-80gb-hbm3.md and h200.md (driver
+//     580.159.04; nvidia-smi mig -lgip/-lgipp and NVML), as srcH100 and
+//     srcH200 name them;
+//   - the guide: NVIDIA's MIG User Guide (v580), "Supported MIG Profiles"
+//     (engines, copy engines, instance counts) and its nvidia-smi mig
+//     -lgipp example (placements);
+//   - the mock: go-nvml's mock (v0.13.3-1) where it gives MiB as a driver
+//     reports them (A100, A30: they match public nvidia-smi mig -lgip
+//     transcripts to within a quarter GiB) — not measured by Facet;
+//   - estimate: no card measured and no NVIDIA figure; said so where used.
+const (
+	srcH100 = "measured: ../shared/hardware/h100-80gb-hbm3.md (NVML memory info v2, driver 580.159.04)"
+	srcH200 = "measured: ../shared/hardware/h200.md (NVML memory info v2, driver 580.159.04)"
+	// Reserved memory of the models no card was measured for: the share
+	// of the total the measured H100 reserves (480 of 81559 MiB, 0.59 %),
+	// rounded to a MiB. The measured H200 reserves 615 of 143771 MiB
+	// (0.43 %): the real figure depends on the driver and the board.
+	srcReservedEstimate = "estimate: 0.59 % of the total, the measured H100's share"
+)
+
+// giRow is one GPU instance profile as NVML reports it
+// (nvmlDeviceGetGpuInstanceProfileInfo) and where it may be placed
+// (nvmlDeviceGetGpuInstancePossiblePlacements).
+type giRow struct {
+	id                      int // NVML GPU_INSTANCE_PROFILE_* index
+	memMiB                  uint64
+	instances, sms          uint32
+	ce, dec, jpeg, enc, ofa uint32
+	placementSize           uint32
+	placementStarts         []uint32
+}
+
+// Profile indices, as NVML numbers them (the h200.md table's "NVML index").
+const (
+	p1    = gonvml.GPU_INSTANCE_PROFILE_1_SLICE      // 0: 1g
+	p1me  = gonvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 // 7: 1g+me
+	p1x2  = gonvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2 // 9: 1g with two memory slices
+	p2    = gonvml.GPU_INSTANCE_PROFILE_2_SLICE      // 1: 2g
+	p2me  = gonvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1 // 8: 2g+me (A30)
+	p3    = gonvml.GPU_INSTANCE_PROFILE_3_SLICE      // 2: 3g
+	p4    = gonvml.GPU_INSTANCE_PROFILE_4_SLICE      // 3: 4g
+	p7    = gonvml.GPU_INSTANCE_PROFILE_7_SLICE      // 4: 7g
+	seven = 7
+)
+
+func starts(n ...uint32) []uint32 { return n }
+
+// eightSlice builds the seven profiles of a GPU with eight memory slices
+// (A100, H100, H200, B200), in the order 1g, 1g+me, 1g with two memory
+// slices, 2g, 3g, 4g, 7g. Instance counts and placements are the same on
+// all of them: `nvidia-smi mig -lgipp` on the measured H100 (and the MIG
+// user guide's example) prints
+//
+//	Profile ID 19 (1g)        Placements: {0,1,2,3,4,5,6}:1
+//	Profile ID 20 (1g+me)     Placements: {0,1,2,3,4,5,6}:1
+//	Profile ID 15 (1g, 2/8)   Placements: {0,2,4,6}:2
+//	Profile ID 14 (2g)        Placements: {0,2,4}:2
+//	Profile ID  9 (3g)        Placements: {0,4}:4
+//	Profile ID  5 (4g)        Placement : {0}:4
+//	Profile ID  0 (7g)        Placement : {0}:8
+//
+// go-nvml's H100, H200 and B200 tables instead give the 2/8-memory 1g
+// profile 7 one-slice placements, 3g three slices and 7g seven, as if the
+// GPU had 7 memory slices: a 3g+3g+1g layout (90 GB on an 80 GB H100)
+// would then fit, which the hardware refuses.
+func eightSlice(mem, sms, ce, dec, jpeg, enc, ofa [7]uint32) []giRow {
+	ids := [7]int{p1, p1me, p1x2, p2, p3, p4, p7}
+	inst := [7]uint32{7, 1, 4, 3, 2, 1, 1}
+	size := [7]uint32{1, 1, 2, 2, 4, 4, 8}
+	st := [7][]uint32{starts(0, 1, 2, 3, 4, 5, 6), starts(0, 1, 2, 3, 4, 5, 6), starts(0, 2, 4, 6), starts(0, 2, 4), starts(0, 4), starts(0), starts(0)}
+	rows := make([]giRow, 7)
+	for i := range rows {
+		rows[i] = giRow{id: ids[i], memMiB: uint64(mem[i]), instances: inst[i], sms: sms[i],
+			ce: ce[i], dec: dec[i], jpeg: jpeg[i], enc: enc[i], ofa: ofa[i],
+			placementSize: size[i], placementStarts: st[i]}
+	}
+	return rows
+}
+
+// Hopper engines per instance (1g, 1g+me, 1g two-slice, 2g, 3g, 4g, 7g):
+// one NVDEC and one NVJPG per compute slice, 7 of each and 8 copy engines
+// in 7g, the GPU's one OFA in 1g+me and 7g, no NVENC. The measured H100
+// and H200 tables and the guide's agree.
+var (
+	hopperCE   = [7]uint32{1, 1, 1, 2, 3, 4, 8}
+	hopperDec  = [7]uint32{1, 1, 1, 2, 3, 4, 7}
+	hopperJpeg = hopperDec
+	hopperOFA  = [7]uint32{0, 1, 0, 0, 0, 0, 1}
+	noEnc      = [7]uint32{}
+	hopperSMs  = [7]uint32{16, 16, 26, 32, 60, 64, 132}
+)
+
+// tables holds the MIG profiles of every MIG-capable model; models without
+// an entry have no MIG. The comment on each says where its values come
+// from. Where go-nvml's mock differed, the table wins: the mock's H100 and
+// H200 have nominal memory (10/20/40/80 GiB), 16/48/112 SMs for
+// 1g.20gb/3g/7g instead of 26/60/132, and the A100's engine counts.
+var tables = map[string][]giRow{
+	// Every value measured (srcH100): memory in MiB as NVML reports it
+	// (nvidia-smi prints 9.75, 19.62, 39.50 and 79.25 GiB).
+	"H100-SXM5-80GB": eightSlice(
+		[7]uint32{9984, 9984, 20096, 20096, 40448, 40448, 81152}, hopperSMs,
+		hopperCE, hopperDec, hopperJpeg, noEnc, hopperOFA),
+	// Every value measured (srcH200).
+	"H200-141GB": eightSlice(
+		[7]uint32{16384, 16384, 33280, 33280, 71424, 71424, 143360}, hopperSMs,
+		hopperCE, hopperDec, hopperJpeg, noEnc, hopperOFA),
+	// B200: copy engines and OFA from the guide's B200 table (2, 2, 2, 3,
+	// 6, 8, 16 CEs; OFA only in 1g+me and 7g). Its NVDEC/NVJPG column
+	// says "1" for every profile, which cannot be per-instance counts
+	// beside seven 1g instances, so the mock's per-slice decoder, encoder
+	// and JPEG counts stay. SMs: 18 per 1g (public CUDA device properties
+	// of a B200 1g.23gb), 148 for 7g (the guide: "Full"; the B200 has 148
+	// SMs); 36/54/72 for 2g/3g/4g are the mock's. Memory is an estimate
+	// (estimate) chosen so that each profile gets NVIDIA's name
+	// (1g.23gb, 1g.45gb, 2g.45gb, 3g.90gb, 4g.90gb, 7g.180gb) and fits the
+	// card's 183359 MiB the way the measured Hopper profiles fit theirs.
+	"B200-180GB": eightSlice(
+		[7]uint32{22528, 22528, 45056, 45056, 90112, 90112, 182528},
+		[7]uint32{18, 18, 18, 36, 54, 72, 148},
+		[7]uint32{2, 2, 2, 3, 6, 8, 16},
+		[7]uint32{1, 1, 1, 2, 3, 4, 7},
+		[7]uint32{0, 1, 0, 1, 2, 2, 4},
+		[7]uint32{0, 1, 0, 1, 2, 2, 4},
+		[7]uint32{0, 1, 0, 0, 0, 0, 1}),
+	"A100-SXM4-40GB": a100(40),
+	"A100-PCIE-40GB": a100(40),
+	"A100-SXM4-80GB": a100(80),
+	"A100-PCIE-80GB": a100(80),
+	// A30: four memory slices; 1g.6gb, 1g.6gb+me, 2g.12gb, 2g.12gb+me,
+	// 4g.24gb. Engines from the guide's A30 table; SMs 14 per slice and
+	// memory (the mock) and placements are go-nvml's mock's.
+	"A30-PCIE-24GB": {
+		{id: p1, memMiB: 5836, instances: 4, sms: 14, ce: 1, placementSize: 1, placementStarts: starts(0, 1, 2, 3)},
+		{id: p1me, memMiB: 5836, instances: 1, sms: 14, ce: 1, dec: 1, jpeg: 1, ofa: 1, placementSize: 1, placementStarts: starts(0, 1, 2, 3)},
+		{id: p2, memMiB: 11672, instances: 2, sms: 28, ce: 2, dec: 2, placementSize: 2, placementStarts: starts(0, 2)},
+		{id: p2me, memMiB: 11672, instances: 1, sms: 28, ce: 2, dec: 2, jpeg: 1, ofa: 1, placementSize: 2, placementStarts: starts(0, 2)},
+		{id: p4, memMiB: 23344, instances: 1, sms: 56, ce: 4, dec: 4, jpeg: 1, ofa: 1, placementSize: 4, placementStarts: starts(0)},
+	},
+}
+
+// a100 is the A100's table (the guide's A100 table; its 80 GB card has the
+// same engines, names with twice the memory): 14 SMs per compute slice,
+// 1g without NVDEC, 1g+me with one NVDEC, NVJPG and OFA, 7g with 5
+// NVDECs, one NVJPG and one OFA. Memory is go-nvml's mock's, in MiB as a
+// driver reports it (the 40 GB card: 4864, 9856, 19968, 40192 MiB, which
+// nvidia-smi prints as 4.75, 9.62, 19.50 and 39.25 GiB; the mock).
+func a100(gb int) []giRow {
+	mem := [7]uint32{4864, 4864, 9856, 9856, 19968, 19968, 40192}
+	if gb == 80 {
+		mem = [7]uint32{9856, 9856, 19968, 19968, 40192, 40192, 80384}
+	}
+	return eightSlice(mem,
+		[7]uint32{14, 14, 14, 28, 42, 56, 98},
+		[7]uint32{1, 1, 1, 2, 3, 4, 7},
+		[7]uint32{0, 1, 1, 1, 2, 2, 5},
+		[7]uint32{0, 1, 0, 0, 0, 0, 1},
+		noEnc,
+		[7]uint32{0, 1, 0, 0, 0, 0, 1})
+}
+
+// models maps a machine file's `model` to the GPU it simulates. Memory
+// totals are NVML's v1/v2 Total (what nvidia-smi prints as the FB total);
+// ReservedMiB is memory info v2's Reserved.
+var models = map[string]model{
+	// Measured: 81559 MiB total, 480 MiB reserved, CUDA sees 81079 MiB.
+	"H100-SXM5-80GB": calibrated(gpus.H100_SXM5_80GB, "NVIDIA H100 80GB HBM3", 81559, 480<<20, srcH100),
+	// Measured: 143771 MiB total, 615 MiB reserved, CUDA sees 143155 MiB.
+	// NVML's reserved figure is 615 MiB and a fraction (nvidia-smi rounds it
+	// to 616, and free on the idle card is 143155 MiB, not 143156): half a
+	// MiB reproduces all three.
+	"H200-141GB": calibrated(gpus.H200_SXM5_141GB, "NVIDIA H200", 143771, 615<<20+1<<19, srcH200),
+	// 183359 MiB: the total nvidia-smi prints for a B200 in public
+	// transcripts (the mock's 184320 is the nominal 180 GiB).
+	"B200-180GB": calibrated(gpus.B200_SXM5_180GB, "NVIDIA B200", 183359, 1082<<20, srcReservedEstimate),
+	// The A100 and A30 totals are the mock's, which are what nvidia-smi
+	// prints for those cards (40960, 81920 and 24576 MiB).
+	"A100-SXM4-40GB": calibrated(gpus.A100_SXM4_40GB, "NVIDIA A100-SXM4-40GB", 40960, 241<<20, srcReservedEstimate),
+	"A100-SXM4-80GB": calibrated(gpus.A100_SXM4_80GB, "", 81920, 482<<20, srcReservedEstimate),
+	"A100-PCIE-40GB": calibrated(gpus.A100_PCIE_40GB, "", 40960, 241<<20, srcReservedEstimate),
+	"A100-PCIE-80GB": calibrated(gpus.A100_PCIE_80GB, "", 81920, 482<<20, srcReservedEstimate),
+	"A30-PCIE-24GB":  calibrated(gpus.A30_PCIE_24GB, "", 24576, 145<<20, srcReservedEstimate),
 	// NVIDIA L4 (Ada, AD104): 24 GB GDDR6 of which the driver reports
 	// 23034 MiB, compute capability 8.9, no MIG. PCI device ID 0x27B8.
-	"L4": {
+	"L4": {Config: gpus.Config{
 		Name:         "NVIDIA L4",
 		Architecture: gonvml.DEVICE_ARCH_ADA,
 		Brand:        gonvml.BRAND_NVIDIA,
@@ -35,10 +217,10 @@ var models = map[string]gpus.Config{
 		CudaMajor:    8,
 		CudaMinor:    9,
 		PciDeviceId:  0x27B810DE,
-	},
+	}, ReservedBytes: 136 << 20, ReservedSource: srcReservedEstimate},
 	// NVIDIA T4 (Turing, TU104): 16 GB GDDR6 (15360 MiB reported), compute
 	// capability 7.5, no MIG. PCI device ID 0x1EB8.
-	"T4": {
+	"T4": {Config: gpus.Config{
 		Name:         "Tesla T4",
 		Architecture: gonvml.DEVICE_ARCH_TURING,
 		Brand:        gonvml.BRAND_TESLA,
@@ -46,14 +228,27 @@ var models = map[string]gpus.Config{
 		CudaMajor:    7,
 		CudaMinor:    5,
 		PciDeviceId:  0x1EB810DE,
-	},
+	}, ReservedBytes: 91 << 20, ReservedSource: srcReservedEstimate},
 }
 
-// The mock calls its 40 GB A100 "Mock NVIDIA A100-SXM4-40GB"; a simulated
-// node should publish what the real card reports.
-func named(c gpus.Config, name string) gpus.Config {
-	c.Name = name
-	return c
+// calibrated returns go-nvml's config c with its name (when not ""), memory
+// total and reserved memory set, and its MIG tables replaced by tables[c's
+// model] (see applyTable).
+func calibrated(c gpus.Config, name string, totalMiB, reservedBytes uint64, reservedSource string) model {
+	if name != "" {
+		c.Name = name
+	}
+	c.MemoryMB = totalMiB
+	return model{Config: c, ReservedBytes: reservedBytes, ReservedSource: reservedSource}
+}
+
+func init() {
+	for name, m := range models {
+		if rows, ok := tables[name]; ok {
+			m.MIGProfiles = applyTable(m.MIGProfiles, rows)
+			models[name] = m
+		}
+	}
 }
 
 // Models lists the model names a machine file may use.
@@ -70,131 +265,62 @@ func migCapable(c gpus.Config) bool {
 	return len(c.MIGProfiles.GpuInstanceProfiles) > 0
 }
 
-// fixMIG returns c with a private copy of its MIG tables, changed by fix.
-// go-nvml's tables are package variables shared by its own configs, so they
-// are never modified in place.
-func fixMIG(c gpus.Config, fix func(*gpus.MIGProfileConfig)) gpus.Config {
-	c.MIGProfiles = cloneMIGProfiles(c.MIGProfiles)
-	fix(&c.MIGProfiles)
-	return c
-}
-
-func cloneMIGProfiles(p gpus.MIGProfileConfig) gpus.MIGProfileConfig {
+// applyTable returns a private copy of p (go-nvml's tables are package
+// variables shared by its configs, never modified in place) in which each
+// row's GPU instance profile and placements are the row's, and the compute
+// instance that spans the whole GPU instance has the row's SMs. Profiles
+// absent from rows are dropped. Compute instance profiles smaller than their
+// GPU instance keep the mock's SM counts (no card was measured with them).
+func applyTable(p gpus.MIGProfileConfig, rows []giRow) gpus.MIGProfileConfig {
 	out := gpus.MIGProfileConfig{
 		GpuInstanceProfiles:       map[int]gonvml.GpuInstanceProfileInfo{},
 		ComputeInstanceProfiles:   map[int]map[int]gonvml.ComputeInstanceProfileInfo{},
 		GpuInstancePlacements:     map[int][]gonvml.GpuInstancePlacement{},
 		ComputeInstancePlacements: map[int]map[int][]gonvml.ComputeInstancePlacement{},
 	}
-	for id, info := range p.GpuInstanceProfiles {
-		out.GpuInstanceProfiles[id] = info
-	}
-	for id, cis := range p.ComputeInstanceProfiles {
-		m := map[int]gonvml.ComputeInstanceProfileInfo{}
-		for ci, info := range cis {
-			m[ci] = info
+	for _, r := range rows {
+		info := p.GpuInstanceProfiles[r.id]
+		info.Id = uint32(r.id)
+		info.SliceCount = sliceCount(r.id)
+		info.InstanceCount = r.instances
+		info.MultiprocessorCount = r.sms
+		info.CopyEngineCount, info.DecoderCount, info.JpegCount = r.ce, r.dec, r.jpeg
+		info.EncoderCount, info.OfaCount = r.enc, r.ofa
+		info.MemorySizeMB = r.memMiB
+		out.GpuInstanceProfiles[r.id] = info
+		for _, s := range r.placementStarts {
+			out.GpuInstancePlacements[r.id] = append(out.GpuInstancePlacements[r.id], gonvml.GpuInstancePlacement{Start: s, Size: r.placementSize})
 		}
-		out.ComputeInstanceProfiles[id] = m
-	}
-	for id, pl := range p.GpuInstancePlacements {
-		out.GpuInstancePlacements[id] = append([]gonvml.GpuInstancePlacement(nil), pl...)
-	}
-	for id, cis := range p.ComputeInstancePlacements {
-		m := map[int][]gonvml.ComputeInstancePlacement{}
-		for ci, pl := range cis {
-			m[ci] = append([]gonvml.ComputeInstancePlacement(nil), pl...)
+		cis := map[int]gonvml.ComputeInstanceProfileInfo{}
+		for ci, ciInfo := range p.ComputeInstanceProfiles[r.id] {
+			if ciInfo.SliceCount == info.SliceCount {
+				ciInfo.MultiprocessorCount = r.sms
+			}
+			cis[ci] = ciInfo
 		}
-		out.ComputeInstancePlacements[id] = m
+		out.ComputeInstanceProfiles[r.id] = cis
+		cps := map[int][]gonvml.ComputeInstancePlacement{}
+		for ci, pl := range p.ComputeInstancePlacements[r.id] {
+			cps[ci] = append([]gonvml.ComputeInstancePlacement(nil), pl...)
+		}
+		out.ComputeInstancePlacements[r.id] = cps
 	}
 	return out
 }
 
-// eightSlicePlacements sets the GPU instance placements NVIDIA documents
-// for every 8-memory-slice GPU (A100, H100, H200, B200): `nvidia-smi mig
-// -lgipp` prints, e.g. on an H100,
-//
-//	Profile ID 19 (1g)        Placements: {0,1,2,3,4,5,6}:1
-//	Profile ID 20 (1g+me)     Placements: {0,1,2,3,4,5,6}:1
-//	Profile ID 15 (1g, 2/8)   Placements: {0,2,4,6}:2
-//	Profile ID 14 (2g)        Placements: {0,2,4}:2
-//	Profile ID  9 (3g)        Placements: {0,4}:4
-//	Profile ID  5 (4g)        Placement : {0}:4
-//	Profile ID  0 (7g)        Placement : {0}:8
-//
-// go-nvml's H100, H200 and B200 tables instead give the 2/8-memory 1g
-// profile 7 one-slice placements, 3g three slices and 7g seven, as if the
-// GPU had 7 memory slices: a 3g+3g+1g layout (90 GB on an 80 GB H100) would
-// then fit, which the hardware refuses. Its A100 tables are right.
-func eightSlicePlacements(p *gpus.MIGProfileConfig) {
-	pl := func(size uint32, starts ...uint32) []gonvml.GpuInstancePlacement {
-		var out []gonvml.GpuInstancePlacement
-		for _, s := range starts {
-			out = append(out, gonvml.GpuInstancePlacement{Start: s, Size: size})
-		}
-		return out
+// sliceCount is the compute slice count of an NVML GPU instance profile.
+func sliceCount(id int) uint32 {
+	switch id {
+	case p1, p1me, p1x2:
+		return 1
+	case p2, p2me:
+		return 2
+	case p3:
+		return 3
+	case p4:
+		return 4
+	case p7:
+		return seven
 	}
-	p.GpuInstancePlacements[gonvml.GPU_INSTANCE_PROFILE_1_SLICE] = pl(1, 0, 1, 2, 3, 4, 5, 6)
-	p.GpuInstancePlacements[gonvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1] = pl(1, 0, 1, 2, 3, 4, 5, 6)
-	p.GpuInstancePlacements[gonvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2] = pl(2, 0, 2, 4, 6)
-	p.GpuInstancePlacements[gonvml.GPU_INSTANCE_PROFILE_2_SLICE] = pl(2, 0, 2, 4)
-	p.GpuInstancePlacements[gonvml.GPU_INSTANCE_PROFILE_3_SLICE] = pl(4, 0, 4)
-	p.GpuInstancePlacements[gonvml.GPU_INSTANCE_PROFILE_4_SLICE] = pl(4, 0)
-	p.GpuInstancePlacements[gonvml.GPU_INSTANCE_PROFILE_7_SLICE] = pl(8, 0)
-}
-
-// setEngines sets a GPU instance profile's decoder, JPEG and OFA counts.
-func setEngines(p *gpus.MIGProfileConfig, id int, decoders, jpegs, ofas uint32) {
-	info := p.GpuInstanceProfiles[id]
-	info.DecoderCount, info.JpegCount, info.OfaCount = decoders, jpegs, ofas
-	p.GpuInstanceProfiles[id] = info
-}
-
-// fixHopper corrects go-nvml's H100 and H200 tables to the MIG user guide's
-// (tables "GPU Instance Profiles on H100/H200"; `nvidia-smi mig -lgip` on an
-// H100 80GB prints the same): eight memory slices (eightSlicePlacements);
-// every profile has one NVDEC and one NVJPG per compute slice, the 7g
-// profile 7 NVDEC, 7 NVJPG, 1 OFA and 8 copy engines, and the only other
-// profile with the GPU's single OFA is 1g+me. The mock copied the A100's
-// engine counts (7g: 5 NVDEC, no NVJPG, no OFA), which would make the
-// 1g+me profile impossible and seven 1g instances too many decoders.
-func fixHopper(p *gpus.MIGProfileConfig) {
-	eightSlicePlacements(p)
-	setEngines(p, gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 1, 1, 0)
-	setEngines(p, gonvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 1, 1, 1)
-	setEngines(p, gonvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, 1, 1, 0)
-	setEngines(p, gonvml.GPU_INSTANCE_PROFILE_2_SLICE, 2, 2, 0)
-	setEngines(p, gonvml.GPU_INSTANCE_PROFILE_3_SLICE, 3, 3, 0)
-	setEngines(p, gonvml.GPU_INSTANCE_PROFILE_4_SLICE, 4, 4, 0)
-	setEngines(p, gonvml.GPU_INSTANCE_PROFILE_7_SLICE, 7, 7, 1)
-	full := p.GpuInstanceProfiles[gonvml.GPU_INSTANCE_PROFILE_7_SLICE]
-	full.CopyEngineCount = 8
-	p.GpuInstanceProfiles[gonvml.GPU_INSTANCE_PROFILE_7_SLICE] = full
-}
-
-// fixB200 corrects go-nvml's B200 tables: eight memory slices
-// (eightSlicePlacements), and, as the MIG user guide's B200 table has it,
-// the GPU's one OFA belongs to the 1g+me and 7g profiles only (the mock
-// gives 2g one, 3g and 4g two, 7g four). Its decoder, encoder and JPEG
-// counts are kept: the guide lists "1" for every profile, which cannot be
-// per-instance counts, and the mock's never limit a layout that memory
-// slices allow (TestEngineRuleOnlyLimitsMediaExtensions).
-func fixB200(p *gpus.MIGProfileConfig) {
-	eightSlicePlacements(p)
-	for id, info := range p.GpuInstanceProfiles {
-		info.OfaCount = 0
-		if id == gonvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 || id == gonvml.GPU_INSTANCE_PROFILE_7_SLICE {
-			info.OfaCount = 1
-		}
-		p.GpuInstanceProfiles[id] = info
-	}
-}
-
-// fixA100_80GB corrects go-nvml's A100 80GB table: the MIG user guide gives
-// 1g.10gb (like the 40 GB card's 1g.5gb, which the mock has right) no
-// decoder. With the mock's one, seven 1g.10gb instances would need 7 of the
-// GPU's 5 NVDECs.
-func fixA100_80GB(p *gpus.MIGProfileConfig) {
-	info := p.GpuInstanceProfiles[gonvml.GPU_INSTANCE_PROFILE_1_SLICE]
-	info.DecoderCount = 0
-	p.GpuInstanceProfiles[gonvml.GPU_INSTANCE_PROFILE_1_SLICE] = info
+	return 0
 }

@@ -28,7 +28,7 @@ import (
 var updateGolden = flag.Bool("update", false, "rewrite the golden files under testdata/")
 
 // The simulated nodes' driver version.
-const mockDriverVersion = "550.54.15"
+const simDriverVersion = "580.159.04"
 
 // testNode is a simulated node (a machine file opened with OpenMachine) with
 // a simulated driver root laid out for its GPUs.
@@ -48,7 +48,7 @@ func (n *testNode) gpu(i int) *server.Device {
 func openTestMachine(t *testing.T, model string, gpus int, opts ...Option) *nvml.Library {
 	t.Helper()
 	var b strings.Builder
-	fmt.Fprintf(&b, "name: test-%s\ndriverVersion: %q\ncudaDriverVersion: \"12.4\"\ngpus:\n", strings.ToLower(model), mockDriverVersion)
+	fmt.Fprintf(&b, "name: test-%s\ndriverVersion: %q\ncudaDriverVersion: \"13.0\"\ngpus:\n", strings.ToLower(model), simDriverVersion)
 	for i := 0; i < gpus; i++ {
 		fmt.Fprintf(&b, "- model: %s\n  pciBusID: \"0000:%02x:00.0\"\n", model, 0x80+i)
 	}
@@ -126,7 +126,7 @@ func newTestNode(t *testing.T, lib *nvml.Library, shared string) *testNode {
 func newSharedRoot(t *testing.T) string {
 	t.Helper()
 	root := t.TempDir()
-	layoutOrSkip(t, root, mockDriverVersion, []int{0, 1, 2, 3, 4, 5, 6, 7})
+	layoutOrSkip(t, root, simDriverVersion, []int{0, 1, 2, 3, 4, 5, 6, 7})
 	return root
 }
 
@@ -177,13 +177,13 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 		{
 			name:      "dgxh100",
 			lib:       dgxH100,
-			golden:    "common-edits-" + mockDriverVersion,
+			golden:    "common-edits-" + simDriverVersion,
 			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
 		},
 		{
 			name:      "dgxa100",
 			lib:       dgxA100,
-			golden:    "common-edits-" + mockDriverVersion,
+			golden:    "common-edits-" + simDriverVersion,
 			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
 		},
 		{
@@ -201,7 +201,7 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 			name:      "root with a trailing slash",
 			lib:       dgxH100,
 			opts:      nvml.DriverEditorOptions{DriverRoot: "/"}, // replaced by root + "/"
-			golden:    "common-edits-" + mockDriverVersion,
+			golden:    "common-edits-" + simDriverVersion,
 			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
 		},
 		{
@@ -254,7 +254,7 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 					t.Errorf("no device node %s in %v", want, deviceNodePaths(ce))
 				}
 			}
-			libcuda := filepath.Join("/", SimulatedLibraryDir(), "libcuda.so."+mockDriverVersion)
+			libcuda := filepath.Join("/", SimulatedLibraryDir(), "libcuda.so."+simDriverVersion)
 			found := false
 			for _, m := range ce.Mounts {
 				if m.ContainerPath == libcuda && m.HostPath == filepath.Join(n.root, libcuda) {
@@ -557,7 +557,7 @@ func TestBindSimulatedProcDriverRefusesHostNamespace(t *testing.T) {
 		t.Skip("not in the host's mount namespace")
 	}
 	root := t.TempDir()
-	layoutOrSkip(t, root, mockDriverVersion, []int{0})
+	layoutOrSkip(t, root, simDriverVersion, []int{0})
 	if err := BindSimulatedProcDriver(root); err == nil || !strings.Contains(err.Error(), "refusing") {
 		t.Fatalf("error %v, want a refusal", err)
 	}
@@ -586,7 +586,7 @@ func TestBindSimulatedProcDriverAsContainerInit(t *testing.T) {
 	pid1, err := os.Readlink("/proc/1/ns/mnt")
 	inInitNamespace := err == nil && self == pid1
 	root := t.TempDir()
-	layoutOrSkip(t, root, mockDriverVersion, []int{0})
+	layoutOrSkip(t, root, simDriverVersion, []int{0})
 	for _, tc := range []struct {
 		name    string
 		unshare []string
@@ -616,7 +616,7 @@ func TestBindSimulatedProcDriverAsContainerInit(t *testing.T) {
 func TestLayoutDriverRoot(t *testing.T) {
 	root := t.TempDir()
 	minors := []int{0, 3}
-	layoutOrSkip(t, root, mockDriverVersion, minors)
+	layoutOrSkip(t, root, simDriverVersion, minors)
 	// Idempotent, and it repairs: a wrong device node, a wrong symlink, a
 	// modified library, and a library of another version.
 	libDir := filepath.Join(root, SimulatedLibraryDir())
@@ -629,7 +629,7 @@ func TestLayoutDriverRoot(t *testing.T) {
 			return os.Symlink("nowhere", filepath.Join(libDir, "libcuda.so.1"))
 		},
 		func() error {
-			return os.WriteFile(filepath.Join(libDir, "libnvidia-ml.so."+mockDriverVersion), []byte("x"), 0o755)
+			return os.WriteFile(filepath.Join(libDir, "libnvidia-ml.so."+simDriverVersion), []byte("x"), 0o755)
 		},
 		func() error { return os.WriteFile(stale, []byte("x"), 0o755) },
 	} {
@@ -637,8 +637,8 @@ func TestLayoutDriverRoot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	layoutOrSkip(t, root, mockDriverVersion, minors)
-	layoutOrSkip(t, root, mockDriverVersion, minors)
+	layoutOrSkip(t, root, simDriverVersion, minors)
+	layoutOrSkip(t, root, simDriverVersion, minors)
 	if _, err := os.Lstat(stale); !os.IsNotExist(err) {
 		t.Errorf("stale library of another version kept: %v", err)
 	}
@@ -680,7 +680,7 @@ func TestLayoutDriverRoot(t *testing.T) {
 
 	t.Run("libraries", func(t *testing.T) {
 		for _, lib := range simLibraries {
-			file := filepath.Join(libDir, lib.name+".so."+mockDriverVersion)
+			file := filepath.Join(libDir, lib.name+".so."+simDriverVersion)
 			f, err := elf.Open(file)
 			if err != nil {
 				t.Errorf("%s: %v", file, err)
@@ -715,7 +715,7 @@ func TestLayoutDriverRoot(t *testing.T) {
 				t.Errorf("%s: %v %v", rel, fi, err)
 			}
 		}
-		if _, err := os.Stat(filepath.Join(root, "lib/firmware/nvidia", mockDriverVersion, "gsp_ga10x.bin")); err != nil {
+		if _, err := os.Stat(filepath.Join(root, "lib/firmware/nvidia", simDriverVersion, "gsp_ga10x.bin")); err != nil {
 			t.Error(err)
 		}
 	})
@@ -749,12 +749,12 @@ func TestLayoutDriverRoot(t *testing.T) {
 			root, version string
 			minors        []int
 		}{
-			{"relative", mockDriverVersion, nil},
+			{"relative", simDriverVersion, nil},
 			{root, "", nil},
 			{root, "550", nil},
 			{root, "5*0.1", nil},
-			{root, mockDriverVersion, []int{32}},
-			{root, mockDriverVersion, []int{1, 1}},
+			{root, simDriverVersion, []int{32}},
+			{root, simDriverVersion, []int{1, 1}},
 		} {
 			if err := LayoutDriverRoot(tc.root, tc.version, tc.minors); err == nil {
 				t.Errorf("LayoutDriverRoot(%q, %q, %v): no error", tc.root, tc.version, tc.minors)

@@ -42,14 +42,14 @@ func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, e
 	cuda, _ := cudaVersionInt(m.CUDADriverVersion)
 	configs := make([]gpus.Config, len(m.GPUs))
 	for i, g := range m.GPUs {
-		configs[i] = models[g.Model]
+		configs[i] = models[g.Model].Config
 	}
 	srv := server.NewServerWithGPUs(m.DriverVersion, "12."+m.DriverVersion, cuda, configs...)
 	roots := map[string]string{}
 	modelNames := make([]string, len(m.GPUs))
 	for i, g := range m.GPUs {
 		dev := srv.Devices[i].(*server.Device)
-		simulateDevice(dev, g)
+		simulateDevice(dev, g, models[g.Model])
 		roots[g.PCIBusID] = g.PCIeRoot
 		modelNames[i] = g.Model
 	}
@@ -85,10 +85,17 @@ func defaultUUID(machine string, index int) string {
 }
 
 // simulateDevice fills in what go-nvml's mock leaves out or gets wrong for
-// Facet's purposes: identity, PCI location, NUMA and the MIG mode at boot.
-// MIG itself is newSimNode's.
-func simulateDevice(dev *server.Device, g MachineGPU) {
+// Facet's purposes: identity, PCI location, NUMA, memory info v2 and the MIG
+// mode at boot. MIG itself is newSimNode's.
+func simulateDevice(dev *server.Device, g MachineGPU, m model) {
 	dev.UUID = g.UUID
+	// An idle GPU: v1 counts the reserved memory as used (free = total -
+	// reserved, as nvidia-smi shows it); v2 reports it apart.
+	total, reserved := m.MemoryMB<<20, m.ReservedBytes
+	dev.MemoryInfo = gonvml.Memory{Total: total, Free: total - reserved, Used: reserved}
+	dev.GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
+		return gonvml.Memory_v2{Version: 2, Total: total, Reserved: reserved, Free: total - reserved}, gonvml.SUCCESS
+	}
 	dev.PciBusID = g.PCIBusID
 	if g.MIGEnabled {
 		dev.MigMode = gonvml.DEVICE_MIG_ENABLE

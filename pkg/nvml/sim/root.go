@@ -173,7 +173,7 @@ func SimulatedLibraryDir() string {
 // directories under the root before it consults the root's ldcache.
 //
 // driverVersion must be the version the NVML library reports (e.g.
-// "550.54.15"): nvcdi takes the version from NVML and then looks for
+// "580.159.04"): nvcdi takes the version from NVML and then looks for
 // libcuda.so.<version>. gpuMinors are the GPUs' device minor numbers (NVML
 // GetMinorNumber): GPU minor m gets /dev/nvidia<m> and the nvidia-caps
 // nodes of all its possible MIG instances (MIGCapMinors).

@@ -38,7 +38,7 @@ type Node struct {
 // Slices renders the node's ResourceSlices exactly as `facetctl slices`.
 func Slices(t testing.TB, n Node) []*resourceapi.ResourceSlice {
 	t.Helper()
-	m := &sim.Machine{Name: n.Name, DriverVersion: "550.54.15", CUDADriverVersion: "12.4"}
+	m := &sim.Machine{Name: n.Name, DriverVersion: "580.159.04", CUDADriverVersion: "13.0"}
 	for range n.GPUs {
 		m.GPUs = append(m.GPUs, sim.MachineGPU{Model: n.Model, MIGEnabled: true})
 	}
