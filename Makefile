@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN := $(CURDIR)/bin
 RUN_DIR ?= /tmp/facet-run
 
-.PHONY: allocator-matrix all build image image-sim build-release verify-release generate verify-generate lint test unit e2e multinode demo demo-down bench bench-scale clean fuzz fuzz-smoke
+.PHONY: allocator-matrix all build lint-tool codegen-tool image image-sim build-release verify-release generate verify-generate lint test unit e2e multinode demo demo-down bench bench-scale clean fuzz fuzz-smoke
 
 all: build
 
@@ -49,6 +49,10 @@ verify-release:
 DEEPCOPY_GEN := $(GO) tool -modfile=$(CURDIR)/hack/tools/codegen/go.mod deepcopy-gen
 DEEPCOPY_PKGS := ./api/gpu.facet.dev/v1alpha1
 
+## codegen-tool: build deepcopy-gen (go tool caches it in the build cache)
+codegen-tool:
+	$(DEEPCOPY_GEN) --help >/dev/null 2>&1
+
 ## generate: regenerate the API types' deep copies (zz_generated.deepcopy.go)
 generate:
 	$(DEEPCOPY_GEN) --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(DEEPCOPY_PKGS)
@@ -74,37 +78,48 @@ $(GOLANGCI_LINT):
 	GOBIN=$(FACET_CACHE)/bin/.golangci-lint $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv $(FACET_CACHE)/bin/.golangci-lint/golangci-lint $@
 
+## lint-tool: build golangci-lint (once per machine, cached)
+lint-tool: $(GOLANGCI_LINT)
+
 ## lint: golangci-lint over the main module (.golangci.yml)
 lint: $(GOLANGCI_LINT)
 	$(GOLANGCI_LINT) run ./...
 
 ## test: unit tests, allocator tests (on each Kubernetes minor),
-## end-to-end tests on a real node, and on a cluster of several nodes
+## end-to-end tests on a real node, and on a cluster of several nodes; each
+## round prints its wall time ("[ci] stage ...", hack/stage.sh)
 test: unit allocator-matrix e2e multinode
+
+# Runs a recipe line as a named, timed stage (.ci/run tabulates them).
+STAGE := hack/stage.sh
 
 ## unit: everything that needs no cluster (NVML simulated, upstream allocator)
 unit:
-	$(GO) vet ./...
-	$(GO) vet -tags facetsim ./cmd/...
-	$(GO) test ./api/... ./pkg/... ./cmd/... ./test/allocator/...
+	$(STAGE) "unit: go vet" $(GO) vet ./...
+	$(STAGE) "unit: go vet -tags facetsim" $(GO) vet -tags facetsim ./cmd/...
+	# -timeout: go test's default is 10 minutes per package; pkg/driver
+	# (its crash matrix) took over 10 minutes for -count=3 on 2 cores at
+	# load 35-50, which leaves one run little margin on a loaded machine.
+	# The bound only turns a hang into a failure.
+	$(STAGE) "unit: go test" $(GO) test -timeout 30m ./api/... ./pkg/... ./cmd/... ./test/allocator/...
 	# The Helm chart, rendered with Helm as a library (its own module, so
 	# Helm's dependencies stay out of Facet's go.mod).
-	cd test/helm && $(GO) test ./...
+	cd test/helm && ../../$(STAGE) "unit: Helm chart" $(GO) test ./...
 
 ## allocator-matrix: test/allocator against the allocator of Kubernetes
 ## 1.36 and 1.37 too (unit runs it on 1.35, go.mod's); the bug tests expect
 ## each version's own behaviour (hack/allocator-matrix.sh)
 allocator-matrix:
-	ALLOCATOR_VERSIONS="v0.36.3 v0.37.2" hack/allocator-matrix.sh
+	ALLOCATOR_VERSIONS="v0.36.3 v0.37.2" $(STAGE) "allocator matrix (1.36, 1.37)" hack/allocator-matrix.sh
 
 ## e2e: start a real Kubernetes node with containerd and run test/e2e,
 ## three times: 1.35 with the DRA alpha gates on, stock 1.35 (every alpha
 ## gate off), where the tests of gated modes skip and TestStock matters most,
 ## and 1.36 with Kubernetes' default gates (the DRA gates beta and on).
 e2e: build image-sim
-	hack/e2e.sh
-	FACET_FEATURE_GATES= hack/e2e.sh
-	FACET_K8S_VERSION=v1.36.3 hack/e2e.sh
+	$(STAGE) "e2e 1.35.4, DRA alpha gates on" hack/e2e.sh
+	FACET_FEATURE_GATES= $(STAGE) "e2e 1.35.4 stock" hack/e2e.sh
+	FACET_K8S_VERSION=v1.36.3 $(STAGE) "e2e 1.36.3, default gates" hack/e2e.sh
 
 ## multinode: a cluster of real kubelets on this machine, three of them with
 ## Facet on simulated machines (dgx-h100 in mig mode, dgx-a100-80gb in
@@ -112,7 +127,7 @@ e2e: build image-sim
 ## placement by class and CEL, a claim that fits nowhere, spreading, one
 ## node's plugin restart (hack/multinode.sh, hack/cluster/add-node.sh)
 multinode: build
-	hack/multinode.sh
+	$(STAGE) "multinode (4 nodes)" hack/multinode.sh
 
 ## demo: the main job on a simulated DGX H100 node, Facet installed with its
 ## Helm chart (FACET_DEMO_PLUGIN=host: the plugin as a host process); the node stays up

@@ -22,12 +22,13 @@ if [[ -f /tmp/facet-run/pids/kube-apiserver.pid ]] && kill -0 "$(cat /tmp/facet-
 fi
 
 trap 'hack/cluster/down.sh >/dev/null 2>&1 || true' EXIT
-hack/cluster/up.sh
+# Each part prints its wall time (hack/stage.sh; .ci/run tabulates them).
+hack/stage.sh "node up" hack/cluster/up.sh
 # shellcheck disable=SC1091
 source "${RUN_DIR}/env.sh"
 hack/sim-node.sh "${RUN_DIR}" demo/machines/dgx-h100.yaml
 # Extra arguments go to go test, e.g. -run '^$' -bench . for the prepare benchmarks.
-go test ./test/e2e/ -count=1 -v -timeout 30m "$@"
+hack/stage.sh "test/e2e" go test ./test/e2e/ -count=1 -v -timeout 30m "$@"
 # The chart against the real apiserver: server-side dry run of every
 # rendered object, the per-node ResourceSlice policy with a pod-bound token,
 # the webhook behind the chart's own configuration, and (test/helm/install)
@@ -39,5 +40,5 @@ go test ./test/e2e/ -count=1 -v -timeout 30m "$@"
 # -p 1: the two packages' live tests share the one node (its slices, the
 # plugin's directories), so they run one package at a time.
 if [[ $# -eq 0 || -n "${FACET_E2E_CHART_RUN:-}" ]]; then
-  (cd test/helm && go test ./... -p 1 -count=1 -v -timeout 20m -run "${FACET_E2E_CHART_RUN:-Live}")
+  (cd test/helm && ../../hack/stage.sh "chart live tests" go test ./... -p 1 -count=1 -v -timeout 20m -run "${FACET_E2E_CHART_RUN:-Live}")
 fi

@@ -95,8 +95,13 @@ if [[ "${RUNTIME}" == containerd && ! -x "${CNI_BIN_DIR}/loopback" ]]; then
   exit 1
 fi
 
+# Builds of the same binaries wait for each other (flock), per version:
+# .ci/run builds the next round's Kubernetes while a round runs, and several
+# checkouts share the cache.
+BUILD_LOCKS="${FACET_CACHE:-$HOME/.cache/facet}/bin"
+mkdir -p "${BUILD_LOCKS}"
 log "building/locating binaries (hack/build-tools.sh)"
-BIN_DIR="$("${HACK_DIR}/build-tools.sh" | tail -n1)"
+BIN_DIR="$(flock "${BUILD_LOCKS}/.build-tools.lock" "${HACK_DIR}/build-tools.sh" | tail -n1)"
 [[ -x "${BIN_DIR}/kubelet" ]] || { echo "build-tools.sh gave no usable bin dir: ${BIN_DIR}" >&2; exit 1; }
 KUBECTL="${BIN_DIR}/kubectl"
 # K8S_BIN_DIR: the control plane and the kubelet; BIN_DIR: everything else.
@@ -104,7 +109,7 @@ K8S_BIN_DIR="${BIN_DIR}"
 if [[ "${K8S_VERSION}" != v1.35.4 ]]; then
   log "building/locating Kubernetes ${K8S_VERSION} (hack/build-k8s.sh)"
   K8S_BIN_DIR="$(FACET_K8S_COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubelet" \
-    "${HACK_DIR}/build-k8s.sh" "${K8S_VERSION}" | tail -n1)"
+    flock "${BUILD_LOCKS}/.build-k8s-${K8S_VERSION}.lock" "${HACK_DIR}/build-k8s.sh" "${K8S_VERSION}" | tail -n1)"
   [[ -x "${K8S_BIN_DIR}/kubelet" ]] || { echo "build-k8s.sh gave no usable bin dir: ${K8S_BIN_DIR}" >&2; exit 1; }
 fi
 

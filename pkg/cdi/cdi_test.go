@@ -214,13 +214,16 @@ func TestRewriteIsAtomic(t *testing.T) {
 			}
 		}()
 	}
+	// The readers stop however the test ends: they read its TempDir.
+	var stop sync.Once
+	stopReaders := func() { stop.Do(func() { close(done); wg.Wait() }) }
+	defer stopReaders()
 	for n := 1; n <= writes; n++ {
 		if _, _, _, err := w.WriteClaim(uid, envs(n), gpu0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	close(done)
-	wg.Wait()
+	stopReaders()
 	close(errs)
 	for err := range errs {
 		t.Error(err)

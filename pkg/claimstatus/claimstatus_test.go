@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
@@ -105,10 +106,13 @@ func TestWriter(t *testing.T) {
 	client := fake.NewClientset(claim)
 	var failures int
 	var mu sync.Mutex
-	var patchedGone int
+	var patchedGone, patchedC int
 	client.PrependReactor("patch", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		mu.Lock()
 		defer mu.Unlock()
+		if a.(k8stesting.PatchAction).GetName() == "c" {
+			patchedC++
+		}
 		if a.(k8stesting.PatchAction).GetName() == "gone" {
 			// The fake creates what an apply names; the API server
 			// does not, for a status.
@@ -123,7 +127,10 @@ func TestWriter(t *testing.T) {
 	})
 	recs := &records{m: map[types.UID]*checkpoint.Claim{}}
 	w := NewWriter(client, recs)
-	go w.Run(ctx, 1)
+	// The worker logs through t: it must be gone before the test ends.
+	ran := make(chan struct{})
+	go func() { defer close(ran); w.Run(ctx, 1) }()
+	defer func() { cancel(); <-ran }()
 
 	devices := func() []resourceapi.AllocatedDeviceStatus {
 		c, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "c", metav1.GetOptions{})
@@ -134,13 +141,7 @@ func TestWriter(t *testing.T) {
 	}
 	waitFor := func(what string, ok func([]resourceapi.AllocatedDeviceStatus) bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !ok(devices()) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: status.devices %+v", what, devices())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitUntil(t, what, func() bool { return ok(devices()) })
 	}
 
 	share := types.UID("s-1")
@@ -188,16 +189,38 @@ func TestWriter(t *testing.T) {
 		t.Errorf("left %+v, want only the other driver's entry", d)
 	}
 
-	// A claim that no longer exists needs nothing and is not retried.
+	// A claim that no longer exists needs nothing and is not retried. The
+	// one worker takes the queue in order: once the claim queued after it
+	// is written, the missing claim's turn is over, and a retry would
+	// show as a requeue.
+	mu.Lock()
+	before := patchedC
+	mu.Unlock()
 	w.Changed("ns", "gone", "uid-gone")
-	deadline := time.Now().Add(5 * time.Second)
-	for w.queue.Len() > 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	w.Changed("ns", "c", "uid-c")
+	waitUntil(t, "the claim queued after the missing one is written", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return patchedC > before
+	})
+	if n := w.queue.NumRequeues(key{"ns", "gone", "uid-gone"}); n != 0 {
+		t.Errorf("a missing claim was requeued %d times, want none", n)
 	}
-	time.Sleep(300 * time.Millisecond) // longer than the first retry's backoff
 	mu.Lock()
 	defer mu.Unlock()
 	if patchedGone != 1 {
 		t.Errorf("a missing claim was written %d times, want once", patchedGone)
+	}
+}
+
+// waitUntil polls ok until it holds. The bound only turns a hang into a
+// failure; nothing here is timed.
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		return ok(), nil
+	})
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }

@@ -72,8 +72,14 @@ func (s *healthStream) SetHeader(metadata.MD) error  { return nil }
 func (s *healthStream) SendHeader(metadata.MD) error { return nil }
 func (s *healthStream) SetTrailer(metadata.MD)       {}
 func (s *healthStream) Send(r *drahealthv1alpha1.NodeWatchResourcesResponse) error {
-	s.sent <- r
-	return nil
+	// A stream the test no longer reads ends with its context, as a
+	// gRPC stream does.
+	select {
+	case s.sent <- r:
+		return nil
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
 }
 
 // TestUnitNodeWatchResources: the kubelet gets every device at once and
@@ -83,8 +89,16 @@ func TestUnitNodeWatchResources(t *testing.T) {
 	u := newUnit(t, inventory.Config{DefaultMode: inventory.ModeMIG})
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &healthStream{ctx: ctx, sent: make(chan *drahealthv1alpha1.NodeWatchResourcesResponse, 4)}
-	done := make(chan error)
+	done := make(chan error, 1)
 	go func() { done <- u.d.NodeWatchResources(&drahealthv1alpha1.NodeWatchResourcesRequest{}, s) }()
+	// The stream ends with the test, however the test ends.
+	ended := false
+	defer func() {
+		if !ended {
+			cancel()
+			<-done
+		}
+	}()
 	next := func() map[string]drahealthv1alpha1.HealthStatus {
 		t.Helper()
 		select {
@@ -97,7 +111,8 @@ func TestUnitNodeWatchResources(t *testing.T) {
 				out[d.Device.DeviceName] = d.Health
 			}
 			return out
-		case <-time.After(5 * time.Second):
+		case <-time.After(2 * time.Minute):
+			// Only turns a hang into a failure.
 			t.Fatal("no health update")
 			return nil
 		}
@@ -130,6 +145,7 @@ func TestUnitNodeWatchResources(t *testing.T) {
 		}
 	}
 	cancel()
+	ended = true
 	if err := <-done; err != nil {
 		t.Errorf("NodeWatchResources: %v", err)
 	}

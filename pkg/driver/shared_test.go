@@ -3,6 +3,7 @@ package driver
 import (
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,33 +52,57 @@ func TestRollingUpdateInstancesShareState(t *testing.T) {
 	if err := cur.enter(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The lock is let go and both calls are waited for however the test
+	// ends: they use the test's directories. The bounds below only turn
+	// a hang into a failure; they are generous so that load cannot trip
+	// them.
+	var left atomic.Bool
+	leave := func() {
+		if left.CompareAndSwap(false, true) {
+			cur.leave(ctx)
+		}
+	}
 	probed := make(chan struct{})
+	done := make(chan error, 1)
+	started := false
+	defer func() {
+		leave()
+		<-probed
+		if started {
+			<-done
+		}
+	}()
 	go func() {
 		_, _ = old.PrepareResourceClaims(ctx, nil)
 		close(probed)
 	}()
 	select {
 	case <-probed:
-	case <-time.After(5 * time.Second):
+	case <-time.After(2 * time.Minute):
 		t.Fatal("an empty prepare (the health probe's) waited for the node lock")
 	}
-	done := make(chan error, 1)
+	started = true
 	go func() {
 		_, err := old.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "never-prepared"}})
 		done <- err
 	}()
+	// Not synchronisation: a call that got past the lock would have
+	// returned by now on most runs; on a slow one this checks less, never
+	// wrongly.
 	select {
 	case err := <-done:
+		done <- err
 		t.Fatalf("the old instance ran (%v) while the new one held the node lock", err)
 	case <-time.After(300 * time.Millisecond):
 	}
-	cur.leave(ctx)
+	leave()
 	select {
 	case err := <-done:
+		done <- err
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(2 * time.Minute):
 		t.Fatal("the old instance still waits after the new one let go")
 	}
 }

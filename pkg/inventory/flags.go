@@ -19,7 +19,7 @@ type ModeFlags struct {
 
 // Register adds --mode, --gpu-modes and --gpu-order to fs.
 func (f *ModeFlags) Register(fs *flag.FlagSet) {
-	fs.StringVar(&f.Default, "mode", string(ModeAuto), fmt.Sprintf("mode of every GPU without a --gpu-modes entry, one of %v; auto is mig on MIG-capable GPUs and exclusive on the others", Modes))
+	fs.StringVar(&f.Default, "mode", string(ModeAuto), fmt.Sprintf("mode of every GPU without a --gpu-modes entry, one of %v; %s", Modes, AutoPolicy()))
 	fs.StringVar(&f.PerGPU, "gpu-modes", "", `per-GPU modes by NVML index, e.g. "0-3=mig,4-7=exclusive"`)
 	fs.StringVar(&f.Slots, "slots", DefaultSlotLayout.String(), `slot layout of every slots-mode GPU without a --gpu-slots entry: groups joined by "+", each COUNT (equal parts) or COUNTxMEMORY/PERCENT, e.g. "4x20Gi/25"`)
 	fs.StringVar(&f.PerGPUSlots, "gpu-slots", "", `per-GPU slot layouts by NVML index, e.g. "4-7=2x10Gi/10+1x40Gi/50"`)

@@ -437,6 +437,14 @@ func (gpu *GPU) build(model *MIGModel) error {
 // 11-12.5 s at 500, against 43 ms on 1.37.2 (issue 14's measurements).
 var countersScaleFrom = utilversion.MajorMinor(1, 37)
 
+// AutoPolicy says in a sentence what mode auto gives each GPU, for help
+// texts; resolveAuto decides it (TestAutoPolicyMatchesResolveAuto keeps
+// them together).
+func AutoPolicy() string {
+	return fmt.Sprintf("auto is %s on GPUs with MIG instances, %s on other MIG-capable GPUs where the cluster enforces %s and runs Kubernetes %s or later, and %s everywhere else",
+		ModeStaticMIG, ModeMIG, features.PartitionableDevices, countersScaleFrom, ModeExclusive)
+}
+
 // resolveAuto is the default policy, per GPU:
 //   - MIG instances exist: static-mig, on every cluster. Someone carved the
 //     GPU on purpose; publishing the instances is correct everywhere and

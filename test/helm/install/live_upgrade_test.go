@@ -172,7 +172,7 @@ spec:
 					failMu.Unlock()
 					continue
 				}
-				if err := running(name, 90*time.Second); err != nil {
+				if err := running(name, 3*time.Minute); err != nil {
 					failures.Add(1)
 					failMu.Lock()
 					failed = append(failed, err.Error())

@@ -1,22 +1,18 @@
-package main
+package plugin
 
 import (
 	"context"
 	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/miglayout"
+	"github.com/facet-gpu/facet/pkg/nodeevents"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
 
@@ -30,39 +26,11 @@ const (
 	reasonGPUUnusable     = "FacetGPUUnusable"
 )
 
-// nodeEvents records Events on this node's Node object, where `kubectl
-// describe node` shows them.
-type nodeEvents struct {
-	rec  record.EventRecorder
-	ref  *corev1.ObjectReference
-	stop func()
-}
-
-func newNodeEvents(ctx context.Context, client kubernetes.Interface, node string) *nodeEvents {
-	b := record.NewBroadcaster(record.WithContext(ctx))
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	// The kubelet refers to its Node the same way: the name as UID.
-	ref := &corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}
-	return &nodeEvents{
-		rec:  b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "facet-kubeletplugin", Host: node}),
-		ref:  ref,
-		stop: b.Shutdown,
-	}
-}
-
-func (e *nodeEvents) normal(reason, msg string) {
-	e.rec.Event(e.ref, corev1.EventTypeNormal, reason, msg)
-}
-
-func (e *nodeEvents) warning(reason, msg string) {
-	e.rec.Event(e.ref, corev1.EventTypeWarning, reason, msg)
-}
-
 // clusterFeatures is what the cluster enforces: detected, then overridden
 // by --feature-gates. When detection fails the plugin assumes a stock
 // cluster (every gate off): the shapes it then publishes are correct on
 // every cluster, and the failure is logged and raised as an Event.
-func clusterFeatures(ctx context.Context, client kubernetes.Interface, node string, overrides features.Overrides, ev *nodeEvents) features.Set {
+func clusterFeatures(ctx context.Context, client kubernetes.Interface, node string, overrides features.Overrides, ev *nodeevents.Recorder) features.Set {
 	logger := klog.FromContext(ctx)
 	s, err := features.Detect(ctx, client, node)
 	if err != nil {
@@ -70,7 +38,7 @@ func clusterFeatures(ctx context.Context, client kubernetes.Interface, node stri
 		s = features.Stock(fmt.Sprintf("assumed off: detection failed: %v", err))
 		s.ServerVersion = version
 		logger.Error(err, "Cannot detect the cluster's DRA features; assuming none of the alpha gates is on (set --feature-gates to say otherwise)")
-		ev.warning(reasonFeaturesUnknown, fmt.Sprintf("Cannot detect the cluster's DRA features (%v); publishing only shapes that need no alpha gate", err))
+		ev.Warning(reasonFeaturesUnknown, fmt.Sprintf("Cannot detect the cluster's DRA features (%v); publishing only shapes that need no alpha gate", err))
 	}
 	return s.Apply(overrides)
 }
@@ -78,7 +46,7 @@ func clusterFeatures(ctx context.Context, client kubernetes.Interface, node stri
 // watchFeatures re-detects the cluster's features every interval and
 // returns when they differ from start: the plugin then restarts and
 // republishes, rather than change its devices under live allocations.
-func watchFeatures(ctx context.Context, client kubernetes.Interface, node string, overrides features.Overrides, start features.Set, every time.Duration, ev *nodeEvents) error {
+func watchFeatures(ctx context.Context, client kubernetes.Interface, node string, overrides features.Overrides, start features.Set, every time.Duration, ev *nodeevents.Recorder) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -95,7 +63,7 @@ func watchFeatures(ctx context.Context, client kubernetes.Interface, node string
 		s = s.Apply(overrides)
 		if !s.Equal(start) {
 			msg := fmt.Sprintf("The cluster's DRA features changed from %s to %s; restarting to republish", start, s)
-			ev.warning(reasonFeaturesChanged, msg)
+			ev.Warning(reasonFeaturesChanged, msg)
 			return fmt.Errorf("%s", msg)
 		}
 	}
@@ -105,7 +73,7 @@ func watchFeatures(ctx context.Context, client kubernetes.Interface, node string
 // inventory is built from the instances that then exist. A GPU that
 // prepared claims hold, or that has instances Facet did not make, keeps what
 // it has; a failure on one GPU is reported and the others go on.
-func applyLayouts(ctx context.Context, lib *nvml.Library, node *nvml.Node, layouts map[int]string, modes inventory.Config, store *checkpoint.Store, layoutStore *miglayout.Store, ev *nodeEvents) error {
+func applyLayouts(ctx context.Context, lib *nvml.Library, node *nvml.Node, layouts map[int]string, modes inventory.Config, store *checkpoint.Store, layoutStore *miglayout.Store, ev *nodeevents.Recorder) error {
 	if len(layouts) == 0 {
 		return nil
 	}
@@ -146,13 +114,13 @@ func applyLayouts(ctx context.Context, lib *nvml.Library, node *nvml.Node, layou
 		switch {
 		case err != nil:
 			logger.Error(err, "MIG layout not applied", "gpu", idx)
-			ev.warning(reasonLayout, fmt.Sprintf("GPU %d: %v", idx, err))
+			ev.Warning(reasonLayout, fmt.Sprintf("GPU %d: %v", idx, err))
 		case out.Note != "":
 			logger.Info("MIG layout not applied", "gpu", idx, "why", out.Note)
-			ev.warning(reasonLayout, fmt.Sprintf("GPU %d: %s", idx, out.Note))
+			ev.Warning(reasonLayout, fmt.Sprintf("GPU %d: %s", idx, out.Note))
 		case out.Changed:
 			logger.Info("MIG layout applied", "gpu", idx, "layout", layout)
-			ev.normal(reasonLayout, fmt.Sprintf("GPU %d: MIG layout %s applied", idx, layout))
+			ev.Normal(reasonLayout, fmt.Sprintf("GPU %d: MIG layout %s applied", idx, layout))
 		}
 	}
 	return nil

@@ -1,4 +1,7 @@
-package main
+// Package probes serves the kubelet plugin's liveness and readiness probes
+// (and its metrics) over HTTP, on TCP or a unix socket, and asks them for
+// the plugin's exec probe (facet-kubeletplugin --probe).
+package probes
 
 import (
 	"context"
@@ -18,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -26,7 +28,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/names"
 )
 
-// health serves the plugin's probes, like the upstream example driver's
+// Checker serves the plugin's probes, like the upstream example driver's
 // health check (dra-example-driver's cmd/dra-example-kubeletplugin/health.go),
 // over HTTP:
 //
@@ -37,57 +39,64 @@ import (
 //
 // The gRPC calls go through the same unix sockets the kubelet uses, so a
 // wedged server or a socket file removed from under the plugin shows up.
-type health struct {
-	registrarSocket, draSocket string
-	// registered reports the kubelet's registration (the helper's
+type Checker struct {
+	// RegistrarSocket and DRASocket are the paths of the plugin's unix
+	// sockets (Sockets).
+	RegistrarSocket, DRASocket string
+	// Registered reports the kubelet's registration (the helper's
 	// RegistrationStatus); nil until known.
-	registered func() *registerapi.RegistrationStatus
-	// slicesPublished is true once the API server has held all the slices.
-	slicesPublished func(context.Context) (bool, error)
-	timeout         time.Duration
-	// metrics serves /metrics; none when nil.
-	metrics http.Handler
+	Registered func() *registerapi.RegistrationStatus
+	// SlicesPublished is true once the API server has held all the slices
+	// (SlicesPublished).
+	SlicesPublished func(context.Context) (bool, error)
+	// Timeout bounds each probe's gRPC calls.
+	Timeout time.Duration
+	// Metrics serves /metrics; none when nil.
+	Metrics http.Handler
 }
 
-func (h *health) live(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, h.timeout)
+// Live returns nil if both sockets answer (the /healthz check).
+func (h *Checker) Live(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, h.Timeout)
 	defer cancel()
-	reg, err := dialUnix(h.registrarSocket)
+	reg, err := dialUnix(h.RegistrarSocket)
 	if err != nil {
 		return fmt.Errorf("registration socket: %w", err)
 	}
 	defer reg.Close()
 	info, err := registerapi.NewRegistrationClient(reg).GetInfo(ctx, &registerapi.InfoRequest{})
 	if err != nil {
-		return fmt.Errorf("registration socket %s: GetInfo: %w", h.registrarSocket, err)
+		return fmt.Errorf("registration socket %s: GetInfo: %w", h.RegistrarSocket, err)
 	}
 	if info.Name != names.Driver {
-		return fmt.Errorf("registration socket %s: driver %q, want %q", h.registrarSocket, info.Name, names.Driver)
+		return fmt.Errorf("registration socket %s: driver %q, want %q", h.RegistrarSocket, info.Name, names.Driver)
 	}
-	dra, err := dialUnix(h.draSocket)
+	dra, err := dialUnix(h.DRASocket)
 	if err != nil {
 		return fmt.Errorf("DRA socket: %w", err)
 	}
 	defer dra.Close()
 	// An empty request: prepares nothing, proves the service answers.
 	if _, err := drapb.NewDRAPluginClient(dra).NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{}); err != nil {
-		return fmt.Errorf("DRA socket %s: NodePrepareResources: %w", h.draSocket, err)
+		return fmt.Errorf("DRA socket %s: NodePrepareResources: %w", h.DRASocket, err)
 	}
 	return nil
 }
 
-func (h *health) ready(ctx context.Context) error {
-	if err := h.live(ctx); err != nil {
+// Ready returns nil if the plugin is live, registered with the kubelet,
+// and its slices are published (the /readyz check).
+func (h *Checker) Ready(ctx context.Context) error {
+	if err := h.Live(ctx); err != nil {
 		return err
 	}
-	st := h.registered()
+	st := h.Registered()
 	if st == nil {
 		return errors.New("not registered with the kubelet yet")
 	}
 	if !st.PluginRegistered {
 		return fmt.Errorf("the kubelet refused the registration: %s", st.Error)
 	}
-	ok, err := h.slicesPublished(ctx)
+	ok, err := h.SlicesPublished(ctx)
 	if err != nil {
 		return fmt.Errorf("ResourceSlices: %w", err)
 	}
@@ -101,7 +110,8 @@ func dialUnix(path string) (*grpc.ClientConn, error) {
 	return grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
-func (h *health) handler() http.Handler {
+// Handler serves /healthz, /readyz and, with Metrics, /metrics.
+func (h *Checker) Handler() http.Handler {
 	mux := http.NewServeMux()
 	probe := func(check func(context.Context) error) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -113,19 +123,19 @@ func (h *health) handler() http.Handler {
 			fmt.Fprintln(w, "ok")
 		}
 	}
-	mux.Handle("/healthz", probe(h.live))
-	mux.Handle("/readyz", probe(h.ready))
-	if h.metrics != nil {
-		mux.Handle("/metrics", h.metrics)
+	mux.Handle("/healthz", probe(h.Live))
+	mux.Handle("/readyz", probe(h.Ready))
+	if h.Metrics != nil {
+		mux.Handle("/metrics", h.Metrics)
 	}
 	return mux
 }
 
-// slicesPublishedFunc is true once the API server holds at least want of
+// SlicesPublished returns a check that is true once the API server holds at least want of
 // this node's slices of the driver; it stays true after (the slice
 // controller keeps them, and a re-list per probe would load the API server
 // for nothing).
-func slicesPublishedFunc(client kubernetes.Interface, node string, want int) func(context.Context) (bool, error) {
+func SlicesPublished(client kubernetes.Interface, node string, want int) func(context.Context) (bool, error) {
 	var seen atomic.Bool
 	sel := fields.Set{"spec.driver": names.Driver, "spec.nodeName": node}.AsSelector().String()
 	return func(ctx context.Context) (bool, error) {
@@ -152,8 +162,9 @@ func healthNetwork(addr string) (network, address string) {
 	return "tcp", addr
 }
 
-// serveHealth serves h on addr until ctx ends.
-func serveHealth(ctx context.Context, addr string, h *health) error {
+// Serve serves h on addr (host:port, or unix:<path>) until ctx ends. A
+// stale unix socket file is replaced; an address in use is an error.
+func Serve(ctx context.Context, addr string, h *Checker) error {
 	network, address := healthNetwork(addr)
 	if network == "unix" {
 		// Left by an earlier run of this container.
@@ -164,7 +175,7 @@ func serveHealth(ctx context.Context, addr string, h *health) error {
 		return fmt.Errorf("--health-addr: %w", err)
 	}
 	srv := &http.Server{
-		Handler:           h.handler(),
+		Handler:           h.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
@@ -177,39 +188,29 @@ func serveHealth(ctx context.Context, addr string, h *health) error {
 			klog.FromContext(ctx).Error(err, "Health server failed")
 		}
 	}()
-	klog.FromContext(ctx).Info("Serving health probes", "addr", ln.Addr().String(), "liveness", "/healthz", "readiness", "/readyz", "metrics", h.metrics != nil)
+	klog.FromContext(ctx).Info("Serving health probes", "addr", ln.Addr().String(), "liveness", "/healthz", "readiness", "/readyz", "metrics", h.Metrics != nil)
 	return nil
 }
 
-// startHealth serves the probes and metrics (package metrics) on
-// f.healthAddr (none when empty), for the helper's sockets and the want
-// slices of this node.
-func startHealth(ctx context.Context, f flags, helper *kubeletplugin.Helper, client kubernetes.Interface, want int, metrics http.Handler) error {
-	if f.healthAddr == "" {
-		return nil
-	}
-	// The helper's socket names; with rolling updates they hold the pod
-	// UID (kubeletplugin.RollingUpdate).
+// Sockets returns the paths of the kubelet plugin helper's registration
+// and DRA sockets under the kubelet's registrar and plugins directories;
+// with rolling updates (a pod UID) their names hold the UID
+// (kubeletplugin.RollingUpdate).
+func Sockets(registrarDir, pluginsDir, podUID string) (registrar, dra string) {
 	uidPart := ""
-	if f.podUID != "" {
-		uidPart = "-" + f.podUID
+	if podUID != "" {
+		uidPart = "-" + podUID
 	}
-	return serveHealth(ctx, f.healthAddr, &health{
-		registrarSocket: filepath.Join(f.registrarDir, names.Driver+uidPart+"-reg.sock"),
-		draSocket:       filepath.Join(f.pluginsDir, names.Driver, "dra"+uidPart+".sock"),
-		registered:      helper.RegistrationStatus,
-		slicesPublished: slicesPublishedFunc(client, f.nodeName, want),
-		timeout:         5 * time.Second,
-		metrics:         metrics,
-	})
+	return filepath.Join(registrarDir, names.Driver+uidPart+"-reg.sock"),
+		filepath.Join(pluginsDir, names.Driver, "dra"+uidPart+".sock")
 }
 
-// askHealth asks the health server at addr for path (/healthz or /readyz) and
+// Ask asks the health server at addr for path (/healthz or /readyz) and
 // returns nil if it answers ok: `facet-kubeletplugin --probe=/readyz`, the
 // chart's exec probe where the plugin shares the host's network. There two
 // pods of a rolling update cannot both hold a TCP port, so each serves its
 // probes on a unix socket in its own container's file system.
-func askHealth(ctx context.Context, addr, path string, timeout time.Duration) error {
+func Ask(ctx context.Context, addr, path string, timeout time.Duration) error {
 	network, address := healthNetwork(addr)
 	var d net.Dialer
 	client := &http.Client{

@@ -1,4 +1,10 @@
-package main
+// Package publisher publishes a node's ResourceSlices and keeps them in
+// step with its GPUs' health: it feeds NVML's health watch into the fault
+// monitor (package health), acts on the recovery requests an operator
+// leaves on the Node (names.AnnotationRecover), and republishes on every
+// change, tainting faulted GPUs' devices where the cluster enforces
+// DRADeviceTaints and leaving them out where it does not.
+package publisher
 
 import (
 	"context"
@@ -11,11 +17,9 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
 
-	"github.com/facet-gpu/facet/pkg/driver"
 	"github.com/facet-gpu/facet/pkg/features"
 	gpuhealth "github.com/facet-gpu/facet/pkg/health"
 	"github.com/facet-gpu/facet/pkg/inventory"
@@ -27,33 +31,90 @@ import (
 
 // Events of GPU health, on the Node.
 const (
-	reasonGPUUnhealthy      = "FacetGPUUnhealthy"
-	reasonGPURecovered      = "FacetGPURecovered"
-	reasonGPURecoveryFailed = "FacetGPURecoveryFailed"
-	reasonHealthWatch       = "FacetHealthWatchDegraded"
+	ReasonGPUUnhealthy      = "FacetGPUUnhealthy"
+	ReasonGPURecovered      = "FacetGPURecovered"
+	ReasonGPURecoveryFailed = "FacetGPURecoveryFailed"
+	ReasonHealthWatch       = "FacetHealthWatchDegraded"
 )
 
-// publisher publishes the node's ResourceSlices from the inventory, less
+// SliceSink takes the node's slices: the kubelet plugin helper
+// (kubeletplugin.Helper), whose ResourceSlice controller syncs them to the
+// API server.
+type SliceSink interface {
+	PublishResources(ctx context.Context, resources resourceslice.DriverResources) error
+}
+
+// FaultSink takes the GPUs' faults, by UUID: the driver
+// (driver.Driver.SetFaults), which refuses claims on fatally faulted GPUs.
+type FaultSink interface {
+	SetFaults(faults map[string]gpuhealth.Fault)
+}
+
+// Events records Events on the Node (nodeevents.Recorder).
+type Events interface {
+	Normal(reason, msg string)
+	Warning(reason, msg string)
+}
+
+// NVML is what the health watch and the recovery requests ask of the
+// GPUs (nvml.Library).
+type NVML interface {
+	// WatchHealth reports health events of the GPUs uuids until ctx ends
+	// (nvml.Library.WatchHealth).
+	WatchHealth(ctx context.Context, uuids []string, probeEvery time.Duration, report func(nvml.HealthEvent)) error
+	// ProbeGPU returns nil if the GPU answers NVML.
+	ProbeGPU(uuid string) error
+}
+
+// Options are a Publisher's parts. All but Metrics are required.
+type Options struct {
+	Sink SliceSink
+	// Inventory is the node's GPUs and devices.
+	Inventory *inventory.Inventory
+	// Unusable are GPUs, by UUID, never published, with why (a start-up
+	// problem: driver.Driver.UnusableGPUs).
+	Unusable map[string]string
+	// Gates are the DRA features the cluster enforces.
+	Gates features.Set
+	// Node is the node's name: the pool's.
+	Node    string
+	Faults  FaultSink
+	Monitor *gpuhealth.Monitor
+	Events  Events
+	// Metrics, when set, counts the published slices and devices.
+	Metrics *metrics.Metrics
+}
+
+// Publisher publishes the node's ResourceSlices from the inventory, less
 // the GPUs a start-up problem made unusable, with the GPUs' health faults
 // applied: tainted where the cluster enforces DRADeviceTaints, left out
-// where it does not.
-type publisher struct {
-	helper   *kubeletplugin.Helper
+// where it does not. Safe for concurrent use.
+type Publisher struct {
+	helper   SliceSink
 	inv      *inventory.Inventory
 	unusable map[string]string
 	gates    features.Set
 	node     string
-	drv      *driver.Driver
+	drv      FaultSink
 	mon      *gpuhealth.Monitor
-	ev       *nodeEvents
+	ev       Events
 	metrics  *metrics.Metrics
 
 	mu sync.Mutex
 }
 
-// publish hands the slices to the helper's ResourceSlice controller and
-// the faults to the driver; it returns the number of slices.
-func (p *publisher) publish(ctx context.Context) (int, error) {
+// New returns a Publisher of o; nothing is published until Publish.
+func New(o Options) *Publisher {
+	return &Publisher{
+		helper: o.Sink, inv: o.Inventory, unusable: o.Unusable, gates: o.Gates, node: o.Node,
+		drv: o.Faults, mon: o.Monitor, ev: o.Events, metrics: o.Metrics,
+	}
+}
+
+// Publish hands the slices to the sink and the faults to the fault sink;
+// it returns the number of slices. An error is the sink's, or an internal
+// one: slices with fields the cluster's gates drop.
+func (p *Publisher) Publish(ctx context.Context) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	faults := p.mon.Faults()
@@ -83,12 +144,15 @@ func (p *publisher) publish(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("publish ResourceSlices: %w", err)
 	}
 	n := len(res.Pools[p.node].Slices)
-	p.metrics.SetPublished(n, publishedDevices(res))
+	if p.metrics != nil {
+		p.metrics.SetPublished(n, PublishedDevices(res))
+	}
 	return n, nil
 }
 
-// changed reports a health change and republishes.
-func (p *publisher) changed(ctx context.Context, c gpuhealth.Change) {
+// Changed reports a health change (an Event on the Node and a log line)
+// and republishes. A failed republish is logged: the helper retries.
+func (p *Publisher) Changed(ctx context.Context, c gpuhealth.Change) {
 	logger := klog.FromContext(ctx)
 	gpu := p.describe(c.GPU)
 	if c.Fault != nil {
@@ -102,18 +166,18 @@ func (p *publisher) changed(ctx context.Context, c gpuhealth.Change) {
 		}
 		msg := fmt.Sprintf("GPU %s: %s; %s; %s", gpu, c.Why, what, how)
 		logger.Error(nil, "GPU unhealthy", "gpu", c.GPU, "fault", c.Fault.Reason, "fatal", c.Fault.Fatal, "message", msg)
-		p.ev.warning(reasonGPUUnhealthy, msg)
+		p.ev.Warning(ReasonGPUUnhealthy, msg)
 	} else {
 		msg := fmt.Sprintf("GPU %s: %s; its devices are offered again", gpu, c.Why)
 		logger.Info("GPU recovered", "gpu", c.GPU, "message", msg)
-		p.ev.normal(reasonGPURecovered, msg)
+		p.ev.Normal(ReasonGPURecovered, msg)
 	}
-	if _, err := p.publish(ctx); err != nil {
+	if _, err := p.Publish(ctx); err != nil {
 		logger.Error(err, "Republishing after a health change failed; the helper retries on its next sync")
 	}
 }
 
-func (p *publisher) describe(uuid string) string {
+func (p *Publisher) describe(uuid string) string {
 	for _, g := range p.inv.GPUs {
 		if g.UUID == uuid {
 			return fmt.Sprintf("%d (%s, %s)", g.Index, uuid, g.ProductName)
@@ -122,9 +186,10 @@ func (p *publisher) describe(uuid string) string {
 	return uuid
 }
 
-// watchGPUHealth runs NVML's health watch over the published GPUs and
-// feeds the monitor until ctx ends.
-func watchGPUHealth(ctx context.Context, lib *nvml.Library, p *publisher, probeEvery time.Duration) {
+// WatchHealth runs NVML's health watch over the published GPUs, each
+// queried every probeEvery, and feeds the monitor until ctx ends; a
+// degraded watch is logged and raised as an Event.
+func (p *Publisher) WatchHealth(ctx context.Context, lib NVML, probeEvery time.Duration) {
 	var uuids []string
 	for _, g := range p.inv.GPUs {
 		if _, bad := p.unusable[g.UUID]; !bad {
@@ -138,12 +203,12 @@ func watchGPUHealth(ctx context.Context, lib *nvml.Library, p *publisher, probeE
 			logger.Error(err, "Cannot record a GPU health change; it holds until the plugin restarts", "gpu", ev.GPU)
 		}
 		if c != nil {
-			p.changed(ctx, *c)
+			p.Changed(ctx, *c)
 		}
 	})
 	if err != nil {
 		logger.Error(err, "GPU health watch degraded")
-		p.ev.warning(reasonHealthWatch, err.Error())
+		p.ev.Warning(ReasonHealthWatch, err.Error())
 	}
 }
 
@@ -153,11 +218,11 @@ func watchGPUHealth(ctx context.Context, lib *nvml.Library, p *publisher, probeE
 // one), which the plugin's role deliberately lacks.
 const recoverPoll = 5 * time.Second
 
-// watchRecoverRequests acts on the Node annotation names.AnnotationRecover
-// until ctx ends: each request clears the faults of the GPUs it names, if
-// they answer NVML and saw no fault after it. Each request is acted on
-// once per plugin run.
-func watchRecoverRequests(ctx context.Context, client kubernetes.Interface, lib *nvml.Library, p *publisher) {
+// WatchRecoverRequests acts on the Node annotation names.AnnotationRecover
+// until ctx ends, reading the Node every recoverPoll: each request clears
+// the faults of the GPUs it names, if they answer NVML and saw no fault
+// after it. Each request is acted on once per plugin run.
+func (p *Publisher) WatchRecoverRequests(ctx context.Context, client kubernetes.Interface, lib NVML) {
 	logger := klog.FromContext(ctx)
 	done := map[gpuhealth.RecoverRequest]bool{}
 	tick := time.NewTicker(recoverPoll)
@@ -178,14 +243,14 @@ func watchRecoverRequests(ctx context.Context, client kubernetes.Interface, lib 
 }
 
 // handleRecoverRequests acts on the annotation's requests not in done.
-func (p *publisher) handleRecoverRequests(ctx context.Context, lib *nvml.Library, value string, done map[gpuhealth.RecoverRequest]bool) {
+func (p *Publisher) handleRecoverRequests(ctx context.Context, lib NVML, value string, done map[gpuhealth.RecoverRequest]bool) {
 	logger := klog.FromContext(ctx)
 	reqs, err := gpuhealth.ParseRecoverRequests(value)
 	if err != nil {
 		key := gpuhealth.RecoverRequest{GPU: "malformed:" + value}
 		if !done[key] {
 			done[key] = true
-			p.ev.warning(reasonGPURecoveryFailed, fmt.Sprintf("annotation %s: %v", names.AnnotationRecover, err))
+			p.ev.Warning(ReasonGPURecoveryFailed, fmt.Sprintf("annotation %s: %v", names.AnnotationRecover, err))
 		}
 		return
 	}
@@ -199,9 +264,9 @@ func (p *publisher) handleRecoverRequests(ctx context.Context, lib *nvml.Library
 			switch {
 			case err != nil:
 				logger.Error(err, "GPU recovery refused", "gpu", uuid)
-				p.ev.warning(reasonGPURecoveryFailed, fmt.Sprintf("GPU %s: %v", p.describe(uuid), err))
+				p.ev.Warning(ReasonGPURecoveryFailed, fmt.Sprintf("GPU %s: %v", p.describe(uuid), err))
 			case c != nil:
-				p.changed(ctx, *c)
+				p.Changed(ctx, *c)
 			}
 		}
 	}
@@ -209,7 +274,7 @@ func (p *publisher) handleRecoverRequests(ctx context.Context, lib *nvml.Library
 
 // resolve turns a request's GPU (a UUID, an NVML index, "all") into the
 // UUIDs of faulted GPUs.
-func (p *publisher) resolve(gpu string) []string {
+func (p *Publisher) resolve(gpu string) []string {
 	faults := p.mon.Faults()
 	var out []string
 	for _, g := range p.inv.GPUs {
@@ -221,4 +286,15 @@ func (p *publisher) resolve(gpu string) []string {
 		}
 	}
 	return out
+}
+
+// PublishedDevices counts the devices in res's slices.
+func PublishedDevices(res resourceslice.DriverResources) int {
+	n := 0
+	for _, pool := range res.Pools {
+		for _, s := range pool.Slices {
+			n += len(s.Devices)
+		}
+	}
+	return n
 }

@@ -1,4 +1,4 @@
-package main
+package probes
 
 import (
 	"context"
@@ -56,10 +56,10 @@ func serveUnix(t *testing.T, path string, register func(*grpc.Server)) (stop fun
 	return srv.Stop
 }
 
-func probe(t *testing.T, h *health, path string) (int, string) {
+func probe(t *testing.T, h *Checker, path string) (int, string) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	h.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	h.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 	return rec.Code, strings.TrimSpace(rec.Body.String())
 }
 
@@ -74,11 +74,11 @@ func TestHealthProbes(t *testing.T) {
 
 	var status atomic.Pointer[registerapi.RegistrationStatus]
 	client := fake.NewClientset()
-	h := &health{
-		registrarSocket: reg, draSocket: dra,
-		registered:      status.Load,
-		slicesPublished: slicesPublishedFunc(client, "node-1", 2),
-		timeout:         2 * time.Second,
+	h := &Checker{
+		RegistrarSocket: reg, DRASocket: dra,
+		Registered:      status.Load,
+		SlicesPublished: SlicesPublished(client, "node-1", 2),
+		Timeout:         2 * time.Second,
 	}
 
 	if code, body := probe(t, h, "/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "registration socket") {
@@ -137,7 +137,7 @@ func TestHealthProbes(t *testing.T) {
 	}
 }
 
-func TestServeHealth(t *testing.T) {
+func TestServe(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -146,8 +146,8 @@ func TestServeHealth(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	h := &health{registrarSocket: "/nonexistent/reg.sock", draSocket: "/nonexistent/dra.sock", timeout: time.Second}
-	if err := serveHealth(ctx, addr, h); err != nil {
+	h := &Checker{RegistrarSocket: "/nonexistent/reg.sock", DRASocket: "/nonexistent/dra.sock", Timeout: time.Second}
+	if err := Serve(ctx, addr, h); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := http.Get("http://" + addr + "/healthz")
@@ -158,14 +158,14 @@ func TestServeHealth(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("/healthz without sockets: %d", resp.StatusCode)
 	}
-	if err := serveHealth(ctx, addr, h); err == nil {
+	if err := Serve(ctx, addr, h); err == nil {
 		t.Error("a second server on the same address started")
 	}
 }
 
 // TestHealthOnUnixSocket: --health-addr=unix:<path> serves the probes on a
 // unix socket (a stale file from an earlier run is replaced), and --probe's
-// askHealth passes on an ok answer and fails on any other.
+// Ask passes on an ok answer and fails on any other.
 func TestHealthOnUnixSocket(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -180,28 +180,28 @@ func TestHealthOnUnixSocket(t *testing.T) {
 	}
 	reg, dra := filepath.Join(dir, "reg.sock"), filepath.Join(dir, "dra.sock")
 	var status atomic.Pointer[registerapi.RegistrationStatus]
-	h := &health{registrarSocket: reg, draSocket: dra, registered: status.Load, timeout: time.Second,
-		slicesPublished: func(context.Context) (bool, error) { return true, nil }}
+	h := &Checker{RegistrarSocket: reg, DRASocket: dra, Registered: status.Load, Timeout: time.Second,
+		SlicesPublished: func(context.Context) (bool, error) { return true, nil }}
 	addr := "unix:" + sock
-	if err := askHealth(ctx, addr, "/healthz", time.Second); err == nil {
-		t.Fatal("askHealth passed with no server")
+	if err := Ask(ctx, addr, "/healthz", time.Second); err == nil {
+		t.Fatal("Ask passed with no server")
 	}
-	if err := serveHealth(ctx, addr, h); err != nil {
+	if err := Serve(ctx, addr, h); err != nil {
 		t.Fatal(err)
 	}
-	if err := askHealth(ctx, addr, "/healthz", time.Second); err == nil || !strings.Contains(err.Error(), "503") {
-		t.Errorf("no plugin sockets: askHealth /healthz = %v, want a 503", err)
+	if err := Ask(ctx, addr, "/healthz", time.Second); err == nil || !strings.Contains(err.Error(), "503") {
+		t.Errorf("no plugin sockets: Ask /healthz = %v, want a 503", err)
 	}
 	serveUnix(t, reg, func(s *grpc.Server) { registerapi.RegisterRegistrationServer(s, &fakeRegistrar{name: names.Driver}) })
 	serveUnix(t, dra, func(s *grpc.Server) { drapb.RegisterDRAPluginServer(s, &fakeDRA{}) })
-	if err := askHealth(ctx, addr, "/healthz", time.Second); err != nil {
-		t.Errorf("sockets answer: askHealth /healthz = %v", err)
+	if err := Ask(ctx, addr, "/healthz", time.Second); err != nil {
+		t.Errorf("sockets answer: Ask /healthz = %v", err)
 	}
-	if err := askHealth(ctx, addr, "/readyz", time.Second); err == nil || !strings.Contains(err.Error(), "not registered") {
-		t.Errorf("unregistered: askHealth /readyz = %v", err)
+	if err := Ask(ctx, addr, "/readyz", time.Second); err == nil || !strings.Contains(err.Error(), "not registered") {
+		t.Errorf("unregistered: Ask /readyz = %v", err)
 	}
 	status.Store(&registerapi.RegistrationStatus{PluginRegistered: true})
-	if err := askHealth(ctx, addr, "/readyz", time.Second); err != nil {
-		t.Errorf("registered: askHealth /readyz = %v", err)
+	if err := Ask(ctx, addr, "/readyz", time.Second); err != nil {
+		t.Errorf("registered: Ask /readyz = %v", err)
 	}
 }

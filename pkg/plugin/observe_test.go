@@ -1,7 +1,8 @@
-package main
+package plugin
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -10,6 +11,8 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/metrics"
+	"github.com/facet-gpu/facet/pkg/probes"
+	"github.com/facet-gpu/facet/pkg/publisher"
 )
 
 // TestMetricsEndpoint: /metrics is served next to the probes when metrics
@@ -22,9 +25,9 @@ func TestMetricsEndpoint(t *testing.T) {
 	res := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{"node": {Slices: []resourceslice.Slice{
 		{Devices: make([]resourceapi.Device, 3)}, {Devices: make([]resourceapi.Device, 2)},
 	}}}}
-	m.SetPublished(2, publishedDevices(res))
+	m.SetPublished(2, publisher.PublishedDevices(res))
 
-	code, body := probe(t, &health{metrics: m.Handler()}, "/metrics")
+	code, body := probe(t, &probes.Checker{Metrics: m.Handler()}, "/metrics")
 	if code != http.StatusOK {
 		t.Fatalf("/metrics: %d %s", code, body)
 	}
@@ -40,7 +43,14 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	if code, _ := probe(t, &health{}, "/metrics"); code != http.StatusNotFound {
+	if code, _ := probe(t, &probes.Checker{}, "/metrics"); code != http.StatusNotFound {
 		t.Errorf("/metrics without metrics: %d, want 404", code)
 	}
+}
+
+func probe(t *testing.T, h *probes.Checker, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, strings.TrimSpace(rec.Body.String())
 }

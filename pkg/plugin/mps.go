@@ -1,4 +1,4 @@
-package main
+package plugin
 
 import (
 	"context"
@@ -14,25 +14,29 @@ import (
 	"github.com/facet-gpu/facet/pkg/names"
 )
 
-// mpsFlags configure MPS partitioning of vGPU shares and slots (package mps).
-type mpsFlags struct {
-	mode       string
-	dir        string
-	privateShm bool
-	checkEvery time.Duration
+// MPSConfig configures MPS partitioning of vGPU shares and slots (package mps).
+type MPSConfig struct {
+	// Mode is auto or off (--mps).
+	Mode string
+	// Dir is the host directory of the per-GPU pipe, log and shm directories (--mps-dir).
+	Dir string
+	// PrivateShm starts each daemon with the GPU's shm directory as /dev/shm (--mps-private-shm).
+	PrivateShm bool
+	// CheckEvery is how often daemons are checked and dead ones restarted (--mps-check-interval).
+	CheckEvery time.Duration
 }
 
 // open starts the MPS manager; nil and the reason when MPS is off or the
 // driver root has no control program (shares are then time-sliced). An
 // invalid --mps fails the start (fatal).
-func (m *mpsFlags) open(ctx context.Context, driverRoot string) (mgr *mps.Manager, reason, fatal error) {
+func (m *MPSConfig) open(ctx context.Context, driverRoot string) (mgr *mps.Manager, reason, fatal error) {
 	logger := klog.FromContext(ctx)
-	switch m.mode {
+	switch m.Mode {
 	case "auto", "off":
 	default:
-		return nil, nil, fmt.Errorf("--mps=%q: want auto or off", m.mode)
+		return nil, nil, fmt.Errorf("--mps=%q: want auto or off", m.Mode)
 	}
-	if m.mode == "off" {
+	if m.Mode == "off" {
 		logger.Info("MPS partitioning off (--mps=off): vGPU shares are time-sliced by HAMi-core")
 		return nil, fmt.Errorf("--mps=off"), nil
 	}
@@ -42,12 +46,12 @@ func (m *mpsFlags) open(ctx context.Context, driverRoot string) (mgr *mps.Manage
 		return nil, err, nil
 	}
 	boot, _ := os.ReadFile(driver.DefaultBootIDPath)
-	mgr, err = mps.New(mps.Options{Control: control, LibraryPath: libs, Dir: m.dir, BootID: strings.TrimSpace(string(boot)), PrivateShm: m.privateShm})
+	mgr, err = mps.New(mps.Options{Control: control, LibraryPath: libs, Dir: m.Dir, BootID: strings.TrimSpace(string(boot)), PrivateShm: m.PrivateShm})
 	if err != nil {
 		logger.Error(err, "MPS unavailable: vGPU shares are time-sliced by HAMi-core")
 		return nil, err, nil
 	}
-	logger.Info("MPS partitions vGPU shares and slots by default", "control", control, "dir", m.dir)
+	logger.Info("MPS partitions vGPU shares and slots by default", "control", control, "dir", m.Dir)
 	return mgr, nil, nil
 }
 

@@ -1,8 +1,6 @@
-package main
+package plugin
 
 import (
-	"k8s.io/dynamic-resource-allocation/resourceslice"
-
 	"github.com/facet-gpu/facet/pkg/features"
 )
 
@@ -14,15 +12,4 @@ func featureMetrics(s features.Set) map[string]bool {
 		out[string(g)] = s.Enabled[g]
 	}
 	return out
-}
-
-// publishedDevices counts the devices in the published slices.
-func publishedDevices(res resourceslice.DriverResources) int {
-	n := 0
-	for _, pool := range res.Pools {
-		for _, s := range pool.Slices {
-			n += len(s.Devices)
-		}
-	}
-	return n
 }
