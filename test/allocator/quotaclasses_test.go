@@ -20,11 +20,11 @@ import (
 // its claims stop fitting.
 func TestQuotaClasses(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		args     []string
-		stock    bool
-		want     map[string]int // class -> claims that fit
-		kind     map[string]string
+		name  string
+		args  []string
+		stock bool
+		want  map[string]int // class -> claims that fit
+		kind  map[string]string
 	}{
 		{
 			name: "gates on",
