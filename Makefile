@@ -100,10 +100,12 @@ allocator-matrix:
 ## e2e: start a real Kubernetes node with containerd and run test/e2e,
 ## three times: 1.35 with the DRA alpha gates on, stock 1.35 (every alpha
 ## gate off), where the tests of gated modes skip and TestStock matters most,
-## and 1.36 with Kubernetes' default gates (the DRA gates beta and on).
+## and 1.36 with Kubernetes' default gates (the DRA gates beta and on). The
+## two 1.35 rounds also run TestKueue with Kueue v0.17.0 beside the node
+## (hack/build-kueue.sh, hack/kueue.sh; docs/kueue.md).
 e2e: build image-sim
-	hack/e2e.sh
-	FACET_FEATURE_GATES= hack/e2e.sh
+	FACET_E2E_KUEUE=1 hack/e2e.sh
+	FACET_E2E_KUEUE=1 FACET_FEATURE_GATES= hack/e2e.sh
 	FACET_K8S_VERSION=v1.36.3 hack/e2e.sh
 
 ## multinode: a cluster of real kubelets on this machine, three of them with
