@@ -117,12 +117,14 @@ multinode: build
 	hack/multinode.sh
 
 ## demo: the main job on a simulated DGX H100 node, Facet installed with its
-## Helm chart (FACET_DEMO_PLUGIN=host: the plugin as a host process); the node stays up
+## Helm chart (FACET_DEMO_PLUGIN=host: the plugin as a host process;
+## FACET_DEMO_KUEUE=1: Kueue beside it with a team's quota); the node stays up
 demo: build
 	hack/demo.sh
 
 ## demo-down: stop the demo node
 demo-down:
+	hack/kueue.sh stop $(RUN_DIR)
 	hack/demo-admission.sh stop $(RUN_DIR)
 	hack/plugin.sh stop $(RUN_DIR)
 	RUN_DIR=$(RUN_DIR) hack/cluster/down.sh
