@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -83,21 +84,24 @@ func TestKueue(t *testing.T) {
 		for _, j := range []string{"gpu-1", "gpu-2", "gpu-3"} {
 			applyYAML(t, kueueJob(j, "team-a", "gpu", 1))
 		}
-		waitWorkloads(t, map[string]bool{"gpu-1": true, "gpu-2": true, "gpu-3": false},
-			"insufficient unused quota for facet.dev/gpu in flavor default, 1 more needed")
-		waitJobPodsRunning(t, "gpu-1", 1)
-		waitJobPodsRunning(t, "gpu-2", 1)
-		if n := jobPods(t, "gpu-3"); n != 0 {
-			t.Fatalf("gpu-3 is not admitted but has %d pods", n)
+		// Which of the three waits is Kueue's choice (equal creation
+		// seconds); two are admitted.
+		waitAdmittedCount(t, "gpu-", 2, 1, "insufficient unused quota for facet.dev/gpu in flavor default, 1 more needed")
+		admitted, held := splitAdmitted(t, "gpu-")
+		for _, j := range admitted {
+			waitJobPodsRunning(t, j, 1)
+		}
+		if n := jobPods(t, held[0]); n != 0 {
+			t.Fatalf("%s is not admitted but has %d pods", held[0], n)
 		}
 
 		// Freeing quota: the waiting Job is admitted and runs.
 		freed := time.Now()
-		kubectl(t, "delete", "job", "gpu-1", "-n", namespace, "--cascade=foreground", "--wait=false")
-		waitWorkloads(t, map[string]bool{"gpu-3": true}, "")
-		admitted := time.Since(freed)
-		waitJobPodsRunning(t, "gpu-3", 1)
-		t.Logf("quota freed (Job gpu-1 deleted) -> gpu-3 admitted in %v, its pod Running in %v", admitted.Round(100*time.Millisecond), time.Since(freed).Round(100*time.Millisecond))
+		kubectl(t, "delete", "job", admitted[0], "-n", namespace, "--cascade=foreground", "--wait=false")
+		waitWorkloads(t, map[string]bool{held[0]: true}, "")
+		took := time.Since(freed)
+		waitJobPodsRunning(t, held[0], 1)
+		t.Logf("quota freed (Job %s deleted) -> %s admitted in %v, its pod Running in %v", admitted[0], held[0], took.Round(100*time.Millisecond), time.Since(freed).Round(100*time.Millisecond))
 
 		// Borrowing: team-a may borrow 1 from the idle team-b.
 		applyYAML(t, kueueJob("gpu-4", "team-a", "gpu", 1))
@@ -134,10 +138,9 @@ func TestKueue(t *testing.T) {
 		}
 		// Which of the eight waits is Kueue's choice; seven are admitted.
 		waitAdmittedCount(t, "mig-", 7, 1, "insufficient unused quota for facet.dev/mig-1g.10gb in flavor default, 1 more needed")
-		for j, ok := range workloadStates(t) {
-			if strings.HasPrefix(j, "mig-") && ok.admitted {
-				waitJobPodsRunning(t, j, 1)
-			}
+		admitted, _ := splitAdmitted(t, "mig-")
+		for _, j := range admitted {
+			waitJobPodsRunning(t, j, 1)
 		}
 	})
 
@@ -158,10 +161,9 @@ func TestKueue(t *testing.T) {
 				applyYAML(t, kueueJob(j, "shares", "share", 1))
 			}
 			waitAdmittedCount(t, "share-", 2, 1, "insufficient unused quota for facet.dev/vgpu-2000mi-20 in flavor default, 1 more needed")
-			for j, ok := range workloadStates(t) {
-				if strings.HasPrefix(j, "share-") && ok.admitted {
-					waitJobPodsRunning(t, j, 1)
-				}
+			admitted, _ := splitAdmitted(t, "share-")
+			for _, j := range admitted {
+				waitJobPodsRunning(t, j, 1)
 			}
 		})
 	}
@@ -416,6 +418,24 @@ func waitWorkloads(t testing.TB, want map[string]bool, pending string) {
 		}
 		return true, nil
 	})
+}
+
+// splitAdmitted returns the Jobs named prefix* whose Workloads are
+// admitted, and those that are not, each sorted.
+func splitAdmitted(t testing.TB, prefix string) (admitted, held []string) {
+	t.Helper()
+	for j, s := range workloadStates(t) {
+		switch {
+		case !strings.HasPrefix(j, prefix):
+		case s.admitted:
+			admitted = append(admitted, j)
+		default:
+			held = append(held, j)
+		}
+	}
+	sort.Strings(admitted)
+	sort.Strings(held)
+	return admitted, held
 }
 
 // waitAdmittedCount waits until, of the Jobs named prefix*, admitted are
