@@ -70,9 +70,36 @@ func TestKueue(t *testing.T) {
 	}
 	t.Logf("Kueue started in %v", time.Since(start).Round(time.Second))
 	t.Cleanup(func() {
-		_, _ = kubectlErr("delete", "clusterqueues,resourceflavors", "--all", "--wait=false")
+		// While Kueue runs: it removes the finalizers it put on the
+		// Workloads, queues and flavors (and on the pods it manages),
+		// without which the namespace would never go.
+		for _, args := range [][]string{
+			{"delete", "jobs", "-n", namespace, "-l", "facet.dev/e2e-kueue=true", "--cascade=foreground"},
+			{"delete", "workloads.kueue.x-k8s.io,localqueues.kueue.x-k8s.io", "-n", namespace, "--all"},
+			{"delete", "clusterqueues.kueue.x-k8s.io,resourceflavors.kueue.x-k8s.io", "--all"},
+		} {
+			if out, err := kubectlErr(append(args, "--wait=true", "--timeout=120s")...); err != nil {
+				t.Logf("kubectl %v: %v\n%s", args, err, out)
+			}
+		}
+		_, _ = kubectlErr("delete", "deviceclasses", "-l", "app.kubernetes.io/managed-by=facetctl")
 		if out, err := exec.Command(filepath.Join(e.repo, "hack", "kueue.sh"), "stop", e.runDir).CombinedOutput(); err != nil {
 			t.Logf("hack/kueue.sh stop: %v\n%s", err, out)
+		}
+		// Whatever is left holds Kueue's finalizers, which nobody removes now.
+		for _, kind := range []string{"workloads.kueue.x-k8s.io", "localqueues.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.io", "pods"} {
+			out, _ := kubectlErr("get", kind, "-A", "-o", `jsonpath={range .items[?(@.metadata.finalizers)]}{.metadata.namespace}{"/"}{.metadata.name}{"\n"}{end}`)
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				ns, name, ok := strings.Cut(line, "/")
+				if !ok || (kind == "pods" && ns != namespace) {
+					continue
+				}
+				args := []string{"patch", kind, name, "--type=merge", "-p", `{"metadata":{"finalizers":null}}`}
+				if ns != "" {
+					args = append(args, "-n", ns)
+				}
+				_, _ = kubectlErr(args...)
+			}
 		}
 	})
 	applyYAML(t, "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: default}\n")
