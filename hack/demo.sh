@@ -167,6 +167,21 @@ bin/facetctl mig-instances
 step "Operations: occupancy, and one GPU fault with its recovery (hack/demo-health.sh)"
 hack/demo-health.sh
 
+if [[ "${FACET_DEMO_KUEUE:-}" == 1 ]]; then
+  step "Kueue v0.17.0 beside the node (hack/kueue.sh): a team's quota of one 1g.10gb MIG device, two Jobs (docs/kueue.md)"
+  bin/facetctl classes --kubeconfig "${KUBECONFIG}" --share-sizes 2000Mi/20 >"${RUN_DIR}/kueue-classes.yaml"
+  k apply -f "${RUN_DIR}/kueue-classes.yaml"
+  FACET_KUEUE_CLASSES="${RUN_DIR}/kueue-classes.yaml" hack/kueue.sh start "${RUN_DIR}"
+  k apply -f demo/kueue/queue.yaml
+  k apply -f demo/kueue/jobs.yaml
+  for _ in $(seq 60); do
+    [[ "$(k get workloads -n facet-demo -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="QuotaReserved")].status}{" "}{end}')" == *True*False* ||
+       "$(k get workloads -n facet-demo -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="QuotaReserved")].status}{" "}{end}')" == *False*True* ]] && break
+    sleep 1
+  done
+  k get workloads -n facet-demo -o custom-columns='WORKLOAD:.metadata.name,RESERVED:.status.conditions[?(@.type=="QuotaReserved")].status,MESSAGE:.status.conditions[?(@.type=="QuotaReserved")].message'
+fi
+
 step "Done in $((SECONDS - T0))s. The node stays up:"
 cat <<MSG
   source ${RUN_DIR}/env.sh

@@ -4,9 +4,16 @@
 #   FACET_E2E_RUNTIME  containerd (default: real containers, CDI applied) | fake
 #   FACET_K8S_VERSION  v1.35.4 (default) | v1.36.3, and FACET_FEATURE_GATES:
 #                      the node's version and gates (hack/cluster/up.sh)
+#   FACET_E2E_KUEUE    1: build Kueue's manager (hack/build-kueue.sh) and run
+#                      test/e2e's TestKueue, which starts it (hack/kueue.sh)
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO}"
+if [[ "${FACET_E2E_KUEUE:-}" == 1 ]]; then
+  # Before the lock: a cold build takes minutes and needs no node.
+  hack/build-kueue.sh >/dev/null
+  export FACET_E2E_KUEUE
+fi
 export RUN_DIR="${FACET_E2E_RUN_DIR:-/tmp/facet-e2e}"
 export RUNTIME="${FACET_E2E_RUNTIME:-containerd}"
 

@@ -31,7 +31,7 @@ import (
 func main() {
 	var opts webhook.ServerOptions
 	var mutatePods bool
-	var kubeconfig, mapFile, mode string
+	var kubeconfig, mapFile, mode, kueue string
 	var recheck time.Duration
 	fs := flag.NewFlagSet("facet-webhook", flag.ExitOnError)
 	fs.StringVar(&opts.Address, "bind-address", ":8443", "address to serve HTTPS on")
@@ -41,6 +41,8 @@ func main() {
 	fs.BoolVar(&mutatePods, "mutate-pods", false, "serve "+webhook.MutatePath+", which rewrites pods' extended resources into DRA claims (needs API access)")
 	fs.StringVar(&mode, "mutate-extended-resources", string(webhook.ModeAuto),
 		"when "+webhook.MutatePath+" rewrites pods: auto (only while the API server drops DeviceClass.spec.extendedResourceName, i.e. DRAExtendedResource is off), always, never")
+	fs.StringVar(&kueue, "kueue", string(webhook.KueueOff),
+		"write claims Kueue's deviceClassMappings can count (docs/kueue.md): on (vGPU sizes become claims of the sized DeviceClasses of facetctl classes, with no CEL and no config, and pods are rewritten whatever DRAExtendedResource), off, or auto (on while the API server serves kueue.x-k8s.io)")
 	fs.StringVar(&mapFile, "extended-resource-map", "", "YAML or JSON file of the extended resources to rewrite and their DeviceClasses; default: the built-in table (see pkg/webhook DefaultExtendedResourceMap)")
 	fs.DurationVar(&recheck, "extended-resource-recheck-interval", time.Minute, "how often to re-check, and log a change of, whether pods are rewritten")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --mutate-pods; default: the in-cluster service account")
@@ -51,7 +53,7 @@ func main() {
 	logger := klog.Background()
 	ctx = klog.NewContext(ctx, logger)
 	// No defer: os.Exit would skip it.
-	err := run(ctx, opts, mutatePods, kubeconfig, mapFile, mode, recheck)
+	err := run(ctx, opts, mutatePods, kubeconfig, mapFile, mode, kueue, recheck)
 	cancel()
 	if err != nil {
 		logger.Error(err, "facet-webhook failed")
@@ -61,7 +63,7 @@ func main() {
 	klog.Flush()
 }
 
-func run(ctx context.Context, opts webhook.ServerOptions, mutatePods bool, kubeconfig, mapFile, mode string, recheck time.Duration) error {
+func run(ctx context.Context, opts webhook.ServerOptions, mutatePods bool, kubeconfig, mapFile, mode, kueue string, recheck time.Duration) error {
 	if !mutatePods {
 		return webhook.Serve(ctx, opts)
 	}
@@ -69,6 +71,10 @@ func run(ctx context.Context, opts webhook.ServerOptions, mutatePods bool, kubec
 	m, err := webhook.ParseMode(mode)
 	if err != nil {
 		return fmt.Errorf("--mutate-extended-resources: %w", err)
+	}
+	km, err := webhook.ParseKueueMode(kueue)
+	if err != nil {
+		return fmt.Errorf("--kueue: %w", err)
 	}
 	table := webhook.DefaultExtendedResourceMap()
 	if mapFile != "" {
@@ -109,7 +115,7 @@ func run(ctx context.Context, opts webhook.ServerOptions, mutatePods bool, kubec
 	}
 
 	mutator, err := webhook.NewMutator(logger.WithName("mutate-pods"), webhook.MutatorOptions{
-		Map: table, Mode: m, Classes: lister, Client: client,
+		Map: table, Mode: m, Classes: lister, Client: client, Kueue: km,
 	})
 	if err != nil {
 		return err

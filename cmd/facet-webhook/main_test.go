@@ -22,17 +22,19 @@ func TestRunRefusesBadPodMutatorSettings(t *testing.T) {
 	for _, tc := range []struct {
 		name                      string
 		kubeconfig, mapFile, mode string
+		kueue                     string
 		want                      string
 	}{
-		{"unknown mode", "", "", "sometimes", `--mutate-extended-resources: "sometimes" is not one of auto, always, never`},
-		{"missing table", "", filepath.Join(dir, "absent.yaml"), "auto", "extended resource map: open"},
-		{"bad table", "", badMap, "auto", `devices[0]: "gpu" is not an extended resource name`},
-		{"no API", filepath.Join(dir, "absent.kubeconfig"), "", "auto", "API client for --mutate-pods"},
+		{"unknown kueue mode", "", "", "auto", "yes", `--kueue: "yes" is not one of auto, on, off`},
+		{"unknown mode", "", "", "sometimes", "off", `--mutate-extended-resources: "sometimes" is not one of auto, always, never`},
+		{"missing table", "", filepath.Join(dir, "absent.yaml"), "auto", "off", "extended resource map: open"},
+		{"bad table", "", badMap, "auto", "off", `devices[0]: "gpu" is not an extended resource name`},
+		{"no API", filepath.Join(dir, "absent.kubeconfig"), "", "auto", "off", "API client for --mutate-pods"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			err := run(ctx, webhook.ServerOptions{}, true, tc.kubeconfig, tc.mapFile, tc.mode, time.Minute)
+			err := run(ctx, webhook.ServerOptions{}, true, tc.kubeconfig, tc.mapFile, tc.mode, tc.kueue, time.Minute)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want an error containing %q", err, tc.want)
 			}

@@ -36,6 +36,9 @@ Commands:
            show what each GPU holds: its mode, health, whole-GPU claim, MIG
            instances, vGPU shares and slots, memory and SM used and free
            (-o table, picture or yaml)
+  classes  print DeviceClasses that name every shape the nodes publish
+           (whole GPUs per product family, MIG profiles, vGPU slot and share
+           sizes), for quota by class with Kueue (docs/kueue.md)
   fit      run the scheduler's allocator offline: does a claim (or a pod's
            claims) fit, where, and, where not, why (-f FILE)
 
@@ -75,6 +78,8 @@ func main() {
 		err = runOccupancy(os.Args[2:])
 	case "fit":
 		err = runFit(os.Args[2:])
+	case "classes":
+		err = runClasses(os.Args[2:])
 	case "fault":
 		err = runFault(os.Args[2:])
 	case "health":

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
@@ -241,6 +242,8 @@ type shape struct {
 	// template's VgpuConfig lowers the slot's HAMi-core limits to them, so
 	// the container gets what the pod asked, not the whole slot.
 	memoryMiB, cores int64
+	// capacity is what a vGPU share's claim asks for (Kueue mode).
+	capacity *resourceapi.CapacityRequirements
 }
 
 // containerError is a refusal that names the container and the resource.

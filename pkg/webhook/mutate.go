@@ -97,6 +97,8 @@ type MutatorOptions struct {
 	Classes resourcelisters.DeviceClassLister
 	// Client creates the ResourceClaimTemplates.
 	Client kubernetes.Interface
+	// Kueue writes templates Kueue can count (kueue.go); default off.
+	Kueue KueueMode
 }
 
 // Mutator is the HTTP handler of MutatePath.
@@ -106,6 +108,8 @@ type Mutator struct {
 
 	mu   sync.Mutex
 	last string // the decision last logged
+
+	kueueState kueueDetector
 }
 
 // NewMutator checks the table and returns the handler.
@@ -118,6 +122,12 @@ func NewMutator(logger klog.Logger, opts MutatorOptions) (*Mutator, error) {
 	}
 	if _, err := ParseMode(string(opts.Mode)); err != nil {
 		return nil, fmt.Errorf("mode: %w", err)
+	}
+	if opts.Kueue == "" {
+		opts.Kueue = KueueOff
+	}
+	if _, err := ParseKueueMode(string(opts.Kueue)); err != nil {
+		return nil, fmt.Errorf("kueue: %w", err)
 	}
 	if opts.Classes == nil || opts.Client == nil {
 		return nil, errors.New("the pod mutator needs a DeviceClass lister and an API client")
@@ -230,7 +240,7 @@ func (m *Mutator) Review(ctx context.Context, req *admissionv1.AdmissionRequest)
 	if req.Operation != admissionv1.Create {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
-	if active, _ := m.Active(); !active {
+	if active, _ := m.Active(); !active && !m.kueue() {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
 	var pod corev1.Pod
@@ -293,6 +303,9 @@ func (m *Mutator) plan(pod *corev1.Pod) (plan, error) {
 	}{{"initContainers", "i", pod.Spec.InitContainers}, {"containers", "c", pod.Spec.Containers}} {
 		for i, c := range l.containers {
 			shapes, err := m.opts.Map.shapes(c.Name, c.Resources)
+			if err == nil && m.kueue() {
+				shapes, err = m.kueueShapes(c.Name, shapes)
+			}
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -334,6 +347,7 @@ func templateFor(s shape) *resourceapi.ResourceClaimTemplate {
 		DeviceClassName: s.class,
 		AllocationMode:  resourceapi.DeviceAllocationModeExactCount,
 		Count:           s.count,
+		Capacity:        s.capacity,
 	}
 	for _, sel := range s.selectors {
 		req.Selectors = append(req.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: sel}})

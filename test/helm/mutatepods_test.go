@@ -41,6 +41,7 @@ func TestPodMutator(t *testing.T) {
 		name, values string
 		wantMap      webhook.ExtendedResourceMap
 		wantMode     string
+		wantKueue    string // the --kueue flag's value, "" for none (off)
 		wantPolicy   admissionregistrationv1.FailurePolicyType
 		wantExcluded []string
 		// wantMatch are terms the matchCondition must contain.
@@ -56,6 +57,16 @@ func TestPodMutator(t *testing.T) {
 			wantMatch: []string{"'nvidia.com/gpu'", "'nvidia.com/gpumem'", "'nvidia.com/gpucores'", "'nvidia.com/gpumem-percentage'",
 				"'volcano.sh/vgpu-number'", "'volcano.sh/vgpu-memory'", "'volcano.sh/vgpu-cores'", "'volcano.sh/vgpu-memory-percentage'",
 				"k.startsWith('nvidia.com/mig-')"},
+		},
+		{
+			name:         "Kueue mode",
+			values:       `admission: {webhook: {mutatePods: {enabled: true, kueue: "on"}}}`,
+			wantMap:      webhook.DefaultExtendedResourceMap(),
+			wantMode:     "auto",
+			wantKueue:    "on",
+			wantPolicy:   admissionregistrationv1.Fail,
+			wantExcluded: []string{"kube-system", releaseNamespace},
+			wantMatch:    []string{"'nvidia.com/gpu'", "'volcano.sh/vgpu-memory'", "k.startsWith('nvidia.com/mig-')"},
 		},
 		{
 			name:   "own table",
@@ -109,6 +120,9 @@ func TestPodMutator(t *testing.T) {
 				if !strings.Contains(args, want) {
 					t.Errorf("args %q lack %s", args, want)
 				}
+			}
+			if got := strings.Contains(args, "--kueue"); got != (tc.wantKueue != "") || (got && !strings.Contains(args, "--kueue="+tc.wantKueue)) {
+				t.Errorf("args %q: want --kueue=%q (none if empty)", args, tc.wantKueue)
 			}
 			var mapFile string
 			for _, a := range c.Args {

@@ -34,6 +34,7 @@ func TestValuesRejected(t *testing.T) {
 		{"secret TLS without a CA", "admission: {webhook: {tls: {mode: secret, secret: {name: tls}}}}", []string{"admission.webhook.tls.secret.caBundle is required"}},
 		{"CA that is no base64", "admission: {webhook: {tls: {mode: secret, secret: {name: tls, caBundle: '-----BEGIN'}}}}", []string{"caBundle"}},
 		{"unknown pod mutator mode", "admission: {webhook: {mutatePods: {mode: sometimes}}}", []string{"mutatePods/mode"}},
+		{"unknown Kueue mode", "admission: {webhook: {mutatePods: {kueue: yes}}}", []string{"mutatePods/kueue"}},
 		{"misspelt table field", "admission: {webhook: {mutatePods: {extendedResourceMap: {devices: [{resource: nvidia.com/gpu, class: gpu.facet.dev}]}}}}", []string{"class"}},
 		{"table resource without a domain", "admission: {webhook: {mutatePods: {extendedResourceMap: {devices: [{resource: gpu, deviceClassName: gpu.facet.dev}]}}}}", []string{"resource"}},
 		{"vGPU entry without a class", "admission: {webhook: {mutatePods: {extendedResourceMap: {vgpus: [{count: volcano.sh/vgpu-number}]}}}}", []string{"deviceClassName"}},

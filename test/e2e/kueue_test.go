@@ -1,0 +1,588 @@
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/facet-gpu/facet/internal/testenv"
+	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/webhook"
+)
+
+// TestKueue runs Kueue v0.17.0 (hack/kueue.sh, built by hack/build-kueue.sh)
+// beside the node, with the DeviceClasses of `facetctl classes` mapped in
+// its deviceClassMappings, and checks that its quotas hold for every shape
+// the node has: whole GPUs (quota, borrowing, gang admission), MIG devices,
+// vGPU slots and, with the gates on, vGPU shares; that pods rewritten by
+// Facet's pod mutator in Kueue mode are counted once; and where Kueue v0.17
+// cannot count (a claim with a CEL selector), that it says so. It runs
+// where hack/e2e.sh was given FACET_E2E_KUEUE=1 (make e2e's 1.35 rounds).
+func TestKueue(t *testing.T) {
+	if os.Getenv("FACET_E2E_KUEUE") == "" {
+		t.Skip("Kueue is not built for this round: FACET_E2E_KUEUE=1 hack/e2e.sh runs it")
+	}
+	ctx := context.Background()
+	setupNamespace(t)
+	shares := e.gates.Has(features.ConsumableCapacity) && e.gates.Has(features.PartitionableDevices)
+	// GPUs 0-1 MIG (carved at prepare, or on stock carved at start into
+	// seven 1g.10gb each and published as static MIG devices), 2-3 vGPU
+	// slots (four of 20 GiB and 25 % each), with the gates on 4 shared,
+	// the rest whole.
+	modes := []string{"--gpu-modes", "0-1=static-mig,2-3=slots", "--mig-layouts", "0-1=all-1g.10gb"}
+	if shares {
+		modes = []string{"--gpu-modes", "0-1=mig,2-3=slots,4=shared"}
+	}
+	p := startPlugin(t, "dgx-h100", append(modes, "--mode", "exclusive")...)
+	t.Cleanup(resetSimulatedGPUs(t, p))
+	deleteNamespaceAtEnd(t)
+
+	// The classes, from the node's slices, as a platform team makes them.
+	classes := filepath.Join(e.runDir, "kueue-classes.yaml")
+	var out []byte
+	waitFor(t, "facetctl classes to see the slots", time.Minute, func() (bool, error) {
+		var err error
+		out, err = exec.Command(e.facetctl, "classes", "--kubeconfig", e.kubeconfig, "--share-sizes", "2000Mi/20").Output()
+		return err == nil && strings.Contains(string(out), "vgpu-slot-20480mi-25.facet.dev") && strings.Contains(string(out), "mig-1g.10gb.facet.dev"), err
+	})
+	if err := os.WriteFile(classes, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kubectl(t, "apply", "-f", classes)
+
+	start := time.Now()
+	cmd := exec.Command(filepath.Join(e.repo, "hack", "kueue.sh"), "start", e.runDir)
+	cmd.Env = append(os.Environ(), "FACET_KUEUE_CLASSES="+classes)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("hack/kueue.sh start: %v\n%s", err, out)
+	}
+	t.Logf("Kueue started in %v", time.Since(start).Round(time.Second))
+	t.Cleanup(func() {
+		// While Kueue runs: it removes the finalizers it put on the
+		// Workloads, queues and flavors (and on the pods it manages),
+		// without which the namespace would never go.
+		for _, args := range [][]string{
+			{"delete", "jobs", "-n", namespace, "-l", "facet.dev/e2e-kueue=true", "--cascade=foreground"},
+			{"delete", "workloads.kueue.x-k8s.io,localqueues.kueue.x-k8s.io", "-n", namespace, "--all"},
+			{"delete", "clusterqueues.kueue.x-k8s.io,resourceflavors.kueue.x-k8s.io", "--all"},
+		} {
+			if out, err := kubectlErr(append(args, "--wait=true", "--timeout=120s")...); err != nil {
+				t.Logf("kubectl %v: %v\n%s", args, err, out)
+			}
+		}
+		_, _ = kubectlErr("delete", "deviceclasses", "-l", "app.kubernetes.io/managed-by=facetctl")
+		if out, err := exec.Command(filepath.Join(e.repo, "hack", "kueue.sh"), "stop", e.runDir).CombinedOutput(); err != nil {
+			t.Logf("hack/kueue.sh stop: %v\n%s", err, out)
+		}
+		// Whatever is left holds Kueue's finalizers, which nobody removes now.
+		for _, kind := range []string{"workloads.kueue.x-k8s.io", "localqueues.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io", "resourceflavors.kueue.x-k8s.io", "pods"} {
+			out, _ := kubectlErr("get", kind, "-A", "-o", `jsonpath={range .items[?(@.metadata.finalizers)]}{.metadata.namespace}{"/"}{.metadata.name}{"\n"}{end}`)
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				ns, name, ok := strings.Cut(line, "/")
+				if !ok || (kind == "pods" && ns != namespace) {
+					continue
+				}
+				args := []string{"patch", kind, name, "--type=merge", "-p", `{"metadata":{"finalizers":null}}`}
+				if ns != "" {
+					args = append(args, "-n", ns)
+				}
+				_, _ = kubectlErr(args...)
+			}
+		}
+	})
+	applyYAML(t, "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata: {name: default}\n")
+
+	t.Run("whole GPUs: quota, borrowing, the time from freed quota to a running Job", func(t *testing.T) {
+		applyYAML(t, clusterQueue("team-a", "facet", "facet.dev/gpu", 2, ptrInt(0))+clusterQueue("team-b", "facet", "facet.dev/gpu", 2, nil)+
+			localQueue("team-a")+localQueue("team-b")+template("gpu", "gpu.facet.dev", ""))
+		defer deleteJobs(t, "gpu")
+		for _, j := range []string{"gpu-1", "gpu-2", "gpu-3"} {
+			applyYAML(t, kueueJob(j, "team-a", "gpu", 1))
+		}
+		// Which of the three waits is Kueue's choice (equal creation
+		// seconds); two are admitted.
+		waitAdmittedCount(t, "gpu-", 2, 1, "insufficient unused quota for facet.dev/gpu in flavor default, 1 more needed")
+		admitted, held := splitAdmitted(t, "gpu-")
+		for _, j := range admitted {
+			waitJobPodsRunning(t, j, 1)
+		}
+		if n := jobPods(t, held[0]); n != 0 {
+			t.Fatalf("%s is not admitted but has %d pods", held[0], n)
+		}
+
+		// Freeing quota: the waiting Job is admitted and runs.
+		freed := time.Now()
+		kubectl(t, "delete", "job", admitted[0], "-n", namespace, "--cascade=foreground", "--wait=false")
+		waitWorkloads(t, map[string]bool{held[0]: true}, "")
+		took := time.Since(freed)
+		waitJobPodsRunning(t, held[0], 1)
+		t.Logf("quota freed (Job %s deleted) -> %s admitted in %v, its pod Running in %v", admitted[0], held[0], took.Round(100*time.Millisecond), time.Since(freed).Round(100*time.Millisecond))
+
+		// Borrowing: team-a may borrow 1 from the idle team-b.
+		applyYAML(t, kueueJob("gpu-4", "team-a", "gpu", 1))
+		waitWorkloads(t, map[string]bool{"gpu-4": false}, "insufficient unused quota")
+		applyYAML(t, clusterQueue("team-a", "facet", "facet.dev/gpu", 2, ptrInt(1)))
+		waitWorkloads(t, map[string]bool{"gpu-4": true}, "")
+		waitJobPodsRunning(t, "gpu-4", 1)
+		if got := usage(t, "team-a", "facet.dev/gpu"); got != "3" {
+			t.Errorf("team-a uses %s facet.dev/gpu, want 3 (2 of its own, 1 borrowed)", got)
+		}
+	})
+
+	t.Run("whole GPUs: gang admission, all or nothing", func(t *testing.T) {
+		applyYAML(t, clusterQueue("gang", "", "facet.dev/gpu", 4, nil)+localQueue("gang")+template("gpu", "gpu.facet.dev", ""))
+		defer deleteJobs(t, "gang")
+		applyYAML(t, kueueJob("gang-1", "gang", "gpu", 1))
+		waitJobPodsRunning(t, "gang-1", 1)
+		applyYAML(t, kueueJob("gang-4", "gang", "gpu", 4))
+		waitWorkloads(t, map[string]bool{"gang-4": false}, "insufficient unused quota for facet.dev/gpu in flavor default, 1 more needed")
+		if n, c := jobPods(t, "gang-4"), jobClaims(t, "gang-4"); n != 0 || c != 0 {
+			t.Fatalf("gang-4 is not admitted but has %d pods and %d claims", n, c)
+		}
+		freed := time.Now()
+		kubectl(t, "delete", "job", "gang-1", "-n", namespace, "--cascade=foreground", "--wait=false")
+		waitJobPodsRunning(t, "gang-4", 4)
+		t.Logf("gang: 4-pod Job held with 3 GPUs of quota left (0 pods, 0 claims); quota freed -> all 4 pods Running in %v", time.Since(freed).Round(100*time.Millisecond))
+	})
+
+	t.Run("MIG: a quota of seven 1g.10gb admits seven Jobs and holds the eighth", func(t *testing.T) {
+		applyYAML(t, clusterQueue("mig", "", "facet.dev/mig-1g.10gb", 7, nil)+localQueue("mig")+template("mig", "mig-1g.10gb.facet.dev", ""))
+		defer deleteJobs(t, "mig")
+		for i := 1; i <= 8; i++ {
+			applyYAML(t, kueueJob(fmt.Sprintf("mig-%d", i), "mig", "mig", 1))
+		}
+		// Which of the eight waits is Kueue's choice; seven are admitted.
+		waitAdmittedCount(t, "mig-", 7, 1, "insufficient unused quota for facet.dev/mig-1g.10gb in flavor default, 1 more needed")
+		admitted, _ := splitAdmitted(t, "mig-")
+		for _, j := range admitted {
+			waitJobPodsRunning(t, j, 1)
+		}
+	})
+
+	t.Run("vGPU slots: quota per size", func(t *testing.T) {
+		applyYAML(t, clusterQueue("slots", "", "facet.dev/vgpu-slot-20480mi-25", 2, nil)+localQueue("slots")+template("slot", "vgpu-slot-20480mi-25.facet.dev", ""))
+		defer deleteJobs(t, "slot")
+		for _, j := range []string{"slot-1", "slot-2", "slot-3"} {
+			applyYAML(t, kueueJob(j, "slots", "slot", 1))
+		}
+		waitAdmittedCount(t, "slot-", 2, 1, "insufficient unused quota for facet.dev/vgpu-slot-20480mi-25 in flavor default, 1 more needed")
+	})
+
+	if shares {
+		t.Run("vGPU shares: quota per size class", func(t *testing.T) {
+			applyYAML(t, clusterQueue("shares", "", "facet.dev/vgpu-2000mi-20", 2, nil)+localQueue("shares")+template("share", "vgpu-2000mi-20.facet.dev", "{memory: 2000Mi, cores: \"20\"}"))
+			defer deleteJobs(t, "share")
+			for _, j := range []string{"share-1", "share-2", "share-3"} {
+				applyYAML(t, kueueJob(j, "shares", "share", 1))
+			}
+			waitAdmittedCount(t, "share-", 2, 1, "insufficient unused quota for facet.dev/vgpu-2000mi-20 in flavor default, 1 more needed")
+			admitted, _ := splitAdmitted(t, "share-")
+			for _, j := range admitted {
+				waitJobPodsRunning(t, j, 1)
+			}
+		})
+	}
+
+	t.Run("the limit: a claim with a CEL selector is not counted", func(t *testing.T) {
+		applyYAML(t, clusterQueue("cel", "", "facet.dev/mig", 7, nil)+localQueue("cel")+`apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: cel, namespace: facet-demo}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: req
+        exactly:
+          deviceClassName: mig.facet.dev
+          selectors:
+          - cel: {expression: 'device.capacity["gpu.facet.dev"].memory.compareTo(quantity("3Gi")) >= 0'}
+---
+`)
+		defer deleteJobs(t, "cel")
+		applyYAML(t, kueueJob("cel-1", "cel", "cel", 1))
+		waitWorkloads(t, map[string]bool{"cel-1": false}, "CEL selectors are not supported")
+	})
+
+	t.Run("pods rewritten by the mutator in Kueue mode are admitted and counted once", func(t *testing.T) {
+		dir := t.TempDir()
+		bin := filepath.Join(dir, "facet-webhook")
+		build := exec.Command("go", "build", "-o", bin, "./cmd/facet-webhook")
+		build.Dir = e.repo
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("go build ./cmd/facet-webhook: %v\n%s", err, out)
+		}
+		caPEM, certFile, keyFile := webhookCerts(t, dir)
+		logPath := filepath.Join(e.runDir, "logs", "facet-webhook-kueue-e2e.log")
+		addr := testenv.StartWebhook(t, bin, logPath, certFile, keyFile, caPEM,
+			"--mutate-pods", "--kueue", "auto", "--kubeconfig", e.kubeconfig, "-v", "4")
+		const mwc = "facet-e2e-kueue-mutate-pods"
+		t.Cleanup(func() { _, _ = kubectlErr("delete", "mutatingwebhookconfiguration", mwc, "--ignore-not-found") })
+		applyYAML(t, fmt.Sprintf(`apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {name: %[1]s}
+webhooks:
+- name: pods.gpu.facet.dev
+  admissionReviewVersions: [v1]
+  sideEffects: NoneOnDryRun
+  failurePolicy: Fail
+  reinvocationPolicy: IfNeeded
+  timeoutSeconds: 10
+  clientConfig: {url: %[2]q, caBundle: %[3]s}
+  namespaceSelector:
+    matchLabels: {kubernetes.io/metadata.name: %[4]s}
+  objectSelector:
+    matchLabels: {%[5]s: "true"}
+  rules:
+  - {apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods], scope: Namespaced}
+`, mwc, "https://"+addr+webhook.MutatePath, base64.StdEncoding.EncodeToString(caPEM), namespace, mutateLabel))
+		applyYAML(t, clusterQueueMulti("mutated", map[string]int{"facet.dev/gpu": 1, "facet.dev/vgpu-slot-20480mi-25": 1})+localQueue("mutated"))
+		pod := func(name string, limits map[string]string) *corev1.Pod {
+			p := extendedResourcePod(name, "nvidia.com/gpu")
+			p.Labels = map[string]string{mutateLabel: "true", "kueue.x-k8s.io/queue-name": "mutated"}
+			p.Spec.Containers[0].Resources.Limits = corev1.ResourceList{}
+			for k, v := range limits {
+				p.Spec.Containers[0].Resources.Limits[corev1.ResourceName(k)] = resource.MustParse(v)
+			}
+			return p
+		}
+		// The webhook's configuration takes a moment to reach the API
+		// server: a dry run of a pod reaches it.
+		waitFor(t, "pod mutator registered", time.Minute, func() (bool, error) {
+			got, err := e.client.CoreV1().Pods(namespace).Create(ctx, pod("probe", map[string]string{"nvidia.com/gpu": "1"}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			if err != nil {
+				return false, err
+			}
+			return len(got.Spec.ResourceClaims) == 1, fmt.Errorf("not rewritten yet")
+		})
+		defer func() {
+			_, _ = kubectlErr("delete", "pods", "kueue-gpu", "kueue-volcano", "-n", namespace, "--ignore-not-found", "--wait=true", "--timeout=120s")
+		}()
+		for name, limits := range map[string]map[string]string{
+			"kueue-gpu":     {"nvidia.com/gpu": "1"},
+			"kueue-volcano": {"volcano.sh/vgpu-memory": "2000", "volcano.sh/vgpu-cores": "20"},
+		} {
+			created, err := e.client.CoreV1().Pods(namespace).Create(ctx, pod(name, limits), metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if len(created.Spec.ResourceClaims) != 1 || len(created.Spec.Containers[0].Resources.Limits) != 0 {
+				t.Fatalf("%s was not rewritten: claims %v, limits %v", name, created.Spec.ResourceClaims, created.Spec.Containers[0].Resources.Limits)
+			}
+		}
+		waitPodRunning(t, "kueue-gpu")
+		waitPodRunning(t, "kueue-volcano")
+		for res, want := range map[string]string{"facet.dev/gpu": "1", "facet.dev/vgpu-slot-20480mi-25": "1", "nvidia.com/gpu": "", "volcano.sh/vgpu-memory": ""} {
+			if got := usage(t, "mutated", res); got != want {
+				t.Errorf("ClusterQueue mutated uses %q of %s, want %q", got, res, want)
+			}
+		}
+	})
+}
+
+func ptrInt(i int) *int { return &i }
+
+func clusterQueue(name, cohort, res string, nominal int, borrowingLimit *int) string {
+	s := fmt.Sprintf(`apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: %s}
+spec:
+  namespaceSelector: {}
+`, name)
+	if cohort != "" {
+		s += "  cohortName: " + cohort + "\n"
+	}
+	s += fmt.Sprintf(`  resourceGroups:
+  - coveredResources: [%q]
+    flavors:
+    - name: default
+      resources:
+      - name: %q
+        nominalQuota: %d
+`, res, res, nominal)
+	if borrowingLimit != nil {
+		s += fmt.Sprintf("        borrowingLimit: %d\n", *borrowingLimit)
+	}
+	return s + "---\n"
+}
+
+func clusterQueueMulti(name string, quotas map[string]int) string {
+	var covered, res []string
+	for r, n := range quotas {
+		covered = append(covered, fmt.Sprintf("%q", r))
+		res = append(res, fmt.Sprintf("      - {name: %q, nominalQuota: %d}\n", r, n))
+	}
+	return fmt.Sprintf(`apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata: {name: %s}
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [%s]
+    flavors:
+    - name: default
+      resources:
+%s---
+`, name, strings.Join(covered, ", "), strings.Join(res, ""))
+}
+
+func localQueue(name string) string {
+	return fmt.Sprintf("apiVersion: kueue.x-k8s.io/v1beta2\nkind: LocalQueue\nmetadata: {name: %s, namespace: %s}\nspec: {clusterQueue: %s}\n---\n", name, namespace, name)
+}
+
+// template is a ResourceClaimTemplate asking for one device of class, and
+// nothing else but capacity (a YAML flow mapping, or "").
+func template(name, class, capacity string) string {
+	s := fmt.Sprintf(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: %s, namespace: %s}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: req
+        exactly:
+          deviceClassName: %s
+`, name, namespace, class)
+	if capacity != "" {
+		s += "          capacity: {requests: " + capacity + "}\n"
+	}
+	return s + "---\n"
+}
+
+// kueueJob is a Job of pods pods (parallelism and completions) in a
+// LocalQueue, each pod with a claim from template.
+func kueueJob(name, queue, template string, pods int) string {
+	return fmt.Sprintf(`apiVersion: batch/v1
+kind: Job
+metadata:
+  name: %[1]s
+  namespace: %[2]s
+  labels: {kueue.x-k8s.io/queue-name: %[3]s, facet.dev/e2e-kueue: "true"}
+spec:
+  parallelism: %[5]d
+  completions: %[5]d
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      hostNetwork: true
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: c
+        image: facet.local/busybox:1
+        imagePullPolicy: Never
+        command: ["sleep", "86400"]
+        resources: {claims: [{name: gpu}]}
+      resourceClaims:
+      - {name: gpu, resourceClaimTemplateName: %[4]s}
+`, name, namespace, queue, template, pods)
+}
+
+type workloadState struct {
+	admitted bool
+	message  string
+}
+
+// workloadStates are the namespace's Workloads by the name of the Job or
+// pod that owns them.
+func workloadStates(t testing.TB) map[string]workloadState {
+	t.Helper()
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				OwnerReferences []struct{ Name string } `json:"ownerReferences"`
+			} `json:"metadata"`
+			Status struct {
+				Conditions []struct{ Type, Status, Message string } `json:"conditions"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(kubectl(t, "get", "workloads.kueue.x-k8s.io", "-n", namespace, "-o", "json")), &list); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]workloadState{}
+	for _, w := range list.Items {
+		if len(w.Metadata.OwnerReferences) == 0 {
+			continue
+		}
+		var s workloadState
+		for _, c := range w.Status.Conditions {
+			switch {
+			case c.Type == "Admitted" && c.Status == "True":
+				s.admitted = true
+			case c.Type == "QuotaReserved" && c.Status == "False":
+				s.message = c.Message
+			}
+		}
+		out[w.Metadata.OwnerReferences[0].Name] = s
+	}
+	return out
+}
+
+// waitWorkloads waits until each named Job's Workload is admitted or not
+// as wanted, those not admitted with pending in their message.
+func waitWorkloads(t testing.TB, want map[string]bool, pending string) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("Workloads %v", want), 2*time.Minute, func() (bool, error) {
+		got := workloadStates(t)
+		for j, adm := range want {
+			s, ok := got[j]
+			if !ok || s.admitted != adm || (!adm && !strings.Contains(s.message, pending)) {
+				return false, fmt.Errorf("%s: %+v (present %v)", j, s, ok)
+			}
+		}
+		return true, nil
+	})
+}
+
+// splitAdmitted returns the Jobs named prefix* whose Workloads are
+// admitted, and those that are not, each sorted.
+func splitAdmitted(t testing.TB, prefix string) (admitted, held []string) {
+	t.Helper()
+	for j, s := range workloadStates(t) {
+		switch {
+		case !strings.HasPrefix(j, prefix):
+		case s.admitted:
+			admitted = append(admitted, j)
+		default:
+			held = append(held, j)
+		}
+	}
+	sort.Strings(admitted)
+	sort.Strings(held)
+	return admitted, held
+}
+
+// waitAdmittedCount waits until, of the Jobs named prefix*, admitted are
+// admitted and held wait with pending in their message.
+func waitAdmittedCount(t testing.TB, prefix string, admitted, held int, pending string) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d %s* Jobs admitted, %d held", admitted, prefix, held), 2*time.Minute, func() (bool, error) {
+		a, h := 0, 0
+		var msgs []string
+		for j, s := range workloadStates(t) {
+			if !strings.HasPrefix(j, prefix) {
+				continue
+			}
+			if s.admitted {
+				a++
+			} else if strings.Contains(s.message, pending) {
+				h++
+			} else {
+				msgs = append(msgs, j+": "+s.message)
+			}
+		}
+		return a == admitted && h == held, fmt.Errorf("%d admitted, %d held; others %v", a, h, msgs)
+	})
+}
+
+func jobPods(t testing.TB, job string) int {
+	t.Helper()
+	l, err := e.client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "job-name=" + job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(l.Items)
+}
+
+// jobClaims counts the claims made for the Job's pods (named after them).
+func jobClaims(t testing.TB, job string) int {
+	t.Helper()
+	l, err := e.client.ResourceV1().ResourceClaims(namespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, c := range l.Items {
+		if strings.HasPrefix(c.Name, job+"-") {
+			n++
+		}
+	}
+	return n
+}
+
+func waitJobPodsRunning(t testing.TB, job string, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d pods of Job %s Running", n, job), 3*time.Minute, func() (bool, error) {
+		l, err := e.client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "job-name=" + job})
+		if err != nil {
+			return false, err
+		}
+		running := 0
+		for _, p := range l.Items {
+			if p.Status.Phase == corev1.PodRunning {
+				running++
+			}
+		}
+		return running == n, fmt.Errorf("%d of %d pods Running", running, len(l.Items))
+	})
+}
+
+// usage is a ClusterQueue's admitted usage of res in flavor default, "" if none.
+func usage(t testing.TB, cq, res string) string {
+	t.Helper()
+	var q struct {
+		Status struct {
+			FlavorsUsage []struct {
+				Name      string
+				Resources []struct {
+					Name  string
+					Total resource.Quantity
+				}
+			} `json:"flavorsUsage"`
+		} `json:"status"`
+	}
+	var last string
+	// The status lags admission by a reconcile.
+	waitFor(t, "ClusterQueue "+cq+" status", 30*time.Second, func() (bool, error) {
+		last = kubectl(t, "get", "clusterqueue", cq, "-o", "json")
+		return json.Unmarshal([]byte(last), &q) == nil && len(q.Status.FlavorsUsage) > 0, fmt.Errorf("no flavorsUsage: %s", last)
+	})
+	for _, f := range q.Status.FlavorsUsage {
+		for _, r := range f.Resources {
+			if r.Name == res && !r.Total.IsZero() {
+				return r.Total.String()
+			}
+		}
+	}
+	return ""
+}
+
+// deleteJobs deletes the Jobs named prefix* and waits for their pods to
+// go, so that the next subtest finds the GPUs free.
+func deleteJobs(t testing.TB, prefix string) {
+	t.Helper()
+	l, err := e.client.BatchV1().Jobs(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "facet.dev/e2e-kueue=true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range l.Items {
+		if strings.HasPrefix(j.Name, prefix) {
+			_, _ = kubectlErr("delete", "job", j.Name, "-n", namespace, "--cascade=foreground", "--wait=false")
+		}
+	}
+	waitFor(t, "the pods of Jobs "+prefix+"* gone", 3*time.Minute, func() (bool, error) {
+		pods, err := e.client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "job-name"})
+		if err != nil {
+			return false, err
+		}
+		for _, p := range pods.Items {
+			if strings.HasPrefix(p.Labels["job-name"], prefix) {
+				return false, fmt.Errorf("pod %s still there", p.Name)
+			}
+		}
+		return true, nil
+	})
+}
