@@ -96,7 +96,9 @@ func TestUnitNodeWatchResources(t *testing.T) {
 	defer func() {
 		if !ended {
 			cancel()
-			<-done
+			if err := <-done; err != nil {
+				t.Errorf("NodeWatchResources: %v", err)
+			}
 		}
 	}()
 	next := func() map[string]drahealthv1alpha1.HealthStatus {

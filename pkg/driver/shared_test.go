@@ -69,7 +69,9 @@ func TestRollingUpdateInstancesShareState(t *testing.T) {
 		leave()
 		<-probed
 		if started {
-			<-done
+			if err := <-done; err != nil {
+				t.Logf("the old instance's unprepare: %v", err)
+			}
 		}
 	}()
 	go func() {
