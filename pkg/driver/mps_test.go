@@ -146,7 +146,7 @@ func TestMPSPartitionsSharesAndSlots(t *testing.T) {
 			claims: []*resourceapi.ResourceClaim{claim("big", "gpu-5-slot-2"), claim("small", "gpu-5-slot-0")},
 			want: [][]string{
 				{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50", "CUDA_DEVICE_MEMORY_LIMIT_0=40960m", "CUDA_DEVICE_SM_LIMIT_0=0"},
-				{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_DEVICE_MEMORY_LIMIT_0=20480m", "CUDA_DEVICE_SM_LIMIT_0=0"},
+				{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25", "CUDA_DEVICE_MEMORY_LIMIT_0=20059m", "CUDA_DEVICE_SM_LIMIT_0=0"},
 			},
 		},
 	}

@@ -280,7 +280,7 @@ func TestProbedClaims(t *testing.T) {
 	}{
 		{
 			name:  "delivers what it publishes",
-			share: result(2000, 1472, oom, 10.5), slot: result(20480, 19950, oom, 12.4),
+			share: result(2000, 1472, oom, 10.5), slot: result(20269, 19739, oom, 12.4),
 			wantResults:   []string{"ok", "ok", "ok"},
 			wantNotes:     []string{"vGPU share note: a workload can allocate at most 1472 MiB of the 2000 MiB (74 %): HAMi-core charges"},
 			wantShareFrac: 0.21,
@@ -288,7 +288,7 @@ func TestProbedClaims(t *testing.T) {
 		{
 			name:       "reserved memory published",
 			wholeShort: 480,
-			share:      result(2000, 1472, oom, 10), slot: result(20480, 19950, oom, 12.5),
+			share:      result(2000, 1472, oom, 10), slot: result(20269, 19739, oom, 12.5),
 			wantResults:  []string{"PROBLEM", "ok", "ok"},
 			wantProblems: []string{"whole GPU PROBLEM: the process sees", "480 MiB less than the"},
 			wantFailed:   true, wantShareFrac: 0.2,
@@ -298,13 +298,13 @@ func TestProbedClaims(t *testing.T) {
 			share: result(2000, 1472, "", 10), slot: result(81000, 80000, oom, 12.5),
 			wantResults: []string{"ok", "PROBLEM", "PROBLEM"},
 			wantProblems: []string{"vGPU share PROBLEM: an allocation of 2001 MiB, past the 2000 MiB published, succeeded",
-				"vGPU slot PROBLEM: the process sees 81000 MiB in all, more than the 20480 MiB published",
+				"vGPU slot PROBLEM: the process sees 81000 MiB in all, more than the 20269 MiB published",
 				"vGPU slot PROBLEM: one allocation of 80000 MiB succeeded"},
 			wantFailed: true, wantShareFrac: 0.2,
 		},
 		{
 			name:  "SM share not held",
-			share: result(2000, 1472, oom, 50), slot: result(20480, 19950, oom, 12.5),
+			share: result(2000, 1472, oom, 50), slot: result(20269, 19739, oom, 12.5),
 			wantResults:  []string{"ok", "PROBLEM", "ok"},
 			wantProblems: []string{"vGPU share PROBLEM: its kernel ran at 100 % of the whole GPU's throughput, above its 20 %"},
 			wantFailed:   true, wantShareFrac: 1,
@@ -312,7 +312,7 @@ func TestProbedClaims(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := simNode(t, 1)
-			o.Slots = inventory.SlotLayout{{Count: 4, Memory: resource.MustParse("20Gi"), Cores: 25}}
+			o.Slots = inventory.SlotLayout{{Count: 4, Memory: resource.MustParse("20269Mi"), Cores: 25}}
 			pub := published(t, o.Library, 1)
 			f := &fakeProber{results: map[string]*probe.Result{
 				ClaimWhole: result(pub-tc.wholeShort, pub-tc.wholeShort-500, oom, 50),
