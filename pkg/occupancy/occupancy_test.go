@@ -37,8 +37,6 @@ func gpu(t *testing.T, c *Cluster, idx int) *GPU {
 	return nil
 }
 
-const gi = 1 << 30
-
 func TestBuild(t *testing.T) {
 	r, share, claim := occtest.Result, occtest.Share, occtest.Allocated
 	letters := func(cl Claim) string {

@@ -129,12 +129,12 @@ func checkShape(t *testing.T, slices []*resourceapi.ResourceSlice, c *resourceap
 	d := device(slices, res.Devices.Results[0].Device)
 	typ := *d.Attributes["type"].StringValue
 	shape := classes.Shape(c.Labels[classes.LabelShape])
-	switch {
-	case shape == classes.ShapeGPU || shape == classes.ShapeShare:
+	switch shape {
+	case classes.ShapeGPU, classes.ShapeShare:
 		if typ != "gpu" {
 			t.Errorf("%s allocated %s of type %s", c.Name, d.Name, typ)
 		}
-	case shape == classes.ShapeSlot:
+	case classes.ShapeSlot:
 		if typ != "vgpu-slot" {
 			t.Errorf("%s allocated %s of type %s", c.Name, d.Name, typ)
 		}

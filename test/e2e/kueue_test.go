@@ -476,11 +476,12 @@ func waitAdmittedCount(t testing.TB, prefix string, admitted, held int, pending 
 			if !strings.HasPrefix(j, prefix) {
 				continue
 			}
-			if s.admitted {
+			switch {
+			case s.admitted:
 				a++
-			} else if strings.Contains(s.message, pending) {
+			case strings.Contains(s.message, pending):
 				h++
-			} else {
+			default:
 				msgs = append(msgs, j+": "+s.message)
 			}
 		}
