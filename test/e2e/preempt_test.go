@@ -66,7 +66,7 @@ spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: mig.fa
 const shareTemplates = `apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata: {name: share-40gi, namespace: facet-demo}
-spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: vgpu.facet.dev, capacity: {requests: {memory: 40Gi, cores: "50"}}}}]}}}
+spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: vgpu.facet.dev, capacity: {requests: {memory: 39Gi, cores: "50"}}}}]}}}
 ---
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
