@@ -935,7 +935,7 @@ func TestDriverEditorContainerDriverRoot(t *testing.T) {
 			if len(gpu.DeviceNodes) != 1 || gpu.DeviceNodes[0].HostPath != filepath.Join(tc.wantDev, "nvidia0") {
 				t.Errorf("GPU 0's device nodes %+v, want /dev/nvidia0 from host %s", gpu.DeviceNodes, filepath.Join(tc.wantDev, "nvidia0"))
 			}
-			libcuda := "libcuda.so." + mockDriverVersion
+			libcuda := "libcuda.so." + simDriverVersion
 			var sawLib bool
 			for _, m := range common.Mounts {
 				if strings.HasPrefix(m.HostPath, shared) {
