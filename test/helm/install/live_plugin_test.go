@@ -422,8 +422,14 @@ func TestLiveChartPlugin(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(r.runDir, "hami-chart", "libvgpu.so")); err != nil {
 		t.Errorf("the init container installed no libvgpu.so: %v", err)
 	}
-	if log := r.pluginLog(plugin.Name); !strings.Contains(log, "nvidia-cdi-hook runs") {
+	log := r.pluginLog(plugin.Name)
+	if !strings.Contains(log, "nvidia-cdi-hook runs") {
 		t.Errorf("the plugin did not check its nvidia-cdi-hook:\n%s", log)
+	}
+	// The plugin runs MPS's control daemons itself, so from its own view
+	// of the driver root.
+	if !strings.Contains(log, `control="/driver-root/usr/bin/nvidia-cuda-mps-control"`) {
+		t.Errorf("the plugin did not find nvidia-cuda-mps-control under its /driver-root:\n%s", log)
 	}
 	t.Logf("%d demo pods Running (%s)", len(pods), r.since())
 
