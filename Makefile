@@ -18,7 +18,7 @@ build:
 	# The plugin with test failpoints ($$FACET_FAILPOINT), for test/e2e
 	# only; the shipped binary (make build-release) has none.
 	$(GO) build -tags facetsim,facet_failpoints -o $(BIN)/failpoints/ ./cmd/facet-kubeletplugin
-	cd hack/tools/cdihook && $(GO) build -o $(BIN)/nvidia-cdi-hook github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
+	GO=$(GO) hack/build-cdi-hook.sh $(BIN)/nvidia-cdi-hook
 
 ## image: Facet's OCI image facet.local/facet:<chart appVersion>, for
 ## linux/amd64 and linux/arm64, as _output/facet-image.tar (hack/image.sh:

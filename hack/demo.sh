@@ -89,7 +89,10 @@ kubeletPlugin:
   kubeletDir: "${FACET_KUBELET_ROOT}"
   cdiDir: "${FACET_CDI_DIR}"
   stateDir: "${RUN_DIR}/facet-state"
-  driver: {root: "${RUN_DIR}/driver-root", devRoot: "${RUN_DIR}/driver-root", nvidiaCDIHookPath: "${REPO}/bin/nvidia-cdi-hook"}
+  # The simulated driver root (read at /driver-root in the plugin's
+  # container), and the image's nvidia-cdi-hook installed on the node.
+  driver: {root: "${RUN_DIR}/driver-root", devRoot: "${RUN_DIR}/driver-root"}
+  nvidiaCDIHook: {install: true, hostDir: "${RUN_DIR}/cdi-hook"}
   # The simulator image plays HAMi's: it holds the stand-in libvgpu.so.
   hamiCore:
     enabled: true

@@ -13,12 +13,16 @@
 # at /k8s-vgpu/lib/nvidia/libvgpu.so and a static busybox shell).
 #
 # Contents (/usr/bin): facet-kubeletplugin, facet-webhook, facetctl,
-# facet-preemptor. The webhook is static (CGO_ENABLED=0). The plugin,
-# facetctl and facet-preemptor (through pkg/occupancy's MIG profile tables)
-# link go-nvml, whose bindings dlopen libnvidia-ml.so.1 through cgo: they
-# are linked dynamically against glibc, which must then be in the image, since a static
-# glibc binary cannot safely dlopen a library that needs the shared libc. The
-# glibc is Debian 12's (libc6 on amd64, libc6-arm64-cross on arm64: the same
+# facet-preemptor, and NVIDIA's nvidia-cdi-hook (hack/tools/cdihook), which
+# the chart's init container copies onto nodes without the NVIDIA Container
+# Toolkit (`facetctl install-cdi-hook`), where the CDI specs' hooks run it;
+# it is static (hack/build-cdi-hook.sh). The webhook is static
+# (CGO_ENABLED=0). The plugin, facetctl and facet-preemptor (through
+# pkg/occupancy's MIG profile tables) link go-nvml, whose bindings dlopen
+# libnvidia-ml.so.1 through cgo: they are linked dynamically against glibc,
+# which must then be in the image, since a static glibc binary cannot safely
+# dlopen a library that needs the shared libc. The glibc is Debian 12's
+# (libc6 on amd64, libc6-arm64-cross on arm64: the same
 # source package and version), only its shared objects. arm64 cross-compiles
 # with aarch64-linux-gnu-gcc (hack/apt-image-packages.txt, installed here on
 # demand so that CI, which builds no arm64 image, does not pay for it).
@@ -126,6 +130,8 @@ for platform in ${PLATFORMS}; do
     "${GO}" build -trimpath "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor
   GOOS=linux GOARCH="${arch}" CGO_ENABLED=0 \
     "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook
+  log "${platform}: go build nvidia-cdi-hook (static, hack/build-cdi-hook.sh)"
+  GO="${GO}" "${REPO}/hack/build-cdi-hook.sh" "${app}/usr/bin/nvidia-cdi-hook" "${arch}" "${cc}"
   if ${SIM}; then
     # The demo's machine files, for --machine=/usr/share/facet/machines/<name>.yaml.
     mkdir -p "${app}/usr/share/facet/machines"

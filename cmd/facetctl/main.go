@@ -56,6 +56,10 @@ Commands:
            claim's environment, and print what each delivers against what
            it publishes; unprepares and leaves nothing behind (--machine:
            every step but the probe)
+  install-cdi-hook
+           copy the image's nvidia-cdi-hook onto the node (--dir), where the
+           CDI specs' hooks run it, and check that it runs (the chart's init
+           container)
   sim-driver-root
            lay out a simulated NVIDIA driver root (libraries, binaries,
            device nodes) for a machine file, for demos and tests
@@ -90,6 +94,8 @@ func main() {
 		err = runSimDriverRoot(os.Args[2:])
 	case "node-check":
 		err = runNodeCheck(os.Args[2:], os.Stdout, os.Stderr)
+	case "install-cdi-hook":
+		err = runInstallCDIHook(os.Args[2:])
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

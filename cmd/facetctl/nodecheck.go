@@ -33,7 +33,7 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("node-check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	machine := fs.String("machine", "", "machine file of a simulated node: every step runs except the CUDA probe (default: the real NVML of this host)")
-	nvmlLib := fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: the loader's search path), as the plugin's --nvml-library")
+	nvmlLib := fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: found in --driver-root as nvcdi finds the driver's libraries), as the plugin's --nvml-library")
 	gpu := fs.Int("gpu", 0, "NVML index of the GPU to check; it must be idle (no claim, no process) and have MIG mode off")
 	shareMemory := fs.String("share-memory", "2000Mi", "memory of the vGPU share, a Kubernetes quantity in whole MiB")
 	shareCores := fs.Int64("share-cores", 20, "SM time of the vGPU share in percent (0: best effort)")
@@ -81,7 +81,7 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("find facetctl's own path for the probe process: %w", exeErr)
 		}
 		opts.Prober = nodecheck.ExecProber{Path: self, Args: []string{"node-check", "probe"}}
-		opts.Library, err = nvml.OpenReal(*nvmlLib)
+		opts.Library, err = nvml.OpenDriver(*driverRoot, *nvmlLib)
 	}
 	if err != nil {
 		return err

@@ -96,8 +96,9 @@ const (
 
 // Options configure a Manager.
 type Options struct {
-	// Control is the host path of nvidia-cuda-mps-control, from the driver
-	// root.
+	// Control is nvidia-cuda-mps-control's path as this process sees it,
+	// under its view of the driver root (the plugin container's mount of
+	// it, --container-driver-root): the Manager runs it, no spec names it.
 	Control string
 	// LibraryPath, if set, is the daemon's LD_LIBRARY_PATH (the driver
 	// root's library directories).

@@ -17,9 +17,11 @@ var controlDirs = []string{"usr/bin", "bin", "usr/local/bin"}
 // LD_LIBRARY_PATH (it loads libcuda.so.1 from the driver).
 var libraryDirs = []string{"usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "lib64", "lib"}
 
-// FindControl returns nvidia-cuda-mps-control's path under the driver root
-// and the LD_LIBRARY_PATH its daemon needs, or an error naming where it
-// looked.
+// FindControl returns nvidia-cuda-mps-control's path under driverRoot and
+// the LD_LIBRARY_PATH its daemon needs, or an error naming where it
+// looked. driverRoot is where this process reads the driver (in the
+// plugin's container, its mount of the host's driver root), and so are
+// the paths returned: the daemon runs in this process's mount namespace.
 func FindControl(driverRoot string) (control, libraryPath string, err error) {
 	for _, dir := range controlDirs {
 		p := filepath.Join(driverRoot, dir, ControlName)

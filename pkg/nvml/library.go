@@ -1,10 +1,14 @@
 package nvml
 
 import (
+	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/lookup"
+	"github.com/go-logr/logr"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 )
 
@@ -34,6 +38,54 @@ func OpenReal(libraryPath string) (*Library, error) {
 		return nil, fmt.Errorf("initialise NVML: %w", nvmlError("nvmlInit", ret))
 	}
 	return &Library{lib: lib, pcieRoot: sysfsPCIeRoot}, nil
+}
+
+// NVMLLibrary is the SONAME of NVML, the library go-nvml loads.
+const NVMLLibrary = "libnvidia-ml.so.1"
+
+// OpenDriver is OpenReal with NVML taken from a driver root: libraryPath
+// when it is not empty, else NVMLLibrary as FindDriverLibrary finds it under
+// driverRoot, the path where this process sees the driver's files (the
+// plugin container's mount of the host's driver root).
+func OpenDriver(driverRoot, libraryPath string) (*Library, error) {
+	if libraryPath == "" {
+		var err error
+		if libraryPath, err = FindDriverLibrary(driverRoot, NVMLLibrary); err != nil {
+			return nil, err
+		}
+	}
+	return OpenReal(libraryPath)
+}
+
+// FindDriverLibrary returns the path of the driver library name (a SONAME
+// such as libnvidia-ml.so.1) under root, found the way nvcdi finds the
+// driver's libraries (lookup.NewLibraryLocator of the NVIDIA Container
+// Toolkit): first in the root itself and in its /usr/lib64,
+// /usr/lib/<triplet>, /lib64 and /lib/<triplet> (with their
+// nvidia/current), then in the root's /etc/ld.so.cache. So a driver in the
+// host's /, the GPU Operator's /run/nvidia/driver (usr/lib/<triplet>) and
+// one under /usr/local/nvidia (lib64) are all found. Symlinks are resolved:
+// the path is that of the file, e.g. <root>/usr/lib64/libnvidia-ml.so.580.95.05.
+//
+// It fails, naming the root, when root is not an absolute directory or the
+// library is in none of those places.
+func FindDriverLibrary(root, name string) (string, error) {
+	if !filepath.IsAbs(root) {
+		return "", fmt.Errorf("driver root %q is not an absolute path", root)
+	}
+	root = filepath.Clean(root)
+	loc := lookup.NewLibraryLocator(lookup.WithLogger(nvcdiLogger{logr.Discard()}), lookup.WithRoot(root))
+	found, err := loc.Locate(name)
+	if err == nil && len(found) == 0 {
+		err = lookup.ErrNotFound
+	}
+	if err != nil {
+		if errors.Is(err, lookup.ErrNotFound) {
+			return "", fmt.Errorf("%s not found in driver root %s (searched it, its usr/lib64, usr/lib/<triplet>, lib64, lib/<triplet> and its etc/ld.so.cache): is the NVIDIA driver installed there?", name, root)
+		}
+		return "", fmt.Errorf("find %s in driver root %s: %w", name, root, err)
+	}
+	return found[0], nil
 }
 
 // New wraps an NVML implementation other than the real library: the

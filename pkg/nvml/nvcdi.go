@@ -11,6 +11,8 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi"
+	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform"
+	transformroot "github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform/root"
 	"github.com/go-logr/logr"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -27,14 +29,27 @@ const MIGMinorsPath = "/proc/driver/nvidia-caps/mig-minors"
 
 // DriverEditorOptions configures a DriverEditor.
 type DriverEditorOptions struct {
-	// DriverRoot is the host path where the driver's files are: "/" in
-	// production (the default when empty), /run/nvidia/driver with the GPU
-	// Operator, a LayoutDriverRoot directory on a simulated node. Host paths
-	// in the edits are below it, container paths are relative to it.
+	// DriverRoot is the host path where the driver's files are: "/" for a
+	// driver installed in the host's own root (the default when empty),
+	// /run/nvidia/driver with the GPU Operator, /usr/local/nvidia or
+	// another prefix of its own, a LayoutDriverRoot directory on a
+	// simulated node. Host paths in the edits are below it, container paths
+	// are relative to it.
 	DriverRoot string
-	// DevRoot is the host path whose dev/ holds the nvidia device nodes
-	// ("/" with the GPU Operator, whose driver container creates them on the
-	// host). Empty means DriverRoot.
+	// ContainerDriverRoot is where this process reads DriverRoot: a mount of
+	// it in the plugin's container (the chart mounts it at /driver-root).
+	// nvcdi discovers the driver there, and the edits' host paths are
+	// rewritten from it to DriverRoot with nvcdi's own root transformer, as
+	// NVIDIA's DRA driver does. Empty means DriverRoot itself: a process on
+	// the host, or a mount at the same path. It cannot be "/" unless
+	// DriverRoot is, since every host path would then be rewritten.
+	ContainerDriverRoot string
+	// DevRoot is the host path whose dev/ holds the nvidia device nodes ("/"
+	// with the GPU Operator, whose driver container creates them on the
+	// host, and for a driver under a prefix such as /usr/local/nvidia).
+	// Empty means DriverRoot. When it is DriverRoot this process reads it
+	// under ContainerDriverRoot, otherwise at its own path (a mount at the
+	// same path).
 	DevRoot string
 	// NvidiaCDIHookPath is the host path of nvidia-cdi-hook, the program the
 	// edits' hooks run (create-symlinks, update-ldcache, ...). Empty means
@@ -70,9 +85,14 @@ type DriverEditorOptions struct {
 //
 // A DriverEditor is safe for concurrent use; calls are serialized.
 type DriverEditor struct {
-	mu         sync.Mutex
-	lib        gonvml.Interface
-	cdi        nvcdi.Interface
+	mu  sync.Mutex
+	lib gonvml.Interface
+	cdi nvcdi.Interface
+	// toHost rewrites the host paths nvcdi found under the container's
+	// roots to the host's; nil when they are the same.
+	toHost transform.Transformer
+	// driverRoot names the driver root in errors: the host path, and where
+	// this process reads it when that differs.
 	driverRoot string
 	devRoot    string
 }
@@ -88,13 +108,17 @@ func NewDriverEditor(lib gonvml.Interface, opts DriverEditorOptions) (*DriverEdi
 	if lib == nil {
 		return nil, errors.New("nvcdi driver editor: no NVML library")
 	}
-	driverRoot := opts.DriverRoot
-	if driverRoot == "" {
-		driverRoot = "/"
+	hostRoot := opts.DriverRoot
+	if hostRoot == "" {
+		hostRoot = "/"
 	}
-	devRoot := opts.DevRoot
-	if devRoot == "" {
-		devRoot = driverRoot
+	ctrRoot := opts.ContainerDriverRoot
+	if ctrRoot == "" {
+		ctrRoot = hostRoot
+	}
+	hostDev := opts.DevRoot
+	if hostDev == "" {
+		hostDev = hostRoot
 	}
 	hookPath := opts.NvidiaCDIHookPath
 	if hookPath == "" {
@@ -102,15 +126,35 @@ func NewDriverEditor(lib gonvml.Interface, opts DriverEditorOptions) (*DriverEdi
 	}
 	// nvcdi makes container paths by trimming the root off host paths, so
 	// the roots must be absolute and clean ("/x/" would leave "usr/lib/...").
-	for _, root := range []*string{&driverRoot, &devRoot} {
+	for _, root := range []*string{&hostRoot, &ctrRoot, &hostDev} {
 		if !filepath.IsAbs(*root) {
 			return nil, fmt.Errorf("nvcdi driver editor: root %q is not an absolute path", *root)
 		}
 		*root = filepath.Clean(*root)
-		if fi, err := os.Stat(*root); err != nil {
-			return nil, fmt.Errorf("nvcdi driver editor: %w", err)
+	}
+	ctrDev := hostDev
+	if hostDev == hostRoot {
+		ctrDev = ctrRoot
+	}
+	if ctrRoot == "/" && hostRoot != "/" {
+		return nil, fmt.Errorf("nvcdi driver editor: driver root %s read at / in the container: mount it at a directory of its own (every host path under / would be rewritten to %s)", hostRoot, hostRoot)
+	}
+	if hostDev != hostRoot && ctrRoot != hostRoot && (ctrDev == ctrRoot || strings.HasPrefix(ctrDev, ctrRoot+"/")) {
+		// Its device nodes would be rewritten as the driver root's files.
+		return nil, fmt.Errorf("nvcdi driver editor: dev root %s is under %s, where driver root %s is read: use the driver root as the dev root, or a dev root outside it", hostDev, ctrRoot, hostRoot)
+	}
+	where := func(host, ctr string) string {
+		if host == ctr {
+			return host
+		}
+		return fmt.Sprintf("%s (read at %s)", host, ctr)
+	}
+	driverRoot, devRoot := where(hostRoot, ctrRoot), where(hostDev, ctrDev)
+	for _, root := range []string{ctrRoot, ctrDev} {
+		if fi, err := os.Stat(root); err != nil {
+			return nil, fmt.Errorf("nvcdi driver editor for driver root %s: %w", driverRoot, err)
 		} else if !fi.IsDir() {
-			return nil, fmt.Errorf("nvcdi driver editor: root %s is not a directory", *root)
+			return nil, fmt.Errorf("nvcdi driver editor for driver root %s: %s is not a directory", driverRoot, root)
 		}
 	}
 
@@ -118,8 +162,8 @@ func NewDriverEditor(lib gonvml.Interface, opts DriverEditorOptions) (*DriverEdi
 		nvcdi.WithLogger(nvcdiLogger{opts.Logger}),
 		nvcdi.WithNvmlLib(lib),
 		nvcdi.WithMode(nvcdi.ModeNvml),
-		nvcdi.WithDriverRoot(driverRoot),
-		nvcdi.WithDevRoot(devRoot),
+		nvcdi.WithDriverRoot(ctrRoot),
+		nvcdi.WithDevRoot(ctrDev),
 		nvcdi.WithNVIDIACDIHookPath(hookPath),
 		nvcdi.WithFeatureFlags(nvcdi.FeatureDisableNvsandboxUtils),
 	}
@@ -138,7 +182,28 @@ func NewDriverEditor(lib gonvml.Interface, opts DriverEditorOptions) (*DriverEdi
 	if err != nil {
 		return nil, fmt.Errorf("nvcdi driver editor for driver root %s: %w", driverRoot, err)
 	}
-	return &DriverEditor{lib: lib, cdi: cdilib, driverRoot: driverRoot, devRoot: devRoot}, nil
+	e := &DriverEditor{lib: lib, cdi: cdilib, driverRoot: driverRoot, devRoot: devRoot}
+	if ctrRoot != hostRoot {
+		e.toHost = transformroot.NewDriverTransformer(
+			transformroot.WithDriverRoot(ctrRoot), transformroot.WithTargetDriverRoot(hostRoot),
+			transformroot.WithDevRoot(ctrDev), transformroot.WithTargetDevRoot(hostDev),
+		)
+	}
+	return e, nil
+}
+
+// hostPaths rewrites the host paths of edits that nvcdi found under the
+// container's roots to the host's, in place.
+func (e *DriverEditor) hostPaths(edits *cdispec.ContainerEdits) error {
+	if e.toHost == nil {
+		return nil
+	}
+	spec := &cdispec.Spec{ContainerEdits: *edits}
+	if err := e.toHost.Transform(spec); err != nil {
+		return fmt.Errorf("rewrite host paths for driver root %s: %w", e.driverRoot, err)
+	}
+	*edits = spec.ContainerEdits
+	return nil
 }
 
 // DriverEditor returns a DriverEditor over this library's NVML, real or
@@ -182,6 +247,9 @@ func (e *DriverEditor) CommonEdits() (*cdispec.ContainerEdits, error) {
 	}
 	if !hasDeviceNode(edits.ContainerEdits, func(p string) bool { return p == "/dev/nvidiactl" }) {
 		return nil, fmt.Errorf("nvcdi common edits for driver root %s: no /dev/nvidiactl under dev root %s", e.driverRoot, e.devRoot)
+	}
+	if err := e.hostPaths(edits.ContainerEdits); err != nil {
+		return nil, err
 	}
 	return edits.ContainerEdits, nil
 }
@@ -270,6 +338,9 @@ func (e *DriverEditor) deviceEdits(id string) (*cdispec.ContainerEdits, error) {
 		return nil, fmt.Errorf("nvcdi returned %d device specs, want 1", len(devices))
 	}
 	edits := devices[0].ContainerEdits
+	if err := e.hostPaths(&edits); err != nil {
+		return nil, err
+	}
 	return &edits, nil
 }
 

@@ -7,6 +7,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/cdi"
+	"github.com/facet-gpu/facet/pkg/cdihook"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/claimstatus"
 	"github.com/facet-gpu/facet/pkg/driver"
@@ -33,6 +35,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/metrics"
 	"github.com/facet-gpu/facet/pkg/miglayout"
+	"github.com/facet-gpu/facet/pkg/mps"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nodeevents"
 	"github.com/facet-gpu/facet/pkg/nvml"
@@ -44,20 +47,25 @@ import (
 // (cmd/facet-kubeletplugin documents each flag), plus the hooks only some
 // builds link.
 type Config struct {
-	NodeName     string
-	Kubeconfig   string
-	Machine      string
-	NVMLLibrary  string
-	DriverRoot   string
-	DevRoot      string
-	CDIHook      string
-	CDIDir       string
-	StateDir     string
-	RegistrarDir string
-	PluginsDir   string
-	Modes        inventory.ModeFlags
-	KubeAPIQPS   float64
-	KubeAPIBurst int
+	NodeName    string
+	Kubeconfig  string
+	Machine     string
+	NVMLLibrary string
+	DriverRoot  string
+	DevRoot     string
+	CDIHook     string
+	// Where this process sees DriverRoot and CDIHook: mounts in the
+	// plugin's container (the host's / cannot be mounted at /). Empty: the
+	// host paths themselves.
+	ContainerDriverRoot string
+	ContainerCDIHook    string
+	CDIDir              string
+	StateDir            string
+	RegistrarDir        string
+	PluginsDir          string
+	Modes               inventory.ModeFlags
+	KubeAPIQPS          float64
+	KubeAPIBurst        int
 
 	HAMiLibrary       string
 	DestroyUnownedMIG bool
@@ -115,7 +123,7 @@ func Run(ctx context.Context, f Config) error {
 		// keeps them in the state directory so restarts see them too.
 		lib, err = f.openMachine(f.Machine, filepath.Join(f.StateDir, "simulated-nvml.json"))
 	} else {
-		lib, err = nvml.OpenReal(f.NVMLLibrary)
+		lib, err = nvml.OpenDriver(f.containerDriverRoot(), f.NVMLLibrary)
 	}
 	if err != nil {
 		return err
@@ -127,6 +135,9 @@ func Run(ctx context.Context, f Config) error {
 	}
 	client, err := kubeClient(f.Kubeconfig, f.KubeAPIQPS, f.KubeAPIBurst)
 	if err != nil {
+		return err
+	}
+	if err := checkCDIHook(ctx, client, f); err != nil {
 		return err
 	}
 	ev := nodeevents.New(ctx, client, f.NodeName)
@@ -177,7 +188,7 @@ func Run(ctx context.Context, f Config) error {
 		// in (unshare --mount --propagation private, or a container of its
 		// own as the chart's pod). Refused on a host with a real driver or
 		// in the host's mount namespace.
-		if err := f.bindSimulatedProcDriver(f.DriverRoot); err != nil {
+		if err := f.bindSimulatedProcDriver(f.containerDriverRoot()); err != nil {
 			logger.Error(err, "MIG devices cannot get CDI edits on this simulated node; MIG claims will fail to prepare")
 		}
 	}
@@ -185,12 +196,14 @@ func Run(ctx context.Context, f Config) error {
 	if hamiErr != nil {
 		logger.Error(hamiErr, "vGPU shares that need enforcement will fail to prepare; everything else is served")
 	}
-	partitioner, mpsErr, err := f.MPS.open(ctx, f.DriverRoot)
+	partitioner, mpsErr, err := f.openMPS(ctx)
 	if err != nil {
 		return err
 	}
 	inv.ComputePartitioning = partitioning(partitioner)
-	editor, err := lib.DriverEditor(nvml.DriverEditorOptions{DriverRoot: f.DriverRoot, DevRoot: f.DevRoot, NvidiaCDIHookPath: f.CDIHook})
+	editor, err := lib.DriverEditor(nvml.DriverEditorOptions{
+		DriverRoot: f.DriverRoot, ContainerDriverRoot: f.ContainerDriverRoot, DevRoot: f.DevRoot, NvidiaCDIHookPath: f.CDIHook,
+	})
 	if err != nil {
 		return err
 	}
@@ -301,6 +314,35 @@ func Run(ctx context.Context, f Config) error {
 	}
 	<-ctx.Done()
 	logger.Info("Shutting down")
+	return nil
+}
+
+// containerDriverRoot is where this process reads the driver root.
+func (f Config) containerDriverRoot() string {
+	return cmp.Or(f.ContainerDriverRoot, f.DriverRoot)
+}
+
+// openMPS starts the MPS manager (MPSConfig.open) with the control program
+// found where this process reads the driver root: the plugin runs the
+// daemons itself, in its container, and no CDI spec names the program.
+func (f Config) openMPS(ctx context.Context) (*mps.Manager, error, error) {
+	return f.MPS.open(ctx, f.containerDriverRoot())
+}
+
+// checkCDIHook refuses to start unless the nvidia-cdi-hook the CDI specs
+// name runs (package cdihook): every container created from a spec would
+// fail otherwise. The refusal, which names the value to set, is also a
+// Warning Event on the Node, recorded before the plugin exits.
+func checkCDIHook(ctx context.Context, client kubernetes.Interface, f Config) error {
+	logger := klog.FromContext(ctx)
+	version, err := cdihook.Check(ctx, cdihook.Options{HostPath: f.CDIHook, Path: f.ContainerCDIHook})
+	if err != nil {
+		if evErr := nodeevents.WarnNow(ctx, client.CoreV1(), f.NodeName, cdihook.Reason, err.Error()); evErr != nil {
+			logger.Error(evErr, "Cannot raise the Node Event")
+		}
+		return err
+	}
+	logger.Info("nvidia-cdi-hook runs", "path", f.CDIHook, "version", version)
 	return nil
 }
 

@@ -77,9 +77,6 @@ var (
 	// mountedPathFlags: host paths the plugin itself opens. The function
 	// returns the path it opens for a flag value.
 	mountedPathFlags = map[string]func(string) string{
-		"driver-root":           identity,
-		"dev-root":              func(v string) string { return path.Join(v, "dev") },
-		"nvml-library":          identity,
 		"cdi-dir":               identity,
 		"state-dir":             identity,
 		"kubelet-registrar-dir": identity,
@@ -88,9 +85,14 @@ var (
 		"hami-library":        identity,
 		"mps-dir":             identity,
 	}
-	// hostOnlyPathFlags: host paths the plugin only writes into CDI specs,
-	// for the container runtime; they need not be mounted.
-	hostOnlyPathFlags = map[string]bool{"nvidia-cdi-hook": true}
+	// hostOnlyPathFlags: host paths the plugin writes into CDI specs, for
+	// the container runtime, and reads where a containerPathFlags flag says
+	// (checked by TestPluginSeesTheDriverAndTheHook).
+	hostOnlyPathFlags = map[string]bool{"nvidia-cdi-hook": true, "driver-root": true, "dev-root": true}
+	// containerPathFlags: where the plugin's container sees a host path,
+	// mounted at a path of its own (the host's / cannot be mounted at /);
+	// also checked by TestPluginSeesTheDriverAndTheHook.
+	containerPathFlags = map[string]bool{"container-driver-root": true, "container-nvidia-cdi-hook": true, "nvml-library": true}
 	// otherFlags are not paths. forbidden ones must not be set by the chart.
 	otherFlags = map[string]bool{
 		"node-name": true, "kube-api-qps": true, "kube-api-burst": true, "destroy-unowned-mig": true,
@@ -113,6 +115,9 @@ func TestEveryPluginFlagIsClassified(t *testing.T) {
 			n++
 		}
 		if hostOnlyPathFlags[name] {
+			n++
+		}
+		if containerPathFlags[name] {
 			n++
 		}
 		if otherFlags[name] {
@@ -315,8 +320,12 @@ func TestPluginMountsEveryHostPathItUses(t *testing.T) {
 					if m, vol := mountFor(spec, ic, lib); m == nil || vol == nil || vol.HostPath == nil || m.ReadOnly || vol.HostPath.Path != m.MountPath {
 						t.Errorf("init container cannot write %s on the host", lib)
 					}
-				} else if len(spec.InitContainers) > 0 {
-					t.Errorf("init containers %v without --hami-library", spec.InitContainers)
+				} else {
+					for _, ic := range spec.InitContainers {
+						if ic.Name == "install-hami-core" {
+							t.Error("HAMi-core is installed without --hami-library")
+						}
+					}
 				}
 			})
 		}
@@ -601,6 +610,137 @@ func TestPluginRollingUpdate(t *testing.T) {
 				}
 			} else if r == nil || r.HTTPGet == nil || r.HTTPGet.Path != "/readyz" || !strings.Contains(args, "--health-addr=:8081") {
 				t.Errorf("readiness %+v, args %q; want /readyz over HTTP on :8081", r, args)
+			}
+		})
+	}
+}
+
+// TestPluginSeesTheDriverAndTheHook renders the driver layouts users have
+// and checks that the plugin's container sees each host path its flags
+// name where its container-path flags say: the driver root through its
+// read-only mount, the dev root through that mount or a same-path one,
+// NVML under the driver root's mount, and nvidia-cdi-hook through a mount
+// of its host directory, installed there by the init container when the
+// chart installs Facet's copy.
+func TestPluginSeesTheDriverAndTheHook(t *testing.T) {
+	const installed = "/var/lib/facet-cdi-hook/nvidia-cdi-hook"
+	for _, tc := range []struct {
+		name, values       string
+		root, dev, hook    string // host paths the plugin must be given
+		nvml               string // --nvml-library, "" for none (found in the root)
+		install            bool   // the init container installs the hook
+		wantDevMount       bool   // <dev>/dev mounted at the same path
+		wantInitContainers int
+	}{
+		{
+			name: "defaults: driver in the host's /", root: "/", dev: "/", hook: installed, install: true,
+			wantInitContainers: 2,
+		},
+		{
+			name: "driver root / spelt //", values: "kubeletPlugin: {driver: {root: //, devRoot: /}}",
+			root: "/", dev: "/", hook: installed, install: true, wantInitContainers: 2,
+		},
+		{
+			name:   "GPU Operator",
+			values: "kubeletPlugin: {driver: {root: /run/nvidia/driver}}",
+			root:   "/run/nvidia/driver", dev: "/", hook: installed, install: true, wantDevMount: true, wantInitContainers: 2,
+		},
+		{
+			name: "GPU Operator with its toolkit's hook and NVML on RHEL",
+			values: `kubeletPlugin:
+  driver: {root: /run/nvidia/driver/, nvmlLibrary: /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1, nvidiaCDIHookPath: /usr/local/nvidia/toolkit/nvidia-cdi-hook}
+  nvidiaCDIHook: {install: false}
+  hamiCore: {enabled: false}`,
+			root: "/run/nvidia/driver", dev: "/", hook: "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
+			nvml: "/driver-root/usr/lib64/libnvidia-ml.so.1", wantDevMount: true,
+		},
+		{
+			name:   "/usr/local/nvidia with lib64",
+			values: "kubeletPlugin: {driver: {root: /usr/local/nvidia, nvmlLibrary: /usr/local/nvidia/lib64/libnvidia-ml.so.1}, nvidiaCDIHook: {hostDir: /opt/facet/bin}}",
+			root:   "/usr/local/nvidia", dev: "/", hook: "/opt/facet/bin/nvidia-cdi-hook", install: true,
+			nvml: "/driver-root/lib64/libnvidia-ml.so.1", wantDevMount: true, wantInitContainers: 2,
+		},
+		{
+			name:   "host's / with NVML named, the toolkit package's hook",
+			values: "kubeletPlugin: {driver: {nvmlLibrary: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1}, nvidiaCDIHook: {install: false}}",
+			root:   "/", dev: "/", hook: "/usr/bin/nvidia-cdi-hook",
+			nvml: "/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", wantInitContainers: 1,
+		},
+		{
+			name:   "dev root is the driver root",
+			values: "kubeletPlugin: {driver: {root: /run/nvidia/driver, devRoot: /run/nvidia/driver}}",
+			root:   "/run/nvidia/driver", dev: "/run/nvidia/driver", hook: installed, install: true, wantInitContainers: 2,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			flags := pluginFlags(t)
+			for _, ds := range daemonSets(t, render(t, values(t, tc.values))) {
+				spec := &ds.Spec.Template.Spec
+				c := container(t, spec, "plugin", false)
+				args := parsePluginArgs(t, flags, c.Args)
+				get := func(name string) string { v, _ := args.value(flags, name); return v }
+				if get("driver-root") != tc.root || get("dev-root") != tc.dev || get("nvidia-cdi-hook") != tc.hook {
+					t.Errorf("--driver-root=%s --dev-root=%s --nvidia-cdi-hook=%s, want %s %s %s",
+						get("driver-root"), get("dev-root"), get("nvidia-cdi-hook"), tc.root, tc.dev, tc.hook)
+				}
+				if v, set := args.set["nvml-library"]; v != tc.nvml || set != (tc.nvml != "") {
+					t.Errorf("--nvml-library=%q (set %v), want %q", v, set, tc.nvml)
+				}
+
+				// The driver root, read-only at --container-driver-root.
+				ctrRoot := get("container-driver-root")
+				m, vol := mountFor(spec, c, ctrRoot)
+				if m == nil || m.MountPath != ctrRoot || vol == nil || vol.HostPath == nil || path.Clean(vol.HostPath.Path) != tc.root || !m.ReadOnly {
+					t.Fatalf("--container-driver-root=%s: mount %+v of volume %+v, want the host's %s read-only", ctrRoot, m, vol, tc.root)
+				}
+				if ctrRoot == "/" {
+					t.Error("the driver root is mounted at the container's /")
+				}
+				if tc.nvml != "" {
+					if m, _ := mountFor(spec, c, tc.nvml); m == nil || m.MountPath != ctrRoot {
+						t.Errorf("--nvml-library=%s is not under the driver root's mount %s", tc.nvml, ctrRoot)
+					}
+				}
+
+				// The dev root: under the driver root's mount, or at its own path.
+				devDir := path.Join(tc.dev, "dev")
+				dm, dvol := mountFor(spec, c, devDir)
+				switch {
+				case tc.wantDevMount && (dm == nil || dm.MountPath != devDir || dvol == nil || dvol.HostPath == nil || dvol.HostPath.Path != devDir):
+					t.Errorf("%s: mount %+v of %+v, want the host's %s at the same path", devDir, dm, dvol, devDir)
+				case !tc.wantDevMount && (tc.dev != tc.root || (dm != nil && dm.MountPath == devDir)):
+					t.Errorf("dev root %s (driver root %s): want it read under the driver root's mount, not a mount %+v", tc.dev, tc.root, dm)
+				}
+
+				// nvidia-cdi-hook, through a mount of its host directory.
+				ctrHook := get("container-nvidia-cdi-hook")
+				hm, hvol := mountFor(spec, c, ctrHook)
+				if path.Base(ctrHook) != "nvidia-cdi-hook" || hm == nil || hvol == nil || hvol.HostPath == nil ||
+					path.Join(hvol.HostPath.Path, strings.TrimPrefix(ctrHook, hm.MountPath)) != tc.hook {
+					t.Errorf("--container-nvidia-cdi-hook=%s: mount %+v of %+v does not show the host's %s", ctrHook, hm, hvol, tc.hook)
+				}
+				if len(spec.InitContainers) != tc.wantInitContainers {
+					t.Errorf("%d init containers, want %d", len(spec.InitContainers), tc.wantInitContainers)
+				}
+				if !tc.install {
+					for _, ic := range spec.InitContainers {
+						if ic.Name == "install-nvidia-cdi-hook" {
+							t.Error("the hook is installed though nvidiaCDIHook.install is false")
+						}
+					}
+					continue
+				}
+				ic := container(t, spec, "install-nvidia-cdi-hook", true)
+				if spec.InitContainers[0].Name != ic.Name {
+					t.Errorf("init containers %s first, want the hook's", spec.InitContainers[0].Name)
+				}
+				want := []string{"facetctl", "install-cdi-hook", "--dir=" + path.Dir(tc.hook)}
+				if fmt.Sprint(ic.Command) != fmt.Sprint(want) || ic.Image != c.Image {
+					t.Errorf("init container %q from %s, want %q from the plugin's image %s", ic.Command, ic.Image, want, c.Image)
+				}
+				if m, vol := mountFor(spec, ic, tc.hook); m == nil || m.ReadOnly || vol == nil || vol.HostPath == nil || vol.HostPath.Path != m.MountPath || m.MountPath != path.Dir(tc.hook) {
+					t.Errorf("init container cannot write %s on the host: mount %+v of %+v", tc.hook, m, vol)
+				}
 			}
 		})
 	}

@@ -240,6 +240,10 @@ admission:
       mode: secret
       secret: {name: facet-webhook-tls, caBundle: `+testCABundle+`}
 `),
+		"driver under /usr/local/nvidia": values(t, `
+kubeletPlugin:
+  driver: {root: /usr/local/nvidia, nvmlLibrary: /usr/local/nvidia/lib64/libnvidia-ml.so.1}
+`),
 		"minimal": values(t, `
 deviceClasses: {enabled: false}
 kubeletPlugin:
@@ -280,6 +284,8 @@ kubeletPlugin:
     root: /run/nvidia/driver
     devRoot: /run/nvidia/driver
     nvmlLibrary: /run/nvidia/driver/usr/lib64/libnvidia-ml.so.1
+    nvidiaCDIHookPath: /usr/local/nvidia/toolkit/nvidia-cdi-hook
+  nvidiaCDIHook: {install: false}
 admission:
   webhook:
     replicas: 1

@@ -861,3 +861,119 @@ func TestNewDriverEditorErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestDriverEditorContainerDriverRoot reads the simulated root where the
+// plugin's container would mount it, and checks that the edits name the
+// host's paths: the driver's files under the host's driver root, the device
+// nodes under the host's dev root, nothing under the container's mount.
+func TestDriverEditorContainerDriverRoot(t *testing.T) {
+	shared := newSharedRoot(t)
+	// A dev root outside the container's mount of the driver root, read at
+	// its own path as the chart mounts it: its dev/ is the shared root's.
+	devRoot := t.TempDir()
+	if err := os.Symlink(filepath.Join(shared, "dev"), filepath.Join(devRoot, "dev")); err != nil {
+		t.Fatal(err)
+	}
+	const hook = "/var/lib/facet-cdi-hook/nvidia-cdi-hook"
+	for _, tc := range []struct {
+		name             string
+		opts             nvml.DriverEditorOptions // ContainerDriverRoot is the shared root
+		wantLib, wantDev string                   // host directories of libcuda and of nvidiactl
+		wantErr          string
+	}{
+		{
+			name:    "driver in the host's /",
+			opts:    nvml.DriverEditorOptions{DriverRoot: "/"},
+			wantLib: "/" + SimulatedLibraryDir(), wantDev: "/dev",
+		},
+		{
+			name:    "GPU Operator",
+			opts:    nvml.DriverEditorOptions{DriverRoot: "/run/nvidia/driver/"},
+			wantLib: "/run/nvidia/driver/" + SimulatedLibraryDir(), wantDev: "/run/nvidia/driver/dev",
+		},
+		{
+			name:    "prefix with a dev root of its own",
+			opts:    nvml.DriverEditorOptions{DriverRoot: "/usr/local/nvidia", DevRoot: devRoot},
+			wantLib: "/usr/local/nvidia/" + SimulatedLibraryDir(), wantDev: devRoot + "/dev",
+		},
+		{
+			name:    "dev root inside the container's mount",
+			opts:    nvml.DriverEditorOptions{DriverRoot: "/usr/local/nvidia", DevRoot: shared},
+			wantErr: "under " + shared,
+		},
+		{
+			name:    "read at the container's /",
+			opts:    nvml.DriverEditorOptions{DriverRoot: "/run/nvidia/driver", ContainerDriverRoot: "/"},
+			wantErr: "read at / in the container",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := tc.opts
+			if opts.ContainerDriverRoot == "" {
+				opts.ContainerDriverRoot = shared
+			}
+			opts.NvidiaCDIHookPath = hook
+			lib := dgxH100(t)
+			e, err := lib.DriverEditor(opts)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			common, err := e.CommonEdits()
+			if err != nil {
+				t.Fatal(err)
+			}
+			gpu, err := e.GPUEdits(serverOf(lib).Devices[0].(*server.Device).UUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(gpu.DeviceNodes) != 1 || gpu.DeviceNodes[0].HostPath != filepath.Join(tc.wantDev, "nvidia0") {
+				t.Errorf("GPU 0's device nodes %+v, want /dev/nvidia0 from host %s", gpu.DeviceNodes, filepath.Join(tc.wantDev, "nvidia0"))
+			}
+			libcuda := "libcuda.so." + simDriverVersion
+			var sawLib bool
+			for _, m := range common.Mounts {
+				if strings.HasPrefix(m.HostPath, shared) {
+					t.Errorf("mount %s: host path under the container's mount %s", m.HostPath, shared)
+				}
+				if filepath.Base(m.ContainerPath) == libcuda {
+					sawLib = true
+					if m.HostPath != filepath.Join(tc.wantLib, libcuda) || m.ContainerPath != filepath.Join("/", SimulatedLibraryDir(), libcuda) {
+						t.Errorf("libcuda mounted from %s at %s, want from %s", m.HostPath, m.ContainerPath, filepath.Join(tc.wantLib, libcuda))
+					}
+				}
+			}
+			if !sawLib {
+				t.Errorf("no mount of %s", libcuda)
+			}
+			var sawCtl bool
+			for _, d := range common.DeviceNodes {
+				if d.Path == "/dev/nvidiactl" {
+					sawCtl = true
+					if d.HostPath != filepath.Join(tc.wantDev, "nvidiactl") {
+						t.Errorf("/dev/nvidiactl from host %s, want %s", d.HostPath, filepath.Join(tc.wantDev, "nvidiactl"))
+					}
+				}
+			}
+			if !sawCtl {
+				t.Error("no /dev/nvidiactl")
+			}
+			if len(common.Hooks) == 0 {
+				t.Error("no hooks")
+			}
+			for _, h := range common.Hooks {
+				if h.Path != hook {
+					t.Errorf("hook path %s, want %s", h.Path, hook)
+				}
+			}
+			if err := (&cdiapi.ContainerEdits{ContainerEdits: common}).Validate(); err != nil {
+				t.Errorf("edits do not validate: %v", err)
+			}
+		})
+	}
+}

@@ -216,7 +216,11 @@ kubeletPlugin:
   kubeletDir: %[2]q
   cdiDir: %[3]q
   stateDir: %[4]q
-  driver: {root: %[5]q, devRoot: %[5]q, nvidiaCDIHookPath: %[6]q}
+  # The simulated driver root, which the plugin's container reads at
+  # /driver-root, and the nvidia-cdi-hook of the image, installed on the
+  # node by the chart's init container.
+  driver: {root: %[5]q, devRoot: %[5]q}
+  nvidiaCDIHook: {install: true, hostDir: %[6]q}
   # The simulator image plays HAMi's: the demo's stand-in libvgpu.so at
   # HAMi's path, copied to the node by the chart's init container.
   hamiCore:
@@ -228,7 +232,7 @@ kubeletPlugin:
   nodeGroups:
     default: {%[8]s, extraArgs: [--machine=/usr/share/facet/machines/dgx-h100.yaml]}
 `, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.runDir, "driver-root"),
-		filepath.Join(r.repo, "bin", "nvidia-cdi-hook"), filepath.Join(r.runDir, "hami-chart"), group))
+		filepath.Join(r.runDir, "cdi-hook-chart"), filepath.Join(r.runDir, "hami-chart"), group))
 }
 
 // install runs `helm install` and removes the release when the test ends,
@@ -375,7 +379,7 @@ func TestLiveChartPlugin(t *testing.T) {
 		for _, res := range c.Status.Allocation.Devices.Results {
 			devices = append(devices, res.Device)
 		}
-		out := r.must(t, "", "exec", "-n", demoNS, name, "--", "sh", "-c", "env; echo ---; ls /dev; echo ---; cat /etc/ld.so.preload 2>/dev/null; true")
+		out := r.must(t, "", "exec", "-n", demoNS, name, "--", "sh", "-c", "env; echo ---; ls /dev; echo ---; cat /etc/ld.so.preload 2>/dev/null; echo ---; ls /usr/lib/*-linux-gnu/; nvidia-smi; true")
 		env := map[string]string{}
 		for _, line := range strings.Split(strings.SplitN(out, "---", 2)[0], "\n") {
 			if k, v, ok := strings.Cut(line, "="); ok {
@@ -387,6 +391,18 @@ func TestLiveChartPlugin(t *testing.T) {
 		}
 		if !strings.Contains(out, "\nnvidiactl\n") {
 			t.Errorf("pod %s: no /dev/nvidiactl from the CDI spec:\n%s", name, out)
+		}
+		// The plugin read the simulated driver root at /driver-root in its
+		// container, and wrote the host's paths into the spec, which the
+		// container runtime applied: the driver's files are in the pod.
+		if strings.Contains(string(data), `"/driver-root/`) || !strings.Contains(string(data), filepath.Join(r.runDir, "driver-root", "usr", "lib")) {
+			t.Errorf("pod %s: the CDI spec names no host path under %s, or the plugin container's /driver-root:\n%s", name, filepath.Join(r.runDir, "driver-root"), data)
+		}
+		if !strings.Contains(out, "\nlibcuda.so.1\n") || !strings.Contains(out, "NVIDIA-SMI (simulated by Facet)") {
+			t.Errorf("pod %s: the driver's files (libcuda.so.1, nvidia-smi) are not in the container:\n%s", name, out)
+		}
+		if !strings.Contains(string(data), filepath.Join(r.runDir, "cdi-hook-chart", "nvidia-cdi-hook")) {
+			t.Errorf("pod %s: the CDI spec's hooks do not run the nvidia-cdi-hook the chart installed:\n%s", name, data)
 		}
 		switch kind {
 		case "mig":
@@ -405,6 +421,15 @@ func TestLiveChartPlugin(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(r.runDir, "hami-chart", "libvgpu.so")); err != nil {
 		t.Errorf("the init container installed no libvgpu.so: %v", err)
+	}
+	log := r.pluginLog(plugin.Name)
+	if !strings.Contains(log, "nvidia-cdi-hook runs") {
+		t.Errorf("the plugin did not check its nvidia-cdi-hook:\n%s", log)
+	}
+	// The plugin runs MPS's control daemons itself, so from its own view
+	// of the driver root.
+	if !strings.Contains(log, `control="/driver-root/usr/bin/nvidia-cuda-mps-control"`) {
+		t.Errorf("the plugin did not find nvidia-cuda-mps-control under its /driver-root:\n%s", log)
 	}
 	t.Logf("%d demo pods Running (%s)", len(pods), r.since())
 

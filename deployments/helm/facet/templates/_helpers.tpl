@@ -45,17 +45,57 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s-webhook" (include "facet.fullname" .) }}
 {{- end }}
 
-{{/* The driver root, refusing "/" (see README.md). */}}
+{{/* The host's driver root, clean. */}}
 {{- define "facet.driverRoot" -}}
-{{- $root := .Values.kubeletPlugin.driver.root | clean }}
-{{- if eq $root "/" }}
-{{- fail "kubeletPlugin.driver.root must not be \"/\": the plugin reads the driver's files at the host paths it writes into the CDI specs, so the driver root is mounted into its container at the same path, which cannot be done for the host's /. Use a driver installed under its own root, such as the GPU Operator's /run/nvidia/driver." }}
-{{- end }}
-{{- $root }}
+{{- .Values.kubeletPlugin.driver.root | clean }}
 {{- end }}
 
+{{/*
+Where the plugin's container mounts the driver root (--container-driver-root):
+a directory of its own, since the host's / cannot be mounted at /.
+*/}}
+{{- define "facet.containerDriverRoot" -}}
+/driver-root
+{{- end }}
+
+{{/*
+libnvidia-ml.so.1 as the plugin's container sees it: the host path of
+driver.nvmlLibrary moved under the container's driver root; empty lets the
+plugin find it there.
+*/}}
 {{- define "facet.nvmlLibrary" -}}
-{{- .Values.kubeletPlugin.driver.nvmlLibrary | default (printf "%s/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" (include "facet.driverRoot" .)) }}
+{{- with .Values.kubeletPlugin.driver.nvmlLibrary }}
+{{- $lib := . | clean }}
+{{- $root := include "facet.driverRoot" $ }}
+{{- $prefix := ternary "/" (printf "%s/" $root) (eq $root "/") }}
+{{- if not (hasPrefix $prefix $lib) }}
+{{- fail (printf "kubeletPlugin.driver.nvmlLibrary %s is not under kubeletPlugin.driver.root %s: the plugin reads the driver's files only through its mount of the driver root" $lib $root) }}
+{{- end }}
+{{- printf "%s/%s" (include "facet.containerDriverRoot" $) (trimPrefix $prefix $lib) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The host path of nvidia-cdi-hook the specs name: driver.nvidiaCDIHookPath, or
+the installed copy, or the NVIDIA Container Toolkit package's.
+*/}}
+{{- define "facet.cdiHookPath" -}}
+{{- $p := .Values.kubeletPlugin }}
+{{- $installed := printf "%s/nvidia-cdi-hook" ($p.nvidiaCDIHook.hostDir | clean) }}
+{{- $path := $p.driver.nvidiaCDIHookPath | default (ternary $installed "/usr/bin/nvidia-cdi-hook" $p.nvidiaCDIHook.install) | clean }}
+{{- if and $p.nvidiaCDIHook.install (ne $path $installed) }}
+{{- fail (printf "kubeletPlugin.driver.nvidiaCDIHookPath is %s, but kubeletPlugin.nvidiaCDIHook.install puts Facet's nvidia-cdi-hook at %s: leave the path empty to use the installed one, or set nvidiaCDIHook.install=false to use the node's own" $path $installed) }}
+{{- end }}
+{{- $path }}
+{{- end }}
+
+{{/*
+Where the plugin's container mounts the host directory of nvidia-cdi-hook,
+to check at start that the hook runs: a directory of its own, since the
+host's may be /usr/bin.
+*/}}
+{{- define "facet.containerCDIHookDir" -}}
+/host-nvidia-cdi-hook
 {{- end }}
 
 {{/* <devRoot>/dev, the directory the plugin reads device nodes from. */}}
