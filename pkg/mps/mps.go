@@ -17,7 +17,7 @@
 // (pid, process start time, boot ID), next to its pipe/, log/ and shm/
 // directories. A restarted plugin adopts a daemon whose record is of this
 // boot and whose process is still the one recorded; a record of another
-// boot is not trusted, and its directories are wiped. A daemon found dead
+// boot is not trusted, and its directories are emptied. A daemon found dead
 // is started again (Check), and the caller tells the claims on it.
 //
 // Which claims hold a GPU is the caller's to record (the driver keeps it in
@@ -448,16 +448,11 @@ func (m *Manager) ensure(ctx context.Context, uuid string, g *gpuState) (bool, e
 	return true, nil
 }
 
-// start wipes the GPU's pipe and shm directories and runs the control
+// start empties the GPU's pipe and shm directories and runs the control
 // program with -d, which returns once the daemon listens.
 func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
 	if err := os.Remove(filepath.Join(dirs.Root, recordName)); err != nil && !os.IsNotExist(err) {
 		return err
-	}
-	for _, dir := range []string{dirs.Pipe, dirs.Shm} {
-		if err := os.RemoveAll(dir); err != nil {
-			return err
-		}
 	}
 	for _, dir := range []struct {
 		path string
@@ -471,6 +466,9 @@ func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
 		if err := os.Chmod(dir.path, dir.mode); err != nil {
 			return err
 		}
+	}
+	if err := emptyDirs(dirs.Pipe, dirs.Shm); err != nil {
+		return err
 	}
 	m.failpoint(FailpointStarting)
 	out, err := os.Create(filepath.Join(dirs.Log, "facet-start.log"))
@@ -512,8 +510,8 @@ func (m *Manager) env(uuid string, dirs Dirs) []string {
 }
 
 // stop sends "quit" to the GPU's daemon, kills it if it outlives
-// StopTimeout, and removes its record and its pipe and shm directories
-// (the log stays for the operator). Called with g.mu held.
+// StopTimeout, removes its record and empties its pipe and shm
+// directories (the log stays for the operator). Called with g.mu held.
 func (m *Manager) stop(ctx context.Context, uuid string, g *gpuState) error {
 	dirs := m.DirsOf(uuid)
 	rec := g.rec
@@ -554,9 +552,27 @@ func (m *Manager) stop(ctx context.Context, uuid string, g *gpuState) error {
 	if err := os.Remove(filepath.Join(dirs.Root, recordName)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
-	for _, dir := range []string{dirs.Pipe, dirs.Shm} {
-		if err := os.RemoveAll(dir); err != nil {
+	return emptyDirs(dirs.Pipe, dirs.Shm)
+}
+
+// emptyDirs removes what the directories hold, but not the directories
+// themselves: running containers have them bind-mounted (the CDI spec's
+// mounts), and a directory removed and made again would leave those
+// containers with the old, deleted one, cut off from the next daemon. A
+// missing directory is no error.
+func emptyDirs(dirs ...string) error {
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
 			return err
+		}
+		for _, en := range entries {
+			if err := os.RemoveAll(filepath.Join(dir, en.Name())); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -131,8 +131,10 @@ func TestLifecycle(t *testing.T) {
 	if n.pid(gpuA) != 0 || len(n.log(gpuA, "quit")) != 1 {
 		t.Fatalf("after the last claim: daemon %d, quit log %q; want stopped by quit", n.pid(gpuA), n.log(gpuA, "quit"))
 	}
-	if _, err := os.Stat(m.DirsOf(gpuA).Pipe); !os.IsNotExist(err) {
-		t.Fatalf("pipe directory left after stop: %v", err)
+	for _, dir := range []string{m.DirsOf(gpuA).Pipe, m.DirsOf(gpuA).Shm} {
+		if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+			t.Fatalf("%s after stop: %d entries (%v), want it empty", dir, len(entries), err)
+		}
 	}
 	if err := m.Release(ctx, "claim-2"); err != nil {
 		t.Fatalf("second release: %v", err)
@@ -193,6 +195,17 @@ func TestRestartAfterDeath(t *testing.T) {
 	}
 	old := n.pid(gpuA)
 	d := m.Daemon(gpuA)
+	// Held open, as a container's bind mount holds them.
+	dirs := m.DirsOf(gpuA)
+	var held []*os.File
+	for _, dir := range []string{dirs.Pipe, dirs.Shm} {
+		f, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		held = append(held, f)
+	}
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +221,21 @@ func TestRestartAfterDeath(t *testing.T) {
 	}
 	if p := n.pid(gpuA); p == 0 || p == old {
 		t.Fatalf("daemon after Check: %d, want a new one (old %d)", p, old)
+	}
+	// The claims' running containers have the pipe and shm directories
+	// bind-mounted: the new daemon must serve the same directories, not
+	// new ones of the same name.
+	for _, f := range held {
+		fi, err := f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink == 0 {
+			t.Errorf("%s was removed and made again by the restart: running containers lose the daemon", f.Name())
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dirs.Pipe, "control")); err != nil {
+		t.Errorf("the new daemon's control pipe is not in the pipe directory: %v", err)
 	}
 	// A plugin started while the daemon is dead restarts it too.
 	d = m.Daemon(gpuA)
