@@ -83,7 +83,7 @@ func TestMPS(t *testing.T) {
 	})
 
 	for name, req := range requests {
-		applyYAML(t, runAsUser(claimPod(name, req), 0))
+		applyYAML(t, claimPod(name, req))
 	}
 	// client runs the stand-in's client in a pod's container: it reaches
 	// the daemon through the mounted pipe directory, and the daemon logs
@@ -133,6 +133,21 @@ func TestMPS(t *testing.T) {
 			}
 		}
 	}
+
+	t.Log("a pod of another UID on the GPU: time-sliced, with an Event, rather than waiting behind root's MPS server")
+	other := `{name: req, exactly: {deviceClassName: vgpu-slot.facet.dev, ` + onGPU4 + `}}`
+	otherSM := "25"
+	if shares {
+		other = `{name: req, exactly: {deviceClassName: vgpu.facet.dev, ` + onGPU4 + `, capacity: {requests: {memory: 1000Mi, cores: "10"}}}}`
+		otherSM = "10"
+	}
+	applyYAML(t, runAsUser(claimPod("mps-other", other), 1001))
+	waitPodRunning(t, "mps-other")
+	env := envOf(execIn(t, "mps-other", "", "id -u; env"))
+	if env["FACET_GPU_UUIDS"] != gpu || env["CUDA_MPS_PIPE_DIRECTORY"] != "" || env["CUDA_DEVICE_SM_LIMIT_0"] != otherSM {
+		t.Errorf("mps-other (UID 1001): GPU %s, CUDA_MPS_PIPE_DIRECTORY %q, CUDA_DEVICE_SM_LIMIT_0 %q; want %s, none (time-sliced), %s", env["FACET_GPU_UUIDS"], env["CUDA_MPS_PIPE_DIRECTORY"], env["CUDA_DEVICE_SM_LIMIT_0"], gpu, otherSM)
+	}
+	waitEventLogged(t, "mps-other", "FacetMPSNotApplied", "serves UID 0")
 
 	t.Log("a plugin killed in the middle: its successor adopts the daemon")
 	p.kill(t)
@@ -197,9 +212,10 @@ func TestMPS(t *testing.T) {
 	}
 }
 
-// runAsUser sets a claimPod's pod-level securityContext.runAsUser.
+// runAsUser sets a claimPod's pod-level securityContext.runAsUser (0 in
+// testenv.ClaimPod).
 func runAsUser(podYAML string, uid int) string {
-	return strings.Replace(podYAML, "  hostNetwork: true\n", fmt.Sprintf("  hostNetwork: true\n  securityContext: {runAsUser: %d}\n", uid), 1)
+	return strings.Replace(podYAML, "securityContext: {runAsUser: 0}", fmt.Sprintf("securityContext: {runAsUser: %d}", uid), 1)
 }
 
 // daemonPID is the live stand-in daemon a GPU's pipe directory names, 0 if
