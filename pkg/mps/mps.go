@@ -47,6 +47,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/facet-gpu/facet/pkg/atomicfile"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // MPS's environment variables (NVIDIA, "Multi-Process Service", Appendix:
@@ -70,7 +71,7 @@ const (
 // GPU on Volta and later (NVIDIA, "Multi-Process Service", Limitations: 48;
 // 16 before Volta). Each claim is at least one client, so a GPU's daemon
 // takes at most this many claims.
-const MaxClients = 48
+const MaxClients = names.MPSMaxClients
 
 // ControlName is the control program's file name in the driver root.
 const ControlName = "nvidia-cuda-mps-control"
