@@ -122,9 +122,10 @@ func TestMPS(t *testing.T) {
 		t.Errorf("want one daemon start, pid %d for %s:\n%s", pid, gpu, log)
 	}
 	for _, pct := range want {
-		if !strings.Contains(ourLog(gpu), "uid=0 pid=") || !strings.Contains(ourLog(gpu), "pct="+pct+" cmd=get_server_list") {
-			t.Errorf("the daemon saw no client of uid 0 at %s %%:\n%s", pct, ourLog(gpu))
-		}
+		// The daemon logs a command after its client has gone.
+		waitFor(t, "the daemon logging a client of UID 0 at "+pct+" %", 30*time.Second, func() (bool, error) {
+			return strings.Contains(ourLog(gpu), "client uid=0 pid=") && strings.Contains(ourLog(gpu), "pct="+pct+" cmd=get_server_list"), fmt.Errorf("log:\n%s", ourLog(gpu))
+		})
 	}
 	for _, s := range ourSlices(t) {
 		for _, d := range s.Spec.Devices {
@@ -148,6 +149,9 @@ func TestMPS(t *testing.T) {
 		t.Errorf("mps-other (UID 1001): GPU %s, CUDA_MPS_PIPE_DIRECTORY %q, CUDA_DEVICE_SM_LIMIT_0 %q; want %s, none (time-sliced), %s", env["FACET_GPU_UUIDS"], env["CUDA_MPS_PIPE_DIRECTORY"], env["CUDA_DEVICE_SM_LIMIT_0"], gpu, otherSM)
 	}
 	waitEventLogged(t, "mps-other", "FacetMPSNotApplied", "serves UID 0")
+	// Gone before the plugin restarts below: the namespace's deletion at
+	// the end must not wait for the first plugin, which is no more.
+	kubectl(t, "delete", "pod", "-n", namespace, "mps-other", "--wait=true", "--timeout=120s")
 
 	t.Log("a plugin killed in the middle: its successor adopts the daemon")
 	p.kill(t)
@@ -183,9 +187,10 @@ func TestMPS(t *testing.T) {
 	})
 	mark := len(ourLog(gpu))
 	client("mps-big")
-	if after := ourLog(gpu)[mark:]; !strings.Contains(after, "pct="+want["mps-big"]+" cmd=get_server_list") {
-		t.Errorf("mps-big's running container did not reach the new daemon %d:\n%s", restarted, ourLog(gpu))
-	}
+	// The daemon logs a command after its client has gone.
+	waitFor(t, "mps-big's running container reaching the new daemon", 30*time.Second, func() (bool, error) {
+		return strings.Contains(ourLog(gpu)[mark:], "pct="+want["mps-big"]+" cmd=get_server_list"), fmt.Errorf("daemon %d's log:\n%s", restarted, ourLog(gpu))
+	})
 
 	kubectl(t, "delete", "pod", "-n", namespace, "mps-small", "--wait=true", "--timeout=120s")
 	waitFor(t, "mps-small's claim unprepared", 2*time.Minute, func() (bool, error) {
