@@ -167,6 +167,17 @@ func (d *Driver) joinMPS(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	}
 	var conflict *mps.UserConflictError
 	isConflict := errors.As(err, &conflict)
+	if isConflict {
+		// Names a user can look up, not UIDs.
+		conflict.HolderNames = nil
+		for _, uid := range conflict.Holders {
+			name := string(uid)
+			if ref, ok := d.claimRefOf(uid); ok {
+				name = ref.namespace + "/" + ref.name
+			}
+			conflict.HolderNames = append(conflict.HolderNames, name)
+		}
+	}
 	switch {
 	case err == nil:
 	case !errors.Is(err, mps.ErrUserUnknown) && !isConflict:

@@ -220,10 +220,17 @@ type UserConflictError struct {
 	// claims run as, and Holders those claims.
 	User, Served int64
 	Holders      []types.UID
+	// HolderNames, when the caller sets them, name the holders in the
+	// message ("namespace/name") instead of their UIDs.
+	HolderNames []string
 }
 
 func (e *UserConflictError) Error() string {
-	return fmt.Sprintf("GPU %s: its MPS control daemon serves UID %d (claims %v), and this claim's pods run as UID %d: MPS runs one user's server at a time, so this claim's CUDA processes would wait until all of UID %d's had exited", e.GPU, e.Served, e.Holders, e.User, e.Served)
+	holders := fmt.Sprint(e.Holders)
+	if len(e.HolderNames) > 0 {
+		holders = "[" + strings.Join(e.HolderNames, " ") + "]"
+	}
+	return fmt.Sprintf("GPU %s: its MPS control daemon serves UID %d (claims %s), and this claim's pods run as UID %d: MPS runs one user's server at a time, so this claim's CUDA processes would wait until all of UID %d's had exited", e.GPU, e.Served, holders, e.User, e.Served)
 }
 
 // Acquire makes claim a holder of the GPU's daemon for processes running
