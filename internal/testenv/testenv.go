@@ -92,7 +92,9 @@ func StartWebhook(t testing.TB, bin, logPath, certFile, keyFile string, caPEM []
 
 // ClaimPod is the manifest of a pod that sleeps in the local node's busybox
 // image (hostNetwork: the node has only a loopback CNI) with one claim,
-// called claim, made from the ResourceClaimTemplate template.
+// called claim, made from the ResourceClaimTemplate template. It runs as
+// UID 0, said explicitly (runAsUser): MPS partitions the shares only of
+// pods whose UID is known (docs/mps.md).
 func ClaimPod(name, namespace, claim, template string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
@@ -100,6 +102,7 @@ metadata: {name: %s, namespace: %s}
 spec:
   hostNetwork: true
   terminationGracePeriodSeconds: 1
+  securityContext: {runAsUser: 0}
   containers:
   - name: c
     image: facet.local/busybox:1

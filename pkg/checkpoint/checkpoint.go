@@ -72,6 +72,10 @@ type Claim struct {
 	BootID string `json:"bootID,omitempty"`
 	// Devices are the claim's devices from this driver, in allocation order.
 	Devices []Device `json:"devices"`
+	// MPSUser is the Unix UID the claim's pods run as, set when its shares
+	// are MPS-partitioned (Share.MPS): its GPU's daemon serves one UID.
+	// Nil in such records of earlier versions (any UID).
+	MPSUser *int64 `json:"mpsUser,omitempty"`
 }
 
 // Device is one allocated device as prepared.

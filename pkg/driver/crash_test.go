@@ -63,6 +63,7 @@ func call(f func()) (died bool) {
 
 func (r *rig) prepareOne(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	_, ctx := ktesting.NewTestContext(r.t)
+	reserve(c)
 	return r.d.prepareClaim(ctx, c)
 }
 

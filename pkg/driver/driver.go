@@ -45,7 +45,9 @@ type Driver struct {
 	mps Partitioner
 	// mpsErr says why mps is nil, for claims that ask for it.
 	mpsErr error
-	fail   func(string)
+	// pods reads the pods of a claim, for their UID; nil: none is known.
+	pods PodGetter
+	fail func(string)
 	// bootID is this boot's ID; "" if it could not be read, in which case
 	// records are verified, never judged to be from another boot.
 	bootID string
@@ -128,6 +130,11 @@ type Options struct {
 	// MPSUnavailable as the reason when it is set.
 	MPS            Partitioner
 	MPSUnavailable error
+	// Pods reads a claim's pods, for the Unix UID they run as: an MPS
+	// control daemon serves one UID at a time (mps.UserConflictError).
+	// Nil: no UID is known, and shares are time-sliced unless a claim
+	// asks for MPS (then it fails).
+	Pods PodGetter
 	// BootIDPath is read for the boot ID; DefaultBootIDPath when empty.
 	BootIDPath string
 	// Failpoint, when set, is called at named points of prepare and
@@ -179,6 +186,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		hamiErr:        o.HAMiUnavailable,
 		mps:            partitioner(o.MPS),
 		mpsErr:         o.MPSUnavailable,
+		pods:           o.Pods,
 		fail:           o.Failpoint,
 		destroyUnowned: o.DestroyUnownedMIG,
 		metrics:        o.Metrics,

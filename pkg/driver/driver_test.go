@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,7 +11,9 @@ import (
 	"syscall"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -59,6 +62,9 @@ type rig struct {
 	mpsDir string
 	// mpsKilled counts, by GPU, the daemons a test killed (they log no quit).
 	mpsKilled map[string]int
+	// podUsers are, by claim name, the runAsUser of the pod each claim is
+	// reserved for (nil: unset); a claim not named runs as 0 (root).
+	podUsers map[string]*int64
 	// stores are the checkpoint stores of every start, left open as a
 	// killed process leaves its journal (see compactCheckpoint).
 	stores []*checkpoint.Store
@@ -172,14 +178,45 @@ func (r *rig) start() {
 		partitioner = r.mpsManager()
 	}
 	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: edits, MIG: mig, HAMi: h, HAMiUnavailable: hamiErr,
-		MPS: partitioner, BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint, NodeLock: r.nodeLock})
+		MPS: partitioner, Pods: r.pod, BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint, NodeLock: r.nodeLock})
 	if err != nil {
 		r.t.Fatal(err)
 	}
 }
 
+// pod is the rig's API server for pods: "pod-of-<claim>", which uses
+// the claim and runs as podUsers says.
+func (r *rig) pod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+	claim, ok := strings.CutPrefix(name, "pod-of-")
+	if !ok {
+		return nil, apierrors.NewNotFound(corev1.Resource("pods"), name)
+	}
+	p := &corev1.Pod{}
+	p.Namespace, p.Name, p.UID = namespace, name, types.UID("uid-of-"+name)
+	p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim}}
+	p.Spec.Containers = []corev1.Container{{Name: "c", Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}}
+	user, set := r.podUsers[claim]
+	if !set {
+		user = new(int64)
+	}
+	p.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: user}
+	return p, nil
+}
+
+// reserve reserves each claim that is reserved for no one for its pod
+// (see pod), as the scheduler does.
+func reserve(claims ...*resourceapi.ResourceClaim) {
+	for _, c := range claims {
+		if len(c.Status.ReservedFor) == 0 {
+			name := "pod-of-" + c.Name
+			c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: name, UID: types.UID("uid-of-" + name)}}
+		}
+	}
+}
+
 func (r *rig) prepare(claims ...*resourceapi.ResourceClaim) map[types.UID]kubeletplugin.PrepareResult {
 	r.t.Helper()
+	reserve(claims...)
 	_, ctx := ktesting.NewTestContext(r.t)
 	res, err := r.d.PrepareResourceClaims(ctx, claims)
 	if err != nil || len(res) != len(claims) {

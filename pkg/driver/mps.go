@@ -2,7 +2,9 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,9 +22,10 @@ import (
 // the vGPU shares and slots on them (package mps). The driver tells it
 // which claims hold which GPU; it keeps one daemon per held GPU.
 type Partitioner interface {
-	// Acquire makes the claim a holder of the GPU's daemon, starting or
-	// adopting it.
-	Acquire(ctx context.Context, gpuUUID string, claim types.UID) error
+	// Acquire makes the claim, whose processes run as Unix UID user, a
+	// holder of the GPU's daemon, starting or adopting it; a
+	// *mps.UserConflictError when the daemon serves another UID.
+	Acquire(ctx context.Context, gpuUUID string, claim types.UID, user int64) error
 	// Release drops the claim from every GPU, stopping daemons left
 	// without holders.
 	Release(ctx context.Context, claim types.UID) error
@@ -31,9 +34,10 @@ type Partitioner interface {
 	Edits(gpuUUID string, cores int64) *cdispec.ContainerEdits
 	// Daemon is the GPU's live daemon, nil if none.
 	Daemon(gpuUUID string) *mps.Record
-	// Restore, at start, hands over the holders the checkpoint records,
-	// and returns the GPUs whose daemon had to be started again.
-	Restore(ctx context.Context, holders map[string][]types.UID) ([]string, error)
+	// Restore, at start, hands over the holders the checkpoint records
+	// (by GPU, each claim's UID), and returns the GPUs whose daemon had
+	// to be started again.
+	Restore(ctx context.Context, holders map[string]map[types.UID]int64) ([]string, error)
 	// Check restarts dead daemons and returns their holders by GPU.
 	Check(ctx context.Context) (map[string][]types.UID, error)
 }
@@ -98,12 +102,96 @@ func (d *Driver) mpsGPU(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (gpu,
 	return gpu, "", nil
 }
 
-// mpsEdits joins a claim to its GPU's daemon and returns the spec's MPS
-// edits, marking its shares as MPS-partitioned in the record.
-func (d *Driver) mpsEdits(ctx context.Context, rec *checkpoint.Claim, gpu string) (*cdispec.ContainerEdits, error) {
-	if err := d.mps.Acquire(ctx, gpu, rec.UID); err != nil {
-		return nil, err
+// PodGetter reads a pod (client-go's Pods(namespace).Get in the plugin).
+type PodGetter func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+
+// ReasonMPSUser is the reason of the Warning Event a claim and its pods
+// get when the claim's pods run as another Unix UID than the one its GPU's
+// MPS control daemon serves, and the claim asked for MPS: its prepare
+// fails rather than leave the pods' CUDA processes waiting, silently,
+// behind the other user's server.
+const ReasonMPSUser = "FacetMPSUserConflict"
+
+// claimUser is the Unix UID the claim's pods run as (mps.PodUser). An
+// error wrapping mps.ErrUserUnknown says why none can be known; any other
+// is the API server's, and the prepare is retried.
+func (d *Driver) claimUser(ctx context.Context, claim *resourceapi.ResourceClaim) (int64, error) {
+	if d.pods == nil {
+		return 0, fmt.Errorf("%w: the plugin reads no pods", mps.ErrUserUnknown)
 	}
+	user, pods := int64(-1), 0
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup != "" || r.Resource != "pods" {
+			continue
+		}
+		pod, err := d.pods(ctx, claim.Namespace, r.Name)
+		if err != nil {
+			return 0, fmt.Errorf("read pod %s/%s for the UID it runs as: %w", claim.Namespace, r.Name, err)
+		}
+		if pod.UID != r.UID {
+			return 0, fmt.Errorf("pod %s/%s is not the one the claim is reserved for (UID %s, not %s)", claim.Namespace, r.Name, pod.UID, r.UID)
+		}
+		u, err := mps.PodUser(pod, claim.Name)
+		if err != nil {
+			return 0, err
+		}
+		if user >= 0 && u != user {
+			return 0, fmt.Errorf("%w: the claim's pods run as UIDs %d and %d (pod %s), and an MPS control daemon serves one UID at a time", mps.ErrUserUnknown, user, u, r.Name)
+		}
+		user = u
+		pods++
+	}
+	if pods == 0 {
+		return 0, fmt.Errorf("%w: the claim is reserved for no pod", mps.ErrUserUnknown)
+	}
+	return user, nil
+}
+
+// joinMPS joins a claim to its GPU's daemon, as the UID its pods run as
+// (the one recorded, when a prepared claim is rebuilt), and returns the
+// spec's MPS edits, marking the claim's shares as MPS-partitioned in the
+// record. Where the claim cannot join (its UID unknown, or another than
+// the daemon serves), it returns why instead: the shares are then
+// time-sliced, or, when explicit (the claim's config asks for "mps"), the
+// prepare fails with the reason (an error).
+func (d *Driver) joinMPS(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, gpu string, explicit bool) (*cdispec.ContainerEdits, string, error) {
+	var user int64
+	var err error
+	if rec.MPSUser != nil {
+		user = *rec.MPSUser
+	} else {
+		user, err = d.claimUser(ctx, claim)
+	}
+	if err == nil {
+		err = d.mps.Acquire(ctx, gpu, rec.UID, user)
+	}
+	var conflict *mps.UserConflictError
+	isConflict := errors.As(err, &conflict)
+	if isConflict {
+		// Names a user can look up, not UIDs.
+		conflict.HolderNames = nil
+		for _, uid := range conflict.Holders {
+			name := string(uid)
+			if ref, ok := d.claimRefOf(uid); ok {
+				name = ref.namespace + "/" + ref.name
+			}
+			conflict.HolderNames = append(conflict.HolderNames, name)
+		}
+	}
+	switch {
+	case err == nil:
+	case !errors.Is(err, mps.ErrUserUnknown) && !isConflict:
+		return nil, "", err
+	case explicit:
+		err = fmt.Errorf("VgpuConfig partitioning %q: %w", configapi.PartitioningMPS, err)
+		if isConflict {
+			d.claimEvent(claim, corev1.EventTypeWarning, ReasonMPSUser, err.Error())
+		}
+		return nil, "", err
+	default:
+		return nil, "time-sliced by HAMi-core instead of MPS-partitioned: " + err.Error(), nil
+	}
+	rec.MPSUser = &user
 	d.failpoint("prepare/acquired-mps")
 	// The claim's shares on the GPU are one client's partition: their
 	// cores add up, and a best-effort share leaves it unpartitioned.
@@ -122,12 +210,14 @@ func (d *Driver) mpsEdits(ctx context.Context, rec *checkpoint.Claim, gpu string
 	if cores < 0 {
 		cores = 0
 	}
-	return d.mps.Edits(gpu, cores), nil
+	return d.mps.Edits(gpu, cores), "", nil
 }
 
-// mpsHolders are the GPUs that this boot's prepared records hold under MPS.
-func mpsHolders(claims []*checkpoint.Claim, otherBoot func(*checkpoint.Claim) bool) map[string][]types.UID {
-	holders := map[string][]types.UID{}
+// mpsHolders are the GPUs that this boot's prepared records hold under MPS,
+// with the UID each claim runs as (mps.AnyUser where a record of an
+// earlier version has none).
+func mpsHolders(claims []*checkpoint.Claim, otherBoot func(*checkpoint.Claim) bool) map[string]map[types.UID]int64 {
+	holders := map[string]map[types.UID]int64{}
 	for _, c := range claims {
 		if c.State != checkpoint.StatePrepared || otherBoot(c) {
 			// A claim of the last boot joins again when it is rebuilt.
@@ -137,7 +227,14 @@ func mpsHolders(claims []*checkpoint.Claim, otherBoot func(*checkpoint.Claim) bo
 		for _, dev := range c.Devices {
 			if dev.Share != nil && dev.Share.MPS && !seen[dev.GPUUUID] {
 				seen[dev.GPUUUID] = true
-				holders[dev.GPUUUID] = append(holders[dev.GPUUUID], c.UID)
+				if holders[dev.GPUUUID] == nil {
+					holders[dev.GPUUUID] = map[types.UID]int64{}
+				}
+				user := mps.AnyUser
+				if c.MPSUser != nil {
+					user = *c.MPSUser
+				}
+				holders[dev.GPUUUID][c.UID] = user
 			}
 		}
 	}
@@ -170,7 +267,12 @@ func (d *Driver) syncMPS(ctx context.Context, claims []*checkpoint.Claim) {
 		klog.FromContext(ctx).Error(err, "Restoring MPS control daemons; claims on them retry at their next prepare")
 	}
 	for _, gpu := range restarted {
-		d.mpsRestarted(ctx, gpu, holders[gpu])
+		claims := make([]types.UID, 0, len(holders[gpu]))
+		for uid := range holders[gpu] {
+			claims = append(claims, uid)
+		}
+		sort.Slice(claims, func(i, j int) bool { return claims[i] < claims[j] })
+		d.mpsRestarted(ctx, gpu, claims)
 	}
 }
 
@@ -224,15 +326,29 @@ func (d *Driver) mpsRestarted(ctx context.Context, gpu string, claims []types.UI
 	}
 }
 
-// mpsNotApplied tells a claim why its shares are time-sliced.
-func (d *Driver) mpsNotApplied(rec *checkpoint.Claim, why string) {
+// mpsNotApplied tells a claim and its pods why its shares are time-sliced.
+func (d *Driver) mpsNotApplied(claim *resourceapi.ResourceClaim, why string) {
+	d.claimEvent(claim, corev1.EventTypeNormal, ReasonMPSNotApplied, why)
+}
+
+// claimEvent raises an Event on the claim and on each pod it is reserved
+// for, where a user looks first.
+func (d *Driver) claimEvent(claim *resourceapi.ResourceClaim, eventType, reason, msg string) {
 	if d.events == nil {
 		return
 	}
 	d.events.Event(&corev1.ObjectReference{
 		APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
-		Namespace: rec.Namespace, Name: rec.Name, UID: rec.UID,
-	}, corev1.EventTypeNormal, ReasonMPSNotApplied, why)
+		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID,
+	}, eventType, reason, msg)
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup != "" || r.Resource != "pods" {
+			continue
+		}
+		d.events.Event(&corev1.ObjectReference{
+			APIVersion: "v1", Kind: "Pod", Namespace: claim.Namespace, Name: r.Name, UID: r.UID,
+		}, eventType, reason, "ResourceClaim "+claim.Name+": "+msg)
+	}
 }
 
 // claimRefOf finds a prepared claim's name by UID in the occupancy.

@@ -196,15 +196,39 @@ func TestMPSPartitionsSharesAndSlots(t *testing.T) {
 // TestMPSChoice: the admin's or user's partitioning, and what happens where
 // MPS cannot be had.
 func TestMPSChoice(t *testing.T) {
+	uid := func(u int64) *int64 { return &u }
 	tests := []struct {
-		name     string
-		mps      bool
-		claim    *resourceapi.ResourceClaim
-		wantErr  string
-		wantEnv  []string
-		notEnv   []string
-		wantNote string
+		name string
+		mps  bool
+		// before is prepared first, on the same GPU; its pod runs as 0.
+		before *resourceapi.ResourceClaim
+		claim  *resourceapi.ResourceClaim
+		// users are the claims' pods' runAsUser (claim name: UID; nil:
+		// unset); 0 where not named.
+		users     map[string]*int64
+		wantErr   string
+		wantEnv   []string
+		notEnv    []string
+		wantNote  string
+		wantEvent string
 	}{
+		{name: "pod runs as a UID", mps: true, claim: share("nb", "gpu-5", "4Gi", 20), users: map[string]*int64{"nb": uid(1001)},
+			wantEnv: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20", "CUDA_DEVICE_SM_LIMIT_0=0"}},
+		{name: "pod sets no runAsUser: time-sliced by default", mps: true, claim: share("nouser", "gpu-5", "4Gi", 20), users: map[string]*int64{"nouser": nil},
+			wantEnv: []string{"CUDA_DEVICE_SM_LIMIT_0=20"}, notEnv: []string{"CUDA_MPS_"}, wantNote: "container c sets no runAsUser"},
+		{name: "pod sets no runAsUser, asked for MPS", mps: true, claim: share("nouser-asked", "gpu-5", "4Gi", 20, cfgMPS), users: map[string]*int64{"nouser-asked": nil},
+			wantErr: `VgpuConfig partitioning "mps": UID unknown: pod ns/pod-of-nouser-asked: container c sets no runAsUser`},
+		{name: "same UID as the GPU's daemon serves", mps: true, before: share("root-job", "gpu-5", "4Gi", 20), claim: share("root-too", "gpu-5", "4Gi", 30),
+			wantEnv: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"}},
+		{name: "another UID than the GPU's daemon serves: time-sliced by default", mps: true,
+			before: share("root-job", "gpu-5", "4Gi", 20), claim: share("user-job", "gpu-5", "4Gi", 30), users: map[string]*int64{"user-job": uid(1001)},
+			wantEnv: []string{"CUDA_DEVICE_SM_LIMIT_0=30"}, notEnv: []string{"CUDA_MPS_"}, wantNote: "MPS control daemon serves UID 0 (claims [ns/root-job]), and this claim's pods run as UID 1001"},
+		{name: "another UID than the GPU's daemon serves, asked for MPS", mps: true,
+			before: share("root-job", "gpu-5", "4Gi", 20), claim: share("user-asked", "gpu-5", "4Gi", 30, cfgMPS), users: map[string]*int64{"user-asked": uid(1001)},
+			wantErr: "serves UID 0 (claims [ns/root-job]), and this claim's pods run as UID 1001", wantEvent: ReasonMPSUser},
+		{name: "another UID on another GPU", mps: true,
+			before: share("root-job", "gpu-4", "4Gi", 20), claim: share("user-job", "gpu-5", "4Gi", 30), users: map[string]*int64{"user-job": uid(1001)},
+			wantEnv: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"}},
 		{name: "time-sliced by config", mps: true, claim: share("sliced", "gpu-5", "4Gi", 20, cfgTimeSliced),
 			wantEnv: []string{"CUDA_DEVICE_SM_LIMIT_0=20"}, notEnv: []string{"CUDA_MPS_"}},
 		{name: "no MPS on the node: time-sliced by default", claim: share("plain", "gpu-5", "4Gi", 20),
@@ -225,6 +249,14 @@ func TestMPSChoice(t *testing.T) {
 			} else {
 				r = newRigMode(t, inventory.Config{DefaultMode: inventory.ModeShared})
 			}
+			r.podUsers = tc.users
+			var prepared []*resourceapi.ResourceClaim
+			if tc.before != nil {
+				if _, err := r.prepareOne(tc.before); err != nil {
+					t.Fatal(err)
+				}
+				prepared = append(prepared, tc.before)
+			}
 			events := record.NewFakeRecorder(10)
 			r.d.events = events
 			_, err := r.prepareOne(tc.claim)
@@ -232,12 +264,23 @@ func TestMPSChoice(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("prepare: %v, want %q", err, tc.wantErr)
 				}
-				r.audit()
+				r.audit(prepared...)
 				if tc.mps {
-					r.auditMPS()
+					r.auditMPS(prepared...)
+				}
+				if tc.wantEvent != "" {
+					var seen []string
+					for len(events.Events) > 0 {
+						seen = append(seen, <-events.Events)
+					}
+					// On the claim and on its pod.
+					if n := strings.Count(strings.Join(seen, "\n"), tc.wantEvent); n != 2 {
+						t.Errorf("%d %s Events, want 2 (claim and pod): %q", n, tc.wantEvent, seen)
+					}
 				}
 				return
 			}
+			prepared = append(prepared, tc.claim)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,7 +296,7 @@ func TestMPSChoice(t *testing.T) {
 				}
 			}
 			if tc.mps {
-				r.auditMPS(tc.claim)
+				r.auditMPS(prepared...)
 			}
 			if tc.wantNote != "" {
 				select {

@@ -112,7 +112,7 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	d.failpoint("prepare/left-mig")
-	if err := d.writeSpec(ctx, rec, p.vgpu, false); err != nil {
+	if err := d.writeSpec(ctx, claim, rec, p.vgpu, false); err != nil {
 		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	d.failpoint("prepare/wrote-spec")
@@ -313,7 +313,7 @@ func (d *Driver) rebuild(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		return err
 	}
 	// After a reboot no container uses the old accounting region.
-	if err := d.writeSpec(ctx, rec, p.vgpu, !rebooted); err != nil {
+	if err := d.writeSpec(ctx, claim, rec, p.vgpu, !rebooted); err != nil {
 		return err
 	}
 	rec.BootID = d.bootID
@@ -349,7 +349,7 @@ func (d *Driver) wholeGPUEdits(gpuUUID string) (*cdispec.ContainerEdits, error) 
 
 // writeSpec writes the claim's CDI spec. keepRegion rebuilds a prepared
 // claim's spec without resetting the HAMi-core region its containers use.
-func (d *Driver) writeSpec(ctx context.Context, rec *checkpoint.Claim, vgpu *configapi.VgpuConfig, keepRegion bool) error {
+func (d *Driver) writeSpec(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, vgpu *configapi.VgpuConfig, keepRegion bool) error {
 	devices := make([]cdi.Device, 0, len(rec.Devices))
 	var names, uuids []string
 	var shares []hami.Share
@@ -397,22 +397,35 @@ func (d *Driver) writeSpec(ctx context.Context, rec *checkpoint.Claim, vgpu *con
 		"FACET_DEVICES="+strings.Join(names, ","),
 		"FACET_GPU_UUIDS="+strings.Join(uuids, ","),
 	)
+	// Decided afresh at each (re)build; a rebuilt claim keeps the UID it
+	// joined its daemon as.
+	recordedUser := rec.MPSUser
+	rec.MPSUser = nil
+	for i := range rec.Devices {
+		if s := rec.Devices[i].Share; s != nil {
+			s.MPS = false
+		}
+	}
 	if vgpu != nil && vgpu.EnforcementEnabled() {
 		mpsGPU, fallback, err := d.mpsGPU(rec, vgpu)
 		if err != nil {
 			return err
 		}
-		if fallback != "" {
-			klog.FromContext(ctx).Info("Shares not MPS-partitioned", "claim", klog.KRef(rec.Namespace, rec.Name), "why", fallback)
-			d.mpsNotApplied(rec, fallback)
-		}
+		var mpsEdits *cdispec.ContainerEdits
 		if mpsGPU != "" {
-			edits, err := d.mpsEdits(ctx, rec, mpsGPU)
+			rec.MPSUser = recordedUser
+			mpsEdits, fallback, err = d.joinMPS(ctx, claim, rec, mpsGPU, vgpu.Partitioning != nil)
 			if err != nil {
 				return err
 			}
-			common.Env = append(common.Env, edits.Env...)
-			common.Mounts = append(append([]*cdispec.Mount(nil), common.Mounts...), edits.Mounts...)
+		}
+		if fallback != "" {
+			klog.FromContext(ctx).Info("Shares not MPS-partitioned", "claim", klog.KRef(rec.Namespace, rec.Name), "why", fallback)
+			d.mpsNotApplied(claim, fallback)
+		}
+		if mpsEdits != nil {
+			common.Env = append(common.Env, mpsEdits.Env...)
+			common.Mounts = append(append([]*cdispec.Mount(nil), common.Mounts...), mpsEdits.Mounts...)
 			// MPS holds the SM share; HAMi-core's token bucket would
 			// only add its stalls on top (docs/mps.md), so it is off
 			// (0: no throttle) and HAMi-core keeps the memory limit.

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // Slot is one fixed-size vGPU slot: a share of a GPU that HAMi-core
@@ -110,6 +112,9 @@ func (l SlotLayout) Slots(memoryBytes uint64) ([]Slot, error) {
 	if memLeft < 0 || coresLeft < 0 {
 		return nil, fmt.Errorf("slot layout %s takes more than the GPU has (%d MiB, 100 %% SM)", l, memoryBytes/mib)
 	}
+	if n := equal + l.sized(); n > names.MPSMaxClients {
+		return nil, fmt.Errorf("slot layout %s has %d slots; at most %d fit on a GPU, the clients its MPS control daemon serves", l, n, names.MPSMaxClients)
+	}
 	var out []Slot
 	for _, g := range l {
 		mem, cores := g.Memory.Value()&^(mib-1), g.Cores
@@ -133,6 +138,17 @@ func (l SlotLayout) Slots(memoryBytes uint64) ([]Slot, error) {
 		out[i].Index = i
 	}
 	return out, nil
+}
+
+// sized counts the slots of the groups with a size of their own.
+func (l SlotLayout) sized() int {
+	n := 0
+	for _, g := range l {
+		if !g.Memory.IsZero() {
+			n += g.Count
+		}
+	}
+	return n
 }
 
 // SlotDeviceName is the device name of slot k of GPU i: "gpu-3-slot-0".

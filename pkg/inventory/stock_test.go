@@ -178,6 +178,10 @@ func TestSlotLayouts(t *testing.T) {
 		{layout: "5x20Gi/10", memory: 80 << 30, wantErr: "takes more than the GPU has"},
 		{layout: "2x10Gi/60", memory: 80 << 30, wantErr: "takes more than the GPU has"},
 		{layout: "1x80Gi/100+1", memory: 80 << 30, wantErr: "leaves slots of 0 MiB"},
+		// An MPS control daemon serves 48 clients per GPU.
+		{layout: "48", memory: 80 << 30, want: slotsOf(48, 80<<30/48&^(1<<20-1), 2)},
+		{layout: "49", memory: 80 << 30, wantErr: "has 49 slots; at most 48 fit on a GPU"},
+		{layout: "40x1Gi/1+9", memory: 80 << 30, wantErr: "has 49 slots"},
 		{layout: "4x20Gi", wantErr: "COUNTxMEMORY/PERCENT"},
 		{layout: "4x20Gi/0", wantErr: "not a percentage"},
 		{layout: "4xlots/5", wantErr: "not a positive quantity"},
@@ -283,4 +287,13 @@ func TestWithout(t *testing.T) {
 	if inv.Without(nil) != inv {
 		t.Error("nothing to leave out should return the inventory itself")
 	}
+}
+
+// slotsOf is n slots of one size, indexed from 0.
+func slotsOf(n int, memoryBytes, cores int64) []Slot {
+	out := make([]Slot, n)
+	for i := range out {
+		out[i] = Slot{i, memoryBytes, cores}
+	}
+	return out
 }

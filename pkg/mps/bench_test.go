@@ -18,7 +18,7 @@ func BenchmarkStart(b *testing.B) {
 	_, ctx := ktesting.NewTestContext(b)
 	m := n.plugin(nil)
 	for b.Loop() {
-		if err := m.Acquire(ctx, gpuA, "claim"); err != nil {
+		if err := m.Acquire(ctx, gpuA, "claim", 0); err != nil {
 			b.Fatal(err)
 		}
 		b.StopTimer()
@@ -34,10 +34,10 @@ func BenchmarkStart(b *testing.B) {
 func BenchmarkAdopt(b *testing.B) {
 	n := newNode(b)
 	_, ctx := ktesting.NewTestContext(b)
-	if err := n.plugin(nil).Acquire(ctx, gpuA, "claim"); err != nil {
+	if err := n.plugin(nil).Acquire(ctx, gpuA, "claim", 0); err != nil {
 		b.Fatal(err)
 	}
-	holders := map[string][]types.UID{gpuA: {"claim"}}
+	holders := map[string]map[types.UID]int64{gpuA: {"claim": 0}}
 	for b.Loop() {
 		restarted, err := n.plugin(nil).Restore(ctx, holders)
 		if err != nil || len(restarted) != 0 {
@@ -54,7 +54,7 @@ func BenchmarkStop(b *testing.B) {
 	m := n.plugin(nil)
 	for b.Loop() {
 		b.StopTimer()
-		if err := m.Acquire(ctx, gpuA, "claim"); err != nil {
+		if err := m.Acquire(ctx, gpuA, "claim", 0); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()

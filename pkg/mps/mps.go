@@ -17,7 +17,7 @@
 // (pid, process start time, boot ID), next to its pipe/, log/ and shm/
 // directories. A restarted plugin adopts a daemon whose record is of this
 // boot and whose process is still the one recorded; a record of another
-// boot is not trusted, and its directories are wiped. A daemon found dead
+// boot is not trusted, and its directories are emptied. A daemon found dead
 // is started again (Check), and the caller tells the claims on it.
 //
 // Which claims hold a GPU is the caller's to record (the driver keeps it in
@@ -47,6 +47,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/facet-gpu/facet/pkg/atomicfile"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // MPS's environment variables (NVIDIA, "Multi-Process Service", Appendix:
@@ -70,7 +71,7 @@ const (
 // GPU on Volta and later (NVIDIA, "Multi-Process Service", Limitations: 48;
 // 16 before Volta). Each claim is at least one client, so a GPU's daemon
 // takes at most this many claims.
-const MaxClients = 48
+const MaxClients = names.MPSMaxClients
 
 // ControlName is the control program's file name in the driver root.
 const ControlName = "nvidia-cuda-mps-control"
@@ -132,8 +133,10 @@ type Manager struct {
 }
 
 type gpuState struct {
-	mu      sync.Mutex
-	holders map[types.UID]bool
+	mu sync.Mutex
+	// holders are the claims on the GPU's daemon, each with the Unix UID
+	// its processes run as (AnyUser: not recorded).
+	holders map[types.UID]int64
 	// rec is the daemon this process started or adopted; nil: none known.
 	rec *Record
 }
@@ -181,7 +184,7 @@ func (m *Manager) gpu(uuid string) *gpuState {
 	defer m.mu.Unlock()
 	g := m.gpus[uuid]
 	if g == nil {
-		g = &gpuState{holders: map[types.UID]bool{}}
+		g = &gpuState{holders: map[types.UID]int64{}}
 		m.gpus[uuid] = g
 	}
 	return g
@@ -200,25 +203,79 @@ func validGPU(uuid string) error {
 	return nil
 }
 
-// Acquire makes claim a holder of the GPU's daemon, starting or adopting
-// the daemon first. It fails, and the claim does not hold the GPU, when
-// the daemon cannot be started or already serves MaxClients claims.
-// Acquiring again is a no-op beyond making sure the daemon runs.
-func (m *Manager) Acquire(ctx context.Context, gpuUUID string, claim types.UID) error {
+// AnyUser is the user of a holder whose UID is not recorded (a checkpoint
+// record of an earlier version): it conflicts with no one.
+const AnyUser int64 = -1
+
+// UserConflictError is Acquire's refusal of a claim whose processes run
+// as another Unix user than the one the GPU's daemon serves. An MPS
+// control daemon runs one server at a time, for one UID: a client of
+// another UID waits, silently, until every client of the running server
+// has exited (nvidia-cuda-mps-control(1), DESCRIPTION; NVIDIA,
+// "Multi-Process Service", Appendix: Tools and Interface Reference.
+// Measured on an H100: a uid-1001 client blocked 26 s behind root's
+// server, shared/hardware/h100-80gb-hbm3.md).
+type UserConflictError struct {
+	GPU string
+	// User is the refused claim's UID; Served the UID the daemon's
+	// claims run as, and Holders those claims.
+	User, Served int64
+	Holders      []types.UID
+	// HolderNames, when the caller sets them, name the holders in the
+	// message ("namespace/name") instead of their UIDs.
+	HolderNames []string
+}
+
+func (e *UserConflictError) Error() string {
+	holders := fmt.Sprint(e.Holders)
+	if len(e.HolderNames) > 0 {
+		holders = "[" + strings.Join(e.HolderNames, " ") + "]"
+	}
+	return fmt.Sprintf("GPU %s: its MPS control daemon serves UID %d (claims %s), and this claim's pods run as UID %d: MPS runs one user's server at a time, so this claim's CUDA processes would wait until all of UID %d's had exited", e.GPU, e.Served, holders, e.User, e.Served)
+}
+
+// Acquire makes claim a holder of the GPU's daemon for processes running
+// as Unix UID user (AnyUser: not known), starting or adopting the daemon
+// first. It fails, and the claim does not hold the GPU, when the daemon
+// cannot be started, already serves MaxClients claims, or serves claims of
+// another UID (a *UserConflictError). Acquiring again is a no-op beyond
+// making sure the daemon runs.
+func (m *Manager) Acquire(ctx context.Context, gpuUUID string, claim types.UID, user int64) error {
 	if err := validGPU(gpuUUID); err != nil {
 		return err
 	}
 	g := m.gpu(gpuUUID)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.holders[claim] && len(g.holders) >= MaxClients {
+	if _, held := g.holders[claim]; !held && len(g.holders) >= MaxClients {
 		return fmt.Errorf("GPU %s: its MPS control daemon already serves %d claims, the most an MPS server serves (NVIDIA MPS: 48 clients per GPU on Volta and later)", gpuUUID, len(g.holders))
+	}
+	if served, others := g.servedUser(claim); user != AnyUser && served != AnyUser && served != user {
+		return &UserConflictError{GPU: gpuUUID, User: user, Served: served, Holders: others}
 	}
 	if _, err := m.ensure(ctx, gpuUUID, g); err != nil {
 		return err
 	}
-	g.holders[claim] = true
+	g.holders[claim] = user
 	return nil
+}
+
+// servedUser is the UID the GPU's holders other than claim run as
+// (AnyUser if none is known), and those holders, sorted.
+func (g *gpuState) servedUser(claim types.UID) (int64, []types.UID) {
+	served := AnyUser
+	var others []types.UID
+	for c, u := range g.holders {
+		if c == claim {
+			continue
+		}
+		others = append(others, c)
+		if u != AnyUser {
+			served = u
+		}
+	}
+	sort.Slice(others, func(i, j int) bool { return others[i] < others[j] })
+	return served, others
 }
 
 // Release drops claim from every GPU it holds, and stops the daemon of each
@@ -233,7 +290,7 @@ func (m *Manager) Release(ctx context.Context, claim types.UID) error {
 	var errs []error
 	for uuid, g := range all {
 		g.mu.Lock()
-		if !g.holders[claim] {
+		if _, held := g.holders[claim]; !held {
 			g.mu.Unlock()
 			continue
 		}
@@ -265,12 +322,12 @@ func (m *Manager) Holders(gpuUUID string) []types.UID {
 
 // Restore is called at start, and again whenever another plugin process
 // (a rolling update) may have changed the checkpoint, with the claims that
-// hold each GPU: they replace the holders known. It adopts each held GPU's running daemon,
+// hold each GPU and the UID each runs as: they replace the holders known. It adopts each held GPU's running daemon,
 // or starts one (returned in restarted: the claims on it lost theirs), and
 // stops the daemons no claim holds (a crash between a start and its
 // claim's record, or between a release and its stop). Errors are per GPU;
 // the next Acquire or Check retries.
-func (m *Manager) Restore(ctx context.Context, holders map[string][]types.UID) (restarted []string, err error) {
+func (m *Manager) Restore(ctx context.Context, holders map[string]map[types.UID]int64) (restarted []string, err error) {
 	var errs []error
 	m.mu.Lock()
 	for uuid, g := range m.gpus {
@@ -289,9 +346,7 @@ func (m *Manager) Restore(ctx context.Context, holders map[string][]types.UID) (
 		g := m.gpu(uuid)
 		g.mu.Lock()
 		clear(g.holders)
-		for _, c := range claims {
-			g.holders[c] = true
-		}
+		maps.Copy(g.holders, claims)
 		started, err := m.ensure(ctx, uuid, g)
 		g.mu.Unlock()
 		if err != nil {
@@ -449,16 +504,11 @@ func (m *Manager) ensure(ctx context.Context, uuid string, g *gpuState) (bool, e
 	return true, nil
 }
 
-// start wipes the GPU's pipe and shm directories and runs the control
+// start empties the GPU's pipe and shm directories and runs the control
 // program with -d, which returns once the daemon listens.
 func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
 	if err := os.Remove(filepath.Join(dirs.Root, recordName)); err != nil && !os.IsNotExist(err) {
 		return err
-	}
-	for _, dir := range []string{dirs.Pipe, dirs.Shm} {
-		if err := os.RemoveAll(dir); err != nil {
-			return err
-		}
 	}
 	for _, dir := range []struct {
 		path string
@@ -472,6 +522,9 @@ func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
 		if err := os.Chmod(dir.path, dir.mode); err != nil {
 			return err
 		}
+	}
+	if err := emptyDirs(dirs.Pipe, dirs.Shm); err != nil {
+		return err
 	}
 	m.failpoint(FailpointStarting)
 	out, err := os.Create(filepath.Join(dirs.Log, "facet-start.log"))
@@ -513,8 +566,8 @@ func (m *Manager) env(uuid string, dirs Dirs) []string {
 }
 
 // stop sends "quit" to the GPU's daemon, kills it if it outlives
-// StopTimeout, and removes its record and its pipe and shm directories
-// (the log stays for the operator). Called with g.mu held.
+// StopTimeout, removes its record and empties its pipe and shm
+// directories (the log stays for the operator). Called with g.mu held.
 func (m *Manager) stop(ctx context.Context, uuid string, g *gpuState) error {
 	dirs := m.DirsOf(uuid)
 	rec := g.rec
@@ -555,9 +608,27 @@ func (m *Manager) stop(ctx context.Context, uuid string, g *gpuState) error {
 	if err := os.Remove(filepath.Join(dirs.Root, recordName)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
-	for _, dir := range []string{dirs.Pipe, dirs.Shm} {
-		if err := os.RemoveAll(dir); err != nil {
+	return emptyDirs(dirs.Pipe, dirs.Shm)
+}
+
+// emptyDirs removes what the directories hold, but not the directories
+// themselves: running containers have them bind-mounted (the CDI spec's
+// mounts), and a directory removed and made again would leave those
+// containers with the old, deleted one, cut off from the next daemon. A
+// missing directory is no error.
+func emptyDirs(dirs ...string) error {
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
 			return err
+		}
+		for _, en := range entries {
+			if err := os.RemoveAll(filepath.Join(dir, en.Name())); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -90,7 +90,7 @@ func TestLifecycle(t *testing.T) {
 	n := newNode(t)
 	_, ctx := ktesting.NewTestContext(t)
 	m := n.plugin(nil)
-	if err := m.Acquire(ctx, gpuA, "claim-1"); err != nil {
+	if err := m.Acquire(ctx, gpuA, "claim-1", 0); err != nil {
 		t.Fatal(err)
 	}
 	first := n.pid(gpuA)
@@ -105,7 +105,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	// A second claim, and the first again: the same daemon.
 	for _, c := range []types.UID{"claim-2", "claim-1"} {
-		if err := m.Acquire(ctx, gpuA, c); err != nil {
+		if err := m.Acquire(ctx, gpuA, c, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -113,7 +113,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("daemon %d (%d starts) after more claims, want %d alone", got, len(n.log(gpuA, "startup")), first)
 	}
 	// Another GPU, another daemon.
-	if err := m.Acquire(ctx, gpuB, "claim-3"); err != nil {
+	if err := m.Acquire(ctx, gpuB, "claim-3", 0); err != nil {
 		t.Fatal(err)
 	}
 	if b := n.pid(gpuB); b == 0 || b == first {
@@ -131,8 +131,10 @@ func TestLifecycle(t *testing.T) {
 	if n.pid(gpuA) != 0 || len(n.log(gpuA, "quit")) != 1 {
 		t.Fatalf("after the last claim: daemon %d, quit log %q; want stopped by quit", n.pid(gpuA), n.log(gpuA, "quit"))
 	}
-	if _, err := os.Stat(m.DirsOf(gpuA).Pipe); !os.IsNotExist(err) {
-		t.Fatalf("pipe directory left after stop: %v", err)
+	for _, dir := range []string{m.DirsOf(gpuA).Pipe, m.DirsOf(gpuA).Shm} {
+		if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+			t.Fatalf("%s after stop: %d entries (%v), want it empty", dir, len(entries), err)
+		}
 	}
 	if err := m.Release(ctx, "claim-2"); err != nil {
 		t.Fatalf("second release: %v", err)
@@ -145,7 +147,7 @@ func TestLifecycle(t *testing.T) {
 func TestRestartAdoptsAndNeverStartsTwo(t *testing.T) {
 	n := newNode(t)
 	_, ctx := ktesting.NewTestContext(t)
-	if err := n.plugin(nil).Acquire(ctx, gpuA, "claim-1"); err != nil {
+	if err := n.plugin(nil).Acquire(ctx, gpuA, "claim-1", 0); err != nil {
 		t.Fatal(err)
 	}
 	pid := n.pid(gpuA)
@@ -162,11 +164,11 @@ func TestRestartAdoptsAndNeverStartsTwo(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.setup()
 			m := n.plugin(nil)
-			restarted, err := m.Restore(ctx, map[string][]types.UID{gpuA: {"claim-1"}})
+			restarted, err := m.Restore(ctx, map[string]map[types.UID]int64{gpuA: {"claim-1": 0}})
 			if err != nil || len(restarted) != 0 {
 				t.Fatalf("Restore: restarted %v, %v; want the daemon adopted", restarted, err)
 			}
-			if err := m.Acquire(ctx, gpuA, "claim-2"); err != nil {
+			if err := m.Acquire(ctx, gpuA, "claim-2", 0); err != nil {
 				t.Fatal(err)
 			}
 			if got := n.pid(gpuA); got != pid || len(n.log(gpuA, "startup")) != 1 {
@@ -184,7 +186,7 @@ func TestRestartAfterDeath(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	m := n.plugin(nil)
 	for _, c := range []types.UID{"claim-2", "claim-1"} {
-		if err := m.Acquire(ctx, gpuA, c); err != nil {
+		if err := m.Acquire(ctx, gpuA, c, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -193,6 +195,17 @@ func TestRestartAfterDeath(t *testing.T) {
 	}
 	old := n.pid(gpuA)
 	d := m.Daemon(gpuA)
+	// Held open, as a container's bind mount holds them.
+	dirs := m.DirsOf(gpuA)
+	var held []*os.File
+	for _, dir := range []string{dirs.Pipe, dirs.Shm} {
+		f, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		held = append(held, f)
+	}
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -209,6 +222,21 @@ func TestRestartAfterDeath(t *testing.T) {
 	if p := n.pid(gpuA); p == 0 || p == old {
 		t.Fatalf("daemon after Check: %d, want a new one (old %d)", p, old)
 	}
+	// The claims' running containers have the pipe and shm directories
+	// bind-mounted: the new daemon must serve the same directories, not
+	// new ones of the same name.
+	for _, f := range held {
+		fi, err := f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink == 0 {
+			t.Errorf("%s was removed and made again by the restart: running containers lose the daemon", f.Name())
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dirs.Pipe, "control")); err != nil {
+		t.Errorf("the new daemon's control pipe is not in the pipe directory: %v", err)
+	}
 	// A plugin started while the daemon is dead restarts it too.
 	d = m.Daemon(gpuA)
 	if err := syscall.Kill(d.PID, syscall.SIGKILL); err != nil {
@@ -217,7 +245,7 @@ func TestRestartAfterDeath(t *testing.T) {
 	if !waitGone(ctx, d, 5*time.Second) {
 		t.Fatal("killed daemon still alive")
 	}
-	restarted, err := n.plugin(nil).Restore(ctx, map[string][]types.UID{gpuA: {"claim-1"}})
+	restarted, err := n.plugin(nil).Restore(ctx, map[string]map[types.UID]int64{gpuA: {"claim-1": 0}})
 	if err != nil || fmt.Sprint(restarted) != fmt.Sprint([]string{gpuA}) {
 		t.Fatalf("Restore after death: %v, %v; want GPU A restarted", restarted, err)
 	}
@@ -247,7 +275,7 @@ func TestRebootDistrustsPipeDirectory(t *testing.T) {
 		}
 	}
 	m := n.plugin(nil)
-	if err := m.Acquire(ctx, gpuA, "claim-1"); err != nil {
+	if err := m.Acquire(ctx, gpuA, "claim-1", 0); err != nil {
 		t.Fatal(err)
 	}
 	pid := n.pid(gpuA)
@@ -267,13 +295,13 @@ func TestRestoreStopsUnheldDaemons(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	m := n.plugin(nil)
 	for _, g := range []string{gpuA, gpuB} {
-		if err := m.Acquire(ctx, g, "claim-"+types.UID(g[4:5])); err != nil {
+		if err := m.Acquire(ctx, g, "claim-"+types.UID(g[4:5]), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	b := n.pid(gpuB)
 	// A restart whose checkpoint holds GPU B only.
-	if _, err := n.plugin(nil).Restore(ctx, map[string][]types.UID{gpuB: {"claim-b"}}); err != nil {
+	if _, err := n.plugin(nil).Restore(ctx, map[string]map[types.UID]int64{gpuB: {"claim-b": 0}}); err != nil {
 		t.Fatal(err)
 	}
 	if n.pid(gpuA) != 0 || len(n.log(gpuA, "quit")) != 1 {
@@ -289,19 +317,96 @@ func TestMaxClients(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	m := n.plugin(nil)
 	for i := range MaxClients {
-		if err := m.Acquire(ctx, gpuA, types.UID(fmt.Sprintf("claim-%d", i))); err != nil {
+		if err := m.Acquire(ctx, gpuA, types.UID(fmt.Sprintf("claim-%d", i)), 0); err != nil {
 			t.Fatal(err)
 		}
 	}
-	err := m.Acquire(ctx, gpuA, "claim-one-too-many")
+	err := m.Acquire(ctx, gpuA, "claim-one-too-many", 0)
 	if err == nil || !strings.Contains(err.Error(), "48") || !strings.Contains(err.Error(), gpuA) {
 		t.Fatalf("claim %d on one GPU: %v, want an error naming the GPU and the limit", MaxClients+1, err)
 	}
-	if err := m.Acquire(ctx, gpuA, "claim-0"); err != nil {
+	if err := m.Acquire(ctx, gpuA, "claim-0", 0); err != nil {
 		t.Fatalf("a holder acquiring again: %v", err)
 	}
 	if got := len(m.Holders(gpuA)); got != MaxClients {
 		t.Fatalf("%d holders, want %d", got, MaxClients)
+	}
+}
+
+// TestUsers: a GPU's daemon serves one Unix user; a claim of another is
+// refused with the UID served and its claims, and one whose UID is not
+// recorded conflicts with no one.
+func TestUsers(t *testing.T) {
+	type acquire struct {
+		claim types.UID
+		user  int64
+	}
+	for _, tc := range []struct {
+		name    string
+		held    []acquire
+		restore bool // the holders come from Restore (a restarted plugin)
+		next    acquire
+		// served is the UID the refusal names; -2: no refusal.
+		served int64
+		others []types.UID
+	}{
+		{name: "first claim of any user", next: acquire{"c", 1001}, served: -2},
+		{name: "same user", held: []acquire{{"a", 1001}, {"b", 1001}}, next: acquire{"c", 1001}, served: -2},
+		{name: "another user", held: []acquire{{"a", 0}, {"b", 0}}, next: acquire{"c", 1001}, served: 0, others: []types.UID{"a", "b"}},
+		{name: "another user, holders restored", held: []acquire{{"a", 1001}}, restore: true, next: acquire{"c", 0}, served: 1001, others: []types.UID{"a"}},
+		{name: "a claim acquiring again as another user", held: []acquire{{"a", 0}, {"b", 0}}, next: acquire{"a", 1001}, served: 0, others: []types.UID{"b"}},
+		{name: "the only holder acquiring again as another user", held: []acquire{{"a", 0}}, next: acquire{"a", 1001}, served: -2},
+		{name: "an unrecorded user conflicts with no one", held: []acquire{{"a", AnyUser}}, next: acquire{"c", 1001}, served: -2},
+		{name: "beside an unrecorded user, the recorded one counts", held: []acquire{{"a", AnyUser}, {"b", 0}}, next: acquire{"c", 1001}, served: 0, others: []types.UID{"a", "b"}},
+		{name: "a claim of unknown user joins anyone", held: []acquire{{"a", 0}}, next: acquire{"c", AnyUser}, served: -2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			_, ctx := ktesting.NewTestContext(t)
+			m := n.plugin(nil)
+			if tc.restore {
+				holders := map[types.UID]int64{}
+				for _, h := range tc.held {
+					holders[h.claim] = h.user
+				}
+				if _, err := m.Restore(ctx, map[string]map[types.UID]int64{gpuA: holders}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, h := range tc.held {
+				if !tc.restore {
+					if err := m.Acquire(ctx, gpuA, h.claim, h.user); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			err := m.Acquire(ctx, gpuA, tc.next.claim, tc.next.user)
+			var conflict *UserConflictError
+			if tc.served == -2 {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.As(err, &conflict) {
+				t.Fatalf("got %v, want a refusal for UID %d", err, tc.served)
+			}
+			if conflict.Served != tc.served || conflict.User != tc.next.user || conflict.GPU != gpuA || fmt.Sprint(conflict.Holders) != fmt.Sprint(tc.others) {
+				t.Errorf("refusal %+v, want UID %d served to %v", conflict, tc.served, tc.others)
+			}
+			for _, want := range []string{gpuA, fmt.Sprintf("serves UID %d", tc.served), fmt.Sprintf("run as UID %d", tc.next.user)} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("message %q does not say %q", err, want)
+				}
+			}
+			// The refused claim holds nothing: releasing it stops nothing.
+			held := fmt.Sprint(m.Holders(gpuA))
+			if _, had := map[types.UID]bool{"a": true, "b": true}[tc.next.claim]; !had {
+				if err := m.Release(ctx, tc.next.claim); err != nil || n.pid(gpuA) == 0 || fmt.Sprint(m.Holders(gpuA)) != held {
+					t.Errorf("after releasing the refused claim: %v, daemon %d, holders %v (want %s)", err, n.pid(gpuA), m.Holders(gpuA), held)
+				}
+			}
+		})
 	}
 }
 
@@ -354,16 +459,16 @@ func TestKillMatrix(t *testing.T) {
 					return false
 				}
 				m := n.plugin(kill)
-				died := run(func() error { return m.Acquire(ctx, gpuA, "claim-1") })
+				died := run(func() error { return m.Acquire(ctx, gpuA, "claim-1", 0) })
 				if !died {
 					died = run(func() error { return m.Release(ctx, "claim-1") })
 				}
 				if !died {
 					t.Fatalf("never reached %s", point)
 				}
-				holders := map[string][]types.UID{}
+				holders := map[string]map[types.UID]int64{}
 				if held {
-					holders[gpuA] = []types.UID{"claim-1"}
+					holders[gpuA] = map[types.UID]int64{"claim-1": 0}
 				}
 				if _, err := n.plugin(nil).Restore(ctx, holders); err != nil {
 					t.Fatal(err)
@@ -393,7 +498,7 @@ func TestPrivateShm(t *testing.T) {
 	n.private = true
 	_, ctx := ktesting.NewTestContext(t)
 	m := n.plugin(nil)
-	err := m.Acquire(ctx, gpuA, "claim-1")
+	err := m.Acquire(ctx, gpuA, "claim-1", 0)
 	if err != nil && (errors.Is(err, syscall.EPERM) || strings.Contains(err.Error(), "operation not permitted")) {
 		t.Skipf("no mount namespaces here: %v", err)
 	}

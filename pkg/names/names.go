@@ -78,7 +78,17 @@ const (
 	CapacityCores = "cores"
 	// CapacityMultiprocessors is a MIG instance's number of SMs.
 	CapacityMultiprocessors = "multiprocessors"
+	// CapacityClients is the number of MPS clients a vGPU share may run
+	// on its GPU's MPS control daemon, of MPSMaxClients. A share takes 1
+	// unless its request asks for more, so at most MPSMaxClients shares
+	// fit on a GPU, and the allocator enforces it.
+	CapacityClients = "clients"
 )
+
+// MPSMaxClients is how many client CUDA contexts one MPS server serves per
+// GPU on Volta and later (NVIDIA, "Multi-Process Service", Considerations,
+// Limitations: 48; 16 before Volta): never more shares or slots on a GPU.
+const MPSMaxClients = 48
 
 // CounterMediaExtensions is the counter, of value 1, that every "+me" MIG
 // profile consumes: a GPU has one set of the engines a "+me" instance takes

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/driver"
@@ -53,6 +56,15 @@ func (m *MPSConfig) open(ctx context.Context, driverRoot string) (mgr *mps.Manag
 	}
 	logger.Info("MPS partitions vGPU shares and slots by default", "control", control, "dir", m.Dir)
 	return mgr, nil, nil
+}
+
+// podGetter reads a claim's pods for the UID they run as (MPS serves one
+// UID per GPU): one GET per prepare of an MPS-partitioned claim, which
+// the kubelet makes once per claim and node.
+func podGetter(client kubernetes.Interface) driver.PodGetter {
+	return func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+		return client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	}
 }
 
 // partitioning is the node's default, as its shares' attribute says.

@@ -220,7 +220,7 @@ func Run(ctx context.Context, f Config) error {
 	drv, err := driver.New(ctx, driver.Options{
 		NodeName: f.NodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor,
 		MIG: lib, HAMi: vgpu, HAMiUnavailable: hamiErr, DestroyUnownedMIG: f.DestroyUnownedMIG,
-		MPS: partitioner, MPSUnavailable: mpsErr,
+		MPS: partitioner, MPSUnavailable: mpsErr, Pods: podGetter(client),
 		Failpoint: f.Failpoint, NodeLock: nodeLock,
 		// Events on claims go through the Node's broadcaster too.
 		Metrics: m, Events: ev.EventRecorder(), Status: status,

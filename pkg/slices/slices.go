@@ -315,6 +315,11 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 //     it; a request that names no memory takes all of it (default).
 //   - cores: percent of SM time, 0-100 in steps of 1; a request that names
 //     no cores takes 100 (default). 0 is best effort.
+//   - clients: MPS clients, names.MPSMaxClients (48) of them; a request
+//     that names none takes 1 (default), and may ask for up to all. So at
+//     most 48 shares fit on a GPU, however small, which is what its MPS
+//     control daemon serves (best-effort shares of 1 MiB would otherwise
+//     fit by the thousand).
 //
 // So a claim that asks for nothing gets the whole GPU, and no other share
 // fits beside it.
@@ -340,6 +345,17 @@ func shareCapacity(memoryBytes uint64) map[resourceapi.QualifiedName]resourceapi
 				ValidRange: &resourceapi.CapacityRequestPolicyRange{
 					Min:  ptr.To(pct(0)),
 					Max:  ptr.To(pct(100)),
+					Step: ptr.To(pct(1)),
+				},
+			},
+		},
+		names.CapacityClients: {
+			Value: pct(names.MPSMaxClients),
+			RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default: ptr.To(pct(1)),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{
+					Min:  ptr.To(pct(1)),
+					Max:  ptr.To(pct(names.MPSMaxClients)),
 					Step: ptr.To(pct(1)),
 				},
 			},

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"fmt"
 	"math/rand"
 	"testing"
 
@@ -82,6 +83,50 @@ func TestVGPUShares(t *testing.T) {
 			{demoClaim(t, "vgpu/shared-by-two-containers.yaml"), []string{"gpu-0"}},
 			{share("rest", "1Gi", "30"), []string{"gpu-0"}},
 			{share("more", "1Gi", "1"), []string{"gpu-1"}},
+		}},
+	} {
+		for _, mode := range []string{"shared", "dynamic"} {
+			t.Run(mode+"/"+tc.name, func(t *testing.T) {
+				steps := make([]step, len(tc.steps))
+				for i, s := range tc.steps {
+					steps[i] = step{s.claim.DeepCopy(), s.want}
+				}
+				run(t, sharedH100(t, mode), "node-a", steps)
+			})
+		}
+	}
+}
+
+// TestVGPUSharesAtMostMPSClients: however small, at most 48 shares fit on
+// a GPU, the clients its MPS control daemon serves (NVIDIA, "Multi-Process
+// Service", Limitations): each takes one of its 48 "clients" unless it
+// asks for more.
+func TestVGPUSharesAtMostMPSClients(t *testing.T) {
+	clients := func(c *resourceapi.ResourceClaim, n string) *resourceapi.ResourceClaim {
+		c.Spec.Devices.Requests[0].Exactly.Capacity.Requests["clients"] = resource.MustParse(n)
+		return c
+	}
+	var fill []step
+	for i := range 48 {
+		fill = append(fill, step{share(fmt.Sprintf("tiny-%d", i), "1Mi", "0", onGPU(0)), []string{"gpu-0"}})
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"48 best-effort shares of 1 MiB fill a GPU", append(fill,
+			step{share("one-too-many", "1Mi", "0", onGPU(0)), nil},
+			step{share("elsewhere", "1Mi", "0"), []string{"gpu-1"}})},
+		{"a share may take several clients", []step{
+			{clients(share("workers", "1Gi", "10", onGPU(0)), "40"), []string{"gpu-0"}},
+			{clients(share("eight", "1Gi", "10", onGPU(0)), "8"), []string{"gpu-0"}},
+			{share("ninth", "1Gi", "10", onGPU(0)), nil},
+			{clients(share("too-many", "1Gi", "10"), "49"), nil},
+		}},
+		{"a share asking no clients takes one", []step{
+			{clients(share("all-but-one", "1Gi", "10", onGPU(0)), "47"), []string{"gpu-0"}},
+			{clients(share("zero", "1Gi", "10", onGPU(0)), "0"), []string{"gpu-0"}},
+			{share("full", "1Gi", "10", onGPU(0)), nil},
 		}},
 	} {
 		for _, mode := range []string{"shared", "dynamic"} {
