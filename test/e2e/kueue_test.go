@@ -55,7 +55,7 @@ func TestKueue(t *testing.T) {
 	waitFor(t, "facetctl classes to see the slots", time.Minute, func() (bool, error) {
 		var err error
 		out, err = exec.Command(e.facetctl, "classes", "--kubeconfig", e.kubeconfig, "--share-sizes", "2000Mi/20").Output()
-		return err == nil && strings.Contains(string(out), "vgpu-slot-20480mi-25.facet.dev") && strings.Contains(string(out), "mig-1g.10gb.facet.dev"), err
+		return err == nil && strings.Contains(string(out), kueueSlot+".facet.dev") && strings.Contains(string(out), "mig-1g.10gb.facet.dev"), err
 	})
 	if err := os.WriteFile(classes, out, 0o644); err != nil {
 		t.Fatal(err)
@@ -172,12 +172,12 @@ func TestKueue(t *testing.T) {
 	})
 
 	t.Run("vGPU slots: quota per size", func(t *testing.T) {
-		applyYAML(t, clusterQueue("slots", "", "facet.dev/vgpu-slot-20480mi-25", 2, nil)+localQueue("slots")+template("slot", "vgpu-slot-20480mi-25.facet.dev", ""))
+		applyYAML(t, clusterQueue("slots", "", "facet.dev/"+kueueSlot, 2, nil)+localQueue("slots")+template("slot", kueueSlot+".facet.dev", ""))
 		defer deleteJobs(t, "slot")
 		for _, j := range []string{"slot-1", "slot-2", "slot-3"} {
 			applyYAML(t, kueueJob(j, "slots", "slot", 1))
 		}
-		waitAdmittedCount(t, "slot-", 2, 1, "insufficient unused quota for facet.dev/vgpu-slot-20480mi-25 in flavor default, 1 more needed")
+		waitAdmittedCount(t, "slot-", 2, 1, "insufficient unused quota for facet.dev/"+kueueSlot+" in flavor default, 1 more needed")
 	})
 
 	if shares {
@@ -196,7 +196,7 @@ func TestKueue(t *testing.T) {
 	}
 
 	t.Run("the limit: a claim with a CEL selector is not counted", func(t *testing.T) {
-		applyYAML(t, clusterQueue("cel", "", "facet.dev/mig", 7, nil)+localQueue("cel")+`apiVersion: resource.k8s.io/v1
+		applyYAML(t, clusterQueue("cel", "", "facet.dev/mig-1g.10gb", 7, nil)+localQueue("cel")+`apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata: {name: cel, namespace: facet-demo}
 spec:
@@ -247,7 +247,7 @@ webhooks:
   rules:
   - {apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods], scope: Namespaced}
 `, mwc, "https://"+addr+webhook.MutatePath, base64.StdEncoding.EncodeToString(caPEM), namespace, mutateLabel))
-		applyYAML(t, clusterQueueMulti("mutated", map[string]int{"facet.dev/gpu": 1, "facet.dev/vgpu-slot-20480mi-25": 1})+localQueue("mutated"))
+		applyYAML(t, clusterQueueMulti("mutated", map[string]int{"facet.dev/gpu": 1, "facet.dev/"+kueueSlot: 1})+localQueue("mutated"))
 		pod := func(name string, limits map[string]string) *corev1.Pod {
 			p := extendedResourcePod(name, "nvidia.com/gpu")
 			p.Labels = map[string]string{mutateLabel: "true", "kueue.x-k8s.io/queue-name": "mutated"}
@@ -283,13 +283,18 @@ webhooks:
 		}
 		waitPodRunning(t, "kueue-gpu")
 		waitPodRunning(t, "kueue-volcano")
-		for res, want := range map[string]string{"facet.dev/gpu": "1", "facet.dev/vgpu-slot-20480mi-25": "1", "nvidia.com/gpu": "", "volcano.sh/vgpu-memory": ""} {
+		for res, want := range map[string]string{"facet.dev/gpu": "1", "facet.dev/"+kueueSlot: "1", "nvidia.com/gpu": "", "volcano.sh/vgpu-memory": ""} {
 			if got := usage(t, "mutated", res); got != want {
 				t.Errorf("ClusterQueue mutated uses %q of %s, want %q", got, res, want)
 			}
 		}
 	})
 }
+
+// kueueSlot is the slot size of the slots-mode GPUs' default layout, four
+// equal slots of a simulated H100 (81079 MiB published, as on the card):
+// 20269 MiB and 25 % each.
+const kueueSlot = "vgpu-slot-20269mi-25"
 
 func ptrInt(i int) *int { return &i }
 
