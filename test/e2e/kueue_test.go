@@ -487,7 +487,6 @@ func waitAdmittedCount(t testing.TB, prefix string, admitted, held int, pending 
 // List or two).
 func freeQuota(t testing.TB, freed, waiting string, pods int) string {
 	t.Helper()
-	ctx := context.Background()
 	start := time.Now()
 	kubectl(t, "delete", "job", freed, "-n", namespace, "--cascade=foreground", "--wait=false")
 	var podsGone, workloadGone, admitted time.Duration
@@ -508,17 +507,8 @@ func freeQuota(t testing.TB, freed, waiting string, pods int) string {
 			return false, fmt.Errorf("%s not admitted: %s", waiting, states[waiting].message)
 		}
 		since(&admitted)
-		l, err := e.client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "job-name=" + waiting})
-		if err != nil {
-			return false, err
-		}
-		running := 0
-		for _, p := range l.Items {
-			if p.Status.Phase == corev1.PodRunning {
-				running++
-			}
-		}
-		return running == pods, fmt.Errorf("%d of %d pods of %s Running", running, pods, waiting)
+		running, _, err := jobPodsRunning(waiting)
+		return err == nil && running == pods, fmt.Errorf("%d of %d pods of %s Running (%v)", running, pods, waiting, err)
 	})
 	ms := func(d time.Duration) string {
 		if d == 0 {
@@ -558,18 +548,23 @@ func jobClaims(t testing.TB, job string) int {
 func waitJobPodsRunning(t testing.TB, job string, n int) {
 	t.Helper()
 	waitFor(t, fmt.Sprintf("%d pods of Job %s Running", n, job), 3*time.Minute, func() (bool, error) {
-		l, err := e.client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "job-name=" + job})
-		if err != nil {
-			return false, err
-		}
-		running := 0
-		for _, p := range l.Items {
-			if p.Status.Phase == corev1.PodRunning {
-				running++
-			}
-		}
-		return running == n, fmt.Errorf("%d of %d pods Running", running, len(l.Items))
+		running, all, err := jobPodsRunning(job)
+		return err == nil && running == n, fmt.Errorf("%d of %d pods Running (%v)", running, all, err)
 	})
+}
+
+// jobPodsRunning counts the Job's pods, and those Running.
+func jobPodsRunning(job string) (running, all int, err error) {
+	l, err := e.client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{LabelSelector: "job-name=" + job})
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, p := range l.Items {
+		if p.Status.Phase == corev1.PodRunning {
+			running++
+		}
+	}
+	return running, len(l.Items), nil
 }
 
 // usage is a ClusterQueue's admitted usage of res in flavor default, "" if none.
