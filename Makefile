@@ -101,7 +101,7 @@ unit:
 	# (its crash matrix) took over 10 minutes for -count=3 on 2 cores at
 	# load 35-50, which leaves one run little margin on a loaded machine.
 	# The bound only turns a hang into a failure.
-	$(STAGE) "unit: go test" $(GO) test -timeout 30m ./api/... ./pkg/... ./cmd/... ./test/allocator/...
+	$(STAGE) "unit: go test" $(GO) test -timeout 30m ./api/... ./pkg/... ./cmd/... ./test/allocator/... ./hack/kueue-webhooks/
 	# The Helm chart, rendered with Helm as a library (its own module, so
 	# Helm's dependencies stay out of Facet's go.mod).
 	cd test/helm && ../../$(STAGE) "unit: Helm chart" $(GO) test ./...
@@ -117,8 +117,7 @@ allocator-matrix:
 ## gate off), where the tests of gated modes skip and TestStock matters most,
 ## and 1.36 with Kubernetes' default gates (the DRA gates beta and on).
 ## TestKueue (Kueue v0.17.0 beside the node: hack/build-kueue.sh,
-## hack/kueue.sh; docs/kueue.md) runs only with FACET_E2E_KUEUE=1: it has
-## not yet passed on a live node, so it is not a round of make test yet.
+## hack/kueue.sh; docs/kueue.md) runs on the two 1.35 rounds.
 e2e: build image-sim
 	$(STAGE) "e2e 1.35.4, DRA alpha gates on" hack/e2e.sh
 	FACET_FEATURE_GATES= $(STAGE) "e2e 1.35.4 stock" hack/e2e.sh

@@ -4,15 +4,18 @@
 #   FACET_E2E_RUNTIME  containerd (default: real containers, CDI applied) | fake
 #   FACET_K8S_VERSION  v1.35.4 (default) | v1.36.3, and FACET_FEATURE_GATES:
 #                      the node's version and gates (hack/cluster/up.sh)
-#   FACET_E2E_KUEUE    1: build Kueue's manager (hack/build-kueue.sh) and run
-#                      test/e2e's TestKueue, which starts it (hack/kueue.sh)
+# On the 1.35 rounds, test/e2e's TestKueue starts Kueue's manager beside the
+# node (hack/kueue.sh); it is built here first (hack/build-kueue.sh), when
+# the run may include TestKueue (no arguments, or arguments naming Kueue).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO}"
-if [[ "${FACET_E2E_KUEUE:-}" == 1 ]]; then
-  # Before the lock: a cold build takes minutes and needs no node.
-  hack/build-kueue.sh >/dev/null
-  export FACET_E2E_KUEUE
+if [[ "${FACET_K8S_VERSION:-v1.35.4}" == v1.35.* && ($# -eq 0 || "$*" == *Kueue*) ]]; then
+  # Before the node's lock: a cold build takes minutes and needs no node.
+  # Its own lock (the one .ci/run's build stage takes): one build at a time.
+  locks="${FACET_CACHE:-$HOME/.cache/facet}/bin"
+  mkdir -p "${locks}"
+  hack/stage.sh "tools build (Kueue)" flock "${locks}/.build-kueue.lock" hack/build-kueue.sh >/dev/null
 fi
 export RUN_DIR="${FACET_E2E_RUN_DIR:-/tmp/facet-e2e}"
 export RUNTIME="${FACET_E2E_RUNTIME:-containerd}"

@@ -9,12 +9,14 @@
 #     batch/v1 Jobs and of pods labelled kueue.x-k8s.io/queue-name
 #     (hack/kueue-webhooks);
 #   - its visibility server off (VisibilityOnDemand=false), no leader
-#     election, metrics off;
+#     election, metrics off (but a metrics certificate at the fixed path
+#     /etc/kueue/metrics/certs, bind-mounted in Kueue's own mount
+#     namespace: root, as for the node);
 #   - the Kueue feature gate DynamicResourceAllocation on, with a
-#     deviceClassMappings entry per DeviceClass of deployments/deviceclasses.yaml
-#     and of the files in FACET_KUEUE_CLASSES (e.g. `facetctl classes`
-#     output): class gpu.facet.dev counts as facet.dev/gpu, any other class
-#     <name>.facet.dev as facet.dev/<name> (docs/kueue.md).
+#     deviceClassMappings entry for gpu.facet.dev (as facet.dev/gpu) and per
+#     DeviceClass <name>.facet.dev of the files in FACET_KUEUE_CLASSES (e.g.
+#     `facetctl classes` output, as facet.dev/<name>). Not every shipped
+#     class: Kueue v0.17 takes at most 16 mappings (docs/kueue.md).
 #
 #   hack/kueue.sh start RUN_DIR    (RUN_DIR/env.sh: the node's kubeconfig and kubectl)
 #   hack/kueue.sh stop RUN_DIR
@@ -44,19 +46,21 @@ stop() {
   fi
 }
 
-# mappings prints the Configuration's deviceClassMappings.
+# mappings prints the Configuration's deviceClassMappings, or fails where
+# Kueue would refuse them.
 mappings() {
-  local f name
-  for f in "${REPO}/deployments/deviceclasses.yaml" ${FACET_KUEUE_CLASSES:-}; do
-    # A class's name is its metadata's; selectors and configs have none.
+  local f names
+  # A class's name is its metadata's; selectors and configs have none.
+  names="$(for f in ${FACET_KUEUE_CLASSES:-}; do
     awk '/^kind: DeviceClass/ {dc=1} /^---/ {dc=0; meta=0} dc && /^metadata:/ {meta=1; next} meta && /^  name: / {print $2; meta=0} meta && /^[^ ]/ {meta=0}' "${f}"
-  done | sort -u | while read -r name; do
-    [[ "${name}" == *.facet.dev ]] || continue
-    if [[ "${name}" == gpu.facet.dev ]]; then
-      echo "  - {name: facet.dev/gpu, deviceClassNames: [${name}]}"
-    else
-      echo "  - {name: facet.dev/${name%.facet.dev}, deviceClassNames: [${name}]}"
-    fi
+  done | grep '\.facet\.dev$' | grep -vx 'gpu\.facet\.dev' | sort -u)"
+  if (($(wc -w <<<"gpu.facet.dev ${names}") > 16)); then
+    log "Kueue v0.17 takes at most 16 deviceClassMappings; gpu.facet.dev and FACET_KUEUE_CLASSES name $(wc -w <<<"gpu.facet.dev ${names}") classes"
+    return 1
+  fi
+  echo "  - {name: facet.dev/gpu, deviceClassNames: [gpu.facet.dev]}"
+  for f in ${names}; do
+    echo "  - {name: facet.dev/${f%.facet.dev}, deviceClassNames: [${f}]}"
   done
 }
 
@@ -81,6 +85,8 @@ start() {
     printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1\n' >tls.ext
     openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 -sha256 -extfile tls.ext -out tls.crt 2>/dev/null
   )
+  local mapped
+  mapped="$(mappings)"
   cat >"${dir}/config.yaml" <<EOC
 apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
@@ -94,9 +100,17 @@ integrations:
   frameworks: [batch/job, pod]
 resources:
   deviceClassMappings:
-$(mappings)
+${mapped}
 EOC
-  setsid "${bin}/kueue" --config "${dir}/config.yaml" --kubeconfig "${KUBECONFIG}" \
+  # With its internal cert manager off, Kueue v0.17 loads a metrics
+  # certificate from the fixed path /etc/kueue/metrics/certs (cmd/kueue's
+  # main.go), even with metrics off, and exits without one. The webhook's
+  # certificate is bind-mounted there in a mount namespace of Kueue's own,
+  # so the host's /etc gets only the empty mount point. unshare execs (no
+  # --fork): the pid stays Kueue's.
+  mkdir -p /etc/kueue/metrics/certs
+  setsid unshare --mount --propagation private -- sh -c 'mount --bind "$0" /etc/kueue/metrics/certs && exec "$@"' \
+    "${dir}/certs" "${bin}/kueue" --config "${dir}/config.yaml" --kubeconfig "${KUBECONFIG}" \
     --feature-gates DynamicResourceAllocation=true,VisibilityOnDemand=false \
     >"${RUN_DIR}/logs/kueue.log" 2>&1 </dev/null &
   echo $! >"${RUN_DIR}/pids/kueue.pid"

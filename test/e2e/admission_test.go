@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/facet-gpu/facet/internal/testenv"
-
 	"github.com/facet-gpu/facet/pkg/features"
 )
 
@@ -248,17 +246,7 @@ func testAdmissionPolicies(t *testing.T) {
 }
 
 func testAdmissionWebhook(t *testing.T) {
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "facet-webhook")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/facet-webhook")
-	build.Dir = e.repo
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/facet-webhook: %v\n%s", err, out)
-	}
-	caPEM, certFile, keyFile := webhookCerts(t, dir)
-
-	logPath := filepath.Join(e.runDir, "logs", "facet-webhook-e2e.log")
-	addr := testenv.StartWebhook(t, bin, logPath, certFile, keyFile, caPEM)
+	addr, caPEM, logPath := startWebhook(t, "facet-webhook-e2e.log")
 
 	// Claims and templates only in this test's namespace; DeviceClasses
 	// (cluster-scoped, so namespaceSelector does not apply) only with this

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -50,48 +49,18 @@ func TestExtendedResourceWebhook(t *testing.T) {
 		t.Log("DRAExtendedResource off: the API server dropped gpu.facet.dev's extendedResourceName")
 	}
 
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "facet-webhook")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/facet-webhook")
-	build.Dir = e.repo
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/facet-webhook: %v\n%s", err, out)
-	}
-	caPEM, certFile, keyFile := webhookCerts(t, dir)
-	logPath := filepath.Join(e.runDir, "logs", "facet-webhook-mutate-e2e.log")
-	addr := testenv.StartWebhook(t, bin, logPath, certFile, keyFile, caPEM,
+	addr, caPEM, logPath := startWebhook(t, "facet-webhook-mutate-e2e.log",
 		"--mutate-pods", "--kubeconfig", e.kubeconfig, "--extended-resource-recheck-interval", "2s", "-v", "4")
 
 	p := startPlugin(t, "dgx-h100", "--mode", "exclusive")
 	deleteNamespaceAtEnd(t)
-	// Registered after the namespace's cleanup, so removed before it, and
-	// before the webhook process stops.
-	const mwc = "facet-e2e-mutate-pods"
-	t.Cleanup(func() { _, _ = kubectlErr("delete", "mutatingwebhookconfiguration", mwc, "--ignore-not-found") })
-	applyYAML(t, fmt.Sprintf(`apiVersion: admissionregistration.k8s.io/v1
-kind: MutatingWebhookConfiguration
-metadata: {name: %[1]s}
-webhooks:
-- name: pods.gpu.facet.dev
-  admissionReviewVersions: [v1]
-  sideEffects: NoneOnDryRun
-  failurePolicy: Fail
-  reinvocationPolicy: IfNeeded
-  timeoutSeconds: 10
-  clientConfig: {url: %[2]q, caBundle: %[3]s}
-  namespaceSelector:
-    matchLabels: {kubernetes.io/metadata.name: %[4]s}
-  objectSelector:
-    matchLabels: {%[5]s: "true"}
-  rules:
-  - {apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods], scope: Namespaced}
+	registerPodMutator(t, "facet-e2e-mutate-pods", addr, caPEM, logPath, `
   matchConditions:
   - name: asksForMappedExtendedResource
     expression: >-
       (object.spec.containers + object.spec.?initContainers.orValue([])).exists(c,
       has(c.resources) && has(c.resources.limits) &&
-      c.resources.limits.exists(k, k in ['nvidia.com/gpu'] || k.startsWith('nvidia.com/mig-')))
-`, mwc, "https://"+addr+webhook.MutatePath, base64.StdEncoding.EncodeToString(caPEM), namespace, mutateLabel))
+      c.resources.limits.exists(k, k in ['nvidia.com/gpu'] || k.startsWith('nvidia.com/mig-')))`)
 
 	gpuPod := func(name, amount string) *corev1.Pod {
 		pod := extendedResourcePod(name, "nvidia.com/gpu")
@@ -99,15 +68,6 @@ webhooks:
 		pod.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"] = resource.MustParse(amount)
 		return pod
 	}
-	// The configuration takes a moment to reach the API server's admission
-	// chain: wait until a server-side dry run reaches the webhook.
-	waitFor(t, "pod mutator registered", time.Minute, func() (bool, error) {
-		if _, err := e.client.CoreV1().Pods(namespace).Create(ctx, gpuPod("probe", "1"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
-			return false, err
-		}
-		log, _ := os.ReadFile(logPath)
-		return strings.Contains(string(log), `name="probe"`), fmt.Errorf("the webhook has not seen the probe pod")
-	})
 	if log, _ := os.ReadFile(logPath); !strings.Contains(string(log), map[bool]string{true: "DRAExtendedResource is on", false: "DRAExtendedResource is off"}[gateOn]) {
 		t.Errorf("the webhook's log (%s) does not say the gate is %v:\n%s", logPath, gateOn, log)
 	}
@@ -189,4 +149,58 @@ webhooks:
 		log, _ := os.ReadFile(logPath)
 		t.Logf("webhook log:\n%s\nplugin log:\n%s", log, p.logText())
 	}
+}
+
+// startWebhook runs bin/facet-webhook (make build) as a local process until
+// t ends, serving on 127.0.0.1 with a certificate of its own CA
+// (webhookCerts), with args, its log in RUN_DIR/logs/logName. It returns
+// its address, the CA's PEM and the log's path.
+func startWebhook(t *testing.T, logName string, args ...string) (addr string, caPEM []byte, logPath string) {
+	t.Helper()
+	caPEM, certFile, keyFile := webhookCerts(t, t.TempDir())
+	logPath = filepath.Join(e.runDir, "logs", logName)
+	addr = testenv.StartWebhook(t, filepath.Join(e.repo, "bin", "facet-webhook"), logPath, certFile, keyFile, caPEM, args...)
+	return addr, caPEM, logPath
+}
+
+// registerPodMutator puts the pod mutator at addr (startWebhook, logging
+// to logPath) behind the MutatingWebhookConfiguration name, for the pods
+// of the test's namespace labelled mutateLabel, with extra (YAML at a
+// webhook's keys' indentation, e.g. matchConditions, or ""). It deletes the
+// configuration when t ends: call it after deleteNamespaceAtEnd, so that
+// the namespace goes after it, and after startWebhook, so that the process
+// stops after it. It returns once the API server's admission chain sends
+// the mutator a dry run of a pod asking for nvidia.com/gpu: 1.
+func registerPodMutator(t *testing.T, name, addr string, caPEM []byte, logPath, extra string) {
+	t.Helper()
+	t.Cleanup(func() { _, _ = kubectlErr("delete", "mutatingwebhookconfiguration", name, "--ignore-not-found") })
+	applyYAML(t, fmt.Sprintf(`apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {name: %[1]s}
+webhooks:
+- name: pods.gpu.facet.dev
+  admissionReviewVersions: [v1]
+  sideEffects: NoneOnDryRun
+  failurePolicy: Fail
+  reinvocationPolicy: IfNeeded
+  timeoutSeconds: 10
+  clientConfig: {url: %[2]q, caBundle: %[3]s}
+  namespaceSelector:
+    matchLabels: {kubernetes.io/metadata.name: %[4]s}
+  objectSelector:
+    matchLabels: {%[5]s: "true"}
+  rules:
+  - {apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods], scope: Namespaced}%[6]s
+`, name, "https://"+addr+webhook.MutatePath, base64.StdEncoding.EncodeToString(caPEM), namespace, mutateLabel, extra))
+	probe := extendedResourcePod("probe", "nvidia.com/gpu")
+	probe.Labels = map[string]string{mutateLabel: "true"}
+	// The configuration takes a moment to reach the API server's admission
+	// chain.
+	waitFor(t, "pod mutator registered", time.Minute, func() (bool, error) {
+		if _, err := e.client.CoreV1().Pods(namespace).Create(context.Background(), probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+			return false, err
+		}
+		log, _ := os.ReadFile(logPath)
+		return strings.Contains(string(log), `name="probe"`), fmt.Errorf("the webhook has not seen the probe pod")
+	})
 }
