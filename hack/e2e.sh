@@ -2,7 +2,7 @@
 # Runs test/e2e against a fresh real node (hack/cluster/up.sh), then tears
 # the node down whatever happened.
 #   FACET_E2E_RUNTIME  containerd (default: real containers, CDI applied) | fake
-#   FACET_K8S_VERSION  v1.35.4 (default) | v1.36.3, and FACET_FEATURE_GATES:
+#   FACET_K8S_VERSION  v1.35.4 (default) | v1.36.3 | v1.37.2, and FACET_FEATURE_GATES:
 #                      the node's version and gates (hack/cluster/up.sh)
 #   FACET_E2E_KUEUE    1: build Kueue's manager (hack/build-kueue.sh) and run
 #                      test/e2e's TestKueue, which starts it (hack/kueue.sh)
