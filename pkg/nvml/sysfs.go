@@ -53,8 +53,8 @@ const maxNUMANodes = 1024
 
 // NUMANode returns the NUMA node of the PCI device busID ("dddd:bb:dd.f")
 // from sysfs's numa_node, or -1 when the device has no NUMA affinity: the
-// kernel writes -1 on a machine without NUMA information (a VM such as the
-// measured H100 one: /work/shared/hardware/h100-80gb-hbm3.md), and a kernel
+// kernel writes -1 on a machine without NUMA information (a VM: measured
+// on an H100 80GB HBM3 VM, where NVML's query is "Not Supported"), and a kernel
 // without CONFIG_NUMA has no numa_node file. An unreadable or malformed
 // file is an error naming it.
 //

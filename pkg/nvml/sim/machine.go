@@ -47,7 +47,7 @@ type MachineGPU struct {
 	PCIeRoot string `json:"pcieRoot,omitempty"`
 	// NUMANode is what the GPU's sysfs numa_node says: the NUMA node its
 	// PCI device is attached to, or -1 for none. Omitted is -1, as on a VM
-	// (the measured H100 VM: /work/shared/hardware/h100-80gb-hbm3.md).
+	// (measured on an H100 80GB HBM3 VM).
 	NUMANode *int `json:"numaNode,omitempty"`
 	// MIGEnabled is the GPU's MIG mode at boot (MIG-capable models only).
 	MIGEnabled bool `json:"migEnabled,omitempty"`

@@ -133,9 +133,9 @@ func simulateDevice(dev *server.Device, g MachineGPU, m model) {
 	}
 	// nvcdi asks every handle whether it is a MIG device.
 	dev.IsMigDeviceHandleFunc = func() (bool, gonvml.Return) { return false, gonvml.SUCCESS }
-	// As the measured H100 (/work/shared/hardware/h100-80gb-hbm3.md): NVML
-	// has a NUMA node only for a GPU whose memory is one (Grace Hopper);
-	// the NUMA affinity of a PCIe or SXM GPU is sysfs's (machineSysfs).
+	// As measured on an H100 80GB HBM3: NVML has a NUMA node only for a GPU
+	// whose memory is one (Grace Hopper); the NUMA affinity of a PCIe or
+	// SXM GPU is sysfs's (machineSysfs).
 	dev.GetNumaNodeIdFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
 }
 
