@@ -113,15 +113,17 @@ allocator-matrix:
 	ALLOCATOR_VERSIONS="v0.36.3 v0.37.2" $(STAGE) "allocator matrix (1.36, 1.37)" hack/allocator-matrix.sh
 
 ## e2e: start a real Kubernetes node with containerd and run test/e2e,
-## three times: 1.35 with the DRA alpha gates on, stock 1.35 (every alpha
+## four times: 1.35 with the DRA alpha gates on, stock 1.35 (every alpha
 ## gate off), where the tests of gated modes skip and TestStock matters most,
-## and 1.36 with Kubernetes' default gates (the DRA gates beta and on).
+## 1.36 with Kubernetes' default gates (the DRA gates beta and on), and 1.37
+## with its default gates (device taints and extended resources GA).
 ## TestKueue (Kueue v0.17.0 beside the node: hack/build-kueue.sh,
 ## hack/kueue.sh; docs/kueue.md) runs on the two 1.35 rounds.
 e2e: build image-sim
 	$(STAGE) "e2e 1.35.4, DRA alpha gates on" hack/e2e.sh
 	FACET_FEATURE_GATES= $(STAGE) "e2e 1.35.4 stock" hack/e2e.sh
 	FACET_K8S_VERSION=v1.36.3 $(STAGE) "e2e 1.36.3, default gates" hack/e2e.sh
+	FACET_K8S_VERSION=v1.37.2 $(STAGE) "e2e 1.37.2, default gates" hack/e2e.sh
 
 ## multinode: a cluster of real kubelets on this machine, three of them with
 ## Facet on simulated machines (dgx-h100 in mig mode, dgx-a100-80gb in

@@ -2,7 +2,7 @@
 # Runs test/e2e against a fresh real node (hack/cluster/up.sh), then tears
 # the node down whatever happened.
 #   FACET_E2E_RUNTIME  containerd (default: real containers, CDI applied) | fake
-#   FACET_K8S_VERSION  v1.35.4 (default) | v1.36.3, and FACET_FEATURE_GATES:
+#   FACET_K8S_VERSION  v1.35.4 (default) | v1.36.3 | v1.37.2, and FACET_FEATURE_GATES:
 #                      the node's version and gates (hack/cluster/up.sh)
 # On the 1.35 rounds, test/e2e's TestKueue starts Kueue's manager beside the
 # node (hack/kueue.sh); it is built here first (hack/build-kueue.sh), when

@@ -40,7 +40,7 @@ func main() {
 	fs.DurationVar(&opts.ReloadInterval, "tls-reload-interval", time.Second, "how often, at most, to look for a new certificate (on a TLS handshake)")
 	fs.BoolVar(&mutatePods, "mutate-pods", false, "serve "+webhook.MutatePath+", which rewrites pods' extended resources into DRA claims (needs API access)")
 	fs.StringVar(&mode, "mutate-extended-resources", string(webhook.ModeAuto),
-		"when "+webhook.MutatePath+" rewrites pods: auto (only while the API server drops DeviceClass.spec.extendedResourceName, i.e. DRAExtendedResource is off), always, never")
+		"when "+webhook.MutatePath+" rewrites pods: auto (per resource: those no DeviceClass maps in spec.extendedResourceName, which the API server keeps only with DRAExtendedResource; so every mapped one where the gate is off, and vGPU sizes where it is on), always, never")
 	fs.StringVar(&kueue, "kueue", string(webhook.KueueOff),
 		"write claims Kueue's deviceClassMappings can count (docs/kueue.md): on (vGPU sizes become claims of the sized DeviceClasses of facetctl classes, with no CEL and no config, and pods are rewritten whatever DRAExtendedResource), off, or auto (on while the API server serves kueue.x-k8s.io)")
 	fs.StringVar(&mapFile, "extended-resource-map", "", "YAML or JSON file of the extended resources to rewrite and their DeviceClasses; default: the built-in table (see pkg/webhook DefaultExtendedResourceMap)")

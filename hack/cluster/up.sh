@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Starts a real, single-node Kubernetes (v1.35.4, or v1.36.3 with
+# Starts a real, single-node Kubernetes (v1.35.4, or v1.36.3 or v1.37.2 with
 # FACET_K8S_VERSION) on this machine, all on 127.0.0.1:
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a container
 #   runtime (containerd 2 + runc, or an in-memory fake CRI) and the kubelet
 #   (node name "localhost"), with Facet's DRA feature gates on (1.35) or
-#   Kubernetes' default gates (1.36).
+#   Kubernetes' default gates (1.36, 1.37).
 # No DRA driver is started: Facet's kubelet plugin registers separately through
 # $RUN_DIR/kubelet/plugins_registry and writes CDI specs into $RUN_DIR/cdi.
 #
@@ -19,15 +19,15 @@
 #   RUNTIME       containerd | fake (default fake)
 #   READY_TIMEOUT seconds to wait for each component and for the node (default 120)
 #   FACET_FEATURE_GATES  replaces the default DRA feature gates below
-#   FACET_K8S_VERSION    v1.35.4 (default) | v1.36.3: the version of
+#   FACET_K8S_VERSION    v1.35.4 (default) | v1.36.3 | v1.37.2: the version of
 #                 kube-apiserver, kube-controller-manager, kube-scheduler and
 #                 the kubelet; kubectl, etcd and the runtime stay those of
 #                 hack/build-tools.sh
 #
 # Needs root (the kubelet and containerd mount things) and the Debian packages of
 # hack/apt-packages.txt (hack/install-deps.sh). Builds the binaries on first use
-# (hack/build-tools.sh, ~10 minutes cold; for 1.36 hack/build-k8s.sh too, 9+
-# minutes more on 2 busy cores: docs/design/local-cluster.md). Ports are the defaults (2379/2380,
+# (hack/build-tools.sh, ~10 minutes cold; for 1.36 and 1.37 hack/build-k8s.sh
+# too, 9+ minutes more each on 2 busy cores: docs/design/local-cluster.md). Ports are the defaults (2379/2380,
 # 6443, 10250/10248, 10257, 10259): only one cluster per machine.
 # Background and traps: docs/design/local-cluster.md.
 set -Eeuo pipefail  # -E: the ERR trap below also fires inside functions
@@ -64,7 +64,17 @@ case "${K8S_VERSION}" in
     FEATURE_GATES="${FACET_FEATURE_GATES-}"
     NODE_GATES="${FEATURE_GATES}"
     ;;
-  *) echo "FACET_K8S_VERSION must be v1.35.4 or v1.36.3, not '${K8S_VERSION}'" >&2; exit 2 ;;
+  v1.37.2)
+    # Kubernetes' defaults: v1.37.2 pkg/features/kube_features.go has
+    # DRADeviceTaints and DRAExtendedResource GA (DRAExtendedResource locked
+    # on), DRAPartitionableDevices and DRAConsumableCapacity still beta and
+    # on, ResourceHealthStatus beta and on, and DRAResourceClaimDeviceStatus
+    # GA and locked on. FACET_FEATURE_GATES, set, is passed to every
+    # component as it is (a locked gate set to its opposite stops them).
+    FEATURE_GATES="${FACET_FEATURE_GATES-}"
+    NODE_GATES="${FEATURE_GATES}"
+    ;;
+  *) echo "FACET_K8S_VERSION must be v1.35.4, v1.36.3 or v1.37.2, not '${K8S_VERSION}'" >&2; exit 2 ;;
 esac
 
 T0=${SECONDS}

@@ -1,5 +1,7 @@
 // Package claimstatus writes ResourceClaim status.devices
-// (ResourceClaimDeviceStatus, beta and on by default in Kubernetes 1.35) for
+// (DRAResourceClaimDeviceStatus: beta and on by default in Kubernetes 1.35
+// and 1.36, GA and locked on in 1.37; from 1.36 the API server also asks
+// for resourceclaims/driver permission, which the chart grants) for
 // the claims the kubelet plugin has prepared: one AllocatedDeviceStatus per
 // prepared device, whose data says what the device really is (the GPU's
 // UUID, the MIG instance's UUID and IDs, a share's enforced limits).

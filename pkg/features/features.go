@@ -30,7 +30,11 @@ type Gate string
 
 // The gates Facet cares about (k8s.io/kubernetes pkg/features). All four are
 // alpha and off in 1.35, and beta and on by default in 1.36 (v1.36.3
-// kube_features.go); extended resources are GA in 1.37.
+// kube_features.go). In 1.37 (v1.37.2 kube_features.go) DRADeviceTaints and
+// DRAExtendedResource are GA, DRAExtendedResource locked on, and the other
+// two are still beta and on. Detect asks the API server in every version
+// alike: a GA gate turned off (DRADeviceTaints can be, until 1.38) drops its
+// field as an alpha one does.
 const (
 	// PartitionableDevices guards sharedCounters and consumesCounters: the
 	// counters that make a whole GPU, its MIG placements and its shares
@@ -65,7 +69,8 @@ type Set struct {
 // Stock is a stock Kubernetes 1.35 cluster: every gate off.
 func Stock(source string) Set { return uniform(false, source) }
 
-// AllOn is a cluster with every gate on (1.35 with the gates, or 1.37).
+// AllOn is a cluster with every gate on (1.35 with the gates, 1.36 or 1.37
+// with their defaults).
 func AllOn(source string) Set { return uniform(true, source) }
 
 func uniform(on bool, source string) Set {

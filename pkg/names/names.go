@@ -68,6 +68,26 @@ const (
 	PartitioningTimeSliced = "time-sliced"
 )
 
+// Standard attributes, in resource.kubernetes.io, which other drivers
+// publish from the same sysfs, so that a claim's CEL or matchAttribute can
+// align a GPU with their devices (a NIC on the GPU's PCIe root, CPUs of its
+// NUMA node). k8s.io/dynamic-resource-allocation/deviceattribute defines
+// them; the v0.35 that Facet builds with has only
+// StandardDeviceAttributePCIeRoot, used from there. These two are v0.37's.
+const (
+	// StandardPCIBusID is deviceattribute.StandardDeviceAttributePCIBusID
+	// (k8s.io/dynamic-resource-allocation v0.37.2,
+	// deviceattribute/attribute.go): the device's PCI address in extended
+	// BDF notation, "dddd:bb:dd.f", a string.
+	StandardPCIBusID = "resource.kubernetes.io/pciBusID"
+	// StandardNUMANode is deviceattribute.StandardDeviceAttributeNUMANode
+	// (v0.37.2): the device's NUMA node from sysfs numa_node, in its scalar
+	// int form (the list form needs the alpha DRAListTypeAttributes gate).
+	// Never published for a device with numa_node -1: the value would match
+	// every other device without NUMA affinity.
+	StandardNUMANode = "resource.kubernetes.io/numaNode"
+)
+
 // Capacity names, in the driver's domain.
 const (
 	// CapacityMemory is framebuffer memory in bytes: a whole GPU's, a MIG

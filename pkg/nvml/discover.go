@@ -11,12 +11,6 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// PCIeRootFunc resolves a PCI bus ID ("dddd:bb:dd.f") to its PCIe root
-// complex ("pci0000:00"). Production uses sysfs through
-// k8s.io/dynamic-resource-allocation/deviceattribute; a simulated machine
-// answers from its machine file.
-type PCIeRootFunc func(busID string) (string, error)
-
 // nvmlError turns an NVML return code into an error naming the call.
 func nvmlError(call string, ret gonvml.Return) error {
 	if ret == gonvml.SUCCESS {
@@ -37,7 +31,7 @@ func IsNotSupported(err error) bool {
 
 // discover reads the node through lib. It is the one code path for the real
 // library and the simulated one.
-func discover(lib gonvml.Interface, pcieRoot PCIeRootFunc) (*Node, error) {
+func discover(lib gonvml.Interface, sysfs Sysfs) (*Node, error) {
 	driver, ret := lib.SystemGetDriverVersion()
 	if err := nvmlError("nvmlSystemGetDriverVersion", ret); err != nil {
 		return nil, err
@@ -61,7 +55,7 @@ func discover(lib gonvml.Interface, pcieRoot PCIeRootFunc) (*Node, error) {
 		if err := nvmlError("nvmlDeviceGetHandleByIndex", ret); err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
-		gpu, err := discoverGPU(devlib, dev, i, pcieRoot)
+		gpu, err := discoverGPU(devlib, dev, i, sysfs)
 		if err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
@@ -70,7 +64,7 @@ func discover(lib gonvml.Interface, pcieRoot PCIeRootFunc) (*Node, error) {
 	return node, nil
 }
 
-func discoverGPU(devlib nvdev.Interface, dev gonvml.Device, index int, pcieRoot PCIeRootFunc) (*GPU, error) {
+func discoverGPU(devlib nvdev.Interface, dev gonvml.Device, index int, sysfs Sysfs) (*GPU, error) {
 	gpu := &GPU{Index: index, NUMANode: -1}
 	var ret gonvml.Return
 	if gpu.UUID, ret = dev.GetUUID(); ret != gonvml.SUCCESS {
@@ -105,16 +99,18 @@ func discoverGPU(devlib nvdev.Interface, dev gonvml.Device, index int, pcieRoot 
 		return nil, nvmlError("nvmlDeviceGetPciInfo", ret)
 	}
 	gpu.PCIBusID = normalizeBusID(busIDString(pci.BusId))
-	if gpu.PCIBusID != "" && pcieRoot != nil {
-		root, err := pcieRoot(gpu.PCIBusID)
+	if gpu.PCIBusID != "" && sysfs.PCIeRoot != nil {
+		root, err := sysfs.PCIeRoot(gpu.PCIBusID)
 		if err != nil {
 			return nil, fmt.Errorf("PCIe root of %s: %w", gpu.PCIBusID, err)
 		}
 		gpu.PCIeRoot = root
 	}
-	// NUMA affinity is optional in NVML (and absent on single-socket
-	// machines); unknown is -1, not an error.
-	if numa, ret := dev.GetNumaNodeId(); ret == gonvml.SUCCESS {
+	if gpu.PCIBusID != "" {
+		numa, err := sysfs.NUMANode(gpu.PCIBusID)
+		if err != nil {
+			return nil, fmt.Errorf("NUMA node of %s: %w", gpu.PCIBusID, err)
+		}
 		gpu.NUMANode = numa
 	}
 

@@ -9,14 +9,13 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/lookup"
 	"github.com/go-logr/logr"
-	"k8s.io/dynamic-resource-allocation/deviceattribute"
 )
 
 // Library is an initialised NVML, real or simulated. It is safe for
 // concurrent use.
 type Library struct {
-	lib      gonvml.Interface
-	pcieRoot PCIeRootFunc
+	lib   gonvml.Interface
+	sysfs Sysfs
 
 	// gpusMu guards gpus, the per-GPU state of MIG operations (mig.go).
 	// It is held only to look an entry up, never across an NVML call.
@@ -37,7 +36,7 @@ func OpenReal(libraryPath string) (*Library, error) {
 	if ret := lib.Init(); ret != gonvml.SUCCESS {
 		return nil, fmt.Errorf("initialise NVML: %w", nvmlError("nvmlInit", ret))
 	}
-	return &Library{lib: lib, pcieRoot: sysfsPCIeRoot}, nil
+	return &Library{lib: lib, sysfs: HostSysfs()}, nil
 }
 
 // NVMLLibrary is the SONAME of NVML, the library go-nvml loads.
@@ -91,26 +90,15 @@ func FindDriverLibrary(root, name string) (string, error) {
 // New wraps an NVML implementation other than the real library: the
 // simulator (pkg/nvml/sim) hands its go-nvml mock server in here, so the
 // simulated node goes through the same discovery and MIG code as a real one.
-// pcieRoot resolves the GPUs' PCIe roots. lib must be initialised.
-func New(lib gonvml.Interface, pcieRoot PCIeRootFunc) *Library {
-	return &Library{lib: lib, pcieRoot: pcieRoot}
-}
-
-// sysfsPCIeRoot uses the upstream DRA helper, which reads /sys.
-func sysfsPCIeRoot(busID string) (string, error) {
-	attr, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(busID)
-	if err != nil {
-		return "", err
-	}
-	if attr.Value.StringValue == nil {
-		return "", fmt.Errorf("no PCIe root for %s", busID)
-	}
-	return *attr.Value.StringValue, nil
+// sysfs answers for the GPUs' PCI devices (the simulator's from its machine
+// file). lib must be initialised.
+func New(lib gonvml.Interface, sysfs Sysfs) *Library {
+	return &Library{lib: lib, sysfs: sysfs}
 }
 
 // Discover reads the node's driver and GPUs.
 func (l *Library) Discover() (*Node, error) {
-	return discover(l.lib, l.pcieRoot)
+	return discover(l.lib, l.sysfs)
 }
 
 // Close shuts NVML down. Safe to call more than once.

@@ -53,7 +53,9 @@ type GPU struct {
 	// PCIeRoot is the PCIe root complex, e.g. "pci0000:00", or "" when it
 	// cannot be determined.
 	PCIeRoot string
-	// NUMANode is the NUMA node the GPU is attached to, or -1 when unknown.
+	// NUMANode is the NUMA node the GPU's PCI device is attached to, as
+	// sysfs's numa_node says (Sysfs.NUMANode), or -1 when it has none (a VM)
+	// or the bus ID is unknown.
 	NUMANode int
 	// MIGCapable is true when the GPU supports MIG at all.
 	MIGCapable bool

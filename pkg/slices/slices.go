@@ -5,6 +5,7 @@ package slices
 
 import (
 	"fmt"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/names"
+	"github.com/facet-gpu/facet/pkg/nvml"
 )
 
 // API limits this package lays slices out by (resource/v1 types.go).
@@ -257,9 +259,7 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 	if g.NUMANode >= 0 {
 		attrs[names.AttrNUMANode] = intAttr(g.NUMANode)
 	}
-	if g.PCIeRoot != "" {
-		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
-	}
+	standardAttributes(attrs, &g.GPU)
 	out := resourceapi.Device{Name: d.Name, Attributes: attrs}
 	if inv.ComputePartitioning != "" && (d.Shareable || d.Kind == inventory.KindSlot) {
 		attrs[names.AttrComputePartitioning] = str(inv.ComputePartitioning)
@@ -304,6 +304,31 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 		out.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: g.CounterSet, Counters: counters}}
 	}
 	return out
+}
+
+// bdfPattern is the extended BDF notation that deviceattribute's
+// GetPCIBusIDAttribute accepts (k8s.io/dynamic-resource-allocation v0.37.2,
+// deviceattribute/pci_linux.go verifyPCIBDFFormat).
+var bdfPattern = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$`)
+
+// standardAttributes adds the resource.kubernetes.io attributes of g's PCI
+// device to attrs, on every device of the GPU (a MIG instance or a vGPU
+// slot sits where its GPU does): pcieRoot and pciBusID when known, and
+// numaNode unless sysfs says -1. They are what
+// k8s.io/dynamic-resource-allocation/deviceattribute's helpers publish for
+// the same device: pcieRoot comes from GetPCIeRootAttributeByPCIBusID at
+// discovery; GetPCIBusIDAttribute and GetNUMANodeAttribute are v0.37's, so
+// their names are in package names and their checks here.
+func standardAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, g *nvml.GPU) {
+	if g.PCIeRoot != "" {
+		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
+	}
+	if bdfPattern.MatchString(g.PCIBusID) {
+		attrs[names.StandardPCIBusID] = str(g.PCIBusID)
+	}
+	if g.NUMANode >= 0 {
+		attrs[names.StandardNUMANode] = intAttr(g.NUMANode)
+	}
 }
 
 // shareCapacity is the consumable capacity of a multi-allocatable gpu-<i>

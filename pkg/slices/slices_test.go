@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/inventory"
@@ -380,5 +381,50 @@ func TestVersionIsSemver(t *testing.T) {
 		if got != want {
 			t.Errorf("version(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestStandardAttributes: the resource.kubernetes.io attributes of a GPU's
+// PCI device, as deviceattribute's helpers would publish them: never a
+// numaNode for numa_node -1, never a pciBusID that is not in BDF notation.
+func TestStandardAttributes(t *testing.T) {
+	for _, name := range []string{names.StandardPCIBusID, names.StandardNUMANode} {
+		if !strings.HasPrefix(name, deviceattribute.StandardDeviceAttributePrefix) {
+			t.Errorf("%s is not in %s", name, deviceattribute.StandardDeviceAttributePrefix)
+		}
+	}
+	pcieRoot := string(deviceattribute.StandardDeviceAttributePCIeRoot)
+	for _, tc := range []struct {
+		name string
+		gpu  nvml.GPU
+		want map[string]string
+	}{
+		{"DGX: all three", nvml.GPU{PCIBusID: "0000:18:00.0", PCIeRoot: "pci0000:17", NUMANode: 0},
+			map[string]string{pcieRoot: "pci0000:17", names.StandardPCIBusID: "0000:18:00.0", names.StandardNUMANode: "0"}},
+		{"second socket", nvml.GPU{PCIBusID: "0000:c1:00.0", PCIeRoot: "pci0000:30", NUMANode: 1},
+			map[string]string{pcieRoot: "pci0000:30", names.StandardPCIBusID: "0000:c1:00.0", names.StandardNUMANode: "1"}},
+		{"VM: numa_node -1, no numaNode", nvml.GPU{PCIBusID: "0000:00:06.0", PCIeRoot: "pci0000:00", NUMANode: -1},
+			map[string]string{pcieRoot: "pci0000:00", names.StandardPCIBusID: "0000:00:06.0"}},
+		{"bus ID not in BDF notation", nvml.GPU{PCIBusID: "00000000:00:06.0", NUMANode: -1}, map[string]string{}},
+		{"nothing known", nvml.GPU{NUMANode: -1}, map[string]string{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
+			standardAttributes(attrs, &tc.gpu)
+			got := map[string]string{}
+			for n, a := range attrs {
+				switch {
+				case a.StringValue != nil:
+					got[string(n)] = *a.StringValue
+				case a.IntValue != nil:
+					got[string(n)] = fmt.Sprint(*a.IntValue)
+				default:
+					t.Errorf("%s: neither a string nor an int", n)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

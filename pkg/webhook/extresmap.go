@@ -212,6 +212,38 @@ func (m ExtendedResourceMap) names(name corev1.ResourceName) bool {
 	return ok
 }
 
+// allServed reports whether every resource of a container that the table
+// names is in served (the scheduler serves it from a DeviceClass); false
+// for a container that asks for none.
+func (m ExtendedResourceMap) allServed(res corev1.ResourceRequirements, served map[corev1.ResourceName]string) bool {
+	asked := false
+	for _, list := range []corev1.ResourceList{res.Limits, res.Requests} {
+		for n := range list {
+			if !m.names(n) {
+				continue
+			}
+			if _, ok := served[n]; !ok {
+				return false
+			}
+			asked = true
+		}
+	}
+	return asked
+}
+
+// servedBy reports whether the scheduler serves every resource of the
+// shape from a DeviceClass. A vGPU shape with a size is not, unless a
+// class names the size resource itself, which Facet's never do: a
+// mapping counts devices.
+func (s shape) servedBy(served map[corev1.ResourceName]string) bool {
+	for _, n := range s.resources {
+		if _, ok := served[n]; !ok {
+			return false
+		}
+	}
+	return len(s.resources) > 0
+}
+
 // deviceClassFor returns the device entry for name and the class it maps to.
 func (m ExtendedResourceMap) deviceClassFor(name string) (DeviceMapping, string, bool) {
 	for _, d := range m.Devices {

@@ -1,9 +1,13 @@
 package webhook
 
-// The pod mutator replaces extended resources with DRA claims on clusters
-// where the API server drops a DeviceClass's extendedResourceName (the
-// DRAExtendedResource gate is off, as on stock Kubernetes 1.35), so that
-// pods written for NVIDIA's device plugin, HAMi or Volcano still run.
+// The pod mutator replaces extended resources with DRA claims where the
+// scheduler cannot serve them from a DeviceClass, so that pods written for
+// NVIDIA's device plugin, HAMi or Volcano still run: every mapped resource
+// on clusters where the API server drops a DeviceClass's
+// extendedResourceName (the DRAExtendedResource gate is off, as on stock
+// Kubernetes 1.35), and on clusters where it keeps the field (1.36 and
+// later), the resources no class maps: HAMi's and Volcano's vGPU sizes,
+// since a class's mapping carries a count of devices, not a size.
 //
 // For each container asking for a mapped resource it removes the resource
 // from limits and requests, adds a pod resourceClaims entry that names a
@@ -66,10 +70,14 @@ const (
 type Mode string
 
 const (
-	// ModeAuto rewrites pods only while the API server drops
-	// DeviceClass.spec.extendedResourceName: where it keeps the field, the
-	// DRAExtendedResource gate is on and the scheduler serves extended
-	// resources from the DeviceClasses itself.
+	// ModeAuto decides per resource: an extended resource that some
+	// DeviceClass names in spec.extendedResourceName, which the API server
+	// keeps only where the DRAExtendedResource gate is on, is left to the
+	// scheduler, which serves it from the class; the rest is rewritten. A
+	// vGPU shape (HAMi's nvidia.com/gpu with nvidia.com/gpumem, Volcano's
+	// volcano.sh/vgpu-*) is rewritten whole unless every resource of it is
+	// mapped. With the gate off no class keeps the field, so every mapped
+	// resource is rewritten.
 	ModeAuto Mode = "auto"
 	// ModeAlways rewrites pods whatever the gate, e.g. where the API
 	// server's gate is on but the scheduler's is off.
@@ -91,8 +99,8 @@ func ParseMode(s string) (Mode, error) {
 type MutatorOptions struct {
 	Map  ExtendedResourceMap
 	Mode Mode
-	// Classes lists the cluster's DeviceClasses, from an informer: whether
-	// any keeps extendedResourceName decides ModeAuto, and a claim is made
+	// Classes lists the cluster's DeviceClasses, from an informer: the
+	// extendedResourceNames they keep decide ModeAuto, and a claim is made
 	// only for a class that exists.
 	Classes resourcelisters.DeviceClassLister
 	// Client creates the ResourceClaimTemplates.
@@ -152,47 +160,84 @@ func (m *Mutator) Run(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// Active reports whether pods are rewritten now, and why. The decision is
-// logged once and again whenever it changes.
-func (m *Mutator) Active() (bool, string) {
-	active, why := m.decide()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if why != m.last {
-		m.last = why
-		m.logger.Info("Extended resources: "+map[bool]string{true: "rewriting pods into claims", false: "leaving pods alone"}[active],
-			"mode", m.opts.Mode, "reason", why)
-	}
-	return active, why
+// decision is what the mutator does now.
+type decision struct {
+	// rewrite is false when every pod is left alone.
+	rewrite bool
+	// served maps the extended resources that the scheduler serves from a
+	// DeviceClass (ModeAuto) to that class; they are left alone.
+	served map[corev1.ResourceName]string
+	// why explains the decision, for the log.
+	why string
 }
 
-func (m *Mutator) decide() (bool, string) {
+// Active reports whether any pod's extended resources are rewritten now,
+// and why. The decision is logged once and again whenever it changes.
+func (m *Mutator) Active() (bool, string) {
+	d := m.current()
+	return d.rewrite, d.why
+}
+
+// current decides, logging the decision when it changed.
+func (m *Mutator) current() decision {
+	d := m.decide()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if d.why != m.last {
+		m.last = d.why
+		msg := "Extended resources: leaving pods alone"
+		switch {
+		case d.rewrite && len(d.served) > 0:
+			msg = "Extended resources: rewriting into claims those that no DeviceClass maps"
+		case d.rewrite:
+			msg = "Extended resources: rewriting pods into claims"
+		}
+		m.logger.Info(msg, "mode", m.opts.Mode, "reason", d.why)
+	}
+	return d
+}
+
+func (m *Mutator) decide() decision {
 	switch m.opts.Mode {
 	case ModeAlways:
-		return true, "--mutate-extended-resources=always"
+		return decision{rewrite: true, why: "--mutate-extended-resources=always"}
 	case ModeNever:
-		return false, "--mutate-extended-resources=never"
+		return decision{why: "--mutate-extended-resources=never"}
 	}
 	classes, err := m.opts.Classes.List(labels.Everything())
 	if err != nil {
 		// A lister reads its cache and does not fail; should it, the
 		// scheduler's own mapping is the safer guess.
-		return false, "cannot list DeviceClasses: " + err.Error()
+		return decision{why: "cannot list DeviceClasses: " + err.Error()}
 	}
+	served := map[corev1.ResourceName]string{}
 	var keeping []string
 	for _, c := range classes {
 		if c.Spec.ExtendedResourceName != nil && *c.Spec.ExtendedResourceName != "" {
+			served[corev1.ResourceName(*c.Spec.ExtendedResourceName)] = c.Name
 			keeping = append(keeping, c.Name)
 		}
 	}
-	if len(keeping) > 0 {
-		sort.Strings(keeping)
-		if len(keeping) > 3 {
-			keeping = append(keeping[:3], "...")
-		}
-		return false, fmt.Sprintf("DRAExtendedResource is on: the API server kept spec.extendedResourceName of DeviceClass %s, so the scheduler serves extended resources from the classes", strings.Join(keeping, ", "))
+	if len(keeping) == 0 {
+		return decision{rewrite: true, why: fmt.Sprintf("DRAExtendedResource is off: none of the %d DeviceClasses has spec.extendedResourceName (the API server drops it without the gate)", len(classes))}
 	}
-	return true, fmt.Sprintf("DRAExtendedResource is off: none of the %d DeviceClasses has spec.extendedResourceName (the API server drops it without the gate)", len(classes))
+	resources := make([]string, 0, len(served))
+	for n := range served {
+		resources = append(resources, string(n))
+	}
+	return decision{rewrite: true, served: served, why: fmt.Sprintf(
+		"DRAExtendedResource is on: the API server kept spec.extendedResourceName of DeviceClass %s, so the scheduler serves %s from the classes; "+
+			"the webhook rewrites only the extended resources that no DeviceClass maps (vGPU sizes: a mapping counts devices, it has no size)",
+		firstFew(keeping), firstFew(resources))}
+}
+
+// firstFew is up to three of names, sorted, for a log line.
+func firstFew(names []string) string {
+	sort.Strings(names)
+	if len(names) > 3 {
+		names = append(names[:3:3], fmt.Sprintf("and %d more", len(names)-3))
+	}
+	return strings.Join(names, ", ")
 }
 
 // ServeHTTP serves AdmissionReviews of pods.
@@ -240,7 +285,15 @@ func (m *Mutator) Review(ctx context.Context, req *admissionv1.AdmissionRequest)
 	if req.Operation != admissionv1.Create {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
-	if active, _ := m.Active(); !active && !m.kueue() {
+	d := m.current()
+	served := d.served
+	switch {
+	case m.kueue():
+		// Kueue counts claims of its mapped DeviceClasses, not the
+		// scheduler's extended resources, so in Kueue mode every pod is
+		// rewritten, whatever DRAExtendedResource says.
+		served = nil
+	case !d.rewrite:
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
 	var pod corev1.Pod
@@ -252,7 +305,7 @@ func (m *Mutator) Review(ctx context.Context, req *admissionv1.AdmissionRequest)
 		// runs the static pod whatever its mirror says.
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
-	p, err := m.plan(&pod)
+	p, err := m.plan(&pod, served)
 	if err != nil {
 		return denied(http.StatusUnprocessableEntity, metav1.StatusReasonInvalid, "Facet cannot replace the pod's extended resources with DRA claims: "+strings.ReplaceAll(err.Error(), "\n", "; "))
 	}
@@ -294,7 +347,12 @@ type plan struct {
 // a name the mutator would add (it was rewritten before, or its spec was
 // copied from a rewritten pod) is left alone, so that re-invocation and
 // re-creation never add a second claim for the same resource.
-func (m *Mutator) plan(pod *corev1.Pod) (plan, error) {
+//
+// served are the extended resources the scheduler serves from a
+// DeviceClass: a shape of only those is left alone, and so is a container
+// that asks for no other, so the API server, not the webhook, judges its
+// amounts.
+func (m *Mutator) plan(pod *corev1.Pod, served map[corev1.ResourceName]string) (plan, error) {
 	var p plan
 	var errs []error
 	for _, l := range []struct {
@@ -302,6 +360,9 @@ func (m *Mutator) plan(pod *corev1.Pod) (plan, error) {
 		containers   []corev1.Container
 	}{{"initContainers", "i", pod.Spec.InitContainers}, {"containers", "c", pod.Spec.Containers}} {
 		for i, c := range l.containers {
+			if m.opts.Map.allServed(c.Resources, served) {
+				continue
+			}
 			shapes, err := m.opts.Map.shapes(c.Name, c.Resources)
 			if err == nil && m.kueue() {
 				shapes, err = m.kueueShapes(c.Name, shapes)
@@ -311,6 +372,9 @@ func (m *Mutator) plan(pod *corev1.Pod) (plan, error) {
 				continue
 			}
 			for j, s := range shapes {
+				if s.servedBy(served) {
+					continue
+				}
 				if _, err := m.opts.Classes.Get(s.class); err != nil {
 					if apierrors.IsNotFound(err) {
 						err = fmt.Errorf("there is no DeviceClass %s; install Facet's DeviceClasses, or map %s elsewhere in the webhook's extended resource map", s.class, s.resources[0])

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,6 +56,20 @@ func newTestMutator(t *testing.T, mode Mode, classes []*resourceapi.DeviceClass,
 		t.Fatal(err)
 	}
 	return m, client
+}
+
+// facetOn are Facet's classes as a cluster with DRAExtendedResource keeps
+// them (deployments/deviceclasses.yaml), and mig-3g.40gb.facet.dev, a
+// class an admin installed without extendedResourceName.
+func facetOn() []*resourceapi.DeviceClass {
+	return []*resourceapi.DeviceClass{
+		deviceClass("gpu.facet.dev", "nvidia.com/gpu"),
+		deviceClass("mig.facet.dev", ""),
+		deviceClass("mig-1g.10gb.facet.dev", "nvidia.com/mig-1g.10gb"),
+		deviceClass("mig-1g.10gb.me.facet.dev", "nvidia.com/mig-1g.10gb.me"),
+		deviceClass("mig-3g.40gb.facet.dev", ""),
+		deviceClass("vgpu-slot.facet.dev", ""),
+	}
 }
 
 func stock() []*resourceapi.DeviceClass {
@@ -153,9 +168,12 @@ func TestMutatePods(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		pod  *corev1.Pod
-		want []wantClaim
-		// kept are resources that must stay in the first container.
+		// classes are the cluster's DeviceClasses; nil is stock().
+		classes []*resourceapi.DeviceClass
+		pod     *corev1.Pod
+		want    []wantClaim
+		// kept are resources that must stay in the first container; no
+		// other container keeps them either.
 		kept []corev1.ResourceName
 	}{
 		{
@@ -227,10 +245,60 @@ func TestMutatePods(t *testing.T) {
 			pod:  testPod(ctr("x", res("example.com/fpga=1"))),
 			kept: []corev1.ResourceName{"example.com/fpga"},
 		},
+		// DRAExtendedResource on (1.36 and later): what a class maps is the
+		// scheduler's, the rest is rewritten.
+		{
+			name:    "gate on: whole GPUs are left to the scheduler",
+			classes: facetOn(),
+			pod:     testPod(ctr("cuda", res("nvidia.com/gpu=2"))),
+			kept:    []corev1.ResourceName{"nvidia.com/gpu"},
+		},
+		{
+			name:    "gate on: a mapped MIG profile is left to the scheduler",
+			classes: facetOn(),
+			pod:     testPod(ctr("cuda", res("nvidia.com/mig-1g.10gb.me=1"))),
+			kept:    []corev1.ResourceName{"nvidia.com/mig-1g.10gb.me"},
+		},
+		{
+			name:    "gate on: a MIG profile whose class maps nothing is rewritten",
+			classes: facetOn(),
+			pod:     testPod(ctr("cuda", res("nvidia.com/mig-3g.40gb=1"))),
+			want:    []wantClaim{{"c/cuda", "facet-c0-0", "mig-3g.40gb.facet.dev", 1, nil}},
+		},
+		{
+			name:    "gate on: Volcano vGPUs are rewritten, no class can map a size",
+			classes: facetOn(),
+			pod:     testPod(ctr("cuda", res("volcano.sh/vgpu-number=1", "volcano.sh/vgpu-memory=2000", "volcano.sh/vgpu-cores=20"))),
+			want:    []wantClaim{{"c/cuda", "facet-c0-0", "vgpu-slot.facet.dev", 1, []string{memSel("2000Mi"), coreSel("20")}}},
+		},
+		{
+			name:    "gate on: HAMi vGPUs are rewritten whole, their mapped nvidia.com/gpu count with them",
+			classes: facetOn(),
+			pod:     testPod(ctr("cuda", res("nvidia.com/gpu=1", "nvidia.com/gpumem=3000", "nvidia.com/gpucores=50"))),
+			want:    []wantClaim{{"c/cuda", "facet-c0-0", "vgpu-slot.facet.dev", 1, []string{memSel("3000Mi"), coreSel("50")}}},
+		},
+		{
+			name:    "gate on: whole GPUs left, another container's Volcano vGPU rewritten",
+			classes: facetOn(),
+			pod:     testPod(ctr("train", res("nvidia.com/gpu=1", "cpu=1")), ctr("infer", res("volcano.sh/vgpu-number=1", "volcano.sh/vgpu-memory=4000"))),
+			want:    []wantClaim{{"c/infer", "facet-c1-0", "vgpu-slot.facet.dev", 1, []string{memSel("4000Mi")}}},
+			kept:    []corev1.ResourceName{"nvidia.com/gpu", "cpu"},
+		},
+		{
+			name:    "gate on: in one container, the mapped profile left and the vGPU rewritten",
+			classes: facetOn(),
+			pod:     testPod(ctr("cuda", res("nvidia.com/mig-1g.10gb=1", "volcano.sh/vgpu-number=1", "volcano.sh/vgpu-cores=30"))),
+			want:    []wantClaim{{"c/cuda", "facet-c0-0", "vgpu-slot.facet.dev", 1, []string{coreSel("30")}}},
+			kept:    []corev1.ResourceName{"nvidia.com/mig-1g.10gb"},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m, client := newTestMutator(t, ModeAuto, stock())
+			classes := tc.classes
+			if classes == nil {
+				classes = stock()
+			}
+			m, client := newTestMutator(t, ModeAuto, classes)
 			resp := m.Review(context.Background(), podRequest(t, tc.pod, admissionv1.Create))
 			if !resp.Allowed {
 				t.Fatalf("denied: %s", resp.Result.Message)
@@ -247,15 +315,19 @@ func TestMutatePods(t *testing.T) {
 					t.Errorf("limit %s was removed: %v", n, pod.Spec.Containers[0].Resources.Limits)
 				}
 			}
-			for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-				for _, c := range list {
+			mayKeep := func(n corev1.ResourceName) bool {
+				return n == "cpu" || n == "memory" || slices.Contains(tc.kept, n)
+			}
+			for i, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+				for j, c := range list {
+					first := i == 1 && j == 0
 					for n := range c.Resources.Limits {
-						if n != "cpu" && n != "memory" {
+						if !mayKeep(n) || (!first && slices.Contains(tc.kept, n)) {
 							t.Errorf("container %s still has limit %s", c.Name, n)
 						}
 					}
 					for n := range c.Resources.Requests {
-						if n != "cpu" && n != "memory" {
+						if !mayKeep(n) || (!first && slices.Contains(tc.kept, n)) {
 							t.Errorf("container %s still has request %s", c.Name, n)
 						}
 					}
@@ -434,23 +506,27 @@ func TestMutatePodsDenied(t *testing.T) {
 }
 
 func TestMutatePodsGate(t *testing.T) {
-	gateOn := append(stock(), deviceClass("gpu.facet.dev", "nvidia.com/gpu"))[1:]
-	pod := testPod(ctr("cuda", res("nvidia.com/gpu=1")))
+	gateOn := facetOn()
+	gpuPod := testPod(ctr("cuda", res("nvidia.com/gpu=1")))
+	volcanoPod := testPod(ctr("cuda", res("volcano.sh/vgpu-number=1", "volcano.sh/vgpu-memory=2000")))
 	for _, tc := range []struct {
 		name    string
 		mode    Mode
 		classes []*resourceapi.DeviceClass
+		pod     *corev1.Pod
 		mutated bool
 	}{
-		{"auto, gate off: rewritten", ModeAuto, stock(), true},
-		{"auto, gate on: left to the scheduler", ModeAuto, gateOn, false},
-		{"auto, another driver's class keeps the field: gate on", ModeAuto, append(stock(), deviceClass("gpu.example.com", "example.com/gpu")), false},
-		{"always, gate on: rewritten", ModeAlways, gateOn, true},
-		{"never, gate off: left alone", ModeNever, stock(), false},
+		{"auto, gate off: rewritten", ModeAuto, stock(), gpuPod, true},
+		{"auto, gate on: a mapped resource is left to the scheduler", ModeAuto, gateOn, gpuPod, false},
+		{"auto, gate on: a vGPU size is rewritten", ModeAuto, gateOn, volcanoPod, true},
+		{"auto, only another driver's class keeps the field: nvidia.com/gpu is nobody's, rewritten", ModeAuto, append(stock(), deviceClass("gpu.example.com", "example.com/gpu")), gpuPod, true},
+		{"always, gate on: rewritten", ModeAlways, gateOn, gpuPod, true},
+		{"never, gate off: left alone", ModeNever, stock(), gpuPod, false},
+		{"never, gate on: a vGPU size is left alone too", ModeNever, gateOn, volcanoPod, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, _ := newTestMutator(t, tc.mode, tc.classes)
-			resp := m.Review(context.Background(), podRequest(t, pod, admissionv1.Create))
+			resp := m.Review(context.Background(), podRequest(t, tc.pod, admissionv1.Create))
 			if !resp.Allowed {
 				t.Fatalf("denied: %s", resp.Result.Message)
 			}
@@ -460,11 +536,19 @@ func TestMutatePodsGate(t *testing.T) {
 		})
 	}
 
-	t.Run("gate on: even a malformed pod is left to the API server", func(t *testing.T) {
+	t.Run("gate on: a malformed mapped resource is left to the API server", func(t *testing.T) {
 		m, _ := newTestMutator(t, ModeAuto, gateOn)
 		resp := m.Review(context.Background(), podRequest(t, testPod(ctr("cuda", res("nvidia.com/gpu=500m"))), admissionv1.Create))
 		if !resp.Allowed || resp.Patch != nil {
 			t.Errorf("allowed %v patch %s", resp.Allowed, resp.Patch)
+		}
+	})
+
+	t.Run("gate on: a malformed vGPU size is refused", func(t *testing.T) {
+		m, _ := newTestMutator(t, ModeAuto, gateOn)
+		resp := m.Review(context.Background(), podRequest(t, testPod(ctr("cuda", res("nvidia.com/gpu=1", "nvidia.com/gpumem=1500m"))), admissionv1.Create))
+		if resp.Allowed || !strings.Contains(resp.Result.Message, `container "cuda": nvidia.com/gpumem: 1500m is not a whole number`) {
+			t.Errorf("allowed %v: %+v", resp.Allowed, resp.Result)
 		}
 	})
 }
@@ -646,15 +730,22 @@ func TestMutatorLogsDecisionChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		if active, _ := m.Active(); active {
-			t.Fatal("active with the gate on")
+		// Still active: what no class maps (vGPU sizes) is rewritten.
+		if active, _ := m.Active(); !active {
+			t.Fatal("inactive with the gate on")
 		}
 	}
 	log := buf.String()
 	if n := strings.Count(log, "Extended resources:"); n != 2 {
 		t.Errorf("%d decisions logged, want 2:\n%s", n, log)
 	}
-	if !strings.Contains(log, "DRAExtendedResource is off") || !strings.Contains(log, "kept spec.extendedResourceName of DeviceClass gpu.facet.dev") {
-		t.Errorf("log does not explain the decisions:\n%s", log)
+	for _, want := range []string{
+		"Extended resources: rewriting pods into claims", "DRAExtendedResource is off",
+		"Extended resources: rewriting into claims those that no DeviceClass maps",
+		"kept spec.extendedResourceName of DeviceClass gpu.facet.dev, so the scheduler serves nvidia.com/gpu from the classes",
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("log does not say %q:\n%s", want, log)
+		}
 	}
 }

@@ -30,8 +30,12 @@ const mutateLabel = "facet.dev/e2e-mutate"
 //   - with DRAExtendedResource off (stock 1.35), an unchanged
 //     `nvidia.com/gpu: 1` pod is rewritten into a claim from a template, runs
 //     with one Facet GPU, and its claim is deleted with it;
-//   - with the gate on, the webhook leaves the pod to the scheduler's
-//     extended-resource mapping.
+//   - with the gate on (1.36, 1.37), the webhook leaves that pod to the
+//     scheduler's extended-resource mapping;
+//   - whatever the gate, an unchanged Volcano pod (volcano.sh/vgpu-number,
+//     vgpu-memory, vgpu-cores) and an unchanged HAMi pod (nvidia.com/gpu
+//     with gpumem and gpucores) are rewritten into vGPU slot claims and run
+//     with their sizes as HAMi-core limits: no DeviceClass can map a size.
 //
 // Whether the gate is on is read as the webhook reads it: from whether the
 // API server kept the DeviceClasses' extendedResourceName.
@@ -52,7 +56,9 @@ func TestExtendedResourceWebhook(t *testing.T) {
 	addr, caPEM, logPath := startWebhook(t, "facet-webhook-mutate-e2e.log",
 		"--mutate-pods", "--kubeconfig", e.kubeconfig, "--extended-resource-recheck-interval", "2s", "-v", "4")
 
-	p := startPlugin(t, "dgx-h100", "--mode", "exclusive")
+	// GPU 4 in vGPU slots (40 GiB/50 % and two of 20 GiB/25 %), for the
+	// Volcano and HAMi pods; the others whole.
+	p := startPlugin(t, "dgx-h100", "--mode", "exclusive", "--gpu-modes", "4=slots", "--gpu-slots", "4=1x40Gi/50+2")
 	deleteNamespaceAtEnd(t)
 	registerPodMutator(t, "facet-e2e-mutate-pods", addr, caPEM, logPath, `
   matchConditions:
@@ -60,7 +66,8 @@ func TestExtendedResourceWebhook(t *testing.T) {
     expression: >-
       (object.spec.containers + object.spec.?initContainers.orValue([])).exists(c,
       has(c.resources) && has(c.resources.limits) &&
-      c.resources.limits.exists(k, k in ['nvidia.com/gpu'] || k.startsWith('nvidia.com/mig-')))`)
+      c.resources.limits.exists(k, k in ['nvidia.com/gpu', 'nvidia.com/gpumem', 'nvidia.com/gpucores',
+      'volcano.sh/vgpu-number', 'volcano.sh/vgpu-memory', 'volcano.sh/vgpu-cores'] || k.startsWith('nvidia.com/mig-')))`)
 
 	gpuPod := func(name, amount string) *corev1.Pod {
 		pod := extendedResourcePod(name, "nvidia.com/gpu")
@@ -71,8 +78,68 @@ func TestExtendedResourceWebhook(t *testing.T) {
 	if log, _ := os.ReadFile(logPath); !strings.Contains(string(log), map[bool]string{true: "DRAExtendedResource is on", false: "DRAExtendedResource is off"}[gateOn]) {
 		t.Errorf("the webhook's log (%s) does not say the gate is %v:\n%s", logPath, gateOn, log)
 	}
-	waitModes(t, func(int64) string { return "exclusive" })
+	waitFor(t, "slices: 7 whole GPUs and 3 vGPU slots", time.Minute, func() (bool, error) {
+		n := map[string]int{}
+		for _, s := range ourSlices(t) {
+			for _, d := range s.Spec.Devices {
+				n[*d.Attributes["mode"].StringValue]++
+			}
+		}
+		return n["exclusive"] == 7 && n["slots"] == 3 && len(n) == 2, fmt.Errorf("devices by mode: %v", n)
+	})
 	gpus := publishedGPUs(t)
+
+	t.Run("unchanged Volcano and HAMi vGPU pods become vGPU slot claims and run with their sizes", func(t *testing.T) {
+		vgpuPod := func(name string, limits map[string]string) *corev1.Pod {
+			pod := extendedResourcePod(name, "volcano.sh/vgpu-number")
+			pod.Labels = map[string]string{mutateLabel: "true"}
+			pod.Spec.Containers[0].Resources.Limits = corev1.ResourceList{}
+			for n, v := range limits {
+				pod.Spec.Containers[0].Resources.Limits[corev1.ResourceName(n)] = resource.MustParse(v)
+			}
+			return pod
+		}
+		for _, tc := range []struct {
+			name     string
+			limits   map[string]string
+			mem, sm  string // the HAMi-core limits the container gets
+			minCores int64  // of the slot it gets
+		}{
+			{"volcano-vgpu", map[string]string{"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "2000", "volcano.sh/vgpu-cores": "20"}, "2000m", "20", 20},
+			{"hami-vgpu", map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "50"}, "3000m", "50", 50},
+		} {
+			created, err := e.client.CoreV1().Pods(namespace).Create(ctx, vgpuPod(tc.name, tc.limits), metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if left := created.Spec.Containers[0].Resources.Limits; len(left) != 0 {
+				t.Errorf("%s: limits left after the rewrite: %v", tc.name, left)
+			}
+			if len(created.Spec.ResourceClaims) != 1 || created.Spec.ResourceClaims[0].ResourceClaimTemplateName == nil {
+				t.Fatalf("%s: resourceClaims %+v", tc.name, created.Spec.ResourceClaims)
+			}
+			t.Logf("%s rewritten: %s", tc.name, created.Annotations[webhook.RewrittenAnnotation])
+			pod := waitPodRunning(t, tc.name)
+			claim := podClaims(t, pod)[created.Spec.ResourceClaims[0].Name]
+			if claim == nil || claim.Status.Allocation == nil {
+				t.Fatalf("%s: no allocated claim %s", tc.name, created.Spec.ResourceClaims[0].Name)
+			}
+			if got := requestsOf(claim); got != "devices: 1 x vgpu-slot.facet.dev" {
+				t.Errorf("%s: claim requests %s", tc.name, got)
+			}
+			dev := claim.Status.Allocation.Devices.Results[0].Device
+			if !strings.HasPrefix(dev, "gpu-4-slot-") {
+				t.Errorf("%s: got device %s, want a slot of gpu-4", tc.name, dev)
+			}
+			if cores := slotCores(t, dev); cores < tc.minCores {
+				t.Errorf("%s: slot %s has %d %% of the SMs, the pod asked for %d", tc.name, dev, cores, tc.minCores)
+			}
+			env := envOf(execIn(t, tc.name, "", "env"))
+			if env["CUDA_DEVICE_MEMORY_LIMIT_0"] != tc.mem || env["CUDA_DEVICE_SM_LIMIT_0"] != tc.sm {
+				t.Errorf("%s: HAMi-core limits %q %q, want %s %s", tc.name, env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_0"], tc.mem, tc.sm)
+			}
+		}
+	})
 
 	if gateOn {
 		t.Run("gate on: the pod is left to the scheduler's extended-resource mapping", func(t *testing.T) {
@@ -203,4 +270,20 @@ webhooks:
 		log, _ := os.ReadFile(logPath)
 		return strings.Contains(string(log), `name="probe"`), fmt.Errorf("the webhook has not seen the probe pod")
 	})
+}
+
+// slotCores is the cores capacity (percent of the SMs) of the vGPU slot
+// device of that name in this node's slices.
+func slotCores(t *testing.T, device string) int64 {
+	t.Helper()
+	for _, s := range ourSlices(t) {
+		for _, d := range s.Spec.Devices {
+			if d.Name == device {
+				c := d.Capacity["cores"]
+				return c.Value.Value()
+			}
+		}
+	}
+	t.Fatalf("no device %s in the slices", device)
+	return 0
 }

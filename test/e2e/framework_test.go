@@ -78,10 +78,13 @@ func TestMain(m *testing.M) {
 }
 
 // defaultGates says, per Kubernetes minor, whether the DRA gates of
-// features.Gates are on by default: all four are alpha (off) in v1.35.4 and
-// beta (on) in v1.36.3 (k8s.io/kubernetes pkg/features/kube_features.go of
-// each). A minor missing here is one the e2e suite has not been run on.
-var defaultGates = map[string]bool{"1.35": false, "1.36": true}
+// features.Gates are on by default (k8s.io/kubernetes
+// pkg/features/kube_features.go of each): all four are alpha (off) in
+// v1.35.4 and beta (on) in v1.36.3; in v1.37.2 DRADeviceTaints and
+// DRAExtendedResource are GA (on; DRAExtendedResource locked on) and
+// DRAPartitionableDevices and DRAConsumableCapacity still beta and on. A
+// minor missing here is one the e2e suite has not been run on.
+var defaultGates = map[string]bool{"1.35": false, "1.36": true, "1.37": true}
 
 // clusterGates is what the node's cluster should enforce: its version's
 // defaults with the gates hack/cluster/up.sh was given (FACET_FEATURE_GATES)

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
 
@@ -108,7 +109,7 @@ func TestUUIDsStableAcrossOpens(t *testing.T) {
 }
 
 func TestMachineValidation(t *testing.T) {
-	zero := -1
+	noNUMA, bad := -1, -2
 	good := func() Machine {
 		return Machine{Name: "m", DriverVersion: "580.159.04", CUDADriverVersion: "13.0",
 			GPUs: []MachineGPU{{Model: "L4"}, {Model: "H100-SXM5-80GB"}}}
@@ -128,7 +129,8 @@ func TestMachineValidation(t *testing.T) {
 		{"bad bus", func(m *Machine) { m.GPUs[0].PCIBusID = "00:01.0" }, "gpus[0].pciBusID"},
 		{"dup bus", func(m *Machine) { m.GPUs[0].PCIBusID = "0000:02:00.0" }, "gpus[1].pciBusID: 0000:02:00.0 already used by gpus[0]"},
 		{"bad root", func(m *Machine) { m.GPUs[1].PCIeRoot = "root" }, "gpus[1].pcieRoot"},
-		{"negative numa", func(m *Machine) { m.GPUs[1].NUMANode = &zero }, "gpus[1].numaNode"},
+		{"numa -1: none, as on a VM", func(m *Machine) { m.GPUs[1].NUMANode = &noNUMA }, ""},
+		{"numa below -1", func(m *Machine) { m.GPUs[1].NUMANode = &bad }, "gpus[1].numaNode: -2 is not a NUMA node"},
 		{"dup uuid", func(m *Machine) { m.GPUs[0].UUID = "GPU-a"; m.GPUs[1].UUID = "GPU-a" }, "gpus[1].uuid"},
 		{"bad uuid", func(m *Machine) { m.GPUs[0].UUID = "x" }, "gpus[0].uuid"},
 	} {
@@ -146,5 +148,35 @@ func TestMachineValidation(t *testing.T) {
 				t.Fatalf("error %v, want it to contain %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestSimulatedNUMA: the machine file's numaNode reaches discovery through
+// the simulated sysfs (numa_node), -1 where the file gives none or -1, and
+// NVML's own NUMA query answers "Not Supported", as on the measured H100.
+func TestSimulatedNUMA(t *testing.T) {
+	zero, one, none := 0, 1, -1
+	m := &Machine{Name: "numa", DriverVersion: "550.54.15", CUDADriverVersion: "12.4", GPUs: []MachineGPU{
+		{Model: "L4", NUMANode: &one},
+		{Model: "L4", NUMANode: &zero},
+		{Model: "L4"},
+		{Model: "L4", NUMANode: &none},
+	}}
+	lib, srv, err := openSimulated(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lib.Close()
+	node, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int{1, 0, -1, -1} {
+		if got := node.GPUs[i].NUMANode; got != want {
+			t.Errorf("GPU %d: NUMA node %d, want %d", i, got, want)
+		}
+		if _, ret := srv.Devices[i].GetNumaNodeId(); ret != gonvml.ERROR_NOT_SUPPORTED {
+			t.Errorf("GPU %d: nvmlDeviceGetNumaNodeId returned %v, want Not Supported", i, ret)
+		}
 	}
 }

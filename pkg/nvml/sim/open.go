@@ -2,6 +2,8 @@ package sim
 
 import (
 	"fmt"
+	"path"
+	"testing/fstest"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
@@ -53,6 +55,14 @@ func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, e
 		roots[g.PCIBusID] = g.PCIeRoot
 		modelNames[i] = g.Model
 	}
+	sysfs := machineSysfs(m)
+	sysfs.PCIeRoot = func(busID string) (string, error) {
+		root, ok := roots[busID]
+		if !ok {
+			return "", fmt.Errorf("bus ID %s is not in machine %s", busID, m.Name)
+		}
+		return root, nil
+	}
 	sim := newSimNode(srv, modelNames)
 	var faults *faultSource
 	if o.faultFile != "" {
@@ -67,13 +77,7 @@ func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, e
 			return nil, nil, err
 		}
 	}
-	lib := nvml.New(srv, func(busID string) (string, error) {
-		root, ok := roots[busID]
-		if !ok {
-			return "", fmt.Errorf("bus ID %s is not in machine %s", busID, m.Name)
-		}
-		return root, nil
-	})
+	lib := nvml.New(srv, sysfs)
 	return lib, srv, nil
 }
 
@@ -84,8 +88,23 @@ func defaultUUID(machine string, index int) string {
 	return "GPU-" + uuid.NewSHA1(ns, fmt.Appendf(nil, "%s/%d", machine, index)).String()
 }
 
+// machineSysfs is the machine's sysfs as discovery reads it: each GPU's
+// bus/pci/devices/<bus ID>/numa_node, "-1" where the machine file gives no
+// NUMA node, as the kernel writes it.
+func machineSysfs(m *Machine) nvml.Sysfs {
+	fsys := fstest.MapFS{}
+	for _, g := range m.GPUs {
+		numa := -1
+		if g.NUMANode != nil {
+			numa = *g.NUMANode
+		}
+		fsys[path.Join("bus", "pci", "devices", g.PCIBusID, "numa_node")] = &fstest.MapFile{Data: fmt.Appendf(nil, "%d\n", numa), Mode: 0o444}
+	}
+	return nvml.Sysfs{FS: fsys}
+}
+
 // simulateDevice fills in what go-nvml's mock leaves out or gets wrong for
-// Facet's purposes: identity, PCI location, NUMA, memory info v2 and the MIG
+// Facet's purposes: identity, PCI location, memory info v2 and the MIG
 // mode at boot. MIG itself is newSimNode's.
 func simulateDevice(dev *server.Device, g MachineGPU, m model) {
 	dev.UUID = g.UUID
@@ -114,12 +133,10 @@ func simulateDevice(dev *server.Device, g MachineGPU, m model) {
 	}
 	// nvcdi asks every handle whether it is a MIG device.
 	dev.IsMigDeviceHandleFunc = func() (bool, gonvml.Return) { return false, gonvml.SUCCESS }
-	dev.GetNumaNodeIdFunc = func() (int, gonvml.Return) {
-		if g.NUMANode == nil {
-			return 0, gonvml.ERROR_NOT_SUPPORTED
-		}
-		return *g.NUMANode, gonvml.SUCCESS
-	}
+	// As measured on an H100 80GB HBM3: NVML has a NUMA node only for a GPU
+	// whose memory is one (Grace Hopper); the NUMA affinity of a PCIe or
+	// SXM GPU is sysfs's (machineSysfs).
+	dev.GetNumaNodeIdFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
 }
 
 // DiscoverMachine simulates the node of a machine file and discovers it,

@@ -1,0 +1,40 @@
+package nvml
+
+import (
+	"strings"
+	"testing"
+	"testing/fstest"
+)
+
+func TestSysfsNUMANode(t *testing.T) {
+	const bus = "0000:18:00.0"
+	file := "bus/pci/devices/" + bus + "/numa_node"
+	for _, tc := range []struct {
+		name    string
+		fsys    fstest.MapFS
+		want    int
+		wantErr string
+	}{
+		{"node 0", fstest.MapFS{file: {Data: []byte("0\n")}}, 0, ""},
+		{"node 3, no newline", fstest.MapFS{file: {Data: []byte("3")}}, 3, ""},
+		{"-1: no affinity (a VM)", fstest.MapFS{file: {Data: []byte("-1\n")}}, -1, ""},
+		{"no numa_node file (no CONFIG_NUMA)", fstest.MapFS{"bus/pci/devices/" + bus + "/vendor": {Data: []byte("0x10de\n")}}, -1, ""},
+		{"device not in sysfs", fstest.MapFS{"bus/pci/devices/0000:19:00.0/numa_node": {Data: []byte("0\n")}}, -1, "PCI device 0000:18:00.0 is not in sysfs"},
+		{"not a number", fstest.MapFS{file: {Data: []byte("zero\n")}}, -1, `numa_node: "zero" is not a NUMA node`},
+		{"beyond MAX_NUMNODES", fstest.MapFS{file: {Data: []byte("1024\n")}}, -1, "NUMA node 1024 is beyond the kernel's limit of 1023"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Sysfs{FS: tc.fsys}.NUMANode(bus)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %d, %v; want an error containing %q", got, err, tc.wantErr)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("got %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
