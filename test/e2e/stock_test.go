@@ -18,8 +18,11 @@ import (
 
 // stockModes are the GA shapes on the dgx-h100: GPUs 0-1 carved by Facet
 // with mig-parted's all-balanced and published as static MIG devices, GPU 4
-// split into vGPU slots, the others whole (auto: exclusive, no instances).
+// split into vGPU slots, the others whole (exclusive: named, because from
+// Kubernetes 1.37 auto gives MIG-capable GPUs mig where the cluster enforces
+// partitionable devices).
 var stockModes = []string{
+	"--mode", "exclusive",
 	"--gpu-modes", "0-1=static-mig,4=slots",
 	"--mig-layouts", "0-1=all-balanced",
 	"--gpu-slots", "4=1x40Gi/50+2",

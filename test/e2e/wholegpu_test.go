@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 // gpuInfo is what the published slices say about each whole-GPU device.
@@ -55,6 +57,28 @@ func hasRecord(t *testing.T, uid types.UID) bool {
 	return c != nil
 }
 
+// autoModes is the mode the plugin's auto policy (pkg/inventory) gives
+// each GPU of the machine file demo/machines/<machine>.yaml, without MIG
+// instances, on this node's cluster (e.gates, with its server version), by
+// NVML index.
+func autoModes(t testing.TB, machine string) map[int64]string {
+	t.Helper()
+	node, err := sim.DiscoverMachine(filepath.Join(e.repo, "demo", "machines", machine+".yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gates := e.gates
+	inv, err := inventory.Build(node, inventory.Config{Features: &gates})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int64]string{}
+	for _, g := range inv.GPUs {
+		out[int64(g.Index)] = string(g.Mode)
+	}
+	return out
+}
+
 // waitModes waits until the API server holds this plugin's slices: all 8
 // GPUs with the mode each should have. Counting devices is not enough: a
 // previous plugin's slices, in other modes, have as many until replaced,
@@ -83,8 +107,10 @@ func TestWholeGPUs(t *testing.T) {
 
 	p := startPlugin(t, "dgx-h100")
 	deleteNamespaceAtEnd(t)
-	// auto on H100s without MIG instances: exclusive before Kubernetes 1.37.
-	waitModes(t, func(int64) string { return "exclusive" })
+	// auto on H100s without MIG instances: exclusive before Kubernetes
+	// 1.37, mig from 1.37 where partitionable devices are enforced.
+	auto := autoModes(t, "dgx-h100")
+	waitModes(t, func(i int64) string { return auto[i] })
 	gpus := publishedGPUs(t)
 
 	claimUIDs := map[string]types.UID{}
