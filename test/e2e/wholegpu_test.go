@@ -105,12 +105,21 @@ func TestWholeGPUs(t *testing.T) {
 	ctx := context.Background()
 	setupNamespace(t)
 
-	p := startPlugin(t, "dgx-h100")
-	deleteNamespaceAtEnd(t)
 	// auto on H100s without MIG instances: exclusive before Kubernetes
-	// 1.37, mig from 1.37 where partitionable devices are enforced.
-	auto := autoModes(t, "dgx-h100")
-	waitModes(t, func(i int64) string { return auto[i] })
+	// 1.37, mig from 1.37 where partitionable devices are enforced. This
+	// test is about whole GPUs, so where auto gives mig it names exclusive
+	// (TestMIGAndShares runs mig mode).
+	var args []string
+	for i, m := range autoModes(t, "dgx-h100") {
+		if m != "exclusive" {
+			t.Logf("auto gives GPU %d %s on this cluster (%s); this test runs --mode exclusive", i, m, e.gates.ServerVersion)
+			args = []string{"--mode", "exclusive"}
+			break
+		}
+	}
+	p := startPlugin(t, "dgx-h100", args...)
+	deleteNamespaceAtEnd(t)
+	waitModes(t, func(int64) string { return "exclusive" })
 	gpus := publishedGPUs(t)
 
 	claimUIDs := map[string]types.UID{}
