@@ -87,8 +87,11 @@ lint: $(GOLANGCI_LINT)
 
 ## test: unit tests, allocator tests (on each Kubernetes minor),
 ## end-to-end tests on a real node, and on a cluster of several nodes; each
-## round prints its wall time ("[ci] stage ...", hack/stage.sh)
-test: unit allocator-matrix e2e multinode
+## round prints its wall time ("[ci] stage ...", hack/stage.sh). The unit
+## tests and the allocator matrix run beside the e2e rounds, which leave the
+## cores mostly idle (hack/test.sh)
+test:
+	MAKE="$(MAKE)" hack/test.sh
 
 # Runs a recipe line as a named, timed stage (.ci/run tabulates them).
 STAGE := hack/stage.sh

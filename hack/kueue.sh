@@ -69,7 +69,11 @@ start() {
   # shellcheck disable=SC1091
   source "${RUN_DIR}/env.sh"
   local bin dir src
-  bin="$("${REPO}/hack/build-kueue.sh" | tail -n1)"
+  # The build's lock (.ci/run and hack/e2e.sh build it beside the tests):
+  # a build under way is waited for, never started twice.
+  local locks="${FACET_CACHE:-$HOME/.cache/facet}/bin"
+  mkdir -p "${locks}"
+  bin="$(flock "${locks}/.build-kueue.lock" "${REPO}/hack/build-kueue.sh" | tail -n1)"
   dir="${RUN_DIR}/kueue"
   mkdir -p "${dir}/certs" "${RUN_DIR}/logs" "${RUN_DIR}/pids"
   kubectl apply --server-side -f "${bin}/crds" >/dev/null
