@@ -122,7 +122,7 @@ allocator-matrix:
 ## with its default gates (device taints and extended resources GA).
 ## TestKueue (Kueue v0.17.0 beside the node: hack/build-kueue.sh,
 ## hack/kueue.sh; docs/kueue.md) runs on the two 1.35 rounds.
-e2e: build image-sim
+e2e: build
 	$(STAGE) "e2e 1.35.4, DRA alpha gates on" hack/e2e.sh
 	FACET_FEATURE_GATES= $(STAGE) "e2e 1.35.4 stock" hack/e2e.sh
 	FACET_K8S_VERSION=v1.36.3 $(STAGE) "e2e 1.36.3, default gates" hack/e2e.sh

@@ -62,6 +62,11 @@ REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 if [[ -n "$(git status --porcelain 2>/dev/null)" ]]; then REVISION="${REVISION}-dirty"; fi
 CREATED="$(git log -1 --format=%ct 2>/dev/null || echo 0)"
 SOURCE="${IMAGE_SOURCE:-https://github.com/facet-gpu/facet}"
+mkdir -p "${OUT_DIR}"
+# One build of an archive at a time (hack/e2e.sh builds the simulator image
+# beside its round, make image-sim by hand): they share the work directory.
+exec 8>"${ARCHIVE}.lock"
+flock 8
 T0=${SECONDS}
 log() { printf '[image %3ds] %s\n' "$((SECONDS - T0))" "$*" >&2; }
 
@@ -126,8 +131,15 @@ for platform in ${PLATFORMS}; do
   glibc_root "${arch}" "${base}"
   log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor; static: facet-webhook)"
   ldflags="-s -w"
+  # -trimpath keeps this machine's paths out of the shipped binaries. The
+  # simulator image is for this machine's demo and tests only, and without
+  # it its build shares every compiled package with make build's (the same
+  # tags and cgo): on a cold cache that is a whole compile of Facet and its
+  # dependencies saved.
+  trim=(-trimpath)
+  ${SIM} && trim=()
   GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
-    "${GO}" build -trimpath "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor
+    "${GO}" build "${trim[@]}" "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor
   GOOS=linux GOARCH="${arch}" CGO_ENABLED=0 \
     "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook
   log "${platform}: go build nvidia-cdi-hook (static, hack/build-cdi-hook.sh)"
@@ -182,7 +194,9 @@ if [[ -f "${ARCHIVE}" && "$(cat "${ARCHIVE}.key" 2>/dev/null)" == "${key}" ]]; t
   exit 0
 fi
 rm -f "${ARCHIVE}.key"
-"${TOOL}" --out "${ARCHIVE}" "${args[@]}" >&2
+# Written aside and renamed: a round reading the archive never sees half of it.
+"${TOOL}" --out "${ARCHIVE}.tmp" "${args[@]}" >&2
+mv -f "${ARCHIVE}.tmp" "${ARCHIVE}"
 echo "${key}" >"${ARCHIVE}.key"
 for platform in ${PLATFORMS}; do
   arch="${platform#linux/}"
