@@ -22,7 +22,7 @@ if [[ "${FACET_K8S_VERSION:-v1.35.4}" == v1.35.* ]]; then
   if [[ $# -eq 0 ]]; then
     kueue_last=true
     FACET_STAGE_BESIDE=1 hack/stage.sh "tools build (Kueue, beside the round)" \
-      flock "${locks}/.build-kueue.lock" nice -n 19 hack/build-kueue.sh >/dev/null &
+      flock "${locks}/.build-kueue.lock" nice -n 10 hack/build-kueue.sh >/dev/null &
     kueue_build=$!
   elif [[ "$*" == *Kueue* ]]; then
     hack/stage.sh "tools build (Kueue)" flock "${locks}/.build-kueue.lock" hack/build-kueue.sh >/dev/null
@@ -30,12 +30,14 @@ if [[ "${FACET_K8S_VERSION:-v1.35.4}" == v1.35.* ]]; then
 fi
 # The simulator image (make image-sim, _output/facet-image-sim.tar) is only
 # for the chart's live tests at the end of the round, so it is built beside
-# test/e2e (niced: a cold build compiles Facet again with -trimpath) and
-# waited for before them.
+# test/e2e and waited for before them. Niced by how soon it is needed: the
+# image (nice 5) a few minutes into the round, Kueue (nice 10) at its end,
+# the unit tests beside make test's rounds (nice 17, hack/test.sh) only when
+# they all end; .ci/run's builds for later rounds sit between (12 to 19).
 image_build=""
 if [[ $# -eq 0 || -n "${FACET_E2E_CHART_RUN:-}" ]]; then
   FACET_STAGE_BESIDE=1 hack/stage.sh "build image-sim (beside the round)" \
-    nice -n 19 hack/image.sh --sim >/dev/null &
+    nice -n 5 hack/image.sh --sim >/dev/null &
   image_build=$!
 fi
 export RUN_DIR="${FACET_E2E_RUN_DIR:-/tmp/facet-e2e}"

@@ -17,7 +17,8 @@
 # the chart's init container copies onto nodes without the NVIDIA Container
 # Toolkit (`facetctl install-cdi-hook`), where the CDI specs' hooks run it;
 # it is static (hack/build-cdi-hook.sh). The webhook is static
-# (CGO_ENABLED=0). The plugin, facetctl and facet-preemptor (through
+# (CGO_ENABLED=0; in the --sim image it is linked like the rest, below).
+# The plugin, facetctl and facet-preemptor (through
 # pkg/occupancy's MIG profile tables) link go-nvml, whose bindings dlopen
 # libnvidia-ml.so.1 through cgo: they are linked dynamically against glibc,
 # which must then be in the image, since a static glibc binary cannot safely
@@ -129,19 +130,31 @@ for platform in ${PLATFORMS}; do
   mkdir -p "${base}" "${app}/usr/bin"
   base_root "${base}"
   glibc_root "${arch}" "${base}"
-  log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor; static: facet-webhook)"
+  if ${SIM}; then
+    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor, facet-webhook)"
+  else
+    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor; static: facet-webhook)"
+  fi
   ldflags="-s -w"
   # -trimpath keeps this machine's paths out of the shipped binaries. The
   # simulator image is for this machine's demo and tests only, and without
   # it its build shares every compiled package with make build's (the same
   # tags and cgo): on a cold cache that is a whole compile of Facet and its
   # dependencies saved.
-  trim=(-trimpath)
-  ${SIM} && trim=()
-  GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
-    "${GO}" build "${trim[@]}" "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor
-  GOOS=linux GOARCH="${arch}" CGO_ENABLED=0 \
-    "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook
+  # For the same reason its webhook is linked as make build links it (cgo,
+  # against the image's glibc) instead of statically, which would compile
+  # client-go and the rest without cgo once more. The shipped webhook is
+  # static.
+  if ${SIM}; then
+    GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
+      "${GO}" build "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" \
+      ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor ./cmd/facet-webhook
+  else
+    GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
+      "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor
+    GOOS=linux GOARCH="${arch}" CGO_ENABLED=0 \
+      "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook
+  fi
   log "${platform}: go build nvidia-cdi-hook (static, hack/build-cdi-hook.sh)"
   GO="${GO}" "${REPO}/hack/build-cdi-hook.sh" "${app}/usr/bin/nvidia-cdi-hook" "${arch}" "${cc}"
   if ${SIM}; then

@@ -5,7 +5,8 @@
 # only about a third busy: they wait on the kubelet, the API server and the
 # containers (measured: 40 % over the 1.37.2 round, docs/benchmarks.md). The
 # unit tests and the allocator matrix need no node and are CPU-bound, so
-# they run beside the rounds, niced below them, instead of before them.
+# they run beside the rounds, niced below them (and below the builds the
+# rounds wait for: hack/e2e.sh, .ci/run), instead of before them.
 # Their output goes to a log that is printed when they end; the multinode
 # round (fixed ports, like the e2e node) comes after the e2e rounds.
 #
@@ -23,7 +24,7 @@ log="$(mktemp /tmp/facet-test-beside.XXXXXX)"
 set -m
 (
   FACET_STAGE_BESIDE=1 hack/stage.sh "unit and allocator matrix (beside the e2e rounds)" \
-    nice -n 10 "${MAKE}" --no-print-directory unit allocator-matrix
+    nice -n 17 "${MAKE}" --no-print-directory unit allocator-matrix
 ) >"${log}" 2>&1 &
 beside=$!
 set +m
