@@ -76,15 +76,7 @@ func TestSimulatedCardsMatchMeasured(t *testing.T) {
 		t.Run(card.model, func(t *testing.T) {
 			m := &Machine{Name: "calibration", DriverVersion: card.driverVersion, CUDADriverVersion: card.cudaVersion,
 				GPUs: []MachineGPU{{Model: card.model}}}
-			lib, srv, err := openSimulated(m)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lib.Close()
-			node, err := lib.Discover()
-			if err != nil {
-				t.Fatal(err)
-			}
+			srv, node := discoverSimulated(t, m)
 			g := node.GPUs[0]
 			for _, f := range []struct {
 				field     string

@@ -6,11 +6,44 @@ import (
 	"testing"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/facet-gpu/facet/pkg/nvml"
 )
 
 func machinePath(name string) string {
 	return filepath.Join("..", "..", "..", "demo", "machines", name+".yaml")
+}
+
+// discoverMachine opens the demo machine file called name, as the plugin's
+// --machine does, and discovers its node; the library closes when t ends.
+func discoverMachine(t testing.TB, name string, opts ...Option) (*nvml.Library, *nvml.Node) {
+	t.Helper()
+	lib, err := OpenMachine(machinePath(name), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lib.Close() })
+	node, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lib, node
+}
+
+// discoverSimulated serves m on a simulated NVML and discovers its node;
+// the library closes when t ends.
+func discoverSimulated(t testing.TB, m *Machine) (*server.Server, *nvml.Node) {
+	t.Helper()
+	lib, srv, err := openSimulated(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lib.Close() })
+	node, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, node
 }
 
 func TestDiscoverMachineFiles(t *testing.T) {
@@ -34,15 +67,7 @@ func TestDiscoverMachineFiles(t *testing.T) {
 		{"l4x4", 4, "NVIDIA L4", "ada", "8.9", 23034 - 136, 23034, false, "", "", 0},
 	} {
 		t.Run(tc.machine, func(t *testing.T) {
-			lib, err := OpenMachine(machinePath(tc.machine))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lib.Close()
-			node, err := lib.Discover()
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, node := discoverMachine(t, tc.machine)
 			if node.DriverVersion != "580.159.04" || node.CUDADriverVersion != "13.0" {
 				t.Errorf("driver %q cuda %q", node.DriverVersion, node.CUDADriverVersion)
 			}
@@ -162,15 +187,7 @@ func TestSimulatedNUMA(t *testing.T) {
 		{Model: "L4"},
 		{Model: "L4", NUMANode: &none},
 	}}
-	lib, srv, err := openSimulated(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lib.Close()
-	node, err := lib.Discover()
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, node := discoverSimulated(t, m)
 	for i, want := range []int{1, 0, -1, -1} {
 		if got := node.GPUs[i].NUMANode; got != want {
 			t.Errorf("GPU %d: NUMA node %d, want %d", i, got, want)

@@ -20,15 +20,7 @@ func TestHealthFaults(t *testing.T) {
 	if _, err := InjectFault(faults, 8, Fault{GPU: 5, Kind: FaultXID, XID: 48}); err != nil {
 		t.Fatal(err)
 	}
-	lib, err := OpenMachine(machinePath("dgx-h100"), WithFaultFile(faults))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lib.Close()
-	node, err := lib.Discover()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lib, node := discoverMachine(t, "dgx-h100", WithFaultFile(faults))
 	var uuids []string
 	for _, g := range node.GPUs {
 		uuids = append(uuids, g.UUID)
