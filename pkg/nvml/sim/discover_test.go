@@ -19,15 +19,7 @@ func machinePath(name string) string {
 func discoverMachine(t testing.TB, name string, opts ...Option) (*nvml.Library, *nvml.Node) {
 	t.Helper()
 	lib, err := OpenMachine(machinePath(name), opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lib.Close() })
-	node, err := lib.Discover()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lib, node
+	return lib, discovered(t, lib, err)
 }
 
 // discoverSimulated serves m on a simulated NVML and discovers its node;
@@ -35,15 +27,22 @@ func discoverMachine(t testing.TB, name string, opts ...Option) (*nvml.Library, 
 func discoverSimulated(t testing.TB, m *Machine) (*server.Server, *nvml.Node) {
 	t.Helper()
 	lib, srv, err := openSimulated(m)
-	if err != nil {
-		t.Fatal(err)
+	return srv, discovered(t, lib, err)
+}
+
+// discovered fails t on the error of opening lib, else closes lib when t
+// ends and returns the node it discovers.
+func discovered(t testing.TB, lib *nvml.Library, openErr error) *nvml.Node {
+	t.Helper()
+	if openErr != nil {
+		t.Fatal(openErr)
 	}
 	t.Cleanup(func() { lib.Close() })
 	node, err := lib.Discover()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return srv, node
+	return node
 }
 
 func TestDiscoverMachineFiles(t *testing.T) {
