@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -Wno-deprecated-declarations
 BIN := $(CURDIR)/bin
 RUN_DIR ?= /tmp/facet-run
 
-.PHONY: allocator-matrix all build lint-tool codegen-tool image image-sim build-release verify-release generate verify-generate lint test unit e2e multinode demo demo-down bench bench-scale clean fuzz fuzz-smoke
+.PHONY: allocator-matrix all build tools lint-tool codegen-tool image image-sim build-release verify-release generate verify-generate lint test unit e2e multinode demo demo-down bench bench-scale clean fuzz fuzz-smoke
 
 all: build
 
@@ -78,6 +78,14 @@ $(GOLANGCI_LINT):
 	GOBIN=$(FACET_CACHE)/bin/.golangci-lint $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 	mv $(FACET_CACHE)/bin/.golangci-lint/golangci-lint $@
 
+## tools: build every pinned tool the test rounds need (Kubernetes 1.35.4,
+## 1.36.3 and 1.37.2, etcd, containerd, Kueue, golangci-lint, deepcopy-gen)
+## into ~/.cache/facet, niced, in the order the rounds need them; start it
+## first on a new machine (about an hour on 2 cores). `hack/tools.sh
+## --status` says which caches are cold.
+tools:
+	hack/tools.sh
+
 ## lint-tool: build golangci-lint (once per machine, cached)
 lint-tool: $(GOLANGCI_LINT)
 
@@ -122,11 +130,17 @@ allocator-matrix:
 ## with its default gates (device taints and extended resources GA).
 ## TestKueue (Kueue v0.17.0 beside the node: hack/build-kueue.sh,
 ## hack/kueue.sh; docs/kueue.md) runs on the two 1.35 rounds.
+# A round that fails does not stop the rounds after it: each round is
+# its own node, and a failure on one Kubernetes version says nothing
+# about the next. make e2e fails at the end if any round failed, naming
+# them.
 e2e: build
-	$(STAGE) "e2e 1.35.4, DRA alpha gates on" hack/e2e.sh
-	FACET_FEATURE_GATES= $(STAGE) "e2e 1.35.4 stock" hack/e2e.sh
-	FACET_K8S_VERSION=v1.36.3 $(STAGE) "e2e 1.36.3, default gates" hack/e2e.sh
-	FACET_K8S_VERSION=v1.37.2 $(STAGE) "e2e 1.37.2, default gates" hack/e2e.sh
+	@failed=""; \
+	$(STAGE) "e2e 1.35.4, DRA alpha gates on" hack/e2e.sh || failed="$$failed, 1.35.4 gated"; \
+	FACET_FEATURE_GATES= $(STAGE) "e2e 1.35.4 stock" hack/e2e.sh || failed="$$failed, 1.35.4 stock"; \
+	FACET_K8S_VERSION=v1.36.3 $(STAGE) "e2e 1.36.3, default gates" hack/e2e.sh || failed="$$failed, 1.36.3"; \
+	FACET_K8S_VERSION=v1.37.2 $(STAGE) "e2e 1.37.2, default gates" hack/e2e.sh || failed="$$failed, 1.37.2"; \
+	if [ -n "$$failed" ]; then echo "make e2e: these rounds FAILED: $${failed#, }" >&2; exit 1; fi
 
 ## multinode: a cluster of real kubelets on this machine, three of them with
 ## Facet on simulated machines (dgx-h100 in mig mode, dgx-a100-80gb in

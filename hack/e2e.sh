@@ -60,11 +60,14 @@ hack/stage.sh "node up" hack/cluster/up.sh
 # shellcheck disable=SC1091
 source "${RUN_DIR}/env.sh"
 hack/sim-node.sh "${RUN_DIR}" demo/machines/dgx-h100.yaml
+# A failed suite does not stop the round: test/e2e, the chart's live tests
+# and TestKueue each report, and the round fails at the end (rc).
+rc=0
 # Extra arguments go to go test, e.g. -run '^$' -bench . for the prepare benchmarks.
 if ${kueue_last}; then
-  hack/stage.sh "test/e2e" go test ./test/e2e/ -count=1 -v -timeout 30m -skip '^TestKueue$'
+  hack/stage.sh "test/e2e" go test ./test/e2e/ -count=1 -v -timeout 30m -skip '^TestKueue$' || rc=1
 else
-  hack/stage.sh "test/e2e" go test ./test/e2e/ -count=1 -v -timeout 30m "$@"
+  hack/stage.sh "test/e2e" go test ./test/e2e/ -count=1 -v -timeout 30m "$@" || rc=1
 fi
 # The chart against the real apiserver: server-side dry run of every
 # rendered object, the per-node ResourceSlice policy with a pod-bound token,
@@ -83,12 +86,13 @@ if [[ -n "${image_build}" ]]; then
   hack/stage.sh "build image-sim: waiting for it" tail --pid="${image_build}" -f /dev/null
   wait "${image_build}"
   image_build=""
-  (cd test/helm && ../../hack/stage.sh "chart live tests" go test ./... -p 1 -count=1 -v -timeout 20m -run "${FACET_E2E_CHART_RUN:-Live}")
+  (cd test/helm && ../../hack/stage.sh "chart live tests" go test ./... -p 1 -count=1 -v -timeout 20m -run "${FACET_E2E_CHART_RUN:-Live}") || rc=1
 fi
 if ${kueue_last}; then
   # tail --pid: stage.sh's shell cannot wait for this one's child.
   hack/stage.sh "tools build (Kueue): waiting for it" tail --pid="${kueue_build}" -f /dev/null
   wait "${kueue_build}"
   kueue_build=""
-  hack/stage.sh "test/e2e TestKueue" go test ./test/e2e/ -count=1 -v -timeout 30m -run '^TestKueue$'
+  hack/stage.sh "test/e2e TestKueue" go test ./test/e2e/ -count=1 -v -timeout 30m -run '^TestKueue$' || rc=1
 fi
+exit "${rc}"

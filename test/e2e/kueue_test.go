@@ -127,9 +127,8 @@ func TestKueue(t *testing.T) {
 		applyYAML(t, clusterQueue("team-a", "facet", "facet.dev/gpu", 2, ptrTo(1)))
 		waitWorkloads(t, map[string]bool{"gpu-4": true}, "")
 		waitJobPodsRunning(t, "gpu-4", 1)
-		if got := usage(t, "team-a", "facet.dev/gpu"); got != "3" {
-			t.Errorf("team-a uses %s facet.dev/gpu, want 3 (2 of its own, 1 borrowed)", got)
-		}
+		// 2 of its own, 1 borrowed.
+		waitUsage(t, "team-a", map[string]string{"facet.dev/gpu": "3"})
 	})
 
 	t.Run("whole GPUs: gang admission, all or nothing", func(t *testing.T) {
@@ -236,11 +235,7 @@ spec:
 		}
 		waitPodRunning(t, "kueue-gpu")
 		waitPodRunning(t, "kueue-volcano")
-		for res, want := range map[string]string{"facet.dev/gpu": "1", "facet.dev/" + kueueSlot: "1", "nvidia.com/gpu": "", "volcano.sh/vgpu-memory": ""} {
-			if got := usage(t, "mutated", res); got != want {
-				t.Errorf("ClusterQueue mutated uses %q of %s, want %q", got, res, want)
-			}
-		}
+		waitUsage(t, "mutated", map[string]string{"facet.dev/gpu": "1", "facet.dev/" + kueueSlot: "1", "nvidia.com/gpu": "", "volcano.sh/vgpu-memory": ""})
 	})
 }
 
@@ -567,9 +562,36 @@ func jobPodsRunning(job string) (running, all int, err error) {
 	return running, len(l.Items), nil
 }
 
-// usage is a ClusterQueue's admitted usage of res in flavor default, "" if none.
-func usage(t testing.TB, cq, res string) string {
+// waitUsage waits until a ClusterQueue's admitted usage in flavor default
+// is want for every resource named in it ("" for none), and fails the test
+// with the last usage seen if it is not within a minute. Kueue writes a
+// ClusterQueue's status asynchronously, a reconcile or more after the
+// Workload is admitted and its pods run, so a single read can see the
+// usage from before (the flake this replaced: "team-a uses 2
+// facet.dev/gpu, want 3").
+func waitUsage(t testing.TB, cq string, want map[string]string) {
 	t.Helper()
+	waitFor(t, fmt.Sprintf("ClusterQueue %s to use %v", cq, want), time.Minute, func() (bool, error) {
+		out, err := kubectlErr("get", "clusterqueue", cq, "-o", "json")
+		if err != nil {
+			return false, fmt.Errorf("%v: %s", err, out)
+		}
+		got, err := flavorUsage(out)
+		if err != nil {
+			return false, err
+		}
+		for res, w := range want {
+			if got[res] != w {
+				return false, fmt.Errorf("uses %v", got)
+			}
+		}
+		return true, nil
+	})
+}
+
+// flavorUsage is a ClusterQueue's (its JSON's) non-zero admitted usage in
+// flavor default, by resource name.
+func flavorUsage(cqJSON string) (map[string]string, error) {
 	var q struct {
 		Status struct {
 			FlavorsUsage []struct {
@@ -581,20 +603,21 @@ func usage(t testing.TB, cq, res string) string {
 			} `json:"flavorsUsage"`
 		} `json:"status"`
 	}
-	var last string
-	// The status lags admission by a reconcile.
-	waitFor(t, "ClusterQueue "+cq+" status", 30*time.Second, func() (bool, error) {
-		last = kubectl(t, "get", "clusterqueue", cq, "-o", "json")
-		return json.Unmarshal([]byte(last), &q) == nil && len(q.Status.FlavorsUsage) > 0, fmt.Errorf("no flavorsUsage: %s", last)
-	})
+	if err := json.Unmarshal([]byte(cqJSON), &q); err != nil {
+		return nil, err
+	}
+	got := map[string]string{}
 	for _, f := range q.Status.FlavorsUsage {
+		if f.Name != "default" {
+			continue
+		}
 		for _, r := range f.Resources {
-			if r.Name == res && !r.Total.IsZero() {
-				return r.Total.String()
+			if !r.Total.IsZero() {
+				got[r.Name] = r.Total.String()
 			}
 		}
 	}
-	return ""
+	return got, nil
 }
 
 // deleteJobs deletes the Jobs named prefix* and waits for their pods to
