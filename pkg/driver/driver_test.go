@@ -144,7 +144,7 @@ func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 func (r *rig) start() {
 	r.t.Helper()
 	_, ctx := ktesting.NewTestContext(r.t)
-	editor, err := r.lib.DriverEditor(nvml.DriverEditorOptions{DriverRoot: r.root, NvidiaCDIHookPath: "/usr/bin/nvidia-cdi-hook"})
+	editor, err := r.lib.DriverEditor(nvml.DriverEditorOptions{DriverRoot: r.root, ProcRoot: filepath.Join(r.root, "proc"), NvidiaCDIHookPath: "/usr/bin/nvidia-cdi-hook"})
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -22,9 +22,9 @@ import (
 // nvidia-cdi-hook, and nvcdi's default.
 const DefaultNvidiaCDIHookPath = "/usr/bin/nvidia-cdi-hook"
 
-// MIGMinorsPath is the driver's MIG capability table. nvcdi reads it at this
-// fixed path to find the /dev/nvidia-caps nodes of a MIG device; see
-// BindSimulatedProcDriver for a simulated node.
+// MIGMinorsPath is the driver's MIG capability table on a node
+// (DefaultProcRoot); ReadMIGCapDevices reads it under
+// DriverEditorOptions.ProcRoot.
 const MIGMinorsPath = "/proc/driver/nvidia-caps/mig-minors"
 
 // DriverEditorOptions configures a DriverEditor.
@@ -65,6 +65,12 @@ type DriverEditorOptions struct {
 	// defaults, which is what a GPU node running the NVIDIA Container Toolkit
 	// gets.
 	DisabledHooks []string
+	// ProcRoot is where the driver's proc files are read (ReadMIGCapDevices):
+	// devices, driver/nvidia/capabilities and driver/nvidia-caps/mig-minors.
+	// Empty means DefaultProcRoot, the proc file system, which shows the
+	// host driver's files in a container too. A simulated node uses its
+	// driver root's proc/ (sim.LayoutDriverRoot).
+	ProcRoot string
 	// Logger receives nvcdi's messages: errors as errors, warnings at V(1),
 	// info at V(4), debug at V(6) and trace at V(7). The zero value discards
 	// them. nvcdi warns about every optional file it does not find (graphics
@@ -95,6 +101,7 @@ type DriverEditor struct {
 	// this process reads it when that differs.
 	driverRoot string
 	devRoot    string
+	procRoot   string
 }
 
 // NewDriverEditor returns a DriverEditor over lib, an NVML library that is
@@ -182,7 +189,11 @@ func NewDriverEditor(lib gonvml.Interface, opts DriverEditorOptions) (*DriverEdi
 	if err != nil {
 		return nil, fmt.Errorf("nvcdi driver editor for driver root %s: %w", driverRoot, err)
 	}
-	e := &DriverEditor{lib: lib, cdi: cdilib, driverRoot: driverRoot, devRoot: devRoot}
+	procRoot := opts.ProcRoot
+	if procRoot == "" {
+		procRoot = DefaultProcRoot
+	}
+	e := &DriverEditor{lib: lib, cdi: cdilib, driverRoot: driverRoot, devRoot: devRoot, procRoot: procRoot}
 	if ctrRoot != hostRoot {
 		e.toHost = transformroot.NewDriverTransformer(
 			transformroot.WithDriverRoot(ctrRoot), transformroot.WithTargetDriverRoot(hostRoot),
@@ -281,20 +292,25 @@ func (e *DriverEditor) GPUEdits(uuid string) (*cdispec.ContainerEdits, error) {
 // MIGEdits returns the edits for the MIG device that is compute instance
 // ciID of GPU instance giID on the GPU parentUUID, as NVML numbers them
 // (GpuInstanceInfo.Id and ComputeInstanceInfo.Id, at hand right after
-// creating the instances). They come from nvcdi's device spec for the MIG
-// device's UUID: the parent's /dev/nvidia<minor>, and the nvidia-caps nodes
-// /dev/nvidia-caps/nvidia-cap<N> granting access to the GI and to the CI,
-// with N read from MIGMinorsPath (plus /dev/dri nodes for a +gfx profile).
+// creating the instances): the parent's /dev/nvidia<minor> from nvcdi's
+// device spec for the parent (under DevRoot), and the two nvidia-caps
+// nodes /dev/nvidia-caps/nvidia-cap<N> granting access to the GI and to the
+// CI, as character devices with the major and minors the driver gives them
+// (ReadMIGCapDevices, under ProcRoot). The runtime creates those two in the
+// container: the host needs no node for them, which it has for an instance
+// carved a moment before only when something created one. NVIDIA's DRA
+// driver builds MIG edits the same way (cmd/gpu-kubelet-plugin/cdi.go,
+// GetDevNodesForMigDevice); unlike it, Facet keeps nothing else of the
+// parent's spec (its /dev/dri nodes), which a compute MIG device does not
+// need.
 //
-// The MIG device is found through NVML: the parent's MIG device handles
-// (GetMaxMigDeviceCount, GetMigDeviceHandleByIndex) are searched for the
-// one whose GetGpuInstanceId and GetComputeInstanceId match.
+// The MIG device is found through NVML first: the parent's MIG device
+// handles (GetMaxMigDeviceCount, GetMigDeviceHandleByIndex) are searched
+// for the one whose GetGpuInstanceId and GetComputeInstanceId match.
 //
-// It fails when the MIG device does not exist, when MIGMinorsPath is missing
-// (no MIG-capable driver loaded; on a simulated node see
-// BindSimulatedProcDriver), and when the edits lack the two nvidia-caps
-// nodes (nvcdi skips device nodes missing under DevRoot silently; the
-// driver creates them only when something asks, e.g. nvidia-modprobe -f).
+// It fails when the MIG device does not exist, when the parent's device
+// node is missing under DevRoot, and when the driver's capability files do
+// not show the instance (ReadMIGCapDevices names the file).
 func (e *DriverEditor) MIGEdits(parentUUID string, giID, ciID int) (*cdispec.ContainerEdits, error) {
 	what := fmt.Sprintf("MIG device GI %d CI %d on GPU %s", giID, ciID, parentUUID)
 	e.mu.Lock()
@@ -303,22 +319,33 @@ func (e *DriverEditor) MIGEdits(parentUUID string, giID, ciID int) (*cdispec.Con
 	if err != nil {
 		return nil, fmt.Errorf("nvcdi edits for %s: %w", what, err)
 	}
-	if _, err := os.Stat(MIGMinorsPath); err != nil {
-		return nil, fmt.Errorf("nvcdi edits for %s (%s): nvcdi needs the driver's MIG capability table: %w", what, migUUID, err)
+	parent, ret := e.lib.DeviceGetHandleByUUID(parentUUID)
+	if err := nvmlError("nvmlDeviceGetHandleByUUID", ret); err != nil {
+		return nil, fmt.Errorf("edits for %s: %w", what, err)
 	}
-	edits, err := e.deviceEdits(migUUID)
+	minor, ret := parent.GetMinorNumber()
+	if err := nvmlError("nvmlDeviceGetMinorNumber", ret); err != nil {
+		return nil, fmt.Errorf("edits for %s: %w", what, err)
+	}
+	parentEdits, err := e.deviceEdits(parentUUID)
 	if err != nil {
 		return nil, fmt.Errorf("nvcdi edits for %s (%s, driver root %s): %w", what, migUUID, e.driverRoot, err)
 	}
-	caps := 0
-	for _, n := range edits.DeviceNodes {
-		if n != nil && strings.HasPrefix(n.Path, "/dev/nvidia-caps/") {
-			caps++
+	parentNode := fmt.Sprintf("/dev/nvidia%d", minor)
+	edits := &cdispec.ContainerEdits{}
+	for _, n := range parentEdits.DeviceNodes {
+		if n != nil && n.Path == parentNode {
+			edits.DeviceNodes = append(edits.DeviceNodes, n)
 		}
 	}
-	if caps < 2 {
-		return nil, fmt.Errorf("nvcdi edits for %s (%s): %d of the GI and CI nvidia-caps nodes found under dev root %s", what, migUUID, caps, e.devRoot)
+	if len(edits.DeviceNodes) == 0 {
+		return nil, fmt.Errorf("nvcdi edits for %s (%s): no %s under dev root %s", what, migUUID, parentNode, e.devRoot)
 	}
+	giCap, ciCap, err := ReadMIGCapDevices(e.procRoot, minor, giID, ciID)
+	if err != nil {
+		return nil, fmt.Errorf("edits for %s (%s): %w", what, migUUID, err)
+	}
+	edits.DeviceNodes = append(edits.DeviceNodes, giCap.DeviceNode(), ciCap.DeviceNode())
 	return edits, nil
 }
 

@@ -187,9 +187,11 @@ func Run(ctx context.Context, f Config) error {
 		// there, in the private mount namespace the plugin must then run
 		// in (unshare --mount --propagation private, or a container of its
 		// own as the chart's pod). Refused on a host with a real driver or
-		// in the host's mount namespace.
+		// in the host's mount namespace. Facet's own MIG edits read the
+		// simulated root's proc files directly (ProcRoot below), so only
+		// nvcdi's MIG code paths, which Facet does not call, need the bind.
 		if err := f.bindSimulatedProcDriver(f.containerDriverRoot()); err != nil {
-			logger.Error(err, "MIG devices cannot get CDI edits on this simulated node; MIG claims will fail to prepare")
+			logger.Error(err, "nvcdi cannot see the simulated MIG capability table on this simulated node")
 		}
 	}
 	vgpu, hamiErr := openHAMi(f.HAMiLibrary, filepath.Join(f.StateDir, "vgpu"))
@@ -201,8 +203,15 @@ func Run(ctx context.Context, f Config) error {
 		return err
 	}
 	inv.ComputePartitioning = partitioning(partitioner)
+	// The driver's proc files (MIG capabilities) are the node's, in a
+	// container too; a simulated node has them in its driver root.
+	procRoot := nvml.DefaultProcRoot
+	if f.Machine != "" {
+		procRoot = filepath.Join(f.containerDriverRoot(), "proc")
+	}
 	editor, err := lib.DriverEditor(nvml.DriverEditorOptions{
 		DriverRoot: f.DriverRoot, ContainerDriverRoot: f.ContainerDriverRoot, DevRoot: f.DevRoot, NvidiaCDIHookPath: f.CDIHook,
+		ProcRoot: procRoot,
 	})
 	if err != nil {
 		return err

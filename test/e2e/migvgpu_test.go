@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,35 @@ func simInstances(t testing.TB) map[string]int {
 		}
 	}
 	return out
+}
+
+// checkCapNodes checks the MIG capability nodes a container sees (lines
+// "capnode <path> <major hex> <minor hex>" of stat): the GI's and the CI's,
+// created by the runtime from the CDI spec with the simulated driver's
+// nvidia-caps major (63, sim.LayoutDriverRoot's proc/devices) and the minor
+// their name says, while the simulated dev root on the host has no node for
+// either: the case of an instance carved at prepare on a real node.
+func checkCapNodes(t testing.TB, out string) {
+	t.Helper()
+	var nodes []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 || f[0] != "capnode" {
+			continue
+		}
+		nodes = append(nodes, f[1])
+		major, err1 := strconv.ParseUint(f[2], 16, 32)
+		minor, err2 := strconv.ParseUint(f[3], 16, 32)
+		if err1 != nil || err2 != nil || major != 63 || fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", minor) != f[1] {
+			t.Errorf("capability node %s is %s:%s (hex), want 3f and the minor its name gives", f[1], f[2], f[3])
+		}
+		if _, err := os.Lstat(filepath.Join(e.runDir, "driver-root", f[1])); !os.IsNotExist(err) {
+			t.Errorf("%s exists under the simulated dev root (%v): the test needs an instance with no host node", f[1], err)
+		}
+	}
+	if len(nodes) != 2 {
+		t.Fatalf("%d MIG capability nodes in the container, want the GI's and the CI's:\n%s", len(nodes), out)
+	}
 }
 
 func execIn(t testing.TB, pod, container, script string) string {
@@ -113,13 +143,11 @@ func TestMIGAndShares(t *testing.T) {
 		if n := len(simInstances(t)); n != 1 {
 			t.Fatalf("%d MIG instances carved, want 1: %v", n, simInstances(t))
 		}
-		out := execIn(t, "one-1g10gb", "", "env; ls /dev/nvidia-caps")
+		out := execIn(t, "one-1g10gb", "", "env; stat -c 'capnode %n %t %T' /dev/nvidia-caps/*")
 		if env := envOf(out); !strings.HasPrefix(env["FACET_GPU_UUIDS"], "MIG-") || env["FACET_DEVICES"] != device {
 			t.Fatalf("container env: %v", env)
 		}
-		if !strings.Contains(out, "nvidia-cap") {
-			t.Fatalf("no nvidia-caps nodes in the container:\n%s", out)
-		}
+		checkCapNodes(t, out)
 		kubectl(t, "delete", "pod", "-n", namespace, "one-1g10gb", "--wait=true", "--timeout=120s")
 		waitFor(t, "instance destroyed", time.Minute, func() (bool, error) { return len(simInstances(t)) == 0, nil })
 	})

@@ -147,6 +147,9 @@ func newEditor(t *testing.T, n *testNode, opts nvml.DriverEditorOptions) *nvml.D
 	} else {
 		opts.DriverRoot = n.root
 	}
+	if opts.ProcRoot == "" {
+		opts.ProcRoot = filepath.Join(n.root, "proc")
+	}
 	e, err := n.lib.DriverEditor(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -425,10 +428,10 @@ func runInPrivateMountNamespace(t *testing.T) bool {
 	return false
 }
 
+// TestDriverEditorMIGEdits runs in the host's mount namespace: MIG edits
+// read the driver's proc files under the simulated root (ProcRoot), and
+// need no bind of them over /proc/driver.
 func TestDriverEditorMIGEdits(t *testing.T) {
-	if !runInPrivateMountNamespace(t) {
-		return
-	}
 	// Expected nvidia-caps minors, from the driver's numbering in
 	// /proc/driver/nvidia-caps/mig-minors ("config 1", "monitor 2",
 	// "gpu0/gi0/access 3", "gpu0/gi0/ci0/access 4", ..., 9 minors per GPU
@@ -467,10 +470,6 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newTestNode(t, tc.lib(t), "")
-			if err := BindSimulatedProcDriver(n.root); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = unix.Unmount("/proc/driver", unix.MNT_DETACH) })
 			parent := n.gpu(tc.gpu).UUID
 			if _, err := n.lib.EnableMIG(parent); err != nil {
 				t.Fatal(err)
@@ -497,9 +496,19 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 			if got := deviceNodePaths(ce); fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Fatalf("device nodes %v, want %v", got, tc.want)
 			}
-			for _, d := range ce.DeviceNodes {
-				if d.HostPath != filepath.Join(n.root, d.Path) || d.Major != simDeviceMajor || d.Minor != simDeviceMinor {
-					t.Errorf("device node %+v", *d)
+			// The parent's node is the host's; the two capability nodes
+			// have no host node (the layout makes none for instances) and
+			// carry the driver's numbers for the runtime to create.
+			if d := ce.DeviceNodes[0]; d.HostPath != filepath.Join(n.root, d.Path) || d.Major != simDeviceMajor || d.Minor != simDeviceMinor {
+				t.Errorf("parent device node %+v", *d)
+			}
+			for _, d := range ce.DeviceNodes[1:] {
+				if _, err := os.Lstat(filepath.Join(n.root, d.Path)); !os.IsNotExist(err) {
+					t.Errorf("%s exists under the simulated dev root (%v): a host has no node for a fresh instance", d.Path, err)
+				}
+				minor := strings.TrimPrefix(d.Path, "/dev/nvidia-caps/nvidia-cap")
+				if d.HostPath != "" || d.Type != "c" || d.Major != simCapsMajor || fmt.Sprint(d.Minor) != minor || d.FileMode == nil || *d.FileMode != 0o444 {
+					t.Errorf("capability device node %+v, want c %d:%s mode 0444 and no host path", *d, simCapsMajor, minor)
 				}
 			}
 			if len(ce.Mounts) != 0 || len(ce.Env) != 0 {
@@ -513,12 +522,21 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 			if _, err := e.MIGEdits(parent, gi, ci+1); err == nil || !strings.Contains(err.Error(), parent) || !strings.Contains(err.Error(), "no such MIG device") {
 				t.Errorf("missing CI: error %v", err)
 			}
-			// The GI's capability node is missing under the dev root.
-			if err := os.Remove(filepath.Join(n.root, tc.want[1])); err != nil {
+			// The driver shows no capability for the GI: its access file
+			// is gone. The error names the file.
+			access := filepath.Join(n.root, "proc", "driver", "nvidia", "capabilities", fmt.Sprintf("gpu%d", tc.gpu), "mig", fmt.Sprintf("gi%d", gi), "access")
+			saved, err := os.ReadFile(access)
+			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.MIGEdits(parent, gi, ci); err == nil || !strings.Contains(err.Error(), "nvidia-caps nodes") {
-				t.Errorf("missing caps node: error %v", err)
+			if err := os.Remove(access); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.MIGEdits(parent, gi, ci); err == nil || !strings.Contains(err.Error(), access) || !strings.Contains(err.Error(), parent) {
+				t.Errorf("missing access file: error %v, want one naming %s and the GPU", err, access)
+			}
+			if err := os.WriteFile(access, saved, 0o444); err != nil {
+				t.Fatal(err)
 			}
 			// Destroyed, the MIG device is gone for nvcdi too.
 			if err := n.lib.DestroyMIG(parent, gi, ci); err != nil {
@@ -532,9 +550,6 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 }
 
 func TestDriverEditorMIGEditsWithoutMIGMinors(t *testing.T) {
-	if _, err := os.Stat(nvml.MIGMinorsPath); err == nil {
-		t.Skipf("%s exists on this host", nvml.MIGMinorsPath)
-	}
 	n := newTestNode(t, dgxH100(t), newSharedRoot(t))
 	parent := n.gpu(3).UUID
 	if _, err := n.lib.EnableMIG(parent); err != nil {
@@ -544,9 +559,11 @@ func TestDriverEditorMIGEditsWithoutMIGMinors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = newEditor(t, n, nvml.DriverEditorOptions{}).MIGEdits(parent, inst.GIID, inst.CIID)
-	if err == nil || !strings.Contains(err.Error(), nvml.MIGMinorsPath) || !strings.Contains(err.Error(), parent) {
-		t.Fatalf("error %v, want one naming %s and the GPU", err, nvml.MIGMinorsPath)
+	// A proc root without the driver's MIG files: no MIG-capable driver.
+	procRoot := t.TempDir()
+	_, err = newEditor(t, n, nvml.DriverEditorOptions{ProcRoot: procRoot}).MIGEdits(parent, inst.GIID, inst.CIID)
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(procRoot, "devices")) || !strings.Contains(err.Error(), parent) {
+		t.Fatalf("error %v, want one naming %s/devices and the GPU", err, procRoot)
 	}
 }
 
@@ -632,6 +649,11 @@ func TestLayoutDriverRoot(t *testing.T) {
 			return os.WriteFile(filepath.Join(libDir, "libnvidia-ml.so."+simDriverVersion), []byte("x"), 0o755)
 		},
 		func() error { return os.WriteFile(stale, []byte("x"), 0o755) },
+		// A capability node of an instance, as layouts before the driver's
+		// proc files made.
+		func() error {
+			return unix.Mknod(filepath.Join(root, "dev", "nvidia-caps", "nvidia-cap408"), unix.S_IFCHR|0o444, int(unix.Mkdev(simDeviceMajor, simDeviceMinor)))
+		},
 	} {
 		if err := f(); err != nil {
 			t.Fatal(err)
@@ -643,14 +665,32 @@ func TestLayoutDriverRoot(t *testing.T) {
 		t.Errorf("stale library of another version kept: %v", err)
 	}
 
+	t.Run("the driver's proc files", func(t *testing.T) {
+		// What nvml.ReadMIGCapDevices reads, as the driver lays it out:
+		// GPU 3's GI 2 is minor 3 + 3*135 + 2*9 = 426, its CI 1 is 428.
+		gi, ci, err := nvml.ReadMIGCapDevices(filepath.Join(root, "proc"), 3, 2, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gi.Major != simCapsMajor || gi.Minor != 426 || ci.Major != simCapsMajor || ci.Minor != 428 || gi.Mode != 0o444 || ci.Path != "/dev/nvidia-caps/nvidia-cap428" {
+			t.Errorf("GI %+v CI %+v, want c %d:426 and :428, mode 0444", gi, ci, simCapsMajor)
+		}
+		for _, rel := range []string{"mig/config", "mig/monitor"} {
+			if _, err := os.Stat(filepath.Join(root, "proc", "driver", "nvidia", "capabilities", rel)); err != nil {
+				t.Error(err)
+			}
+		}
+		// GPU 1 is not listed: no capability files for it.
+		if _, _, err := nvml.ReadMIGCapDevices(filepath.Join(root, "proc"), 1, 0, 0); err == nil {
+			t.Error("capabilities of an unlisted GPU minor")
+		}
+	})
+
 	t.Run("device nodes", func(t *testing.T) {
 		want := map[string]uint32{
 			"dev/nvidiactl": 0o666, "dev/nvidia-uvm": 0o666, "dev/nvidia-uvm-tools": 0o666,
 			"dev/nvidia0": 0o666, "dev/nvidia3": 0o666,
 			"dev/nvidia-caps/nvidia-cap1": 0o400, "dev/nvidia-caps/nvidia-cap2": 0o444,
-			// GPU 0: minors 3-137; GPU 3: 408-542.
-			"dev/nvidia-caps/nvidia-cap3": 0o444, "dev/nvidia-caps/nvidia-cap137": 0o444,
-			"dev/nvidia-caps/nvidia-cap408": 0o444, "dev/nvidia-caps/nvidia-cap542": 0o444,
 		}
 		for rel, mode := range want {
 			var st unix.Stat_t
@@ -662,7 +702,10 @@ func TestLayoutDriverRoot(t *testing.T) {
 				t.Errorf("%s: mode %o rdev %d:%d, want char device 1:3 mode %o", rel, st.Mode, unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev)), mode)
 			}
 		}
-		for _, rel := range []string{"dev/nvidia1", "dev/nvidia-caps/nvidia-cap138", "dev/nvidia-caps/nvidia-cap407", "dev/nvidia-caps/nvidia-cap543"} {
+		// No node for any GPU or compute instance's capability (GPU 0:
+		// minors 3-137; GPU 3: 408-542), the one an earlier layout left
+		// included.
+		for _, rel := range []string{"dev/nvidia1", "dev/nvidia-caps/nvidia-cap3", "dev/nvidia-caps/nvidia-cap137", "dev/nvidia-caps/nvidia-cap408", "dev/nvidia-caps/nvidia-cap542"} {
 			if _, err := os.Lstat(filepath.Join(root, rel)); !os.IsNotExist(err) {
 				t.Errorf("%s exists", rel)
 			}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -25,9 +26,22 @@ import (
 // discarded, ioctls fail with ENOTTY, and 1:3 is already in runc's default
 // device allow-list. /dev/zero (1:5) would make a naive `cat /dev/nvidia0`
 // in a demo container run forever.
+//
+// The MIG capability nodes are the exception: the plugin writes them into
+// the CDI spec as character devices with the driver's major and minors
+// (nvml.ReadMIGCapDevices), the runtime creates them in the container, and
+// the simulated driver root has none (as a real host has none for an
+// instance carved a moment before). Their simulated major, in the
+// simulated proc/devices, is simCapsMajor.
 const (
 	simDeviceMajor = 1
 	simDeviceMinor = 3
+	// simCapsMajor is 63, a major that Linux's devices.txt reserves for
+	// local and experimental use and never hands out: the nodes the
+	// runtime creates with it open to ENXIO, where a major of a real
+	// driver (1, mem, has /dev/mem and /dev/port among its minors) would
+	// give a test container a real device.
+	simCapsMajor = 63
 )
 
 // SimulatedDeviceNumbers returns the major and minor numbers of every device
@@ -79,6 +93,51 @@ func migMinorsFile() []byte {
 		}
 	}
 	return b.Bytes()
+}
+
+// procDevicesFile returns the simulated /proc/devices: the character drivers
+// a node with the NVIDIA driver lists, nvidia-caps at simCapsMajor.
+func procDevicesFile() []byte {
+	return fmt.Appendf(nil, `Character devices:
+  1 mem
+  4 tty
+  5 /dev/tty
+%3d %s
+195 nvidia-frontend
+510 nvidia-uvm
+
+Block devices:
+  7 loop
+  8 sd
+`, simCapsMajor, "nvidia-caps")
+}
+
+// capAccessFiles returns the access files of /proc/driver/nvidia/capabilities,
+// by path below it, as the driver writes them: mig/config and mig/monitor,
+// and gpu<G>/mig/gi<X>/access and gpu<G>/mig/gi<X>/ci<Y>/access with the
+// minors of MIGCapMinors. The driver creates a GPU or compute instance's
+// files with the instance; the simulation writes them for every instance
+// ID of the listed GPUs, so a reader cannot tell from them alone whether an
+// instance exists (NVML can).
+func capAccessFiles(gpuMinors []int) map[string][]byte {
+	access := func(minor int) []byte {
+		// 292 is 0444, the driver's default DeviceFileMode.
+		return fmt.Appendf(nil, "DeviceFileMinor: %d\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor)
+	}
+	files := map[string][]byte{
+		"mig/config":  access(1),
+		"mig/monitor": access(2),
+	}
+	for _, g := range gpuMinors {
+		for gi := 0; gi < migMaxGPUInstances; gi++ {
+			giMinor, _, _ := MIGCapMinors(g, gi, 0)
+			files[fmt.Sprintf("gpu%d/mig/gi%d/access", g, gi)] = access(giMinor)
+			for ci := 0; ci < migMaxComputeInsts; ci++ {
+				files[fmt.Sprintf("gpu%d/mig/gi%d/ci%d/access", g, gi, ci)] = access(giMinor + 1 + ci)
+			}
+		}
+	}
+	return files
 }
 
 // simLibrary is one driver library of the simulated root: the file is
@@ -162,11 +221,19 @@ func SimulatedLibraryDir() string {
 //	                                       stand-in (package mps/mpssim)
 //	lib/firmware/nvidia/<ver>/gsp_*.bin    placeholder GSP firmware
 //	dev/nvidiactl, dev/nvidia-uvm, dev/nvidia-uvm-tools, dev/nvidia<minor>
-//	dev/nvidia-caps/nvidia-cap<N>          character devices 1:3 (like /dev/null):
-//	                                       cap1 (config), cap2 (monitor), and
-//	                                       all 135 MIG capabilities of each GPU
+//	dev/nvidia-caps/nvidia-cap1, -cap2     character devices 1:3 (like /dev/null):
+//	                                       config and monitor; no node for any GPU
+//	                                       or compute instance (see simCapsMajor)
 //	proc/driver/nvidia-caps/mig-minors     the driver's MIG capability table
 //	                                       (see BindSimulatedProcDriver)
+//	proc/driver/nvidia/capabilities/...    the capabilities' access files
+//	                                       (capAccessFiles)
+//	proc/devices                           the character device majors,
+//	                                       nvidia-caps at simCapsMajor
+//
+// A process reads the proc files under <root>/proc
+// (nvml.DriverEditorOptions.ProcRoot); nvcdi, which reads mig-minors at a
+// fixed path, sees them through BindSimulatedProcDriver.
 //
 // <triplet> is x86_64-linux-gnu or aarch64-linux-gnu, after runtime.GOARCH.
 // No etc/ld.so.cache is needed: nvcdi searches the standard library
@@ -175,12 +242,13 @@ func SimulatedLibraryDir() string {
 // driverVersion must be the version the NVML library reports (e.g.
 // "580.159.04"): nvcdi takes the version from NVML and then looks for
 // libcuda.so.<version>. gpuMinors are the GPUs' device minor numbers (NVML
-// GetMinorNumber): GPU minor m gets /dev/nvidia<m> and the nvidia-caps
-// nodes of all its possible MIG instances (MIGCapMinors).
+// GetMinorNumber): GPU minor m gets /dev/nvidia<m> and the access files of
+// all its possible MIG instances (MIGCapMinors).
 //
 // It is idempotent: files, symlinks and device nodes that are already right
 // are left alone, wrong ones are replaced, driver libraries of another
-// version are removed (device nodes of GPUs no longer listed are not).
+// version and instance capability nodes of earlier layouts are removed
+// (device nodes of GPUs no longer listed are not).
 // Device nodes need mknod, so the caller must run as root (CAP_MKNOD); when
 // it may not, the error wraps EPERM (errors.Is(err, os.ErrPermission)).
 func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error {
@@ -251,10 +319,31 @@ func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error 
 		}
 	}
 
-	// The driver's MIG capability table, read by nvcdi at the fixed host
-	// path /proc/driver/nvidia-caps/mig-minors (see BindSimulatedProcDriver).
+	// The driver's proc files: the MIG capability table (also read by nvcdi
+	// at the fixed host path /proc/driver/nvidia-caps/mig-minors, see
+	// BindSimulatedProcDriver), the capabilities' access files, and the
+	// character device majors (nvml.ReadMIGCapDevices reads all three).
 	if err := l.file(filepath.Join("proc", "driver", "nvidia-caps", "mig-minors"), migMinorsFile(), 0o444); err != nil {
 		return err
+	}
+	if err := l.file(filepath.Join("proc", "devices"), procDevicesFile(), 0o444); err != nil {
+		return err
+	}
+	for rel, data := range capAccessFiles(gpuMinors) {
+		if err := l.file(filepath.Join("proc", "driver", "nvidia", "capabilities", rel), data, 0o444); err != nil {
+			return err
+		}
+	}
+	// No node for a GPU or compute instance's capability (nvidia-cap3 and
+	// up): a host has one only where something created it, never for an
+	// instance carved at prepare. Nodes an earlier layout made are removed.
+	stale, _ := filepath.Glob(l.abs("dev/nvidia-caps/nvidia-cap*"))
+	for _, p := range stale {
+		if n, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(p), "nvidia-cap")); err == nil && n >= migFirstGPUCapMinor {
+			if err := os.Remove(p); err != nil {
+				return fmt.Errorf("simulated driver root %s: %w", root, err)
+			}
+		}
 	}
 
 	// Device nodes, with the modes the driver gives them.
@@ -273,13 +362,6 @@ func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error 
 			path string
 			mode uint32
 		}{fmt.Sprintf("dev/nvidia%d", m), 0o666})
-		first, _, _ := MIGCapMinors(m, 0, 0)
-		for c := first; c < first+migMinorsPerGPU; c++ {
-			nodes = append(nodes, struct {
-				path string
-				mode uint32
-			}{fmt.Sprintf("dev/nvidia-caps/nvidia-cap%d", c), 0o444})
-		}
 	}
 	for _, n := range nodes {
 		if err := l.charDevice(n.path, n.mode); err != nil {
@@ -557,6 +639,11 @@ func BindSimulatedProcDriver(root string) error {
 	if _, err := os.Stat(filepath.Join(src, "nvidia-caps", "mig-minors")); err != nil {
 		return fmt.Errorf("simulated driver root %s: no MIG minors table (run LayoutDriverRoot first): %w", root, err)
 	}
+	// Already bound (the simulated root has a proc/driver/nvidia of its
+	// own, which the check below would take for a real driver's).
+	if same, err := sameFile(src, procDriver); err == nil && same {
+		return nil
+	}
 	if _, err := os.Stat(filepath.Join(procDriver, "nvidia")); err == nil {
 		return fmt.Errorf("bind simulated %s: refusing, a real NVIDIA driver is loaded (%s/nvidia exists)", procDriver, procDriver)
 	}
@@ -568,9 +655,6 @@ func BindSimulatedProcDriver(root string) error {
 	}
 	if pid1, err := os.Readlink("/proc/1/ns/mnt"); err == nil && self == pid1 && !isProcInit("/proc") {
 		return fmt.Errorf("bind simulated %s: refusing to mount over the host's %s; run in a private mount namespace (unshare --mount --propagation private)", procDriver, procDriver)
-	}
-	if same, err := sameFile(src, procDriver); err == nil && same {
-		return nil
 	}
 	if err := unix.Mount(src, procDriver, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("bind %s over %s: %w", src, procDriver, err)
