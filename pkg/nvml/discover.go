@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 
 	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
@@ -36,6 +37,9 @@ func discover(lib gonvml.Interface, sysfs Sysfs) (*Node, error) {
 	if err := nvmlError("nvmlSystemGetDriverVersion", ret); err != nil {
 		return nil, err
 	}
+	if branch, err := strconv.Atoi(strings.SplitN(driver, ".", 2)[0]); err != nil || branch < OldestSupportedDriver {
+		return nil, fmt.Errorf("NVIDIA driver %q: Facet supports R%d and later (docs/operators.md, \"Drivers\")", driver, OldestSupportedDriver)
+	}
 	cuda, ret := lib.SystemGetCudaDriverVersion()
 	if err := nvmlError("nvmlSystemGetCudaDriverVersion", ret); err != nil {
 		return nil, err
@@ -55,7 +59,7 @@ func discover(lib gonvml.Interface, sysfs Sysfs) (*Node, error) {
 		if err := nvmlError("nvmlDeviceGetHandleByIndex", ret); err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
-		gpu, err := discoverGPU(devlib, dev, i, sysfs)
+		gpu, err := discoverGPU(lib, devlib, dev, i, sysfs)
 		if err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
@@ -64,7 +68,7 @@ func discover(lib gonvml.Interface, sysfs Sysfs) (*Node, error) {
 	return node, nil
 }
 
-func discoverGPU(devlib nvdev.Interface, dev gonvml.Device, index int, sysfs Sysfs) (*GPU, error) {
+func discoverGPU(lib gonvml.Interface, devlib nvdev.Interface, dev gonvml.Device, index int, sysfs Sysfs) (*GPU, error) {
 	gpu := &GPU{Index: index, NUMANode: -1}
 	var ret gonvml.Return
 	if gpu.UUID, ret = dev.GetUUID(); ret != gonvml.SUCCESS {
@@ -91,7 +95,7 @@ func discoverGPU(devlib nvdev.Interface, dev gonvml.Device, index int, sysfs Sys
 		return nil, nvmlError("nvmlDeviceGetCudaComputeCapability", ret)
 	}
 	gpu.CUDAComputeCapability = fmt.Sprintf("%d.%d", major, minor)
-	if err := readMemory(dev, gpu); err != nil {
+	if err := readMemory(dev, gpu, HasSymbol(lib, "nvmlDeviceGetMemoryInfo_v2")); err != nil {
 		return nil, err
 	}
 	pci, ret := dev.GetPciInfo()
@@ -137,10 +141,15 @@ func discoverGPU(devlib nvdev.Interface, dev gonvml.Device, index int, sysfs Sys
 // usable memory is Total minus Reserved, the figure CUDA reports as total
 // (measured on an H100 80GB HBM3, driver 580.159.04: 81559 MiB total, 480
 // MiB reserved, cudaMemGetInfo total 81079 MiB). A driver that does not
-// support v2 (ERROR_NOT_SUPPORTED or ERROR_FUNCTION_NOT_FOUND) gets v1's
-// Total, with a log line that says the figure includes reserved memory.
-func readMemory(dev gonvml.Device, gpu *GPU) error {
-	v2, ret := dev.GetMemoryInfo_v2()
+// support v2 (ERROR_NOT_SUPPORTED or ERROR_FUNCTION_NOT_FOUND), or whose
+// NVML lacks the function (haveV2 false: a driver older than R510, see
+// NewerSymbols), gets v1's Total, with a log line that says the figure
+// includes reserved memory.
+func readMemory(dev gonvml.Device, gpu *GPU, haveV2 bool) error {
+	v2, ret := gonvml.Memory_v2{}, gonvml.ERROR_FUNCTION_NOT_FOUND
+	if haveV2 {
+		v2, ret = dev.GetMemoryInfo_v2()
+	}
 	switch {
 	case ret == gonvml.SUCCESS && v2.Reserved < v2.Total:
 		gpu.TotalMemoryBytes, gpu.ReservedMemoryBytes = v2.Total, v2.Reserved
@@ -154,6 +163,10 @@ func readMemory(dev gonvml.Device, gpu *GPU) error {
 	case ret != gonvml.ERROR_NOT_SUPPORTED && ret != gonvml.ERROR_FUNCTION_NOT_FOUND:
 		return nvmlError("nvmlDeviceGetMemoryInfo_v2", ret)
 	}
+	why := "the driver returned " + gonvml.ErrorString(ret)
+	if !haveV2 {
+		why = symbolError("nvmlDeviceGetMemoryInfo_v2").Error()
+	}
 	v1, ret := dev.GetMemoryInfo()
 	if ret != gonvml.SUCCESS {
 		return nvmlError("nvmlDeviceGetMemoryInfo", ret)
@@ -161,7 +174,7 @@ func readMemory(dev gonvml.Device, gpu *GPU) error {
 	gpu.TotalMemoryBytes, gpu.ReservedMemoryBytes, gpu.MemoryBytes = v1.Total, 0, v1.Total&^(1<<20-1)
 	gpu.MemorySource = MemorySourceV1Total
 	klog.InfoS("NVML memory info v2 is not supported; publishing the v1 total, which includes the driver's reserved memory and so overstates what a workload can allocate",
-		"gpu", gpu.UUID, "totalBytes", v1.Total)
+		"gpu", gpu.UUID, "totalBytes", v1.Total, "why", why)
 	return nil
 }
 

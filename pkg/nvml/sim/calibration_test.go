@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -154,21 +155,31 @@ func TestMemoryFallsBackToV1Total(t *testing.T) {
 		name    string
 		ret     gonvml.Return
 		wantErr bool
+		driver  string
 	}{
-		{"not supported", gonvml.ERROR_NOT_SUPPORTED, false},
-		{"function not found", gonvml.ERROR_FUNCTION_NOT_FOUND, false},
-		{"unknown error", gonvml.ERROR_UNKNOWN, true},
+		{name: "not supported", ret: gonvml.ERROR_NOT_SUPPORTED},
+		{name: "function not found", ret: gonvml.ERROR_FUNCTION_NOT_FOUND},
+		{name: "unknown error", ret: gonvml.ERROR_UNKNOWN, wantErr: true},
+		// A driver before R510 has no nvmlDeviceGetMemoryInfo_v2 at all:
+		// the simulated one panics if it is called, as the real loader
+		// ends the process.
+		{name: "R470, no v2 symbol", driver: "470.256.02"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &Machine{Name: "old-driver", DriverVersion: "580.159.04", CUDADriverVersion: "13.0",
 				GPUs: []MachineGPU{{Model: "H100-SXM5-80GB"}}}
+			if tc.driver != "" {
+				m.DriverVersion, m.CUDADriverVersion = tc.driver, "11.4"
+			}
 			lib, srv, err := openSimulated(m)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer lib.Close()
-			srv.Devices[0].(*server.Device).GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
-				return gonvml.Memory_v2{}, tc.ret
+			if tc.driver == "" {
+				srv.Devices[0].(*server.Device).GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
+					return gonvml.Memory_v2{}, tc.ret
+				}
 			}
 			node, err := lib.Discover()
 			if tc.wantErr {
@@ -189,6 +200,33 @@ func TestMemoryFallsBackToV1Total(t *testing.T) {
 				t.Errorf("smallest MIG profile %q", g.MIGProfiles[0].Name)
 			}
 		})
+	}
+}
+
+// TestDriverBranches: a driver older than R470 is refused with the branch
+// Facet needs; each NVML function newer than R470 is missing from a
+// simulated driver before its branch and present from it on.
+func TestDriverBranches(t *testing.T) {
+	open := func(t *testing.T, driver string) (*nvml.Library, *server.Server) {
+		m := &Machine{Name: "branch", DriverVersion: driver, CUDADriverVersion: "11.4", GPUs: []MachineGPU{{Model: "A100-SXM4-40GB"}}}
+		lib, srv, err := openSimulated(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = lib.Close() })
+		return lib, srv
+	}
+	lib, _ := open(t, "460.106.00")
+	if _, err := lib.Discover(); err == nil || !strings.Contains(err.Error(), "R470") {
+		t.Errorf("R460: error %v, want one naming R470", err)
+	}
+	for name, first := range nvml.NewerSymbols {
+		for _, branch := range []int{nvml.OldestSupportedDriver, first - 1, first} {
+			_, srv := open(t, fmt.Sprintf("%d.10.01", branch))
+			if got, want := nvml.HasSymbol(srv, name), branch >= first; got != want {
+				t.Errorf("R%d: HasSymbol(%s) = %v, want %v", branch, name, got, want)
+			}
+		}
 	}
 }
 

@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"path"
+	"strconv"
+	"strings"
 	"testing/fstest"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -63,6 +65,7 @@ func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, e
 		}
 		return root, nil
 	}
+	simulateDriverSymbols(srv, m.DriverVersion)
 	sim := newSimNode(srv, modelNames)
 	var faults *faultSource
 	if o.faultFile != "" {
@@ -79,6 +82,32 @@ func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, e
 	}
 	lib := nvml.New(srv, sysfs)
 	return lib, srv, nil
+}
+
+// simulateDriverSymbols makes the simulated NVML lack the functions
+// (nvml.NewerSymbols) that its driver version predates, as a real
+// libnvidia-ml.so.1 of that version does: LookupSymbol says so, and a call
+// panics with the loader's words, where the real process would end with
+// "symbol lookup error". A simulated R470 node thus tests every fallback.
+func simulateDriverSymbols(srv *server.Server, driverVersion string) {
+	branch, _ := strconv.Atoi(strings.SplitN(driverVersion, ".", 2)[0])
+	lacks := func(name string) bool {
+		first, ok := nvml.NewerSymbols[name]
+		return ok && branch < first
+	}
+	srv.LookupSymbolFunc = func(name string) error {
+		if lacks(name) {
+			return fmt.Errorf("undefined symbol: %s (simulated driver %s)", name, driverVersion)
+		}
+		return nil
+	}
+	if lacks("nvmlDeviceGetMemoryInfo_v2") {
+		for _, d := range srv.Devices {
+			d.(*server.Device).GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
+				panic("symbol lookup error: undefined symbol: nvmlDeviceGetMemoryInfo_v2 (simulated driver " + driverVersion + ")")
+			}
+		}
+	}
 }
 
 // defaultUUID derives a stable UUID, so a restarted plugin on the same
