@@ -218,6 +218,10 @@ type Inventory struct {
 	Order Order
 	// Notes are configuration fallbacks the plugin should log as warnings.
 	Notes []string
+	// Warnings are known defects of the cluster's allocator that the modes
+	// in force meet without being refused (AllocatorDefects), one line
+	// each; the plugin raises them as Node Events.
+	Warnings []string
 	// ComputePartitioning is the node's default partitioning of vGPU
 	// shares and slots (names.PartitioningMPS or
 	// names.PartitioningTimeSliced), published as their
@@ -317,6 +321,17 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 				fallback = true
 			}
 		}
+		// The upstream allocator's known defects on this version
+		// (AllocatorDefects): a mode it can double-book is refused, as a
+		// mode whose gates are off is; one it only delays gets a warning.
+		for _, d := range defectsOf(mode, gates) {
+			if d.Refuse {
+				return nil, fmt.Errorf("GPU %d: %w", g.Index, defectError(mode, d, gates))
+			}
+			if w := defectWarning(mode, d, gates); !hasString(inv.Warnings, w) {
+				inv.Warnings = append(inv.Warnings, w)
+			}
+		}
 		gpu := &GPU{GPU: g, Mode: mode, ModeRequested: requested, ModeNote: note}
 		if fallback {
 			inv.Notes = append(inv.Notes, fmt.Sprintf("GPU %d (%s): %s", g.Index, g.ProductName, note))
@@ -350,6 +365,15 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 		inv.GPUs = append(inv.GPUs, gpu)
 	}
 	return inv, nil
+}
+
+func hasString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
 }
 
 // migUsable reports whether a GPU can be partitioned: MIG-capable, with

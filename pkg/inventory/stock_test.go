@@ -43,6 +43,8 @@ func TestModesOnTheCluster(t *testing.T) {
 		want      []Mode
 		wantErr   []string
 		wantNotes int
+		// wantWarnings are substrings, one per expected warning.
+		wantWarnings []string
 	}{
 		{name: "stock auto: exclusive, static-mig where instances exist", cfg: Config{Features: stock, MIGInstances: carved},
 			want: []Mode{ModeExclusive, ModeStaticMIG, ModeExclusive}},
@@ -60,6 +62,22 @@ func TestModesOnTheCluster(t *testing.T) {
 			wantErr: []string{"--feature-gates=DRAConsumableCapacity=true"}},
 		{name: "stock takes static-mig and slots", cfg: Config{Features: stock, PerGPU: map[int]Mode{0: ModeSlots, 1: ModeStaticMIG, 2: ModeSlots}, MIGInstances: carved},
 			want: []Mode{ModeSlots, ModeStaticMIG, ModeSlots}},
+		// The allocator's known defects (AllocatorDefects), by version.
+		{name: "gates on 1.35 refuse dynamic: the allocator double-books it", cfg: Config{Features: gated135, DefaultMode: ModeDynamic},
+			wantErr: []string{"GPU 0", "mode dynamic is refused on Kubernetes v1.35.4", "kubernetes#139034", "fixed in Kubernetes 1.36.2",
+				"safe on this cluster: exclusive, static-mig, slots, shared, mig"}},
+		{name: "unknown version refuses dynamic", cfg: Config{Features: cluster("", features.PartitionableDevices, features.ConsumableCapacity), DefaultMode: ModeDynamic},
+			wantErr: []string{"(version unknown)", "kubernetes#139034"}},
+		{name: "dynamic on a GPU without MIG is shared, and meets no defect", cfg: Config{Features: gated135, PerGPU: map[int]Mode{2: ModeDynamic}},
+			want: []Mode{ModeExclusive, ModeExclusive, ModeShared}, wantNotes: 1},
+		{name: "1.36.2 takes dynamic with the rollback-leak warning", cfg: Config{Features: cluster("v1.36.2", features.PartitionableDevices, features.ConsumableCapacity), PerGPU: map[int]Mode{0: ModeDynamic, 1: ModeMIG}},
+			want:         []Mode{ModeDynamic, ModeMIG, ModeExclusive},
+			wantWarnings: []string{"mode dynamic on Kubernetes v1.36.2: the allocator keeps the counters", "mode mig on Kubernetes v1.36.2: the allocator keeps the counters"}},
+		{name: "gates on 1.35 take mig with the rollback-leak warning", cfg: Config{Features: gated135, DefaultMode: ModeMIG},
+			want: []Mode{ModeMIG, ModeMIG, ModeExclusive}, wantNotes: 1,
+			wantWarnings: []string{"mode mig on Kubernetes v1.35.4: the allocator keeps the counters of a device it backtracks over, so a pod that fits"}},
+		{name: "1.36.3 takes dynamic without a warning", cfg: Config{Features: cluster("v1.36.3", features.PartitionableDevices, features.ConsumableCapacity), DefaultMode: ModeDynamic},
+			want: []Mode{ModeDynamic, ModeDynamic, ModeShared}, wantNotes: 1},
 		{name: "static-mig on a GPU without MIG falls back", cfg: Config{Features: stock, DefaultMode: ModeStaticMIG, MIGInstances: carved},
 			want: []Mode{ModeStaticMIG, ModeStaticMIG, ModeExclusive}, wantNotes: 2}, // GPU 0 has no instance, GPU 2 no MIG
 	}
@@ -93,6 +111,14 @@ func TestModesOnTheCluster(t *testing.T) {
 			}
 			if len(inv.Notes) != tc.wantNotes {
 				t.Errorf("notes %q, want %d", inv.Notes, tc.wantNotes)
+			}
+			if len(inv.Warnings) != len(tc.wantWarnings) {
+				t.Errorf("warnings %q, want %d", inv.Warnings, len(tc.wantWarnings))
+			}
+			for i, w := range tc.wantWarnings {
+				if i < len(inv.Warnings) && !strings.Contains(inv.Warnings[i], w) {
+					t.Errorf("warning %d: %q lacks %q", i, inv.Warnings[i], w)
+				}
 			}
 		})
 	}

@@ -22,6 +22,7 @@ const (
 	reasonFeaturesUnknown = "FacetFeatureDetectionFailed"
 	reasonFeaturesChanged = "FacetClusterFeaturesChanged"
 	reasonModeFallback    = "FacetModeFallback"
+	reasonAllocatorDefect = "FacetAllocatorDefect"
 	reasonLayout          = "FacetMIGLayout"
 	reasonGPUUnusable     = "FacetGPUUnusable"
 )

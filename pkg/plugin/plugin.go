@@ -169,7 +169,11 @@ func Run(ctx context.Context, f Config) error {
 	}
 	inv, err := inventory.Build(node, cfg)
 	if err != nil {
-		ev.Warning(reasonModeFallback, err.Error())
+		reason := reasonModeFallback
+		if defect := (*inventory.DefectError)(nil); errors.As(err, &defect) {
+			reason = reasonAllocatorDefect
+		}
+		ev.Warning(reason, err.Error())
 		return err
 	}
 	for _, g := range inv.GPUs {
@@ -178,6 +182,10 @@ func Run(ctx context.Context, f Config) error {
 	for _, note := range inv.Notes {
 		logger.Info("Mode fallback", "note", note)
 		ev.Warning(reasonModeFallback, note)
+	}
+	for _, w := range inv.Warnings {
+		logger.Info("Known allocator defect", "warning", w)
+		ev.Warning(reasonAllocatorDefect, w)
 	}
 	logger.Info("Discovered node", "simulated", f.Machine != "", "gpus", len(inv.GPUs), "driverVersion", inv.DriverVersion, "cudaDriverVersion", inv.CUDADriverVersion)
 

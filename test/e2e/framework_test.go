@@ -149,6 +149,13 @@ func startPlugin(t testing.TB, machine string, extra ...string) *plugin {
 // startPluginEnv starts the plugin with extra environment variables.
 func startPluginEnv(t testing.TB, machine string, env []string, extra ...string) *plugin {
 	t.Helper()
+	return launchPlugin(t, machine, env, false, extra...)
+}
+
+// launchPlugin starts the plugin and, unless noWait, waits until it is
+// ready; with noWait, for a plugin expected to refuse its configuration.
+func launchPlugin(t testing.TB, machine string, env []string, noWait bool, extra ...string) *plugin {
+	t.Helper()
 	pluginRuns++
 	log := filepath.Join(e.runDir, "logs", fmt.Sprintf("facet-plugin-e2e-%d.log", pluginRuns))
 	f, err := os.Create(log)
@@ -193,7 +200,9 @@ func startPluginEnv(t testing.TB, machine string, env []string, extra ...string)
 	}
 	p := &plugin{cmd: cmd, log: log}
 	t.Cleanup(func() { p.stop() })
-	p.waitReady(t)
+	if !noWait {
+		p.waitReady(t)
+	}
 	return p
 }
 
