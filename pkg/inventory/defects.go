@@ -72,6 +72,21 @@ func defectsOf(mode Mode, gates features.Set) []AllocatorDefect {
 	return out
 }
 
+// DefectsAt lists the issues of AllocatorDefects that a cluster at
+// gitVersion has, whatever the modes: the plugin restarts when an upgrade
+// or downgrade of its control plane changes them, so that what it refuses
+// or warns about follows the version.
+func DefectsAt(gitVersion string) []string {
+	v, err := utilversion.ParseGeneric(gitVersion)
+	var out []string
+	for _, d := range AllocatorDefects {
+		if err != nil || !v.AtLeast(d.FixedIn) {
+			out = append(out, d.Issue)
+		}
+	}
+	return out
+}
+
 func hasMode(modes []Mode, m Mode) bool {
 	for _, x := range modes {
 		if x == m {

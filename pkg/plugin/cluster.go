@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -64,6 +65,14 @@ func watchFeatures(ctx context.Context, client kubernetes.Interface, node string
 		s = s.Apply(overrides)
 		if !s.Equal(start) {
 			msg := fmt.Sprintf("The cluster's DRA features changed from %s to %s; restarting to republish", start, s)
+			ev.Warning(reasonFeaturesChanged, msg)
+			return fmt.Errorf("%s", msg)
+		}
+		// An upgrade (or downgrade) of the control plane past a fix of
+		// the allocator changes which modes are refused or warned about.
+		if was, now := inventory.DefectsAt(start.ServerVersion), inventory.DefectsAt(s.ServerVersion); !slices.Equal(was, now) {
+			msg := fmt.Sprintf("The cluster's Kubernetes version changed from %s to %s, and with it the allocator's known defects (from %v to %v); restarting to republish",
+				start.ServerVersion, s.ServerVersion, was, now)
 			ev.Warning(reasonFeaturesChanged, msg)
 			return fmt.Errorf("%s", msg)
 		}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/version"
+	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
@@ -100,5 +102,47 @@ func TestWatchFeatures(t *testing.T) {
 	}
 	if got := drain(rec); len(got) != 0 {
 		t.Errorf("events %q while detection failed, want none", got)
+	}
+}
+
+// TestWatchFeaturesVersion: with the same gates, the watch restarts the
+// plugin when the control plane's version crosses a fix of a known
+// allocator defect, and not for a patch release that changes none.
+func TestWatchFeaturesVersion(t *testing.T) {
+	for _, tc := range []struct {
+		start, now string
+		restart    bool
+	}{
+		{start: "v1.35.4", now: "v1.36.3", restart: true},
+		{start: "v1.36.2", now: "v1.36.3", restart: true},
+		{start: "v1.36.3", now: "v1.35.4", restart: true},
+		{start: "v1.36.3", now: "v1.37.2", restart: false},
+		{start: "v1.35.3", now: "v1.35.4", restart: false},
+	} {
+		t.Run(tc.start+" to "+tc.now, func(t *testing.T) {
+			rec := record.NewFakeRecorder(10)
+			ev := nodeevents.NewWith(rec, "node-a")
+			c := keeping()
+			c.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: tc.now}
+			start := features.AllOn("start")
+			start.ServerVersion = tc.start
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var polls atomic.Int32
+			c.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				// Enough polls for several re-checks, then the context ends.
+				if polls.Add(1) > 50 {
+					cancel()
+				}
+				return true, a.(k8stesting.CreateAction).GetObject().DeepCopyObject(), nil
+			})
+			err := watchFeatures(ctx, c, "node-a", nil, start, time.Millisecond, ev)
+			if tc.restart != (err != nil) {
+				t.Fatalf("error %v, want a restart: %v", err, tc.restart)
+			}
+			if tc.restart && (!strings.Contains(err.Error(), tc.start+" to "+tc.now) || !strings.Contains(err.Error(), "kubernetes#14")) {
+				t.Errorf("error %q does not name the versions and defects", err)
+			}
+		})
 	}
 }
