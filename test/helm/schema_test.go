@@ -30,6 +30,7 @@ func TestValuesRejected(t *testing.T) {
 		{"GPU node term with an unknown operator", "kubeletPlugin: {gpuNodeSelectorTerms: [{matchExpressions: [{key: nvidia.com/gpu.present, operator: Equals, values: [\"true\"]}]}]}", []string{"operator"}},
 		{"GPU node term misspelt", "kubeletPlugin: {gpuNodeSelectorTerms: [{matchExpression: [{key: nvidia.com/gpu.present, operator: Exists}]}]}", []string{"matchExpression"}},
 		{"GPU node labels as a map", "kubeletPlugin: {nodeGroups: {default: {gpuNodeSelectorTerms: {nvidia.com/gpu.present: \"true\"}}}}", []string{"gpuNodeSelectorTerms"}},
+		{"critical pods quota that is no quantity", "criticalPodsQuota: {pods: lots}", []string{"criticalPodsQuota/pods"}},
 		{"extra argument that is no flag", "kubeletPlugin: {extraArgs: [mig]}", []string{"extraArgs"}},
 		{"zero QPS", "kubeletPlugin: {kubeAPI: {qps: 0}}", []string{"qps"}},
 		{"bad pull policy", "kubeletPlugin: {hamiCore: {image: {pullPolicy: Sometimes}}}", []string{"pullPolicy"}},
