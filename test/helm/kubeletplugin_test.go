@@ -909,3 +909,56 @@ func TestPluginSeesTheDriverAndTheHook(t *testing.T) {
 		})
 	}
 }
+
+// TestDriverRootMountPropagation: every container that mounts the driver
+// root's host path does so with HostToContainer, the host's / included: the
+// GPU Operator's driver container mounts its root after the plugin starts,
+// and a private copy of / would pin every mount the host had then.
+func TestDriverRootMountPropagation(t *testing.T) {
+	cases := map[string]map[string]any{}
+	for name, vals := range configurations(t) {
+		cases[name] = vals
+	}
+	for name, v := range map[string]string{
+		"host's / spelt //":            "kubeletPlugin: {driver: {root: //}}",
+		"GPU Operator":                 "kubeletPlugin: {driver: {root: /run/nvidia/driver}}",
+		"dev root is the driver root":  "kubeletPlugin: {driver: {root: /run/nvidia/driver, devRoot: /run/nvidia/driver}}",
+		"no init containers, own hook": "kubeletPlugin: {nvidiaCDIHook: {install: false}, hamiCore: {enabled: false}}",
+	} {
+		cases[name] = values(t, v)
+	}
+	flags := pluginFlags(t)
+	for name, vals := range cases {
+		t.Run(name, func(t *testing.T) {
+			for _, ds := range daemonSets(t, render(t, vals)) {
+				spec := &ds.Spec.Template.Spec
+				root, _ := parsePluginArgs(t, flags, container(t, spec, "plugin", false).Args).value(flags, "driver-root")
+				rootVolumes := map[string]bool{}
+				for _, v := range spec.Volumes {
+					if v.HostPath != nil && path.Clean(v.HostPath.Path) == root {
+						rootVolumes[v.Name] = true
+					}
+				}
+				if len(rootVolumes) == 0 {
+					t.Fatalf("%s: no hostPath volume of the driver root %s", ds.Name, root)
+				}
+				mounted := 0
+				for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+					for _, m := range c.VolumeMounts {
+						if !rootVolumes[m.Name] {
+							continue
+						}
+						mounted++
+						if m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer {
+							t.Errorf("%s: container %s mounts the driver root %s at %s with propagation %v, want HostToContainer",
+								ds.Name, c.Name, root, m.MountPath, m.MountPropagation)
+						}
+					}
+				}
+				if mounted == 0 {
+					t.Errorf("%s: no container mounts the driver root %s", ds.Name, root)
+				}
+			}
+		})
+	}
+}
