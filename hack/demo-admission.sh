@@ -120,13 +120,16 @@ start() {
   curl -fsS --cacert "${dir}/ca.crt" "https://127.0.0.1:${PORT}/healthz" >/dev/null ||
     { echo "facet-webhook does not answer; its log:" >&2; tail -20 "${RUN_DIR}/logs/facet-webhook.log" >&2; exit 1; }
 
-  local ca url webhooks="" kind resource configs
+  local ca url webhooks="" kind resource ops configs
   ca="$(base64 -w0 <"${dir}/ca.crt")"
   url="https://127.0.0.1:${PORT}/validate"
-  for kind in resourceclaims:'object.spec.devices.?config.orValue([])' \
-    resourceclaimtemplates:'object.spec.spec.devices.?config.orValue([])' \
-    deviceclasses:'object.spec.?config.orValue([])'; do
-    resource="${kind%%:*}"; configs="${kind#*:}"
+  # As the chart registers them: claims and templates on CREATE only (their
+  # spec is immutable; an UPDATE is a metadata write such as the
+  # scheduler's finalizer, which must not wait on the webhook).
+  for kind in resourceclaims:CREATE:'object.spec.devices.?config.orValue([])' \
+    resourceclaimtemplates:CREATE:'object.spec.spec.devices.?config.orValue([])' \
+    deviceclasses:'CREATE, UPDATE':'object.spec.?config.orValue([])'; do
+    resource="${kind%%:*}"; ops="${kind#*:}"; ops="${ops%%:*}"; configs="${kind#*:*:}"
     webhooks+="
 - name: ${resource}.gpu.facet.dev
   admissionReviewVersions: [v1]
@@ -136,7 +139,7 @@ start() {
   matchPolicy: Equivalent
   clientConfig: {url: \"${url}\", caBundle: ${ca}}
   rules:
-  - {apiGroups: [resource.k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [${resource}]}
+  - {apiGroups: [resource.k8s.io], apiVersions: [v1], operations: [${ops}], resources: [${resource}]}
   matchConditions:
   - name: hasFacetConfig
     expression: \"${configs}.exists(c, has(c.opaque) && c.opaque.driver == 'gpu.facet.dev')\""

@@ -99,6 +99,10 @@ kubeletPlugin:
     hostDir: "${RUN_DIR}/hami"
     image: {repository: facet.local/facet, tag: "${tag}", pullPolicy: Never}
     librarySource: /k8s-vgpu/lib/nvidia/libvgpu.so*
+  # The node carries none of the GPU labels of NFD or the GPU Operator: it
+  # is the GPU node by name (hack/cluster/up.sh's --hostname-override).
+  gpuNodeSelectorTerms:
+  - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [localhost]}]
   nodeGroups:
     default: {${group}, extraArgs: [--machine=/usr/share/facet/machines/$(basename "${MACHINE}")]}
 VALUES

@@ -18,10 +18,12 @@
 //
 // Only entries whose opaque.driver is gpu.facet.dev are decoded; other
 // drivers' configs and non-opaque entries are left alone. CREATE and UPDATE
-// are checked; on UPDATE an entry identical to one of the old object's is
-// allowed with a warning, so that an object admitted before the webhook
-// existed can still get its finalizers and labels updated (the spec of a
-// claim and of a template is immutable anyway; a DeviceClass can be edited).
+// are checked, but the chart registers claims and templates for CREATE
+// only: their spec is immutable, so an UPDATE is a metadata write (the
+// scheduler's finalizer) that must not wait on the webhook. DeviceClasses
+// can be edited and are sent on both. On UPDATE an entry identical to one
+// of the old object's is allowed with a warning, so that an object
+// admitted before the webhook existed can still be updated.
 //
 // The HTTP side speaks admission.k8s.io/v1 AdmissionReview only (the
 // ValidatingWebhookConfiguration must list admissionReviewVersions: [v1]).

@@ -268,8 +268,10 @@ webhooks:
   clientConfig: {url: %[2]q, caBundle: %[3]s}
   namespaceSelector:
     matchLabels: {kubernetes.io/metadata.name: %[4]s}
+  # As the chart registers them: a claim's and a template's spec is
+  # immutable, so an UPDATE is a metadata write that must not wait on it.
   rules:
-  - {apiGroups: [resource.k8s.io], apiVersions: [v1], operations: [CREATE, UPDATE], resources: [resourceclaims, resourceclaimtemplates]}
+  - {apiGroups: [resource.k8s.io], apiVersions: [v1], operations: [CREATE], resources: [resourceclaims, resourceclaimtemplates]}
 - name: deviceclasses.gpu.facet.dev
   admissionReviewVersions: [v1]
   sideEffects: None

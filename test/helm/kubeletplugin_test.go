@@ -382,24 +382,8 @@ kubeletPlugin:
 		{"GPU node outside the common nodeSelector", map[string]string{"nvidia.com/gpu.present": "true"}, ""},
 	}
 	for _, n := range nodes {
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: n.labels}}
-		var got []string
-		for _, ds := range dss {
-			pod := &corev1.Pod{Spec: ds.Spec.Template.Spec}
-			ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node)
-			if err != nil {
-				t.Fatalf("%s: %v", ds.Name, err)
-			}
-			if ok {
-				got = append(got, strings.TrimPrefix(ds.Name, releaseName+"-kubelet-plugin-"))
-			}
-		}
-		want := []string{}
-		if n.want != "" {
-			want = []string{n.want}
-		}
-		if fmt.Sprint(got) != fmt.Sprint(want) && !(len(got) == 0 && len(want) == 0) {
-			t.Errorf("%s: plugins %v, want %v", n.name, got, want)
+		if got := pluginGroupsOn(t, dss, "n", n.labels); got != n.want {
+			t.Errorf("%s: plugins %q, want %q", n.name, got, n.want)
 		}
 	}
 	// The groups' mode flags reach their DaemonSets.
@@ -411,6 +395,185 @@ kubeletPlugin:
 		if args.modes.Default != want {
 			t.Errorf("%s: --mode=%s, want %s", ds.Name, args.modes.Default, want)
 		}
+	}
+}
+
+// pluginGroupsOn returns the node groups whose DaemonSets would run a pod on
+// a node of that name and labels, by the scheduler's own matcher, joined by
+// commas ("" for none).
+func pluginGroupsOn(t testing.TB, dss []*appsv1.DaemonSet, name string, nodeLabels map[string]string) string {
+	t.Helper()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: nodeLabels}}
+	var got []string
+	for _, ds := range dss {
+		pod := &corev1.Pod{Spec: ds.Spec.Template.Spec}
+		ok, err := nodeaffinity.GetRequiredNodeAffinity(pod).Match(node)
+		if err != nil {
+			t.Fatalf("%s: %v", ds.Name, err)
+		}
+		if ok {
+			got = append(got, strings.TrimPrefix(ds.Name, releaseName+"-kubelet-plugin-"))
+		}
+	}
+	return strings.Join(got, ",")
+}
+
+// TestPluginOnlyOnGPUNodes: by default a node runs a plugin only when it has
+// a label that NFD or the GPU Operator puts on nodes with an NVIDIA GPU, so
+// a CPU node never runs one, whatever its node group label.
+// gpuNodeSelectorTerms replaces those labels (for every group, or for one),
+// and [] lifts the rule.
+func TestPluginOnlyOnGPUNodes(t *testing.T) {
+	const group = "gpu.facet.dev/node-group"
+	with := func(kv ...string) map[string]string {
+		out := map[string]string{"kubernetes.io/os": "linux"}
+		for i := 0; i < len(kv); i += 2 {
+			out[kv[i]] = kv[i+1]
+		}
+		return out
+	}
+	type node struct {
+		name   string
+		labels map[string]string
+		want   string // the node groups that run a plugin there, "" for none
+	}
+	for _, tc := range []struct {
+		name, values string
+		nodes        []node
+	}{
+		{
+			name: "defaults",
+			nodes: []node{
+				{"NFD, PCI vendor", with("feature.node.kubernetes.io/pci-10de.present", "true"), "default"},
+				{"NFD, 3D controller", with("feature.node.kubernetes.io/pci-0302_10de.present", "true"), "default"},
+				{"NFD, VGA controller", with("feature.node.kubernetes.io/pci-0300_10de.present", "true"), "default"},
+				{"GPU Operator", with("nvidia.com/gpu.present", "true"), "default"},
+				{"GPU Operator, default group", with("nvidia.com/gpu.present", "true", group, "default"), "default"},
+				{"CPU node", with(), ""},
+				{"CPU node labelled for the default group", with(group, "default"), ""},
+				{"CPU node with an NVIDIA CPU (Grace)", with("feature.node.kubernetes.io/cpu-model.vendor_id", "NVIDIA"), ""},
+				{"GPU Operator says no GPU", with("nvidia.com/gpu.present", "false"), ""},
+			},
+		},
+		{
+			name: "own label",
+			values: `
+kubeletPlugin:
+  gpuNodeSelectorTerms:
+  - matchExpressions: [{key: example.com/gpu, operator: Exists}]
+`,
+			nodes: []node{
+				{"own label", with("example.com/gpu", "a100"), "default"},
+				{"only NFD's label: replaced, not added to", with("feature.node.kubernetes.io/pci-10de.present", "true"), ""},
+				{"CPU node", with(), ""},
+			},
+		},
+		{
+			name: "no GPU rule",
+			values: `
+kubeletPlugin:
+  gpuNodeSelectorTerms: []
+  nodeSelector: {pool: gpu}
+`,
+			nodes: []node{
+				{"unlabelled node of the pool", with("pool", "gpu"), "default"},
+				{"GPU node outside the pool", with("pool", "cpu", "nvidia.com/gpu.present", "true"), ""},
+			},
+		},
+		{
+			name: "per group, with the common affinity",
+			values: `
+kubeletPlugin:
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+        - matchExpressions: [{key: topology.kubernetes.io/zone, operator: In, values: [a, b]}]
+  nodeGroups:
+    edge:
+      mode: exclusive
+      gpuNodeSelectorTerms:
+      - matchExpressions: [{key: example.com/gpu, operator: Exists}]
+      - matchFields: [{key: metadata.name, operator: In, values: [gpu-by-name]}]
+    lab: {mode: shared, gpuNodeSelectorTerms: []}
+`,
+			nodes: []node{
+				{"default group, NFD", with("topology.kubernetes.io/zone", "a", "feature.node.kubernetes.io/pci-10de.present", "true"), "default"},
+				{"default group, NFD, other zone", with("topology.kubernetes.io/zone", "c", "feature.node.kubernetes.io/pci-10de.present", "true"), ""},
+				{"default group, own label only", with("topology.kubernetes.io/zone", "a", "example.com/gpu", "l4"), ""},
+				{"edge, own label", with("topology.kubernetes.io/zone", "b", group, "edge", "example.com/gpu", "l4"), "edge"},
+				{"edge, NFD only", with("topology.kubernetes.io/zone", "b", group, "edge", "feature.node.kubernetes.io/pci-10de.present", "true"), ""},
+				{"gpu-by-name", with("topology.kubernetes.io/zone", "a", group, "edge"), "edge"},
+				{"lab, no GPU label", with("topology.kubernetes.io/zone", "a", group, "lab"), "lab"},
+				{"lab, other zone", with("topology.kubernetes.io/zone", "c", group, "lab"), ""},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dss := daemonSets(t, render(t, values(t, tc.values)))
+			for _, n := range tc.nodes {
+				// The case's name is the node's, for matchFields.
+				if got := pluginGroupsOn(t, dss, n.name, n.labels); got != n.want {
+					t.Errorf("%s: plugins %q, want %q", n.name, got, n.want)
+				}
+			}
+		})
+	}
+
+	// Whatever else is configured, a node without a GPU label gets none.
+	for cfgName, vals := range configurations(t) {
+		dss := daemonSets(t, render(t, vals))
+		for _, g := range []string{"", "default", "shared", "mixed"} {
+			labels := with("node-role.kubernetes.io/worker", "")
+			if g != "" {
+				labels[group] = g
+			}
+			if got := pluginGroupsOn(t, dss, "cpu-1", labels); got != "" {
+				t.Errorf("%s: a CPU node labelled %q runs plugins %q", cfgName, g, got)
+			}
+		}
+	}
+}
+
+// TestNotesOnGPUNodes: NOTES.txt lists the GPU labels and tells an operator
+// whose nodes carry none of them what to do; it says nothing of them when
+// there is no such rule.
+func TestNotesOnGPUNodes(t *testing.T) {
+	notes := func(t *testing.T, v string) string {
+		out, err := renderErr(t, values(t, v), releaseName, releaseNamespace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for f, s := range out {
+			if strings.HasSuffix(f, "NOTES.txt") {
+				return s
+			}
+		}
+		t.Fatal("no NOTES.txt rendered")
+		return ""
+	}
+	got := notes(t, "")
+	for _, want := range []string{
+		"\n  feature.node.kubernetes.io/pci-10de.present=true\n",
+		"\n  feature.node.kubernetes.io/pci-0302_10de.present=true\n",
+		"\n  nvidia.com/gpu.present=true\n",
+		"kubectl label node <gpu-node> nvidia.com/gpu.present=true",
+		"kubeletPlugin.gpuNodeSelectorTerms",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("NOTES.txt lacks %q:\n%s", want, got)
+		}
+	}
+	got = notes(t, `
+kubeletPlugin:
+  gpuNodeSelectorTerms:
+  - matchExpressions: [{key: example.com/gpu, operator: Exists}, {key: example.com/model, operator: In, values: [a, b]}]
+`)
+	if want := "\n  example.com/gpu Exists and example.com/model In a,b\n"; !strings.Contains(got, want) {
+		t.Errorf("NOTES.txt lacks %q:\n%s", want, got)
+	}
+	if got := notes(t, "kubeletPlugin: {gpuNodeSelectorTerms: []}"); strings.Contains(got, "gpuNodeSelectorTerms") {
+		t.Errorf("NOTES.txt speaks of GPU labels without a GPU rule:\n%s", got)
 	}
 }
 
@@ -741,6 +904,59 @@ func TestPluginSeesTheDriverAndTheHook(t *testing.T) {
 				}
 				if m, vol := mountFor(spec, ic, tc.hook); m == nil || m.ReadOnly || vol == nil || vol.HostPath == nil || vol.HostPath.Path != m.MountPath || m.MountPath != path.Dir(tc.hook) {
 					t.Errorf("init container cannot write %s on the host: mount %+v of %+v", tc.hook, m, vol)
+				}
+			}
+		})
+	}
+}
+
+// TestDriverRootMountPropagation: every container that mounts the driver
+// root's host path does so with HostToContainer, the host's / included: the
+// GPU Operator's driver container mounts its root after the plugin starts,
+// and a private copy of / would pin every mount the host had then.
+func TestDriverRootMountPropagation(t *testing.T) {
+	cases := map[string]map[string]any{}
+	for name, vals := range configurations(t) {
+		cases[name] = vals
+	}
+	for name, v := range map[string]string{
+		"host's / spelt //":            "kubeletPlugin: {driver: {root: //}}",
+		"GPU Operator":                 "kubeletPlugin: {driver: {root: /run/nvidia/driver}}",
+		"dev root is the driver root":  "kubeletPlugin: {driver: {root: /run/nvidia/driver, devRoot: /run/nvidia/driver}}",
+		"no init containers, own hook": "kubeletPlugin: {nvidiaCDIHook: {install: false}, hamiCore: {enabled: false}}",
+	} {
+		cases[name] = values(t, v)
+	}
+	flags := pluginFlags(t)
+	for name, vals := range cases {
+		t.Run(name, func(t *testing.T) {
+			for _, ds := range daemonSets(t, render(t, vals)) {
+				spec := &ds.Spec.Template.Spec
+				root, _ := parsePluginArgs(t, flags, container(t, spec, "plugin", false).Args).value(flags, "driver-root")
+				rootVolumes := map[string]bool{}
+				for _, v := range spec.Volumes {
+					if v.HostPath != nil && path.Clean(v.HostPath.Path) == root {
+						rootVolumes[v.Name] = true
+					}
+				}
+				if len(rootVolumes) == 0 {
+					t.Fatalf("%s: no hostPath volume of the driver root %s", ds.Name, root)
+				}
+				mounted := 0
+				for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+					for _, m := range c.VolumeMounts {
+						if !rootVolumes[m.Name] {
+							continue
+						}
+						mounted++
+						if m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer {
+							t.Errorf("%s: container %s mounts the driver root %s at %s with propagation %v, want HostToContainer",
+								ds.Name, c.Name, root, m.MountPath, m.MountPropagation)
+						}
+					}
+				}
+				if mounted == 0 {
+					t.Errorf("%s: no container mounts the driver root %s", ds.Name, root)
 				}
 			}
 		})

@@ -463,6 +463,18 @@ spec:
 			t.Errorf("the good claim did not go through the webhook:\n%s", log)
 		}
 	})
+
+	// A claim's spec is immutable: its UPDATEs are metadata writes (the
+	// scheduler's finalizer), which must not wait on the webhook.
+	t.Run("claim updates never reach the webhook", func(t *testing.T) {
+		l.must(t, "", "label", "resourceclaim", "good", "-n", ns, "facet.dev/updated=yes")
+		log, _ := os.ReadFile(logPath)
+		for _, line := range strings.Split(string(log), "\n") {
+			if strings.Contains(line, `name="good"`) && strings.Contains(line, "UPDATE") {
+				t.Errorf("a label update of a claim was sent to the webhook: %s", line)
+			}
+		}
+	})
 }
 
 // writeServingCert writes tls.crt (the serving certificate for

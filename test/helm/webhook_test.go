@@ -74,6 +74,15 @@ func TestWebhookConfiguration(t *testing.T) {
 			if inject != tc.wantInject {
 				t.Errorf("cert-manager CA injection %v, want %v", inject, tc.wantInject)
 			}
+			// resource: the operations sent to the webhook. A claim's and a
+			// template's spec is immutable: their UPDATEs are metadata
+			// writes (the scheduler's finalizer), which must not depend on
+			// the webhook.
+			wantOps := map[string]string{
+				"resourceclaims":         "CREATE",
+				"resourceclaimtemplates": "CREATE",
+				"deviceclasses":          "CREATE,UPDATE",
+			}
 			resources := map[string]bool{}
 			for _, w := range vwc.Webhooks {
 				if w.SideEffects == nil || *w.SideEffects != admissionregistrationv1.SideEffectClassNone {
@@ -93,17 +102,21 @@ func TestWebhookConfiguration(t *testing.T) {
 					t.Errorf("%s: matchConditions %v; only objects with a Facet config may depend on the webhook", w.Name, w.MatchConditions)
 				}
 				for _, r := range w.Rules {
+					var ops []string
+					for _, op := range r.Operations {
+						ops = append(ops, string(op))
+					}
 					for _, res := range r.Resources {
 						resources[res] = true
-					}
-					for _, op := range r.Operations {
-						if op != admissionregistrationv1.Create && op != admissionregistrationv1.Update {
-							t.Errorf("%s: operation %s", w.Name, op)
+						if want, ok := wantOps[res]; !ok {
+							t.Errorf("%s: resource %s is sent to the webhook", w.Name, res)
+						} else if got := strings.Join(ops, ","); got != want {
+							t.Errorf("%s: %s on %s, want %s", w.Name, res, got, want)
 						}
 					}
 				}
 			}
-			for _, res := range []string{"resourceclaims", "resourceclaimtemplates", "deviceclasses"} {
+			for res := range wantOps {
 				if !resources[res] {
 					t.Errorf("%s is not sent to the webhook", res)
 				}

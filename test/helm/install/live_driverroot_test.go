@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -30,6 +31,21 @@ func TestLiveChartHostDriverRoot(t *testing.T) {
 	r := newChartRig(t)
 	if _, err := os.Stat("/usr/bin/nvidia-cdi-hook"); err == nil {
 		t.Skip("this host has /usr/bin/nvidia-cdi-hook: the refusal cannot be shown")
+	}
+	// The chart mounts the driver root with HostToContainer propagation,
+	// which containerd refuses unless the root's mount is shared or a
+	// slave. systemd makes a node's / shared; this host's may be private
+	// (a container's): make it shared for the test, as on a real node.
+	opt, err := mountPropagation("/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(opt, "shared:") && !strings.Contains(opt, "master:") {
+		if out, err := exec.Command("mount", "--make-shared", "/").CombinedOutput(); err != nil {
+			t.Fatalf("mount --make-shared /: %v\n%s", err, out)
+		}
+		t.Logf("made the host's / shared for the test (it was private)")
+		t.Cleanup(func() { _ = exec.Command("mount", "--make-private", "/").Run() })
 	}
 	for _, tc := range []struct {
 		name, driver string
@@ -93,4 +109,35 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// mountPropagation returns the propagation fields of the mount at
+// mountPoint as this process sees it ("shared:N", "master:N", both, or ""
+// for a private mount), from the last of its lines in /proc/self/mountinfo:
+// the mount on top.
+func mountPropagation(mountPoint string) (string, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	found := false
+	var opt []string
+	for _, line := range strings.Split(string(data), "\n") {
+		// ID parent major:minor root mount-point options [optional...] - fstype source super-options
+		f := strings.Fields(line)
+		if len(f) < 7 || f[4] != mountPoint {
+			continue
+		}
+		found, opt = true, nil
+		for _, o := range f[6:] {
+			if o == "-" {
+				break
+			}
+			opt = append(opt, o)
+		}
+	}
+	if !found {
+		return "", fmt.Errorf("no mount at %s in /proc/self/mountinfo", mountPoint)
+	}
+	return strings.Join(opt, " "), nil
 }

@@ -229,6 +229,10 @@ kubeletPlugin:
     image: {repository: facet.local/facet, tag: %[1]q, pullPolicy: Never}
     librarySource: /k8s-vgpu/lib/nvidia/libvgpu.so*
   logVerbosity: 4
+  # The local node carries none of the GPU labels of NFD or the GPU
+  # Operator: it is the GPU node by name (up.sh's --hostname-override).
+  gpuNodeSelectorTerms:
+  - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [localhost]}]
   nodeGroups:
     default: {%[8]s, extraArgs: [--machine=/usr/share/facet/machines/dgx-h100.yaml]}
 `, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.runDir, "driver-root"),

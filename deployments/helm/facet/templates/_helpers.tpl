@@ -104,27 +104,40 @@ host's may be /usr/bin.
 {{- end }}
 
 {{/*
-facet.groupAffinity: the pod affinity of node group .name: the common
-affinity, with the group's rule ANDed into every required node selector term.
-Group "default" matches nodes without the label or with the value "default".
+facet.groupAffinity: the pod affinity of node group .name (values .group):
+the common affinity's required node selector terms, each ANDed with one of
+the GPU node terms (the group's gpuNodeSelectorTerms when it has the key,
+else the common ones; none: no GPU rule) and with the group's rule. Group
+"default" matches nodes without the label or with the value "default".
 */}}
 {{- define "facet.groupAffinity" -}}
 {{- $root := .root }}
-{{- $label := $root.Values.kubeletPlugin.nodeGroupLabel }}
-{{- $affinity := deepCopy ($root.Values.kubeletPlugin.affinity | default dict) }}
+{{- $p := $root.Values.kubeletPlugin }}
+{{- $label := $p.nodeGroupLabel }}
+{{- $affinity := deepCopy ($p.affinity | default dict) }}
 {{- $na := $affinity.nodeAffinity | default dict }}
 {{- $req := $na.requiredDuringSchedulingIgnoredDuringExecution | default dict }}
 {{- $userTerms := $req.nodeSelectorTerms | default (list dict) }}
+{{- $gpuTerms := $p.gpuNodeSelectorTerms }}
+{{- if hasKey .group "gpuNodeSelectorTerms" }}
+{{- $gpuTerms = .group.gpuNodeSelectorTerms }}
+{{- end }}
+{{- $gpuTerms = $gpuTerms | default (list dict) }}
 {{- $groupExprs := list (dict "key" $label "operator" "In" "values" (list .name)) }}
 {{- if eq .name "default" }}
 {{- $groupExprs = list (dict "key" $label "operator" "DoesNotExist") (dict "key" $label "operator" "In" "values" (list "default")) }}
 {{- end }}
 {{- $terms := list }}
 {{- range $ut := $userTerms }}
+{{- range $gt := $gpuTerms }}
 {{- range $ge := $groupExprs }}
 {{- $t := deepCopy $ut }}
-{{- $_ := set $t "matchExpressions" (append ($t.matchExpressions | default list) $ge) }}
+{{- $_ := set $t "matchExpressions" (concat ($ut.matchExpressions | default list) ($gt.matchExpressions | default list) (list $ge)) }}
+{{- with concat ($ut.matchFields | default list) ($gt.matchFields | default list) }}
+{{- $_ := set $t "matchFields" . }}
+{{- end }}
 {{- $terms = append $terms $t }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- $_ := set $req "nodeSelectorTerms" $terms }}

@@ -1,0 +1,108 @@
+package helm
+
+import (
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+)
+
+// criticalClasses are the PriorityClasses GKE admits outside kube-system
+// only into a namespace with a ResourceQuota scoped to them.
+var criticalClasses = []string{"system-node-critical", "system-cluster-critical"}
+
+// podSpecOf returns the pod template of a DaemonSet or a Deployment.
+func podSpecOf(t testing.TB, o object) (corev1.PodSpec, bool) {
+	t.Helper()
+	if o.GetKind() != "DaemonSet" && o.GetKind() != "Deployment" {
+		return corev1.PodSpec{}, false
+	}
+	m, ok, err := unstructured.NestedMap(o.Object, "spec", "template", "spec")
+	if err != nil || !ok {
+		t.Fatalf("%s %s: no pod template: %v", o.GetKind(), o.GetName(), err)
+	}
+	var spec corev1.PodSpec
+	into(t, object{&unstructured.Unstructured{Object: m}, o.template}, &spec)
+	return spec, true
+}
+
+// quotaCovers says whether a ResourceQuota's scopes admit a pod of class:
+// a PriorityClass In scope that names it.
+func quotaCovers(t testing.TB, o object, class string) bool {
+	t.Helper()
+	var q corev1.ResourceQuota
+	into(t, o, &q)
+	if q.Spec.ScopeSelector == nil {
+		return false
+	}
+	for _, e := range q.Spec.ScopeSelector.MatchExpressions {
+		if e.ScopeName == corev1.ResourceQuotaScopePriorityClass && e.Operator == corev1.ScopeSelectorOpIn && slices.Contains(e.Values, class) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestCriticalPodsQuota: outside kube-system, every pod of the chart whose
+// PriorityClass is system-node-critical or system-cluster-critical has a
+// ResourceQuota in its namespace scoped to its class, as GKE requires; none
+// is rendered where no pod needs it, in kube-system, or when turned off.
+func TestCriticalPodsQuota(t *testing.T) {
+	for _, tc := range []struct {
+		name, values, namespace string
+		wantQuota               bool
+		wantPods                string
+	}{
+		{name: "defaults", namespace: releaseNamespace, wantQuota: true, wantPods: "1G"},
+		{name: "in kube-system", namespace: "kube-system"},
+		{name: "turned off", values: "criticalPodsQuota: {enabled: false}", namespace: releaseNamespace},
+		{name: "no critical pod", values: `kubeletPlugin: {priorityClassName: ""}`, namespace: releaseNamespace},
+		{
+			name:      "only the preemptor and the webhook are critical",
+			values:    "kubeletPlugin: {priorityClassName: \"\"}\npreemptor: {enabled: true, priorityClassName: system-cluster-critical}\nadmission: {webhook: {priorityClassName: system-cluster-critical}}\ncriticalPodsQuota: {pods: 5000}",
+			namespace: releaseNamespace, wantQuota: true, wantPods: "5000",
+		},
+		{name: "a large integer", values: "criticalPodsQuota: {pods: 1000000000}", namespace: releaseNamespace, wantQuota: true, wantPods: "1000000000"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := renderAs(t, values(t, tc.values), releaseName, tc.namespace)
+			quotas := ofKind(objs, "ResourceQuota")
+			if got := len(quotas) > 0; got != tc.wantQuota {
+				t.Fatalf("ResourceQuota rendered: %v, want %v", got, tc.wantQuota)
+			}
+			if !tc.wantQuota {
+				return
+			}
+			var q corev1.ResourceQuota
+			into(t, quotas[0], &q)
+			if got, _, _ := unstructured.NestedStringMap(quotas[0].Object, "spec", "hard"); len(got) != 1 || got["pods"] != tc.wantPods {
+				t.Errorf("hard %v, want pods: %q only", got, tc.wantPods)
+			}
+			for _, c := range criticalClasses {
+				if !quotaCovers(t, quotas[0], c) {
+					t.Errorf("the quota's scopes %+v do not cover %s", q.Spec.ScopeSelector, c)
+				}
+			}
+		})
+	}
+
+	for cfgName, vals := range configurations(t) {
+		objs := render(t, vals)
+		for _, o := range objs {
+			spec, ok := podSpecOf(t, o)
+			if !ok || !slices.Contains(criticalClasses, spec.PriorityClassName) {
+				continue
+			}
+			covered := false
+			for _, q := range ofKind(objs, "ResourceQuota") {
+				if q.GetNamespace() == o.GetNamespace() && quotaCovers(t, q, spec.PriorityClassName) {
+					covered = true
+				}
+			}
+			if !covered {
+				t.Errorf("%s: %s %s has priority class %s and no ResourceQuota admits it outside kube-system", cfgName, o.GetKind(), o.GetName(), spec.PriorityClassName)
+			}
+		}
+	}
+}
