@@ -27,9 +27,18 @@ func TestAllocatorDefects(t *testing.T) {
 		t.Run("dynamic is refused: kubernetes#139034 double-books it", func(t *testing.T) {
 			start := time.Now()
 			p := launchPlugin(t, "dgx-h100", nil, true, dynamic...)
-			waitFor(t, "the plugin to refuse dynamic mode and exit", 2*time.Minute, func() (bool, error) {
-				return p.exited(), nil
-			})
+			// Wait reaps it: exited() cannot tell an exited plugin from
+			// a running one while it is a zombie.
+			done := make(chan error, 1)
+			go func() { done <- p.cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Fatalf("the plugin exited 0 with dynamic refused, want a failure:\n%s", p.logText())
+				}
+			case <-time.After(2 * time.Minute):
+				t.Fatalf("the plugin did not refuse dynamic mode and exit within 2 minutes:\n%s", p.logText())
+			}
 			log := p.logText()
 			for _, want := range []string{"mode dynamic is refused on Kubernetes " + e.gates.ServerVersion, "kubernetes#139034", "fixed in Kubernetes 1.36.2", "safe on this cluster: exclusive, static-mig, slots, shared, mig"} {
 				if !strings.Contains(log, want) {
