@@ -173,7 +173,11 @@ func Run(ctx context.Context, f Config) error {
 		if defect := (*inventory.DefectError)(nil); errors.As(err, &defect) {
 			reason = reasonAllocatorDefect
 		}
-		ev.Warning(reason, err.Error())
+		// At once: the plugin exits next, and the broadcaster's queue
+		// would go with it.
+		if evErr := nodeevents.WarnNow(ctx, client.CoreV1(), f.NodeName, reason, err.Error()); evErr != nil {
+			logger.Error(evErr, "Cannot raise the Node Event")
+		}
 		return err
 	}
 	for _, g := range inv.GPUs {
