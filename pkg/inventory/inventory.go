@@ -311,6 +311,9 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 			return nil, fmt.Errorf("GPU %d: %w", g.Index, needsError(requested, missing, gates))
 		}
 		mode, note, fallback := resolveMode(requested, g, gates, len(instances[g.UUID]) > 0)
+		if m, n := fixedMIGMode(g, mode, gates); m != mode {
+			mode, note, fallback = m, n, true
+		}
 		var model *MIGModel
 		if mode == ModeMIG || mode == ModeDynamic {
 			var err error
@@ -405,6 +408,54 @@ func resolveMode(requested Mode, g nvml.GPU, gates features.Set, hasInstances bo
 	return requested, "", false
 }
 
+// fixedMIGMode narrows a mode to what a GPU whose MIG mode Facet must not
+// change (nvml.GPU.MIGModeFixed: before Hopper, or a vGPU guest) can serve
+// in its current MIG mode, as NVIDIA's DRA driver does
+// (cmd/gpu-kubelet-plugin/nvlib.go, isDynamicMIGCapable):
+//   - MIG mode off: no MIG. mig becomes exclusive, dynamic shared; an
+//     admin who wants MIG there turns MIG mode on and resets the GPU.
+//   - MIG mode on (not in a vGPU guest): no whole GPU, which would need
+//     MIG mode off. mig keeps its MIG devices without the whole GPU
+//     (GPU.build), dynamic becomes mig, and exclusive, shared and slots
+//     become static-mig (the instances that exist).
+//   - A vGPU guest cannot create instances: mig and dynamic lose MIG as
+//     above, whatever the mode.
+//
+// It returns the mode unchanged where nothing narrows it, else the mode in
+// force and a note saying why, for the plugin's Event.
+func fixedMIGMode(g nvml.GPU, mode Mode, gates features.Set) (Mode, string) {
+	if !g.MIGCapable || g.MIGModeFixed == "" {
+		return mode, ""
+	}
+	why := func(to Mode) string {
+		state := "off"
+		if g.MIGEnabled {
+			state = "on"
+		}
+		return fmt.Sprintf("mode %s: MIG mode is %s and stays so (%s); using %s", mode, state, g.MIGModeFixed, to)
+	}
+	switch {
+	case g.VGPUGuest || !g.MIGEnabled:
+		switch mode {
+		case ModeMIG:
+			return ModeExclusive, why(ModeExclusive)
+		case ModeDynamic:
+			return ModeShared, why(ModeShared)
+		}
+	default: // MIG mode on, before Hopper
+		switch mode {
+		case ModeDynamic:
+			if len(gates.Missing(ModeMIG.Needs()...)) == 0 {
+				return ModeMIG, why(ModeMIG) + " without the whole GPU"
+			}
+			return ModeStaticMIG, why(ModeStaticMIG)
+		case ModeExclusive, ModeShared, ModeSlots:
+			return ModeStaticMIG, why(ModeStaticMIG)
+		}
+	}
+	return mode, ""
+}
+
 // build lays out the GPU's devices and counters for its mode; model is
 // the GPU's MIG model in mig and dynamic mode.
 func (gpu *GPU) build(model *MIGModel) error {
@@ -418,6 +469,11 @@ func (gpu *GPU) build(model *MIGModel) error {
 		return nil
 	case ModeMIG, ModeDynamic:
 		whole.Shareable = gpu.Mode == ModeDynamic
+		if gpu.MIGModeFixed != "" && gpu.MIGEnabled {
+			// MIG mode stays on (fixedMIGMode): the whole GPU cannot
+			// be served, only its instances.
+			gpu.Devices = gpu.Devices[:0]
+		}
 	default:
 		return fmt.Errorf("internal error: mode %q", gpu.Mode)
 	}
