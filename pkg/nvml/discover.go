@@ -193,8 +193,8 @@ func MIGModeFixedReason(arch gonvml.DeviceArchitecture, vgpuGuest bool) string {
 	case vgpuGuest:
 		return "the GPU is a vGPU in a virtual machine: its MIG mode and instances are the hypervisor's vGPU profile"
 	case arch < gonvml.DEVICE_ARCH_HOPPER:
-		return fmt.Sprintf("a %s GPU applies a MIG mode change only after a GPU reset (Hopper and later apply it at once); "+
-			"Facet never leaves a change pending, so MIG mode on this GPU is the admin's (nvidia-smi -i <index> -mig 1, then a GPU reset or reboot)", architectureName(arch))
+		return fmt.Sprintf("this %s GPU applies a MIG mode change only after a GPU reset (Hopper and later apply it at once); "+
+			"Facet never leaves a change pending, so MIG mode on this GPU is the admin's (nvidia-smi -i <index> -mig 1 to turn it on, -mig 0 off, then a GPU reset or reboot)", architectureName(arch))
 	}
 	return ""
 }

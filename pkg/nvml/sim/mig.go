@@ -23,7 +23,8 @@ import (
 //
 //   - MIG mode is state: SetMigMode changes it at once on Hopper and later,
 //     and before Hopper (A100, A30) only sets the pending mode, which no
-//     simulated reset ever applies, as the driver holds it for a GPU reset; disabling it with GPU instances present fails with
+//     simulated reset ever applies, as the driver holds it for a GPU
+//     reset; disabling it with GPU instances present fails with
 //     ERROR_IN_USE, and creating instances while it is off fails with
 //     ERROR_NOT_SUPPORTED ("device doesn't have MIG mode enabled").
 //   - A GPU instance is created only at one of its profile's placements
@@ -78,7 +79,7 @@ type simGPU struct {
 	// pending. Not persisted: the simulation has no GPU reset, and a
 	// restarted plugin on a real node sees a pending change until one.
 	pendingMode int
-	gis     map[int]*simGI // by GPU instance ID
+	gis         map[int]*simGI // by GPU instance ID
 }
 
 // simGI is a GPU instance.
