@@ -19,6 +19,11 @@
 //	static-mig gpu-i-mig-<profile>-<start> per existing MIG instance none
 //	slots      gpu-i-slot-<k> per fixed-size vGPU slot              none
 //
+// A GPU whose MIG mode Facet does not change (before Hopper, or a vGPU
+// guest: nvml.GPU.MIGModeFixed) serves only what its MIG mode allows
+// (fixedMIGMode): with MIG mode off no MIG devices, with it on no gpu-i
+// (mig publishes its placements alone; other modes become static-mig).
+//
 // mig, shared and dynamic need DRA features that are alpha and off in
 // Kubernetes 1.35 (package features); exclusive, static-mig and slots use
 // GA fields only and work on every 1.35 cluster.
@@ -311,7 +316,7 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 			return nil, fmt.Errorf("GPU %d: %w", g.Index, needsError(requested, missing, gates))
 		}
 		mode, note, fallback := resolveMode(requested, g, gates, len(instances[g.UUID]) > 0)
-		if m, n := fixedMIGMode(g, mode, gates); m != mode {
+		if m, n := fixedMIGMode(g, requested, mode, gates); m != mode {
 			mode, note, fallback = m, n, true
 		}
 		var model *MIGModel
@@ -322,6 +327,11 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 				mode = map[Mode]Mode{ModeMIG: ModeExclusive, ModeDynamic: ModeShared}[was]
 				note = fmt.Sprintf("mode %s: the GPU's MIG tables cannot be published exactly (%v); using %s", was, err, mode)
 				fallback = true
+				// A GPU whose MIG mode stays on cannot be served whole
+				// either: only the instances that exist.
+				if m, n := fixedMIGMode(g, mode, mode, gates); m != mode {
+					mode, note = m, note+"; "+n
+				}
 			}
 		}
 		// The upstream allocator's known defects on this version
@@ -421,9 +431,11 @@ func resolveMode(requested Mode, g nvml.GPU, gates features.Set, hasInstances bo
 //   - A vGPU guest cannot create instances: mig and dynamic lose MIG as
 //     above, whatever the mode.
 //
-// It returns the mode unchanged where nothing narrows it, else the mode in
-// force and a note saying why, for the plugin's Event.
-func fixedMIGMode(g nvml.GPU, mode Mode, gates features.Set) (Mode, string) {
+// mode is the mode resolveMode gave for requested (which auto resolves to
+// mode; resolveAuto already keeps a GPU whose MIG mode stays off out of
+// mig). It returns the mode unchanged where nothing narrows it, else the
+// mode in force and a note saying why, for the plugin's Event.
+func fixedMIGMode(g nvml.GPU, requested, mode Mode, gates features.Set) (Mode, string) {
 	if !g.MIGCapable || g.MIGModeFixed == "" {
 		return mode, ""
 	}
@@ -432,7 +444,11 @@ func fixedMIGMode(g nvml.GPU, mode Mode, gates features.Set) (Mode, string) {
 		if g.MIGEnabled {
 			state = "on"
 		}
-		return fmt.Sprintf("mode %s: MIG mode is %s and stays so (%s); using %s", mode, state, g.MIGModeFixed, to)
+		asked := "mode " + string(mode)
+		if requested == ModeAuto {
+			asked = "auto (" + string(mode) + ")"
+		}
+		return fmt.Sprintf("%s: MIG mode is %s and stays so (%s); using %s", asked, state, g.MIGModeFixed, to)
 	}
 	switch {
 	case g.VGPUGuest || !g.MIGEnabled:
@@ -521,8 +537,10 @@ var countersScaleFrom = utilversion.MajorMinor(1, 37)
 // texts; resolveAuto decides it (TestAutoPolicyMatchesResolveAuto keeps
 // them together).
 func AutoPolicy() string {
-	return fmt.Sprintf("auto is %s on GPUs with MIG instances, %s on other MIG-capable GPUs where the cluster enforces %s and runs Kubernetes %s or later, and %s everywhere else",
-		ModeStaticMIG, ModeMIG, features.PartitionableDevices, countersScaleFrom, ModeExclusive)
+	return fmt.Sprintf("auto is %s on GPUs with MIG instances, %s on other MIG-capable GPUs where the cluster enforces %s and runs Kubernetes %s or later "+
+		"(before Hopper only with MIG mode on, which Facet does not change there; never in a vGPU guest), "+
+		"%s on other GPUs before Hopper with MIG mode on, and %s everywhere else",
+		ModeStaticMIG, ModeMIG, features.PartitionableDevices, countersScaleFrom, ModeStaticMIG, ModeExclusive)
 }
 
 // resolveAuto is the default policy, per GPU:
@@ -533,6 +551,11 @@ func AutoPolicy() string {
 //     devices and is 1.37 or later; else exclusive. Before 1.37, counters
 //     make scheduling slow at scale, and on 1.35 the allocator's rollback
 //     leak (kubernetes#140436) can leave a pod that fits Pending.
+//     A GPU whose MIG mode Facet must not change (nvml.GPU.MIGModeFixed)
+//     gets exclusive while its MIG mode is off or it is a vGPU guest,
+//     without a note: that is no fallback but the GPU as its admin left
+//     it. With MIG mode on, fixedMIGMode then narrows exclusive to
+//     static-mig (mig keeps its MIG devices, without the whole GPU).
 //   - Others: exclusive.
 //
 // dynamic is never the default: a shareable device that consumes counters
@@ -544,6 +567,12 @@ func resolveAuto(g nvml.GPU, gates features.Set, hasInstances bool) (Mode, strin
 		return ModeStaticMIG, "auto: static-mig, because the GPU has MIG instances", false
 	case !migUsable(g):
 		return ModeExclusive, "auto: exclusive, the default for GPUs without MIG", false
+	case g.MIGModeFixed != "" && (g.VGPUGuest || !g.MIGEnabled):
+		why := "its MIG mode is off"
+		if g.VGPUGuest {
+			why = "it cannot create MIG instances"
+		}
+		return ModeExclusive, "auto: exclusive, because " + why + " and its MIG mode is not Facet's to change (" + g.MIGModeFixed + ")", false
 	case !gates.Has(features.PartitionableDevices):
 		return ModeExclusive, "auto: exclusive, because the cluster does not enforce " + string(features.PartitionableDevices) +
 			" (dynamic MIG); carve instances or use --mode=static-mig with --mig-layouts for MIG", false
