@@ -547,6 +547,68 @@ gpus:
 	}
 }
 
+// TestMIGModeFixedNeverSetsMode: on an A100, EnableMIG and DisableMIG
+// never reach nvmlDeviceSetMigMode: where the mode is already the one
+// wanted they return at once (a whole GPU with MIG mode off, a MIG device
+// with it on: what prepare asks for), and elsewhere they refuse before
+// it. On an H100 the change is one call.
+func TestMIGModeFixedNeverSetsMode(t *testing.T) {
+	dir := t.TempDir()
+	machine := filepath.Join(dir, "m.yaml")
+	if err := os.WriteFile(machine, []byte(`name: fixed-calls
+driverVersion: "580.159.04"
+cudaDriverVersion: "13.0"
+gpus:
+- model: A100-SXM4-80GB
+- model: A100-SXM4-80GB
+  migEnabled: true
+- model: H100-SXM5-80GB
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := openMachineFile(machine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := make([]int, len(node.GPUs))
+	for i := range node.GPUs {
+		dev := serverOf(lib).Devices[i].(*server.Device)
+		set := dev.SetMigModeFunc
+		dev.SetMigModeFunc = func(mode int) (gonvml.Return, gonvml.Return) {
+			calls[i]++
+			return set(mode)
+		}
+	}
+	for _, tc := range []struct {
+		gpu     int
+		change  func(string) (bool, error)
+		name    string
+		changed bool
+		refused bool
+		calls   int
+	}{
+		{0, lib.DisableMIG, "A100, MIG mode off: disable", false, false, 0},
+		{0, lib.EnableMIG, "A100, MIG mode off: enable", false, true, 0},
+		{1, lib.EnableMIG, "A100, MIG mode on: enable", false, false, 0},
+		{1, lib.DisableMIG, "A100, MIG mode on: disable", false, true, 0},
+		{2, lib.DisableMIG, "H100, MIG mode off: disable", false, false, 0},
+		{2, lib.EnableMIG, "H100, MIG mode off: enable", true, false, 1},
+	} {
+		before := calls[tc.gpu]
+		changed, err := tc.change(node.GPUs[tc.gpu].UUID)
+		if changed != tc.changed || errors.Is(err, nvml.ErrMIGModeFixed) != tc.refused || (err != nil && !tc.refused) {
+			t.Errorf("%s: changed %v, error %v; want changed %v, refused %v", tc.name, changed, err, tc.changed, tc.refused)
+		}
+		if n := calls[tc.gpu] - before; n != tc.calls {
+			t.Errorf("%s: %d SetMigMode calls, want %d", tc.name, n, tc.calls)
+		}
+	}
+}
+
 func TestMIGIDsReused(t *testing.T) {
 	lib, g := migGPU(t, "H100-SXM5-80GB", 1)
 	one := profileNamed(t, g, "1g.10gb")
