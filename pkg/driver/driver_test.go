@@ -99,10 +99,24 @@ func newRig(t testing.TB) *rig { return newRigMode(t, inventory.Config{}) }
 
 func newRigMode(t testing.TB, cfg inventory.Config) *rig {
 	t.Helper()
+	return newRigOn(t, "dgx-h100", false, cfg)
+}
+
+// newRigOn is newRigMode on another demo machine of eight GPUs (the
+// shared driver root's), with every GPU's MIG mode on at boot if migOn.
+func newRigOn(t testing.TB, machine string, migOn bool, cfg inventory.Config) *rig {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("the simulated driver root needs mknod (root)")
 	}
-	lib, err := sim.OpenMachine("../../demo/machines/dgx-h100.yaml")
+	m, err := sim.LoadMachine("../../demo/machines/" + machine + ".yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range m.GPUs {
+		m.GPUs[i].MIGEnabled = m.GPUs[i].MIGEnabled || migOn
+	}
+	lib, err := sim.OpenSimulated(m)
 	if err != nil {
 		t.Fatal(err)
 	}

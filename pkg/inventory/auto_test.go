@@ -21,7 +21,15 @@ func TestAutoPolicyMatchesResolveAuto(t *testing.T) {
 		return s
 	}
 	migGPU := nvml.GPU{MIGCapable: true, MIGProfiles: []nvml.MIGProfile{{}}}
+	// An A100 whose MIG mode is off and one where it is on (and stays so),
+	// and a vGPU guest with MIG mode off and on.
+	fixedOff, fixedOn, guest := migGPU, migGPU, migGPU
+	fixedOff.MIGModeFixed, fixedOn.MIGModeFixed, guest.MIGModeFixed = "before Hopper", "before Hopper", "vGPU guest"
+	fixedOn.MIGEnabled, guest.VGPUGuest = true, true
+	guestOn := guest
+	guestOn.MIGEnabled = true
 	newest := "v" + countersScaleFrom.String() + ".2"
+	const fixedOnClause = "on other GPUs before Hopper with MIG mode on"
 	for _, tc := range []struct {
 		name         string
 		gpu          nvml.GPU
@@ -35,9 +43,19 @@ func TestAutoPolicyMatchesResolveAuto(t *testing.T) {
 		{"MIG-capable, gate on, too old", migGPU, withGates(true, "v1.36.3"), false, "everywhere else"},
 		{"MIG-capable, gate off", migGPU, withGates(false, newest), false, "everywhere else"},
 		{"no MIG", nvml.GPU{}, withGates(true, newest), false, "everywhere else"},
+		{"MIG mode off, not Facet's to change", fixedOff, withGates(true, newest), false, "everywhere else"},
+		{"MIG mode on, not Facet's to change, new enough", fixedOn, withGates(true, newest), false, "on other MIG-capable GPUs where the cluster enforces " + string(features.PartitionableDevices) + " and runs Kubernetes " + countersScaleFrom.String() + " or later (before Hopper only with MIG mode on"},
+		{"MIG mode on, not Facet's to change, too old", fixedOn, withGates(true, "v1.36.3"), false, fixedOnClause},
+		{"MIG mode on, not Facet's to change, gate off", fixedOn, withGates(false, newest), false, fixedOnClause},
+		{"MIG mode on, not Facet's to change, MIG instances", fixedOn, withGates(false, newest), true, "on GPUs with MIG instances"},
+		{"vGPU guest", guest, withGates(true, newest), false, "everywhere else"},
+		{"vGPU guest, MIG mode on", guestOn, withGates(true, newest), false, "everywhere else"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// As Build: resolveAuto, then what a GPU whose MIG mode
+			// stays as it is serves.
 			mode, _, _ := resolveAuto(tc.gpu, tc.gates, tc.hasInstances)
+			mode, _ = fixedMIGMode(tc.gpu, ModeAuto, mode, tc.gates)
 			if want := string(mode) + " " + tc.clause; !strings.Contains(AutoPolicy(), want) {
 				t.Errorf("resolveAuto gives %s; the help text %q does not say %q", mode, AutoPolicy(), want)
 			}

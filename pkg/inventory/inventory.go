@@ -19,6 +19,11 @@
 //	static-mig gpu-i-mig-<profile>-<start> per existing MIG instance none
 //	slots      gpu-i-slot-<k> per fixed-size vGPU slot              none
 //
+// A GPU whose MIG mode Facet does not change (before Hopper, or a vGPU
+// guest: nvml.GPU.MIGModeFixed) serves only what its MIG mode allows
+// (fixedMIGMode): with MIG mode off no MIG devices, with it on no gpu-i
+// (mig publishes its placements alone; other modes become static-mig).
+//
 // mig, shared and dynamic need DRA features that are alpha and off in
 // Kubernetes 1.35 (package features); exclusive, static-mig and slots use
 // GA fields only and work on every 1.35 cluster.
@@ -311,6 +316,9 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 			return nil, fmt.Errorf("GPU %d: %w", g.Index, needsError(requested, missing, gates))
 		}
 		mode, note, fallback := resolveMode(requested, g, gates, len(instances[g.UUID]) > 0)
+		if m, n := fixedMIGMode(g, requested, mode, gates); m != mode {
+			mode, note, fallback = m, n, true
+		}
 		var model *MIGModel
 		if mode == ModeMIG || mode == ModeDynamic {
 			var err error
@@ -319,6 +327,11 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 				mode = map[Mode]Mode{ModeMIG: ModeExclusive, ModeDynamic: ModeShared}[was]
 				note = fmt.Sprintf("mode %s: the GPU's MIG tables cannot be published exactly (%v); using %s", was, err, mode)
 				fallback = true
+				// A GPU whose MIG mode stays on cannot be served whole
+				// either: only the instances that exist.
+				if m, n := fixedMIGMode(g, mode, mode, gates); m != mode {
+					mode, note = m, note+"; "+n
+				}
 			}
 		}
 		// The upstream allocator's known defects on this version
@@ -405,6 +418,60 @@ func resolveMode(requested Mode, g nvml.GPU, gates features.Set, hasInstances bo
 	return requested, "", false
 }
 
+// fixedMIGMode narrows a mode to what a GPU whose MIG mode Facet must not
+// change (nvml.GPU.MIGModeFixed: before Hopper, or a vGPU guest) can serve
+// in its current MIG mode, as NVIDIA's DRA driver does
+// (cmd/gpu-kubelet-plugin/nvlib.go, isDynamicMIGCapable):
+//   - MIG mode off: no MIG. mig becomes exclusive, dynamic shared; an
+//     admin who wants MIG there turns MIG mode on and resets the GPU.
+//   - MIG mode on (not in a vGPU guest): no whole GPU, which would need
+//     MIG mode off. mig keeps its MIG devices without the whole GPU
+//     (GPU.build), dynamic becomes mig, and exclusive, shared and slots
+//     become static-mig (the instances that exist).
+//   - A vGPU guest cannot create instances: mig and dynamic lose MIG as
+//     above, whatever the mode.
+//
+// mode is the mode resolveMode gave for requested (which auto resolves to
+// mode; resolveAuto already keeps a GPU whose MIG mode stays off out of
+// mig). It returns the mode unchanged where nothing narrows it, else the
+// mode in force and a note saying why, for the plugin's Event.
+func fixedMIGMode(g nvml.GPU, requested, mode Mode, gates features.Set) (Mode, string) {
+	if !g.MIGCapable || g.MIGModeFixed == "" {
+		return mode, ""
+	}
+	why := func(to Mode) string {
+		state := "off"
+		if g.MIGEnabled {
+			state = "on"
+		}
+		asked := "mode " + string(mode)
+		if requested == ModeAuto {
+			asked = "auto (" + string(mode) + ")"
+		}
+		return fmt.Sprintf("%s: MIG mode is %s and stays so (%s); using %s", asked, state, g.MIGModeFixed, to)
+	}
+	switch {
+	case g.VGPUGuest || !g.MIGEnabled:
+		switch mode {
+		case ModeMIG:
+			return ModeExclusive, why(ModeExclusive)
+		case ModeDynamic:
+			return ModeShared, why(ModeShared)
+		}
+	default: // MIG mode on, before Hopper
+		switch mode {
+		case ModeDynamic:
+			if len(gates.Missing(ModeMIG.Needs()...)) == 0 {
+				return ModeMIG, why(ModeMIG) + " without the whole GPU"
+			}
+			return ModeStaticMIG, why(ModeStaticMIG)
+		case ModeExclusive, ModeShared, ModeSlots:
+			return ModeStaticMIG, why(ModeStaticMIG)
+		}
+	}
+	return mode, ""
+}
+
 // build lays out the GPU's devices and counters for its mode; model is
 // the GPU's MIG model in mig and dynamic mode.
 func (gpu *GPU) build(model *MIGModel) error {
@@ -418,6 +485,11 @@ func (gpu *GPU) build(model *MIGModel) error {
 		return nil
 	case ModeMIG, ModeDynamic:
 		whole.Shareable = gpu.Mode == ModeDynamic
+		if gpu.MIGModeFixed != "" && gpu.MIGEnabled {
+			// MIG mode stays on (fixedMIGMode): the whole GPU cannot
+			// be served, only its instances.
+			gpu.Devices = gpu.Devices[:0]
+		}
 	default:
 		return fmt.Errorf("internal error: mode %q", gpu.Mode)
 	}
@@ -465,8 +537,10 @@ var countersScaleFrom = utilversion.MajorMinor(1, 37)
 // texts; resolveAuto decides it (TestAutoPolicyMatchesResolveAuto keeps
 // them together).
 func AutoPolicy() string {
-	return fmt.Sprintf("auto is %s on GPUs with MIG instances, %s on other MIG-capable GPUs where the cluster enforces %s and runs Kubernetes %s or later, and %s everywhere else",
-		ModeStaticMIG, ModeMIG, features.PartitionableDevices, countersScaleFrom, ModeExclusive)
+	return fmt.Sprintf("auto is %s on GPUs with MIG instances, %s on other MIG-capable GPUs where the cluster enforces %s and runs Kubernetes %s or later "+
+		"(before Hopper only with MIG mode on, which Facet does not change there; never in a vGPU guest), "+
+		"%s on other GPUs before Hopper with MIG mode on, and %s everywhere else",
+		ModeStaticMIG, ModeMIG, features.PartitionableDevices, countersScaleFrom, ModeStaticMIG, ModeExclusive)
 }
 
 // resolveAuto is the default policy, per GPU:
@@ -477,6 +551,11 @@ func AutoPolicy() string {
 //     devices and is 1.37 or later; else exclusive. Before 1.37, counters
 //     make scheduling slow at scale, and on 1.35 the allocator's rollback
 //     leak (kubernetes#140436) can leave a pod that fits Pending.
+//     A GPU whose MIG mode Facet must not change (nvml.GPU.MIGModeFixed)
+//     gets exclusive while its MIG mode is off or it is a vGPU guest,
+//     without a note: that is no fallback but the GPU as its admin left
+//     it. With MIG mode on, fixedMIGMode then narrows exclusive to
+//     static-mig (mig keeps its MIG devices, without the whole GPU).
 //   - Others: exclusive.
 //
 // dynamic is never the default: a shareable device that consumes counters
@@ -488,6 +567,12 @@ func resolveAuto(g nvml.GPU, gates features.Set, hasInstances bool) (Mode, strin
 		return ModeStaticMIG, "auto: static-mig, because the GPU has MIG instances", false
 	case !migUsable(g):
 		return ModeExclusive, "auto: exclusive, the default for GPUs without MIG", false
+	case g.MIGModeFixed != "" && (g.VGPUGuest || !g.MIGEnabled):
+		why := "its MIG mode is off"
+		if g.VGPUGuest {
+			why = "it cannot create MIG instances"
+		}
+		return ModeExclusive, "auto: exclusive, because " + why + " and its MIG mode is not Facet's to change (" + g.MIGModeFixed + ")", false
 	case !gates.Has(features.PartitionableDevices):
 		return ModeExclusive, "auto: exclusive, because the cluster does not enforce " + string(features.PartitionableDevices) +
 			" (dynamic MIG); carve instances or use --mode=static-mig with --mig-layouts for MIG", false

@@ -17,21 +17,44 @@ import (
 // MIGModels are the simulated MIG-capable models.
 var MIGModels = []string{"A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIE-40GB", "A100-PCIE-80GB", "A30-PCIE-24GB", "H100-SXM5-80GB", "H200-141GB", "B200-180GB"}
 
+// discover simulates a node of GPUs of the models, MIG mode off at boot.
 func discover(t *testing.T, models ...string) *nvml.Node {
 	t.Helper()
-	m := &sim.Machine{Name: "inv-test", DriverVersion: "580.159.04", CUDADriverVersion: "13.0"}
+	var gpus []sim.MachineGPU
 	for _, model := range models {
-		m.GPUs = append(m.GPUs, sim.MachineGPU{Model: model})
+		gpus = append(gpus, sim.MachineGPU{Model: model})
 	}
-	node, err := sim.DiscoverSimulated(m)
+	return discoverGPUs(t, gpus...)
+}
+
+// discoverGPUs simulates a node of the GPUs as a machine file lists them.
+func discoverGPUs(t *testing.T, gpus ...sim.MachineGPU) *nvml.Node {
+	t.Helper()
+	node, err := sim.DiscoverSimulated(&sim.Machine{Name: "inv-test", DriverVersion: "580.159.04", CUDADriverVersion: "13.0", GPUs: gpus})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return node
 }
 
+// discoverForMIG simulates one GPU of a MIG-capable model as an admin
+// leaves it for MIG: MIG mode off on Hopper and later (Facet turns it on),
+// on before Hopper, whose MIG mode Facet does not change
+// (nvml.GPU.MIGModeFixed).
+func discoverForMIG(t *testing.T, model string) *nvml.Node {
+	t.Helper()
+	node := discover(t, model)
+	if node.GPUs[0].MIGModeFixed != "" {
+		node = discoverGPUs(t, sim.MachineGPU{Model: model, MIGEnabled: true})
+	}
+	return node
+}
+
+// TestModes: each mode and its fallbacks on MIG-capable GPUs (Hopper,
+// whose MIG mode Facet changes) and GPUs without MIG. Ampere GPUs, whose
+// MIG mode Facet leaves as it is, are TestFixedMIGMode's.
 func TestModes(t *testing.T) {
-	node := discover(t, "H100-SXM5-80GB", "L4", "A30-PCIE-24GB", "L4")
+	node := discover(t, "H100-SXM5-80GB", "L4", "H200-141GB", "L4")
 	for _, tc := range []struct {
 		cfg       Config
 		modes     []Mode
@@ -84,11 +107,13 @@ func TestModes(t *testing.T) {
 // TestMIGDevices checks every simulated MIG model: names are DNS labels
 // that map back to their profile and placement, devices come in policy
 // order, and each device consumes exactly its placement's memory slices
-// (plus media-extensions for "+me").
+// (plus media-extensions for "+me"). From Hopper on, gpu-0 comes first and
+// consumes every counter; before Hopper the GPU runs with MIG mode on
+// (discoverForMIG), and mig mode publishes its MIG devices alone.
 func TestMIGDevices(t *testing.T) {
 	for _, model := range MIGModels {
 		t.Run(model, func(t *testing.T) {
-			node := discover(t, model)
+			node := discoverForMIG(t, model)
 			inv, err := Build(node, Config{DefaultMode: ModeMIG})
 			if err != nil {
 				t.Fatal(err)
@@ -97,12 +122,30 @@ func TestMIGDevices(t *testing.T) {
 				t.Fatalf("notes: %q", inv.Notes)
 			}
 			g := inv.GPUs[0]
+			if g.Mode != ModeMIG {
+				t.Fatalf("mode %s (%s)", g.Mode, g.ModeNote)
+			}
 			if len(g.Counters) > 32 {
 				t.Errorf("%d counters", len(g.Counters))
 			}
-			t.Logf("%d MIG devices, counters %v", len(g.Devices)-1, g.Counters)
+			migDevices := g.Devices
+			_, hasWhole := inv.Device(WholeGPUName(0))
+			if wantWhole := g.MIGModeFixed == ""; hasWhole != wantWhole {
+				t.Fatalf("gpu-0 published: %v, want %v (MIGModeFixed %q, MIG mode on %v)", hasWhole, wantWhole, g.MIGModeFixed, g.MIGEnabled)
+			}
+			if hasWhole {
+				whole := g.Devices[0]
+				if whole.Name != WholeGPUName(0) || whole.Kind != KindGPU || !reflect.DeepEqual(whole.Counters, g.Counters) {
+					t.Errorf("first device %s %s consumes %v, want gpu-0 consuming all of %v", whole.Name, whole.Kind, whole.Counters, g.Counters)
+				}
+				migDevices = g.Devices[1:]
+			}
+			if len(migDevices) == 0 {
+				t.Fatal("no MIG devices")
+			}
+			t.Logf("%d MIG devices, counters %v", len(migDevices), g.Counters)
 			var prev *Device
-			for _, d := range g.Devices[1:] {
+			for _, d := range migDevices {
 				if errs := validation.IsDNS1123Label(d.Name); len(errs) > 0 {
 					t.Errorf("%s: %v", d.Name, errs)
 				}
@@ -136,8 +179,8 @@ func TestMIGDevices(t *testing.T) {
 			}
 			// Pairwise exactness: two MIG devices share a counter (each
 			// of value 1) exactly when the hardware refuses the pair.
-			for _, a := range g.Devices[1:] {
-				for _, b := range g.Devices[1:] {
+			for _, a := range migDevices {
+				for _, b := range migDevices {
 					overlap := a.Placement.Start < b.Placement.Start+b.Placement.Size && b.Placement.Start < a.Placement.Start+a.Placement.Size
 					bothME := IsMediaExtensions(a.MIG.Name) && IsMediaExtensions(b.MIG.Name)
 					share := false
@@ -175,26 +218,52 @@ func TestProfileLabel(t *testing.T) {
 }
 
 // TestMIGModelRefusesWhatItCannotEncode: a table where engines or compute
-// would bind beyond memory slices makes the GPU fall back, with a note.
+// would bind beyond memory slices makes the GPU fall back, with a note: to
+// the mode without MIG, or, on a GPU whose MIG mode stays on (an A100 with
+// MIG mode on, where dynamic is mig), to static-mig, as the whole GPU
+// cannot be served either.
 func TestMIGModelRefusesWhatItCannotEncode(t *testing.T) {
-	node := discover(t, "A100-SXM4-40GB")
-	g := &node.GPUs[0]
-	for i := range g.MIGProfiles {
-		if g.MIGProfiles[i].Name == "1g.5gb" {
-			g.MIGProfiles[i].Decoders = 1 // 7 × 1g.5gb would need 7 of 5 decoders
-		}
+	for _, tc := range []struct {
+		gpu     sim.MachineGPU
+		profile string
+		// decoders makes 7 instances of the profile need more decoders
+		// than the GPU has.
+		decoders int
+		// carved gives the GPU one MIG instance, which static-mig
+		// publishes.
+		carved  bool
+		mode    Mode
+		devices int
+	}{
+		{sim.MachineGPU{Model: "H100-SXM5-80GB"}, "1g.10gb", 2, false, ModeShared, 1},                    // 7 × 2 of 7 decoders
+		{sim.MachineGPU{Model: "A100-SXM4-40GB", MIGEnabled: true}, "1g.5gb", 1, true, ModeStaticMIG, 1}, // 7 × 1 of 5
+	} {
+		t.Run(tc.gpu.Model, func(t *testing.T) {
+			node := discoverGPUs(t, tc.gpu)
+			g := &node.GPUs[0]
+			for i := range g.MIGProfiles {
+				if g.MIGProfiles[i].Name == tc.profile {
+					g.MIGProfiles[i].Decoders = tc.decoders
+				}
+			}
+			if _, err := NewMIGModel(g.MIGProfiles); err == nil || !strings.Contains(err.Error(), "decoders") {
+				t.Fatalf("NewMIGModel: %v, want a decoder error", err)
+			}
+			cfg := Config{DefaultMode: ModeDynamic}
+			if tc.carved {
+				cfg.MIGInstances = []nvml.MIGInstance{instance(*g, 0, 0, 1)}
+			}
+			inv, err := Build(node, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gpu := inv.GPUs[0]; gpu.Mode != tc.mode || len(inv.Notes) != 1 || len(gpu.Devices) != tc.devices ||
+				!strings.Contains(inv.Notes[0], "decoders") || !strings.Contains(inv.Notes[0], "using "+string(tc.mode)) {
+				t.Fatalf("mode %s, notes %q, %d devices; want %s with a note naming the decoders, %d devices", gpu.Mode, inv.Notes, len(gpu.Devices), tc.mode, tc.devices)
+			}
+			t.Log(inv.Notes[0])
+		})
 	}
-	if _, err := NewMIGModel(g.MIGProfiles); err == nil || !strings.Contains(err.Error(), "decoders") {
-		t.Fatalf("NewMIGModel: %v, want a decoder error", err)
-	}
-	inv, err := Build(node, Config{DefaultMode: ModeDynamic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if gpu := inv.GPUs[0]; gpu.Mode != ModeShared || len(inv.Notes) != 1 || len(gpu.Devices) != 1 {
-		t.Fatalf("mode %s, notes %q, %d devices", gpu.Mode, inv.Notes, len(gpu.Devices))
-	}
-	t.Log(inv.Notes[0])
 }
 
 func TestMaxDisjoint(t *testing.T) {

@@ -1,6 +1,7 @@
 package miglayout
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,10 +12,24 @@ import (
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
+// gpuOf simulates one GPU of a model as an admin leaves it for MIG: MIG
+// mode off from Hopper on (Facet turns it on), on before Hopper, whose
+// MIG mode Facet does not change (nvml.GPU.MIGModeFixed).
 func gpuOf(t *testing.T, model string) (*nvml.Library, nvml.GPU) {
 	t.Helper()
+	lib, g := gpuBooted(t, model, false)
+	if g.MIGModeFixed != "" {
+		lib.Close()
+		lib, g = gpuBooted(t, model, true)
+	}
+	return lib, g
+}
+
+// gpuBooted simulates one GPU of a model with MIG mode on or off at boot.
+func gpuBooted(t *testing.T, model string, migEnabled bool) (*nvml.Library, nvml.GPU) {
+	t.Helper()
 	lib, err := sim.OpenSimulated(&sim.Machine{Name: "layout-test", DriverVersion: "580.159.04", CUDADriverVersion: "13.0",
-		GPUs: []sim.MachineGPU{{Model: model}}})
+		GPUs: []sim.MachineGPU{{Model: model, MIGEnabled: migEnabled}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,5 +153,33 @@ func TestApply(t *testing.T) {
 	}
 	if _, err := Apply(lib, store, g, "all-balanced", list(), false); err == nil || !strings.Contains(err.Error(), "corrupt") {
 		t.Errorf("corrupt records: %v", err)
+	}
+}
+
+// TestApplyMIGModeFixed: on an A100, whose MIG mode Facet does not change,
+// a layout is applied where the admin turned MIG mode on, and refused,
+// saying why, where it is off; nothing is created and no mode change is
+// left pending.
+func TestApplyMIGModeFixed(t *testing.T) {
+	lib, g := gpuBooted(t, "A100-SXM4-40GB", false)
+	store := NewStore(filepath.Join(t.TempDir(), "mig-layouts.json"))
+	out, err := Apply(lib, store, g, "all-balanced", nil, false)
+	if !errors.Is(err, nvml.ErrMIGModeFixed) || !strings.Contains(err.Error(), "MIG layout all-balanced") || out.Changed {
+		t.Fatalf("MIG mode off: %+v, %v; want ErrMIGModeFixed", out, err)
+	}
+	if all, err := lib.ListMIG(); err != nil || len(all) != 0 {
+		t.Fatalf("instances %+v, %v", all, err)
+	}
+	if node, err := lib.Discover(); err != nil || node.GPUs[0].MIGEnabled {
+		t.Fatalf("MIG mode changed: %v", err)
+	}
+
+	lib, g = gpuBooted(t, "A100-SXM4-40GB", true)
+	out, err = Apply(lib, store, g, "all-balanced", nil, false)
+	if err != nil || !out.Changed {
+		t.Fatalf("MIG mode on: %+v, %v", out, err)
+	}
+	if all, err := lib.ListMIG(); err != nil || len(all) != 4 {
+		t.Fatalf("instances %+v, %v; want all-balanced's 4", all, err)
 	}
 }

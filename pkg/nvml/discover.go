@@ -123,6 +123,11 @@ func discoverGPU(lib gonvml.Interface, devlib nvdev.Interface, dev gonvml.Device
 	case gonvml.SUCCESS:
 		gpu.MIGCapable = true
 		gpu.MIGEnabled = current == gonvml.DEVICE_MIG_ENABLE
+		var err error
+		if gpu.VGPUGuest, err = vgpuGuest(dev); err != nil {
+			return nil, err
+		}
+		gpu.MIGModeFixed = MIGModeFixedReason(arch, gpu.VGPUGuest)
 	case gonvml.ERROR_NOT_SUPPORTED:
 	default:
 		return nil, nvmlError("nvmlDeviceGetMigMode", ret)
@@ -176,6 +181,35 @@ func readMemory(dev gonvml.Device, gpu *GPU, haveV2 bool) error {
 	klog.InfoS("NVML memory info v2 is not supported; publishing the v1 total, which includes the driver's reserved memory and so overstates what a workload can allocate",
 		"gpu", gpu.UUID, "totalBytes", v1.Total, "why", why)
 	return nil
+}
+
+// MIGModeFixedReason says why Facet must not change a MIG-capable GPU's MIG
+// mode, or "" where it may: only Hopper and later apply a change without a
+// GPU reset, and a vGPU guest's mode is fixed by its vGPU profile. NVIDIA's
+// DRA driver draws the same line (cmd/gpu-kubelet-plugin/nvlib.go,
+// supportsMIGModeToggle and isDynamicMIGCapable).
+func MIGModeFixedReason(arch gonvml.DeviceArchitecture, vgpuGuest bool) string {
+	switch {
+	case vgpuGuest:
+		return "the GPU is a vGPU in a virtual machine: its MIG mode and instances are the hypervisor's vGPU profile"
+	case arch < gonvml.DEVICE_ARCH_HOPPER:
+		return fmt.Sprintf("this %s GPU applies a MIG mode change only after a GPU reset (Hopper and later apply it at once); "+
+			"Facet never leaves a change pending, so MIG mode on this GPU is the admin's (nvidia-smi -i <index> -mig 1 to turn it on, -mig 0 off, then a GPU reset or reboot)", architectureName(arch))
+	}
+	return ""
+}
+
+// vgpuGuest reports whether dev is a vGPU in a guest VM. A driver that
+// cannot say (ERROR_NOT_SUPPORTED) is not in one.
+func vgpuGuest(dev gonvml.Device) (bool, error) {
+	mode, ret := dev.GetVirtualizationMode()
+	switch ret {
+	case gonvml.SUCCESS:
+		return mode == gonvml.GPU_VIRTUALIZATION_MODE_VGPU, nil
+	case gonvml.ERROR_NOT_SUPPORTED:
+		return false, nil
+	}
+	return false, nvmlError("nvmlDeviceGetVirtualizationMode", ret)
 }
 
 // discoverMIGProfiles lists every GPU instance profile the device supports

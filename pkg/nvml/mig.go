@@ -51,6 +51,10 @@ type MIGPlacement struct {
 // mode is off (see EnableMIG).
 var ErrMIGDisabled = errors.New("MIG mode is disabled")
 
+// ErrMIGModeFixed is wrapped by EnableMIG and DisableMIG on a GPU whose MIG
+// mode Facet must not change (GPU.MIGModeFixed, MIGModeFixedReason).
+var ErrMIGModeFixed = errors.New("this GPU's MIG mode is not for Facet to change")
+
 // IsInsufficientResources reports whether err carries NVML's
 // ERROR_INSUFFICIENT_RESOURCES: the instance does not fit next to the
 // GPU's existing ones.
@@ -239,6 +243,17 @@ func (l *Library) setMIGMode(parentUUID string, want int) (changed bool, err err
 	if pending == want {
 		return false, fmt.Errorf("%s MIG on %s: MIG mode is pending %s: reset the GPU (nvidia-smi -r -i %d) or reboot to activate it", verb, g, state, g.index)
 	}
+	arch, ret := g.dev.GetArchitecture()
+	if ret != gonvml.SUCCESS {
+		return false, fmt.Errorf("%s MIG on %s: %w", verb, g, nvmlError("nvmlDeviceGetArchitecture", ret))
+	}
+	guest, err := vgpuGuest(g.dev)
+	if err != nil {
+		return false, fmt.Errorf("%s MIG on %s: %w", verb, g, err)
+	}
+	if why := MIGModeFixedReason(arch, guest); why != "" {
+		return false, fmt.Errorf("%s MIG on %s: refused: %s: %w", verb, g, why, ErrMIGModeFixed)
+	}
 	ret, activation := g.dev.SetMigMode(want)
 	// NVML may reset the GPU to change the mode, after which the handle
 	// and its attributes must be read again.
@@ -251,14 +266,28 @@ func (l *Library) setMIGMode(parentUUID string, want int) (changed bool, err err
 	if ret == gonvml.SUCCESS && current == want {
 		return true, nil
 	}
+	// The driver took the change but holds it for a reset: take it back,
+	// so the GPU does not change mode at the next reboot under whatever
+	// runs on it then.
+	reverted := ""
+	if ret == gonvml.SUCCESS && pending == want && current != want {
+		if rret, _ := dev.SetMigMode(current); rret == gonvml.SUCCESS {
+			if _, p, gret := dev.GetMigMode(); gret == gonvml.SUCCESS && p == current {
+				reverted = "; Facet took the pending change back"
+			}
+		}
+		if reverted == "" {
+			reverted = "; taking the pending change back failed, so the GPU will change mode at its next reset"
+		}
+	}
 	status := "activation status: " + gonvml.ErrorString(activation)
 	if ret != gonvml.SUCCESS {
 		status += "; nvmlDeviceGetMigMode: " + gonvml.ErrorString(ret)
 	} else if pending == want {
 		status += "; MIG mode is pending " + state
 	}
-	return false, fmt.Errorf("%s MIG on GPU %d (%s): the driver accepted the change but has not made it (%s): reset the GPU (nvidia-smi -r -i %d) or reboot to %s MIG mode: %w",
-		verb, index, g.uuid, status, index, verb, nvmlReturnError{activation})
+	return false, fmt.Errorf("%s MIG on GPU %d (%s): the driver accepted the change but has not made it (%s%s): reset the GPU (nvidia-smi -r -i %d) or reboot to %s MIG mode: %w",
+		verb, index, g.uuid, status, reverted, index, verb, nvmlReturnError{activation})
 }
 
 // CreateMIG creates a GPU instance of the profile at the placement starting

@@ -61,6 +61,16 @@ type GPU struct {
 	MIGCapable bool
 	// MIGEnabled is the current MIG mode (only meaningful when MIGCapable).
 	MIGEnabled bool
+	// MIGModeFixed, when not empty, says why Facet must not change this
+	// GPU's MIG mode (MIGModeFixedReason): a GPU before Hopper applies a
+	// change only after a GPU reset, and a vGPU guest's mode is the
+	// hypervisor's. Empty on a MIG-capable Hopper or later GPU outside a
+	// vGPU guest, and on GPUs without MIG.
+	MIGModeFixed string
+	// VGPUGuest is true when the GPU is a vGPU in a virtual machine
+	// (nvmlDeviceGetVirtualizationMode: NVML_GPU_VIRTUALIZATION_MODE_VGPU):
+	// the guest cannot create GPU or compute instances.
+	VGPUGuest bool
 	// MIGProfiles lists the GPU instance profiles whose compute instance
 	// spans the whole GPU instance, in best-fit order: less memory first,
 	// then fewer compute slices, then plain before variants ("+me"), then

@@ -31,12 +31,29 @@ func render(t *testing.T, machine string, cfg inventory.Config) []byte {
 	return buf.Bytes()
 }
 
-func objects(t *testing.T, machine string, cfg inventory.Config) []*resourceapi.ResourceSlice {
+// discoverDemo discovers a demo machine; "<machine>+mig" is the machine
+// with MIG mode on at boot, as an admin leaves an A100 for MIG (Facet does
+// not change an A100's MIG mode).
+func discoverDemo(t *testing.T, machine string) *nvml.Node {
 	t.Helper()
-	node, err := sim.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
+	name, migOn := strings.CutSuffix(machine, "+mig")
+	m, err := sim.LoadMachine(filepath.Join("..", "..", "demo", "machines", name+".yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	for i := range m.GPUs {
+		m.GPUs[i].MIGEnabled = m.GPUs[i].MIGEnabled || migOn
+	}
+	node, err := sim.DiscoverSimulated(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return node
+}
+
+func objects(t *testing.T, machine string, cfg inventory.Config) []*resourceapi.ResourceSlice {
+	t.Helper()
+	node := discoverDemo(t, machine)
 	if cfg.MIGInstances == nil && cfg.DefaultMode == inventory.ModeStaticMIG {
 		cfg.MIGInstances = balanced(t, node)
 	}
@@ -62,6 +79,9 @@ func TestGolden(t *testing.T) {
 		{"sixteen-h100", inventory.Config{DefaultMode: inventory.ModeMIG}, "sixteen-h100-mig.yaml"},
 		// One slice per profile; 16 GPUs' 1g.10gb (112) need two.
 		{"sixteen-h100", inventory.Config{DefaultMode: inventory.ModeMIG, Order: inventory.OrderProfile}, "sixteen-h100-profile.yaml"},
+		// An A100's MIG mode is the admin's: with it on, mig publishes the
+		// MIG devices without gpu-<i>.
+		{"dgx-a100-40gb+mig", inventory.Config{DefaultMode: inventory.ModeMIG}, "dgx-a100-40gb-mig-on.yaml"},
 		{"l4x4", inventory.Config{}, "l4x4-exclusive.yaml"},
 		{"l4x4", inventory.Config{DefaultMode: inventory.ModeMIG}, "l4x4-mig.yaml"}, // falls back to exclusive
 		// Stock 1.35: GA fields only.
@@ -91,7 +111,7 @@ func TestGolden(t *testing.T) {
 // TestLimits renders every machine in every mode and checks the slices
 // against the API's limits and the allocator's cross-references.
 func TestLimits(t *testing.T) {
-	machines := []string{"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "l4x4", "sixteen-h100"}
+	machines := []string{"dgx-a100-40gb", "dgx-a100-80gb", "dgx-a100-40gb+mig", "dgx-a100-80gb+mig", "dgx-h100", "dgx-h200", "l4x4", "sixteen-h100"}
 	for _, machine := range machines {
 		for _, mode := range inventory.Modes {
 			for _, order := range inventory.Orders {
@@ -206,14 +226,11 @@ func balanced(t *testing.T, node *nvml.Node) []nvml.MIGInstance {
 // a stock 1.35 cluster: a mode that needs an alpha gate is refused, naming
 // it, and every other mode's slices carry no field the API server drops.
 func TestStockPublishesOnlyWhatItKeeps(t *testing.T) {
-	machines := []string{"dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "l4x4", "sixteen-h100"}
+	machines := []string{"dgx-a100-40gb", "dgx-a100-80gb", "dgx-a100-40gb+mig", "dgx-a100-80gb+mig", "dgx-h100", "dgx-h200", "l4x4", "sixteen-h100"}
 	for _, machine := range machines {
 		for _, mode := range inventory.Modes {
 			t.Run(fmt.Sprintf("%s/%s", machine, mode), func(t *testing.T) {
-				node, err := sim.DiscoverMachine(filepath.Join("..", "..", "demo", "machines", machine+".yaml"))
-				if err != nil {
-					t.Fatal(err)
-				}
+				node := discoverDemo(t, machine)
 				cfg := inventory.Config{Features: &stock, DefaultMode: mode, MIGInstances: balanced(t, node)}
 				inv, err := inventory.Build(node, cfg)
 				if needs := mode.Needs(); len(needs) > 0 {
@@ -424,6 +441,34 @@ func TestStandardAttributes(t *testing.T) {
 			}
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
 				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestMIGModeFixedSlices: an A100's MIG mode is the admin's (Facet does
+// not change it). In mig mode, an A100 node with MIG mode off publishes
+// whole GPUs only, and one with MIG mode on MIG devices only; an H100 node
+// both, whatever its MIG mode at boot.
+func TestMIGModeFixedSlices(t *testing.T) {
+	for _, tc := range []struct {
+		machine    string
+		whole, mig bool
+	}{
+		{"dgx-a100-80gb", true, false},
+		{"dgx-a100-80gb+mig", false, true},
+		{"dgx-h100", true, true},
+		{"dgx-h100+mig", true, true},
+	} {
+		t.Run(tc.machine, func(t *testing.T) {
+			types := map[string]int{}
+			for _, s := range objects(t, tc.machine, inventory.Config{DefaultMode: inventory.ModeMIG}) {
+				for _, d := range s.Spec.Devices {
+					types[*d.Attributes[names.AttrType].StringValue]++
+				}
+			}
+			if (types[names.KindGPU] == 8) != tc.whole || (types[names.KindMIG] > 0) != tc.mig || len(types) > 2 {
+				t.Errorf("devices by type %v; want whole GPUs %v, MIG devices %v", types, tc.whole, tc.mig)
 			}
 		})
 	}

@@ -34,8 +34,8 @@ func TestMIGBestFit(t *testing.T) {
 		{"+me by name", "dgx-h100", profileClaim("me", "1g.10gb+me"), "gpu-0-mig-1g10gb-me-6"},
 		{"demo one-1g10gb", "dgx-h100", nil, "gpu-0-mig-1g10gb-6"},
 		{"demo at-least-20gb", "dgx-h100", nil, "gpu-0-mig-1g20gb-6"},
-		{"demo at-least-20gb", "dgx-a100-80gb", nil, "gpu-0-mig-1g20gb-6"},
-		{"demo at-least-20gb", "dgx-a100-40gb", nil, "gpu-0-mig-3g20gb-4"},
+		{"demo at-least-20gb", "dgx-a100-80gb+mig", nil, "gpu-0-mig-1g20gb-6"},
+		{"demo at-least-20gb", "dgx-a100-40gb+mig", nil, "gpu-0-mig-3g20gb-4"},
 		{"demo at-least-20gb", "dgx-h200", nil, "gpu-0-mig-1g35gb-6"},
 	} {
 		t.Run(tc.machine+"/"+tc.name, func(t *testing.T) {
@@ -199,7 +199,7 @@ func TestMIGBinpackSpread(t *testing.T) {
 // cycle, and whatever order the scheduler lists the slices in.
 func TestMIGDemoAllBalanced(t *testing.T) {
 	want := []string{"gpu-0-mig-3g40gb-4", "gpu-0-mig-2g20gb-2", "gpu-0-mig-1g10gb-1", "gpu-0-mig-1g10gb-0"}
-	sl := nodeSlices(t, "dgx-a100-80gb", "node-a")
+	sl := nodeSlices(t, "dgx-a100-80gb+mig", "node-a")
 
 	c := NewCluster(sl, deviceClasses(t))
 	res, err := c.AllocateTogether(context.Background(), "node-a", demoClaims(t, "mig/all-balanced.yaml")...)

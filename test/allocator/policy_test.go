@@ -66,12 +66,19 @@ func exampleClaim(t testing.TB, file string) *resourceapi.ResourceClaim {
 }
 
 // migModels are the MIG-capable models a machine file can name: those
-// whose GPU publishes MIG devices in the default (auto) mode.
+// whose GPU publishes MIG devices in the default (auto) mode, booted as an
+// admin leaves it for MIG: MIG mode off from Hopper on (Facet turns it
+// on), on before Hopper, whose MIG mode Facet does not change.
 func migModels(t *testing.T) []string {
 	var out []string
 	for _, m := range sim.Models() {
 		machine := oneGPU(m)
 		machine.GPUs[0].MIGEnabled = false
+		node, err := sim.DiscoverSimulated(machine)
+		if err != nil {
+			t.Fatal(err)
+		}
+		machine.GPUs[0].MIGEnabled = node.GPUs[0].MIGModeFixed != ""
 		for _, s := range machineSlices(t, machine, "node-a") {
 			if len(s.Spec.Devices) > 1 {
 				out = append(out, m)
@@ -312,12 +319,12 @@ func TestTierInference(t *testing.T) {
 			// Never on the shared-mode GPUs 4-7, which publish no MIG devices.
 			{inference("on-gpu-4", onGPU(4)), nil},
 		}},
-		{"A100 80GB", "dgx-a100-80gb", nil, []step{
+		{"A100 80GB", "dgx-a100-80gb+mig", nil, []step{
 			{inference("smallest"), []string{"gpu-0-mig-1g10gb-6"}},
 			{exampleClaim(t, "inference.yaml"), []string{"gpu-0-mig-1g20gb-4"}},
 			{inference("3g", `device.attributes["gpu.facet.dev"].profile == "3g.40gb"`), nil},
 		}},
-		{"A100 40GB", "dgx-a100-40gb", nil, []step{
+		{"A100 40GB", "dgx-a100-40gb+mig", nil, []step{
 			{inference("smallest"), []string{"gpu-0-mig-1g5gb-6"}},
 			{exampleClaim(t, "inference.yaml"), []string{"gpu-0-mig-3g20gb-0"}},
 			{inference("7g", `device.attributes["gpu.facet.dev"].profile == "7g.40gb"`), nil},
@@ -420,9 +427,29 @@ func TestTierAtLeast40GB(t *testing.T) {
 		}
 	})
 	t.Run("dgx-a100-40gb: a 7g.40gb spanning the GPU", func(t *testing.T) {
+		// MIG mode on, which Facet leaves on an A100: a 7g.40gb on each
+		// GPU, and no whole GPU after them (mig mode publishes none).
+		c := NewCluster(nodeSlices(t, "dgx-a100-40gb+mig", "node-a"), exampleClasses(t))
+		for i := 0; ; i++ {
+			res, err := c.Allocate(context.Background(), "node-a", exampleClaim(t, "at-least-40gb.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 8 {
+				if res != nil {
+					t.Fatalf("a ninth claim got %s", taken(res))
+				}
+				break
+			}
+			if res == nil || taken(res) != fmt.Sprintf("gpu-%d-mig-7g40gb-0 via gpu/mig", i) {
+				t.Fatalf("claim %d: %v", i, res)
+			}
+		}
+	})
+	t.Run("dgx-a100-40gb, MIG mode off: whole GPUs only", func(t *testing.T) {
 		c := NewCluster(nodeSlices(t, "dgx-a100-40gb", "node-a"), exampleClasses(t))
 		res, err := c.Allocate(context.Background(), "node-a", exampleClaim(t, "at-least-40gb.yaml"))
-		if err != nil || res == nil || taken(res) != "gpu-0-mig-7g40gb-0 via gpu/mig" {
+		if err != nil || res == nil || taken(res) != "gpu-0 via gpu/whole" {
 			t.Fatalf("%v %v", res, err)
 		}
 	})

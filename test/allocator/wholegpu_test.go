@@ -7,11 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 var facetctl string
@@ -36,10 +39,24 @@ func TestMain(m *testing.M) {
 const repo = "../.."
 
 // nodeSlices runs `facetctl slices` for a demo machine file, as an operator
-// would.
+// would; "<machine>+mig" is the machine with MIG mode on at boot.
 func nodeSlices(t testing.TB, machine, node string, args ...string) []*resourceapi.ResourceSlice {
 	t.Helper()
-	return facetctlSlices(t, filepath.Join(repo, "demo/machines", machine+".yaml"), node, args...)
+	path := filepath.Join(repo, "demo/machines", strings.TrimSuffix(machine, "+mig")+".yaml")
+	if strings.HasSuffix(machine, "+mig") {
+		// The machine with MIG mode on at boot, as an admin leaves an
+		// A100 for MIG: Facet does not change an A100's MIG mode.
+		m, err := sim.LoadMachine(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Name += "-mig-on"
+		for i := range m.GPUs {
+			m.GPUs[i].MIGEnabled = true
+		}
+		return machineSlices(t, m, node, args...)
+	}
+	return facetctlSlices(t, path, node, args...)
 }
 
 // facetctlSlices runs `facetctl slices` on a machine file and decodes its

@@ -51,6 +51,10 @@ type MachineGPU struct {
 	NUMANode *int `json:"numaNode,omitempty"`
 	// MIGEnabled is the GPU's MIG mode at boot (MIG-capable models only).
 	MIGEnabled bool `json:"migEnabled,omitempty"`
+	// VGPUGuest makes the GPU a vGPU in a virtual machine, as NVML's
+	// virtualization mode says on one: its MIG mode is not the guest's to
+	// change.
+	VGPUGuest bool `json:"vgpuGuest,omitempty"`
 }
 
 // maxNUMANodes is Linux's largest MAX_NUMNODES (1 << 10).

@@ -21,8 +21,10 @@ import (
 // so that a simulated GPU refuses what the hardware refuses, with the
 // return codes NVML documents:
 //
-//   - MIG mode is state: SetMigMode changes it (at once, like a GPU that
-//     needs no reset), disabling it with GPU instances present fails with
+//   - MIG mode is state: SetMigMode changes it at once on Hopper and later,
+//     and before Hopper (A100, A30) only sets the pending mode, which no
+//     simulated reset ever applies, as the driver holds it for a GPU
+//     reset; disabling it with GPU instances present fails with
 //     ERROR_IN_USE, and creating instances while it is off fails with
 //     ERROR_NOT_SUPPORTED ("device doesn't have MIG mode enabled").
 //   - A GPU instance is created only at one of its profile's placements
@@ -72,7 +74,12 @@ type simGPU struct {
 
 	mu      sync.Mutex
 	migMode int
-	gis     map[int]*simGI // by GPU instance ID
+	// pendingMode is the MIG mode a GPU before Hopper takes at its next
+	// reset (NVML's pending mode); equal to migMode when nothing is
+	// pending. Not persisted: the simulation has no GPU reset, and a
+	// restarted plugin on a real node sees a pending change until one.
+	pendingMode int
+	gis         map[int]*simGI // by GPU instance ID
 }
 
 // simGI is a GPU instance.
@@ -104,7 +111,7 @@ func newSimNode(srv *server.Server, modelNames []string) *simNode {
 	n := &simNode{}
 	for i, d := range srv.Devices {
 		dev := d.(*server.Device)
-		g := &simGPU{node: n, index: i, model: modelNames[i], dev: dev, cfg: dev.Config.MIGProfiles, migMode: dev.MigMode, gis: map[int]*simGI{}}
+		g := &simGPU{node: n, index: i, model: modelNames[i], dev: dev, cfg: dev.Config.MIGProfiles, migMode: dev.MigMode, pendingMode: dev.MigMode, gis: map[int]*simGI{}}
 		n.gpus = append(n.gpus, g)
 		if migCapable(dev.Config) {
 			g.install()
@@ -169,7 +176,7 @@ func (g *simGPU) install() {
 	d.GetMigModeFunc = func() (int, int, gonvml.Return) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
-		return g.migMode, g.migMode, gonvml.SUCCESS
+		return g.migMode, g.pendingMode, gonvml.SUCCESS
 	}
 	d.SetMigModeFunc = func(mode int) (gonvml.Return, gonvml.Return) {
 		if mode != gonvml.DEVICE_MIG_ENABLE && mode != gonvml.DEVICE_MIG_DISABLE {
@@ -177,6 +184,16 @@ func (g *simGPU) install() {
 		}
 		g.mu.Lock()
 		defer g.mu.Unlock()
+		// Before Hopper the driver takes the change and holds it for a
+		// GPU reset (NVIDIA's MIG user guide, "Enable MIG Mode"); asking
+		// for the current mode again cancels it.
+		if g.dev.Config.Architecture < gonvml.DEVICE_ARCH_HOPPER {
+			g.pendingMode = mode
+			if mode == g.migMode {
+				return gonvml.SUCCESS, gonvml.SUCCESS
+			}
+			return gonvml.SUCCESS, gonvml.ERROR_RESET_REQUIRED
+		}
 		if mode == g.migMode {
 			return gonvml.SUCCESS, gonvml.SUCCESS
 		}
@@ -184,9 +201,9 @@ func (g *simGPU) install() {
 			return gonvml.ERROR_IN_USE, gonvml.ERROR_IN_USE
 		}
 		old := g.migMode
-		g.migMode = mode
+		g.migMode, g.pendingMode = mode, mode
 		if ret := g.persist(); ret != gonvml.SUCCESS {
-			g.migMode = old
+			g.migMode, g.pendingMode = old, old
 			return ret, ret
 		}
 		return gonvml.SUCCESS, gonvml.SUCCESS

@@ -35,13 +35,16 @@ var migModels = []struct {
 // returns the library and that GPU as discovery sees it.
 func migGPU(t *testing.T, model string, n int, opts ...Option) (*nvml.Library, nvml.GPU) {
 	t.Helper()
-	lib := openTestMachine(t, model, n, opts...)
+	// Before Hopper MIG mode is the admin's (Facet never changes it): the
+	// GPU boots with it on; from Hopper on, Facet turns it on.
+	beforeHopper := strings.HasPrefix(model, "A100") || strings.HasPrefix(model, "A30")
+	lib := openTestMachineMIG(t, model, n, beforeHopper, opts...)
 	node, err := lib.Discover()
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := node.GPUs[0]
-	if changed, err := lib.EnableMIG(g.UUID); err != nil || !changed {
+	if changed, err := lib.EnableMIG(g.UUID); err != nil || changed == beforeHopper {
 		t.Fatalf("EnableMIG: %v, %v", changed, err)
 	}
 	return lib, g
@@ -457,10 +460,11 @@ func TestMIGCreateWithoutPlacement(t *testing.T) {
 }
 
 // TestEnableMIGResetRequired checks EnableMIG where the driver accepts the
-// mode change but needs a GPU reset to make it (what NVML reports on some
-// GPUs and in some VMs), which the simulation does not do by itself.
+// mode change but needs a GPU reset to make it, on a Hopper GPU (what NVML
+// reports in some VMs): the error says so, and Facet takes the pending
+// change back, so the GPU does not change mode at its next reset.
 func TestEnableMIGResetRequired(t *testing.T) {
-	lib := openTestMachine(t, "A100-SXM4-40GB", 2)
+	lib := openTestMachine(t, "H100-SXM5-80GB", 2)
 	node, _ := lib.Discover()
 	g := node.GPUs[1]
 	dev := serverOf(lib).Devices[1].(*server.Device)
@@ -470,14 +474,138 @@ func TestEnableMIGResetRequired(t *testing.T) {
 		return gonvml.SUCCESS, gonvml.ERROR_RESET_REQUIRED
 	}
 	dev.GetMigModeFunc = func() (int, int, gonvml.Return) { return gonvml.DEVICE_MIG_DISABLE, pending, gonvml.SUCCESS }
-	for i, want := range []string{"has not made it", "pending enable"} {
-		changed, err := lib.EnableMIG(g.UUID)
-		if err == nil || changed || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "reset the GPU (nvidia-smi -r -i 1)") || !strings.Contains(err.Error(), g.UUID) {
-			t.Errorf("call %d: %v, %v; want an error saying %q", i, changed, err, want)
-		}
+	changed, err := lib.EnableMIG(g.UUID)
+	if err == nil || changed || !strings.Contains(err.Error(), "has not made it") || !strings.Contains(err.Error(), "Facet took the pending change back") || !strings.Contains(err.Error(), g.UUID) {
+		t.Errorf("EnableMIG: %v, %v; want an error saying the pending change was taken back", changed, err)
+	}
+	if pending != gonvml.DEVICE_MIG_DISABLE {
+		t.Errorf("MIG mode left pending %d", pending)
 	}
 	if _, err := lib.CreateMIG(g.UUID, gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0); !errors.Is(err, nvml.ErrMIGDisabled) {
 		t.Errorf("CreateMIG: %v", err)
+	}
+}
+
+// TestMIGModeFixedBeforeHopper: Facet never changes the MIG mode of a GPU
+// before Hopper (which would hold the change pending until a reset), nor
+// of a vGPU guest: EnableMIG and DisableMIG refuse with the reason and
+// ErrMIGModeFixed, and the simulated A100 is never left pending. Discovery
+// says why in GPU.MIGModeFixed.
+func TestMIGModeFixedBeforeHopper(t *testing.T) {
+	dir := t.TempDir()
+	machine := filepath.Join(dir, "m.yaml")
+	if err := os.WriteFile(machine, []byte(`name: fixed
+driverVersion: "580.159.04"
+cudaDriverVersion: "13.0"
+gpus:
+- model: A100-SXM4-80GB
+- model: A100-SXM4-80GB
+  migEnabled: true
+- model: H100-SXM5-80GB
+  vgpuGuest: true
+- model: H100-SXM5-80GB
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := openMachineFile(machine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{"applies a MIG mode change only after a GPU reset", "applies a MIG mode change only after a GPU reset", "vGPU in a virtual machine", ""} {
+		if got := node.GPUs[i].MIGModeFixed; (want == "") != (got == "") || !strings.Contains(got, want) {
+			t.Errorf("GPU %d: MIGModeFixed %q, want %q", i, got, want)
+		}
+	}
+	for i, change := range []func(string) (bool, error){lib.EnableMIG, lib.DisableMIG, lib.EnableMIG} {
+		changed, err := change(node.GPUs[i].UUID)
+		if changed || !errors.Is(err, nvml.ErrMIGModeFixed) || !strings.Contains(err.Error(), node.GPUs[i].UUID) {
+			t.Errorf("GPU %d: changed %v, error %v; want ErrMIGModeFixed", i, changed, err)
+		}
+		dev, _ := serverOf(lib).DeviceGetHandleByIndex(i)
+		if current, pending, _ := dev.GetMigMode(); current != pending {
+			t.Errorf("GPU %d left pending: current %d, pending %d", i, current, pending)
+		}
+	}
+	// Asking for the mode the GPU is in is no change, and no refusal.
+	if changed, err := lib.EnableMIG(node.GPUs[1].UUID); changed || err != nil {
+		t.Errorf("EnableMIG on an A100 with MIG on: %v, %v", changed, err)
+	}
+	if changed, err := lib.EnableMIG(node.GPUs[3].UUID); !changed || err != nil {
+		t.Errorf("EnableMIG on an H100: %v, %v", changed, err)
+	}
+	// The simulated A100's own NVML holds a change pending, as the driver.
+	dev, _ := serverOf(lib).DeviceGetHandleByIndex(0)
+	if ret, act := dev.SetMigMode(gonvml.DEVICE_MIG_ENABLE); ret != gonvml.SUCCESS || act != gonvml.ERROR_RESET_REQUIRED {
+		t.Errorf("A100 SetMigMode: %v, activation %v", gonvml.ErrorString(ret), gonvml.ErrorString(act))
+	}
+	if current, pending, _ := dev.GetMigMode(); current != gonvml.DEVICE_MIG_DISABLE || pending != gonvml.DEVICE_MIG_ENABLE {
+		t.Errorf("A100 after SetMigMode: current %d pending %d, want 0 and 1", current, pending)
+	}
+}
+
+// TestMIGModeFixedNeverSetsMode: on an A100, EnableMIG and DisableMIG
+// never reach nvmlDeviceSetMigMode: where the mode is already the one
+// wanted they return at once (a whole GPU with MIG mode off, a MIG device
+// with it on: what prepare asks for), and elsewhere they refuse before
+// it. On an H100 the change is one call.
+func TestMIGModeFixedNeverSetsMode(t *testing.T) {
+	dir := t.TempDir()
+	machine := filepath.Join(dir, "m.yaml")
+	if err := os.WriteFile(machine, []byte(`name: fixed-calls
+driverVersion: "580.159.04"
+cudaDriverVersion: "13.0"
+gpus:
+- model: A100-SXM4-80GB
+- model: A100-SXM4-80GB
+  migEnabled: true
+- model: H100-SXM5-80GB
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	lib, err := openMachineFile(machine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := make([]int, len(node.GPUs))
+	for i := range node.GPUs {
+		dev := serverOf(lib).Devices[i].(*server.Device)
+		set := dev.SetMigModeFunc
+		dev.SetMigModeFunc = func(mode int) (gonvml.Return, gonvml.Return) {
+			calls[i]++
+			return set(mode)
+		}
+	}
+	for _, tc := range []struct {
+		gpu     int
+		change  func(string) (bool, error)
+		name    string
+		changed bool
+		refused bool
+		calls   int
+	}{
+		{0, lib.DisableMIG, "A100, MIG mode off: disable", false, false, 0},
+		{0, lib.EnableMIG, "A100, MIG mode off: enable", false, true, 0},
+		{1, lib.EnableMIG, "A100, MIG mode on: enable", false, false, 0},
+		{1, lib.DisableMIG, "A100, MIG mode on: disable", false, true, 0},
+		{2, lib.DisableMIG, "H100, MIG mode off: disable", false, false, 0},
+		{2, lib.EnableMIG, "H100, MIG mode off: enable", true, false, 1},
+	} {
+		before := calls[tc.gpu]
+		changed, err := tc.change(node.GPUs[tc.gpu].UUID)
+		if changed != tc.changed || errors.Is(err, nvml.ErrMIGModeFixed) != tc.refused || (err != nil && !tc.refused) {
+			t.Errorf("%s: changed %v, error %v; want changed %v, refused %v", tc.name, changed, err, tc.changed, tc.refused)
+		}
+		if n := calls[tc.gpu] - before; n != tc.calls {
+			t.Errorf("%s: %d SetMigMode calls, want %d", tc.name, n, tc.calls)
+		}
 	}
 }
 
@@ -642,7 +770,7 @@ func TestDestroyMIGIdempotent(t *testing.T) {
 }
 
 func TestMIGModeRequired(t *testing.T) {
-	lib := openTestMachine(t, "A100-SXM4-80GB", 1)
+	lib := openTestMachine(t, "H100-SXM5-80GB", 1)
 	node, _ := lib.Discover()
 	g := node.GPUs[0]
 	if g.MIGEnabled {
@@ -744,6 +872,7 @@ gpus:
 - model: H100-SXM5-80GB
 - model: L4
 - model: A30-PCIE-24GB
+  migEnabled: true
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}

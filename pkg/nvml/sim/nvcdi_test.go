@@ -47,10 +47,21 @@ func (n *testNode) gpu(i int) *server.Device {
 // test host has no device whose /dev/dri nodes nvcdi would add.
 func openTestMachine(t *testing.T, model string, gpus int, opts ...Option) *nvml.Library {
 	t.Helper()
+	return openTestMachineMIG(t, model, gpus, false, opts...)
+}
+
+// openTestMachineMIG is openTestMachine with every GPU's MIG mode on at boot
+// when migEnabled, as an admin leaves an A100 whose MIG mode Facet must
+// not change (it applies only after a GPU reset).
+func openTestMachineMIG(t *testing.T, model string, gpus int, migEnabled bool, opts ...Option) *nvml.Library {
+	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "name: test-%s\ndriverVersion: %q\ncudaDriverVersion: \"13.0\"\ngpus:\n", strings.ToLower(model), simDriverVersion)
 	for i := 0; i < gpus; i++ {
 		fmt.Fprintf(&b, "- model: %s\n  pciBusID: \"0000:%02x:00.0\"\n", model, 0x80+i)
+		if migEnabled {
+			b.WriteString("  migEnabled: true\n")
+		}
 	}
 	path := filepath.Join(t.TempDir(), "machine.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
@@ -96,6 +107,10 @@ func serverOf(lib *nvml.Library) *server.Server {
 // dgxa100 mocks.
 func dgxH100(t *testing.T) *nvml.Library { return openTestMachine(t, "H100-SXM5-80GB", 8) }
 func dgxA100(t *testing.T) *nvml.Library { return openTestMachine(t, "A100-SXM4-40GB", 8) }
+
+// dgxA100MIG is dgxA100 with MIG mode on: Facet carves there but never
+// changes an A100's MIG mode.
+func dgxA100MIG(t *testing.T) *nvml.Library { return openTestMachineMIG(t, "A100-SXM4-40GB", 8, true) }
 
 // newTestNode gives lib a simulated driver root: shared when not empty (a
 // root laid out by newSharedRoot for the same GPU minors, which the test
@@ -457,12 +472,12 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 			want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap426", "/dev/nvidia-caps/nvidia-cap427"},
 		},
 		{
-			name: "dgxa100 GPU 0 1g at 0", lib: dgxA100, gpu: 0,
+			name: "dgxa100 GPU 0 1g at 0", lib: dgxA100MIG, gpu: 0,
 			create: nvml.MIGPlacement{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_1_SLICE, Start: 0}, wantGI: 7,
 			want: []string{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap66", "/dev/nvidia-caps/nvidia-cap67"},
 		},
 		{
-			name: "dgxa100 GPU 7 2g at 2 next to 3g", lib: dgxA100, gpu: 7,
+			name: "dgxa100 GPU 7 2g at 2 next to 3g", lib: dgxA100MIG, gpu: 7,
 			others: []nvml.MIGPlacement{{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_3_SLICE, Start: 4}},
 			create: nvml.MIGPlacement{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_2_SLICE, Start: 2}, wantGI: 4,
 			want: []string{"/dev/nvidia7", "/dev/nvidia-caps/nvidia-cap984", "/dev/nvidia-caps/nvidia-cap985"},

@@ -144,6 +144,11 @@ func simulateDevice(dev *server.Device, g MachineGPU, m model) {
 	dev.GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
 		return gonvml.Memory_v2{Version: 2, Total: total, Reserved: reserved, Free: total - reserved}, gonvml.SUCCESS
 	}
+	virt := gonvml.GPU_VIRTUALIZATION_MODE_NONE
+	if g.VGPUGuest {
+		virt = gonvml.GPU_VIRTUALIZATION_MODE_VGPU
+	}
+	dev.GetVirtualizationModeFunc = func() (gonvml.GpuVirtualizationMode, gonvml.Return) { return virt, gonvml.SUCCESS }
 	dev.PciBusID = g.PCIBusID
 	if g.MIGEnabled {
 		dev.MigMode = gonvml.DEVICE_MIG_ENABLE

@@ -222,6 +222,7 @@ func (g *simGPU) restore(st simGPUState) error {
 	if st.MIGEnabled {
 		g.migMode = gonvml.DEVICE_MIG_ENABLE
 	}
+	g.pendingMode = g.migMode
 	for _, gs := range st.GPUInstances {
 		profile, ok := g.cfg.GpuInstanceProfiles[gs.ProfileID]
 		if !ok {
