@@ -70,6 +70,8 @@ type Options struct {
 	Metrics  *Metrics
 	// Features are the allocator's: the kube-scheduler's DRA features.
 	Features structured.Features
+	// Protection spares pods from eviction whatever their priority.
+	Protection preempt.Protection
 	// Timeout bounds one preemption: from the evictions until the
 	// preemptor is scheduled.
 	Timeout time.Duration
@@ -332,7 +334,7 @@ func (c *Controller) tell(pod *v1.Pod, why string) {
 }
 
 func (c *Controller) snapshot() (preempt.Snapshot, error) {
-	s := preempt.Snapshot{Features: c.opts.Features, Protected: map[types.UID]bool{}}
+	s := preempt.Snapshot{Features: c.opts.Features, Protected: map[types.UID]bool{}, Protection: c.opts.Protection}
 	sl, err := c.slices.List(labels.Everything())
 	if err != nil {
 		return s, err

@@ -24,12 +24,14 @@ import (
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/fit"
 	"github.com/facet-gpu/facet/pkg/occupancy/occtest"
+	"github.com/facet-gpu/facet/pkg/preempt"
 )
 
 // cluster is a node n1 with two whole GPUs, each held by a pod of priority
 // 100 (low-0 started before low-1), and a pending pod "urgent" of priority
 // prio with one claim for a whole GPU, which the scheduler gave up on.
-func cluster(t *testing.T, prio int32, never bool) []runtime.Object {
+// edit, where given, changes the low pods.
+func cluster(t *testing.T, prio int32, never bool, edit func(*v1.Pod)) []runtime.Object {
 	t.Helper()
 	var objs []runtime.Object
 	for _, s := range occtest.Slices(t, occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 2}) {
@@ -51,7 +53,10 @@ func cluster(t *testing.T, prio int32, never bool) []runtime.Object {
 			Spec:       v1.PodSpec{NodeName: "n1", Priority: ptr.To[int32](100)},
 			Status:     v1.PodStatus{Phase: v1.PodRunning, StartTime: ptr.To(metav1.NewTime(t0.Add(time.Duration(i) * time.Minute)))},
 		}
-		c := occtest.Allocated("ml/"+name+"-gpu", occtest.Result("n1", fmt.Sprint("gpu-", i)))
+		if edit != nil {
+			edit(p)
+		}
+		c := occtest.Allocated(p.Namespace+"/"+name+"-gpu", occtest.Result("n1", fmt.Sprint("gpu-", i)))
 		c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: name, UID: p.UID}}
 		objs = append(objs, p, c)
 	}
@@ -121,8 +126,9 @@ func TestController(t *testing.T) {
 		prio   int32
 		never  bool
 		refuse []string
-		calls  []string // the Eviction API calls, in order
-		event  string   // an Event it must raise
+		low    func(*v1.Pod) // changes the low pods
+		calls  []string      // the Eviction API calls, in order
+		event  string        // an Event it must raise
 	}{{
 		name: "the latest started is evicted, after a dry run", prio: 1000,
 		calls: []string{"dry low-1", "evict low-1"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-1 (priority 100) on node n1",
@@ -138,9 +144,21 @@ func TestController(t *testing.T) {
 	}, {
 		name: "preemptionPolicy Never: nothing", prio: 1000, never: true,
 		event: "Normal FacetNotPreempting facet-preemptor evicts nothing for this pod: its preemptionPolicy is Never",
+	}, {
+		name: "the only victims in kube-system: nothing, and the Event says they are protected", prio: 1000,
+		low:   func(p *v1.Pod) { p.Namespace = "kube-system" },
+		event: "Normal FacetNotPreempting facet-preemptor evicts nothing for this pod: the only pods of lower priority than 1000 whose eviction would make room are protected: kube-system/low-1 (in namespace kube-system)",
+	}, {
+		name: "one in the preemptor's own namespace: the other", prio: 1000,
+		low: func(p *v1.Pod) {
+			if p.Name == "low-1" {
+				p.Namespace = "facet"
+			}
+		},
+		calls: []string{"dry low-0", "evict low-0"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-0 (priority 100) on node n1",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			client := fake.NewClientset(cluster(t, tc.prio, tc.never)...)
+			client := fake.NewClientset(cluster(t, tc.prio, tc.never, tc.low)...)
 			ev := &evictions{refuse: map[string]bool{}}
 			for _, r := range tc.refuse {
 				ev.refuse[r] = true
@@ -149,7 +167,8 @@ func TestController(t *testing.T) {
 			recorder := record.NewFakeRecorder(100)
 			c := New(Options{
 				Client: client, Recorder: recorder, Metrics: NewMetrics(), Features: fit.FeaturesOf(features.AllOn("test")),
-				Timeout: time.Minute, Backoff: time.Minute, MaxBackoff: time.Minute, Resync: time.Hour,
+				Protection: preempt.Protection{Namespaces: map[string]bool{"facet": true}},
+				Timeout:    time.Minute, Backoff: time.Minute, MaxBackoff: time.Minute, Resync: time.Hour,
 			})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)

@@ -8,11 +8,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -25,6 +27,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/fit"
+	"github.com/facet-gpu/facet/pkg/preempt"
 )
 
 // Config is facet-preemptor's command line.
@@ -46,8 +49,12 @@ type Config struct {
 	MetricsAddr string
 	// Timeout, Backoff, MaxBackoff, Resync: see Options.
 	Timeout, Backoff, MaxBackoff, Resync time.Duration
+	// ProtectedNamespaces: their pods are never evicted. Complete adds
+	// POD_NAMESPACE, where the preemptor (and Facet) runs; kube-system is
+	// always protected (preempt.Protection).
+	ProtectedNamespaces []string
 
-	mode, gates string
+	mode, gates, protected string
 }
 
 // AddFlags defines facet-preemptor's flags on fs; Complete checks them.
@@ -64,6 +71,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Backoff, "backoff", 10*time.Second, "first wait before preempting again for a pod whose preemption did not get it scheduled; doubles each time")
 	fs.DurationVar(&c.MaxBackoff, "max-backoff", 5*time.Minute, "longest such wait")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "how often every pending pod is looked at again")
+	fs.StringVar(&c.protected, "protected-namespaces", "", "comma-separated namespaces whose pods are never evicted, besides kube-system and the preemptor's own (POD_NAMESPACE), which always are")
 }
 
 // Complete checks the flags and fills what they imply.
@@ -81,6 +89,17 @@ func (c *Config) Complete() error {
 	if c.FeatureGates != "" {
 		if _, err := features.ParseOverrides(c.FeatureGates); err != nil {
 			return err
+		}
+	}
+	c.ProtectedNamespaces = nil
+	// Facet's own pods (the kubelet plugin, the webhook, this preemptor)
+	// keep the GPUs usable at all: never trade them for one pod.
+	for _, ns := range append(strings.Split(c.protected, ","), os.Getenv("POD_NAMESPACE")) {
+		if ns = strings.TrimSpace(ns); ns != "" && !slices.Contains(c.ProtectedNamespaces, ns) {
+			if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+				return fmt.Errorf("--protected-namespaces: %q is no namespace name: %s", ns, strings.Join(errs, "; "))
+			}
+			c.ProtectedNamespaces = append(c.ProtectedNamespaces, ns)
 		}
 	}
 	for name, d := range map[string]time.Duration{"preemption-timeout": c.Timeout, "backoff": c.Backoff, "max-backoff": c.MaxBackoff, "resync": c.Resync} {
@@ -152,6 +171,11 @@ func Main(ctx context.Context, cfg Config) error {
 		set = set.Apply(o)
 	}
 	logger.Info("Allocator features", "gates", set.String())
+	protection := preempt.Protection{Namespaces: map[string]bool{}}
+	for _, ns := range cfg.ProtectedNamespaces {
+		protection.Namespaces[ns] = true
+	}
+	logger.Info("Pods never evicted", "namespaces", append([]string{metav1.NamespaceSystem}, cfg.ProtectedNamespaces...), "also", "DaemonSet pods, static pods")
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartStructuredLogging(0)
@@ -163,7 +187,7 @@ func Main(ctx context.Context, cfg Config) error {
 		metrics.SetActive(true)
 		defer metrics.SetActive(false)
 		c := New(Options{
-			Client: client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set),
+			Client: client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set), Protection: protection,
 			Timeout: cfg.Timeout, Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Resync: cfg.Resync,
 		})
 		if err := c.Run(ctx); err != nil {
