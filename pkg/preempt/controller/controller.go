@@ -54,6 +54,9 @@ const (
 	// ReasonTimedOut: on the preemptor, when the victims did not go, or it
 	// was not scheduled, within the timeout.
 	ReasonTimedOut = "FacetPreemptionTimedOut"
+	// ReasonWaiting: on the preemptor, when its preemption is decided but
+	// held back (the eviction budget is spent). Given once per reason.
+	ReasonWaiting = "FacetPreemptionWaiting"
 )
 
 // unschedulableClaims is the kube-scheduler's DRA plugin's message for a
@@ -81,6 +84,9 @@ type Options struct {
 	// Resync is how often every pending pod is looked at again, whatever
 	// changed.
 	Resync time.Duration
+	// MaxEvictionsPerMinute caps the evictions of the whole preemptor
+	// (budget); 0: no cap.
+	MaxEvictionsPerMinute int
 }
 
 // attempt is a preemption in flight.
@@ -107,6 +113,7 @@ type Controller struct {
 	classes resourcelisters.DeviceClassLister
 	synced  []cache.InformerSynced
 	factory informers.SharedInformerFactory
+	budget  *budget
 
 	mu       sync.Mutex
 	attempts map[types.UID]*attempt
@@ -122,6 +129,7 @@ func New(opts Options) *Controller {
 		opts:     opts,
 		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "facet-preemptor"}),
 		factory:  f,
+		budget:   newBudget(opts.MaxEvictionsPerMinute),
 		attempts: map[types.UID]*attempt{},
 		backoffs: map[types.UID]*backoff{},
 		told:     map[types.UID]string{},
@@ -312,7 +320,7 @@ func (c *Controller) sync(ctx context.Context, k string) (time.Duration, error) 
 	logger.V(2).Info("Preemption decision", "pod", klog.KObj(pod), "outcome", d.Outcome, "node", d.Node, "why", d.Why)
 	switch d.Outcome {
 	case preempt.Ineligible, preempt.NoCandidate:
-		c.tell(pod, d.Why)
+		c.tell(pod, v1.EventTypeNormal, ReasonNotPreempting, "facet-preemptor evicts nothing for this pod: "+d.Why)
 		return 0, nil
 	case preempt.Fits, preempt.Wait:
 		// The scheduler will place it (its queue retries when claims
@@ -322,15 +330,49 @@ func (c *Controller) sync(ctx context.Context, k string) (time.Duration, error) 
 	return c.preempt(ctx, pod, d, snap)
 }
 
-// tell raises NotPreempting on pod once per reason.
-func (c *Controller) tell(pod *v1.Pod, why string) {
+// tell raises an Event on pod unless it is the one last raised by tell:
+// a pod looked at every resync would otherwise get the same one each time.
+func (c *Controller) tell(pod *v1.Pod, eventType, reason, msg string) {
 	c.mu.Lock()
-	same := c.told[pod.UID] == why
-	c.told[pod.UID] = why
+	same := c.told[pod.UID] == reason+" "+msg
+	c.told[pod.UID] = reason + " " + msg
 	c.mu.Unlock()
 	if !same {
-		c.opts.Recorder.Eventf(pod, v1.EventTypeNormal, ReasonNotPreempting, "facet-preemptor evicts nothing for this pod: %s", why)
+		c.opts.Recorder.Event(pod, eventType, reason, msg)
 	}
+}
+
+// victimNames are "namespace/name (priority p)" of vs.
+func victimNames(vs []*v1.Pod) []string {
+	out := make([]string, 0, len(vs))
+	for _, v := range vs {
+		out = append(out, fmt.Sprintf("%s/%s (priority %d)", v.Namespace, v.Name, preempt.Priority(v)))
+	}
+	return out
+}
+
+// overBudget says whether the victims wait for the eviction budget, and
+// raises the Event that says why; it returns when to look again (0: never
+// by itself, the preemption is more than the cap allows at once).
+func (c *Controller) overBudget(ctx context.Context, pod *v1.Pod, d preempt.Decision) (bool, time.Duration) {
+	n := len(d.Victims)
+	if !c.budget.fits(n) {
+		c.tell(pod, v1.EventTypeWarning, ReasonNotPreempting, fmt.Sprintf(
+			"facet-preemptor evicts nothing for this pod: it needs %d evictions on node %s (%s), more than --max-evictions-per-minute=%d allows at once",
+			n, d.Node, strings.Join(victimNames(d.Victims), ", "), c.budget.perMinute))
+		return true, 0
+	}
+	wait := c.budget.wait(c.now(), n)
+	if wait == 0 {
+		return false, 0
+	}
+	// No time in the Event: it would make every look a new one.
+	c.tell(pod, v1.EventTypeNormal, ReasonWaiting, fmt.Sprintf(
+		"facet-preemptor waits to evict %s on node %s: the preemptor's eviction budget (--max-evictions-per-minute=%d) has fewer than %d left",
+		strings.Join(victimNames(d.Victims), ", "), d.Node, c.budget.perMinute, n))
+	klog.FromContext(ctx).V(2).Info("Waiting for the eviction budget", "pod", klog.KObj(pod), "node", d.Node, "victims", n, "retryIn", wait)
+	c.opts.Metrics.wait(WaitBudget)
+	return true, wait
 }
 
 func (c *Controller) snapshot() (preempt.Snapshot, error) {
@@ -369,6 +411,11 @@ func (c *Controller) snapshot() (preempt.Snapshot, error) {
 // victims (or none) before anything is evicted.
 func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decision, snap preempt.Snapshot) (time.Duration, error) {
 	logger := klog.FromContext(ctx)
+	// Before the dry runs as well as after: no API calls for a
+	// preemption that cannot go yet.
+	if held, after := c.overBudget(ctx, pod, d); held {
+		return after, nil
+	}
 	var refusals []string
 	for {
 		refused, msg, err := c.dryRun(ctx, d.Victims)
@@ -390,6 +437,13 @@ func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decisio
 			c.opts.Metrics.outcome(OutcomeBlocked)
 			return c.setBackoff(pod.UID), nil
 		}
+	}
+	if held, after := c.overBudget(ctx, pod, d); held {
+		return after, nil
+	}
+	if !c.budget.take(c.now(), len(d.Victims)) {
+		// overBudget said they were there: only a clock gone backwards.
+		return poll, nil
 	}
 	a := &attempt{key: key(pod), node: d.Node, victims: map[types.UID]string{}, started: c.now()}
 	var evicted []string

@@ -85,6 +85,24 @@ func cluster(t *testing.T, prio int32, never bool, edit func(*v1.Pod)) []runtime
 	return append(objs, urgent, claim)
 }
 
+// secondClaim gives the urgent pod of cluster a second claim for a whole
+// GPU.
+func secondClaim(objs []runtime.Object) []runtime.Object {
+	for _, o := range objs {
+		if p, ok := o.(*v1.Pod); ok && p.Name == "urgent" {
+			p.Spec.ResourceClaims = append(p.Spec.ResourceClaims, v1.PodResourceClaim{Name: "gpu2", ResourceClaimTemplateName: ptr.To("whole")})
+			p.Status.ResourceClaimStatuses = append(p.Status.ResourceClaimStatuses, v1.PodResourceClaimStatus{Name: "gpu2", ResourceClaimName: ptr.To("urgent-gpu2")})
+		}
+		if c, ok := o.(*resourceapi.ResourceClaim); ok && c.Name == "urgent-gpu" {
+			c2 := c.DeepCopy()
+			c2.Name, c2.UID = "urgent-gpu2", "uid-urgent-gpu2"
+			objs = append(objs, c2)
+			break
+		}
+	}
+	return objs
+}
+
 // evictions records the Eviction API calls; pods in refuse get 429, as
 // from a PodDisruptionBudget.
 type evictions struct {
@@ -127,8 +145,13 @@ func TestController(t *testing.T) {
 		never  bool
 		refuse []string
 		low    func(*v1.Pod) // changes the low pods
-		calls  []string      // the Eviction API calls, in order
-		event  string        // an Event it must raise
+		// two: the urgent pod claims two GPUs.
+		two bool
+		// cap is --max-evictions-per-minute; spent of it are used up
+		// before the loop starts.
+		cap, spent int
+		calls      []string // the Eviction API calls, in order
+		event      string   // an Event it must raise
 	}{{
 		name: "the latest started is evicted, after a dry run", prio: 1000,
 		calls: []string{"dry low-1", "evict low-1"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-1 (priority 100) on node n1",
@@ -156,9 +179,22 @@ func TestController(t *testing.T) {
 			}
 		},
 		calls: []string{"dry low-0", "evict low-0"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-0 (priority 100) on node n1",
+	}, {
+		name: "within the eviction budget: evicted", prio: 1000, two: true, cap: 3, spent: 1,
+		calls: []string{"dry low-1", "dry low-0", "evict low-1", "evict low-0"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-1 (priority 100), ml/low-0 (priority 100) on node n1",
+	}, {
+		name: "the eviction budget spent: it waits, evicts nothing, not even one of two", prio: 1000, two: true, cap: 3, spent: 2,
+		event: "Normal FacetPreemptionWaiting facet-preemptor waits to evict ml/low-1 (priority 100), ml/low-0 (priority 100) on node n1: the preemptor's eviction budget (--max-evictions-per-minute=3) has fewer than 2 left",
+	}, {
+		name: "more victims than the cap allows at once: nothing, an Event", prio: 1000, two: true, cap: 1,
+		event: "Warning FacetNotPreempting facet-preemptor evicts nothing for this pod: it needs 2 evictions on node n1 (ml/low-1 (priority 100), ml/low-0 (priority 100)), more than --max-evictions-per-minute=1 allows at once",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			client := fake.NewClientset(cluster(t, tc.prio, tc.never, tc.low)...)
+			objs := cluster(t, tc.prio, tc.never, tc.low)
+			if tc.two {
+				objs = secondClaim(objs)
+			}
+			client := fake.NewClientset(objs...)
 			ev := &evictions{refuse: map[string]bool{}}
 			for _, r := range tc.refuse {
 				ev.refuse[r] = true
@@ -169,7 +205,11 @@ func TestController(t *testing.T) {
 				Client: client, Recorder: recorder, Metrics: NewMetrics(), Features: fit.FeaturesOf(features.AllOn("test")),
 				Protection: preempt.Protection{Namespaces: map[string]bool{"facet": true}},
 				Timeout:    time.Minute, Backoff: time.Minute, MaxBackoff: time.Minute, Resync: time.Hour,
+				MaxEvictionsPerMinute: tc.cap,
 			})
+			if !c.budget.take(time.Now(), tc.spent) {
+				t.Fatalf("could not spend %d of the budget", tc.spent)
+			}
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)
 			go func() { done <- c.Run(ctx) }()

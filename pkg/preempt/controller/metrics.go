@@ -16,13 +16,18 @@ const (
 	OutcomeBlocked   = "blocked"
 )
 
+// Why a decided preemption waits, the label of facet_preemptor_waits_total.
+const (
+	WaitBudget = "eviction_budget"
+)
+
 // Metrics are facet-preemptor's, on a registry of its own (as
 // pkg/metrics), with the Kubernetes naming conventions. A nil *Metrics
 // records nothing.
 type Metrics struct {
 	reg                            *prometheus.Registry
 	preemptions, victims, refusals prometheus.Counter
-	outcomes                       *prometheus.CounterVec
+	outcomes, waits                *prometheus.CounterVec
 	active                         prometheus.Gauge
 }
 
@@ -46,6 +51,10 @@ func NewMetrics() *Metrics {
 			Namespace: "facet", Subsystem: "preemptor", Name: "outcomes_total",
 			Help: "How preemptions ended: scheduled (the preemptor was bound), lost (the freed devices went to another pod first), timed_out, blocked (evictions refused, no other victims).",
 		}, []string{"outcome"}),
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "facet", Subsystem: "preemptor", Name: "waits_total",
+			Help: "Times a decided preemption was held back, by why: eviction_budget (--max-evictions-per-minute spent), node_busy (another preemption in flight on its node).",
+		}, []string{"reason"}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "facet", Subsystem: "preemptor", Name: "active",
 			Help: "1 while this replica leads and preempts; 0 while it waits for the lease or stays idle because the kube-scheduler preempts for DRA claims itself.",
@@ -54,7 +63,10 @@ func NewMetrics() *Metrics {
 	for _, o := range []string{OutcomeScheduled, OutcomeLost, OutcomeTimedOut, OutcomeBlocked} {
 		m.outcomes.WithLabelValues(o)
 	}
-	m.reg.MustRegister(m.preemptions, m.victims, m.refusals, m.outcomes, m.active,
+	for _, w := range []string{WaitBudget} {
+		m.waits.WithLabelValues(w)
+	}
+	m.reg.MustRegister(m.preemptions, m.victims, m.refusals, m.outcomes, m.waits, m.active,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -97,5 +109,11 @@ func (m *Metrics) refused() {
 func (m *Metrics) outcome(o string) {
 	if m != nil {
 		m.outcomes.WithLabelValues(o).Inc()
+	}
+}
+
+func (m *Metrics) wait(why string) {
+	if m != nil {
+		m.waits.WithLabelValues(why).Inc()
 	}
 }

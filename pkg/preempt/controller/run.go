@@ -53,6 +53,8 @@ type Config struct {
 	// POD_NAMESPACE, where the preemptor (and Facet) runs; kube-system is
 	// always protected (preempt.Protection).
 	ProtectedNamespaces []string
+	// MaxEvictionsPerMinute: see Options; 0 is no cap.
+	MaxEvictionsPerMinute int
 
 	mode, gates, protected string
 }
@@ -71,6 +73,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Backoff, "backoff", 10*time.Second, "first wait before preempting again for a pod whose preemption did not get it scheduled; doubles each time")
 	fs.DurationVar(&c.MaxBackoff, "max-backoff", 5*time.Minute, "longest such wait")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "how often every pending pod is looked at again")
+	fs.IntVar(&c.MaxEvictionsPerMinute, "max-evictions-per-minute", 10, "evictions the preemptor may make a minute, all preemptions together (up to this many at once, then refilled at this rate); a preemption whose victims do not fit waits; 0: no cap")
 	fs.StringVar(&c.protected, "protected-namespaces", "", "comma-separated namespaces whose pods are never evicted, besides kube-system and the preemptor's own (POD_NAMESPACE), which always are")
 }
 
@@ -90,6 +93,9 @@ func (c *Config) Complete() error {
 		if _, err := features.ParseOverrides(c.FeatureGates); err != nil {
 			return err
 		}
+	}
+	if c.MaxEvictionsPerMinute < 0 {
+		return fmt.Errorf("--max-evictions-per-minute=%d: must be 0 (no cap) or more", c.MaxEvictionsPerMinute)
 	}
 	c.ProtectedNamespaces = nil
 	// Facet's own pods (the kubelet plugin, the webhook, this preemptor)
@@ -189,6 +195,7 @@ func Main(ctx context.Context, cfg Config) error {
 		c := New(Options{
 			Client: client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set), Protection: protection,
 			Timeout: cfg.Timeout, Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Resync: cfg.Resync,
+			MaxEvictionsPerMinute: cfg.MaxEvictionsPerMinute,
 		})
 		if err := c.Run(ctx); err != nil {
 			logger.Error(err, "Preemption controller failed")

@@ -21,6 +21,7 @@ func TestConfig(t *testing.T) {
 		{name: "the preemptor's own namespace", podNS: "facet", want: "facet"},
 		{name: "a list, trimmed, the own namespace once", args: []string{"--protected-namespaces= monitoring,facet ,"}, podNS: "facet", want: "monitoring,facet"},
 		{name: "no namespace name", args: []string{"--protected-namespaces=Mon_itoring"}, err: `"Mon_itoring" is no namespace name`},
+		{name: "a negative eviction cap", args: []string{"--max-evictions-per-minute=-1"}, err: "must be 0 (no cap) or more"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("POD_NAMESPACE", tc.podNS)
