@@ -2,9 +2,10 @@
 // kube-scheduler could not place because their ResourceClaims cannot be
 // allocated, asks pkg/preempt whom to evict, and evicts them through the
 // Eviction API (policy/v1), so that PodDisruptionBudgets and graceful
-// termination hold. One preemption is in flight per preemptor: it waits
-// until the victims are gone and the preemptor is scheduled, or backs off
-// when the freed devices went to another pod first or the wait times out.
+// termination hold. One preemption is in flight per preemptor, and one per
+// node: it waits until the victims are gone and the preemptor is scheduled,
+// or backs off when the freed devices went to another pod first or the
+// wait times out.
 package controller
 
 import (
@@ -55,7 +56,8 @@ const (
 	// was not scheduled, within the timeout.
 	ReasonTimedOut = "FacetPreemptionTimedOut"
 	// ReasonWaiting: on the preemptor, when its preemption is decided but
-	// held back (the eviction budget is spent). Given once per reason.
+	// held back (the eviction budget is spent, or its node has another
+	// preemption in flight). Given once per reason.
 	ReasonWaiting = "FacetPreemptionWaiting"
 )
 
@@ -117,6 +119,9 @@ type Controller struct {
 
 	mu       sync.Mutex
 	attempts map[types.UID]*attempt
+	// waiting are the preemptors (keys) held back by a preemption in
+	// flight on a node, to look at again as soon as it ends.
+	waiting  map[string]map[string]bool
 	backoffs map[types.UID]*backoff
 	told     map[types.UID]string
 	now      func() time.Time
@@ -131,6 +136,7 @@ func New(opts Options) *Controller {
 		factory:  f,
 		budget:   newBudget(opts.MaxEvictionsPerMinute),
 		attempts: map[types.UID]*attempt{},
+		waiting:  map[string]map[string]bool{},
 		backoffs: map[types.UID]*backoff{},
 		told:     map[types.UID]string{},
 		now:      time.Now,
@@ -351,6 +357,41 @@ func victimNames(vs []*v1.Pod) []string {
 	return out
 }
 
+// held says whether a decided preemption waits (for the node or the
+// budget), and raises the Event that says why; it returns when to look
+// again.
+func (c *Controller) held(ctx context.Context, pod *v1.Pod, d preempt.Decision) (bool, time.Duration) {
+	if other := c.busy(pod, d.Node); other != "" {
+		// Two preemptions on one node cannot tell whose victims freed
+		// what: the second would count the first's terminating victims
+		// as its own room, or evict more than either needs.
+		c.tell(pod, v1.EventTypeNormal, ReasonWaiting, fmt.Sprintf(
+			"facet-preemptor waits: node %s, where this pod's claims would fit, has a preemption in flight for pod %s; it decides again once that one ends",
+			d.Node, other))
+		klog.FromContext(ctx).V(2).Info("Waiting for the preemption in flight on the node", "pod", klog.KObj(pod), "node", d.Node, "inFlightFor", other)
+		c.opts.Metrics.wait(WaitNodeBusy)
+		return true, c.opts.Resync
+	}
+	return c.overBudget(ctx, pod, d)
+}
+
+// busy names the preemptor of another preemption in flight on node, or ""
+// where there is none; if there is, pod is looked at again when it ends.
+func (c *Controller) busy(pod *v1.Pod, node string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for uid, a := range c.attempts {
+		if uid != pod.UID && a.node == node {
+			if c.waiting[node] == nil {
+				c.waiting[node] = map[string]bool{}
+			}
+			c.waiting[node][key(pod)] = true
+			return a.key
+		}
+	}
+	return ""
+}
+
 // overBudget says whether the victims wait for the eviction budget, and
 // raises the Event that says why; it returns when to look again (0: never
 // by itself, the preemption is more than the cap allows at once).
@@ -413,7 +454,7 @@ func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decisio
 	logger := klog.FromContext(ctx)
 	// Before the dry runs as well as after: no API calls for a
 	// preemption that cannot go yet.
-	if held, after := c.overBudget(ctx, pod, d); held {
+	if held, after := c.held(ctx, pod, d); held {
 		return after, nil
 	}
 	var refusals []string
@@ -438,7 +479,7 @@ func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decisio
 			return c.setBackoff(pod.UID), nil
 		}
 	}
-	if held, after := c.overBudget(ctx, pod, d); held {
+	if held, after := c.held(ctx, pod, d); held {
 		return after, nil
 	}
 	if !c.budget.take(c.now(), len(d.Victims)) {
@@ -581,13 +622,27 @@ func (c *Controller) setBackoff(uid types.UID) time.Duration {
 func (c *Controller) clearAttempt(uid types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.endAttempt(uid)
+}
+
+// endAttempt drops the preemption in flight for uid, if any, and queues
+// the preemptors that waited for its node. c.mu is held.
+func (c *Controller) endAttempt(uid types.UID) {
+	a := c.attempts[uid]
+	if a == nil {
+		return
+	}
 	delete(c.attempts, uid)
+	for k := range c.waiting[a.node] {
+		c.queue.Add(k)
+	}
+	delete(c.waiting, a.node)
 }
 
 func (c *Controller) forget(uid types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.attempts, uid)
+	c.endAttempt(uid)
 	delete(c.backoffs, uid)
 	delete(c.told, uid)
 }
@@ -603,7 +658,7 @@ func (c *Controller) forgetGone() {
 	}
 	for uid := range c.attempts {
 		if !live[uid] {
-			delete(c.attempts, uid)
+			c.endAttempt(uid)
 		}
 	}
 	for uid := range c.backoffs {

@@ -103,6 +103,67 @@ func secondClaim(objs []runtime.Object) []runtime.Object {
 	return objs
 }
 
+// rival adds urgent-2, a copy of cluster's urgent pod with a claim of its
+// own.
+func rival(objs []runtime.Object) []runtime.Object {
+	for _, o := range objs {
+		if p, ok := o.(*v1.Pod); ok && p.Name == "urgent" {
+			p2 := p.DeepCopy()
+			p2.Name, p2.UID = "urgent-2", "uid-urgent-2"
+			p2.Status.ResourceClaimStatuses[0].ResourceClaimName = ptr.To("urgent-2-gpu")
+			objs = append(objs, p2)
+			break
+		}
+	}
+	for _, o := range objs {
+		if c, ok := o.(*resourceapi.ResourceClaim); ok && c.Name == "urgent-gpu" {
+			c2 := c.DeepCopy()
+			c2.Name, c2.UID = "urgent-2-gpu", "uid-urgent-2-gpu"
+			return append(objs, c2)
+		}
+	}
+	return objs
+}
+
+// TestNodeFreed: the preemptors that waited for a node are looked at again
+// as soon as its preemption ends, however it ends.
+func TestNodeFreed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(c *Controller)
+	}{
+		{"given up (lost, timed out)", func(c *Controller) { c.clearAttempt("uid-a") }},
+		{"the preemptor scheduled", func(c *Controller) { c.forget("uid-a") }},
+		{"the preemptor deleted", func(c *Controller) { c.forgetGone() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(Options{Client: fake.NewClientset(), Resync: time.Hour})
+			defer c.queue.ShutDown()
+			c.attempts["uid-a"] = &attempt{key: "ml/a", node: "n1"}
+			b := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "b", UID: "uid-b"}}
+			if got := c.busy(b, "n1"); got != "ml/a" {
+				t.Fatalf("busy: %q, want ml/a", got)
+			}
+			if got := c.busy(b, "n2"); got != "" {
+				t.Fatalf("busy on another node: %q", got)
+			}
+			if n := c.queue.Len(); n != 0 {
+				t.Fatalf("%d queued before the end", n)
+			}
+			tc.end(c)
+			if n := c.queue.Len(); n != 1 {
+				t.Fatalf("%d queued, want ml/b", n)
+			}
+			if k, _ := c.queue.Get(); k != "ml/b" {
+				t.Errorf("queued %q, want ml/b", k)
+			}
+			if len(c.attempts) != 0 || len(c.waiting) != 0 {
+				t.Errorf("left: attempts %v, waiting %v", c.attempts, c.waiting)
+			}
+		})
+	}
+}
+
 // evictions records the Eviction API calls; pods in refuse get 429, as
 // from a PodDisruptionBudget.
 type evictions struct {
@@ -147,6 +208,8 @@ func TestController(t *testing.T) {
 		low    func(*v1.Pod) // changes the low pods
 		// two: the urgent pod claims two GPUs.
 		two bool
+		// rival: a second pending pod like urgent, urgent-2.
+		rival bool
 		// cap is --max-evictions-per-minute; spent of it are used up
 		// before the loop starts.
 		cap, spent int
@@ -188,11 +251,18 @@ func TestController(t *testing.T) {
 	}, {
 		name: "more victims than the cap allows at once: nothing, an Event", prio: 1000, two: true, cap: 1,
 		event: "Warning FacetNotPreempting facet-preemptor evicts nothing for this pod: it needs 2 evictions on node n1 (ml/low-1 (priority 100), ml/low-0 (priority 100)), more than --max-evictions-per-minute=1 allows at once",
+	}, {
+		name: "two preemptors for one node: one evicts, the other waits for it", prio: 1000, rival: true,
+		calls: []string{"dry low-1", "evict low-1"},
+		event: "Normal FacetPreemptionWaiting facet-preemptor waits: node n1, where this pod's claims would fit, has a preemption in flight for pod ml/urgent",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := cluster(t, tc.prio, tc.never, tc.low)
 			if tc.two {
 				objs = secondClaim(objs)
+			}
+			if tc.rival {
+				objs = rival(objs)
 			}
 			client := fake.NewClientset(objs...)
 			ev := &evictions{refuse: map[string]bool{}}

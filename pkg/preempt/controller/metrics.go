@@ -18,7 +18,8 @@ const (
 
 // Why a decided preemption waits, the label of facet_preemptor_waits_total.
 const (
-	WaitBudget = "eviction_budget"
+	WaitBudget   = "eviction_budget"
+	WaitNodeBusy = "node_busy"
 )
 
 // Metrics are facet-preemptor's, on a registry of its own (as
@@ -63,7 +64,7 @@ func NewMetrics() *Metrics {
 	for _, o := range []string{OutcomeScheduled, OutcomeLost, OutcomeTimedOut, OutcomeBlocked} {
 		m.outcomes.WithLabelValues(o)
 	}
-	for _, w := range []string{WaitBudget} {
+	for _, w := range []string{WaitBudget, WaitNodeBusy} {
 		m.waits.WithLabelValues(w)
 	}
 	m.reg.MustRegister(m.preemptions, m.victims, m.refusals, m.outcomes, m.waits, m.active,
