@@ -124,22 +124,25 @@ type Controller struct {
 	waiting  map[string]map[string]bool
 	backoffs map[types.UID]*backoff
 	told     map[types.UID]string
-	now      func() time.Time
+	// nominated are the nominatedNodeNames this preemptor set.
+	nominated map[types.UID]string
+	now       func() time.Time
 }
 
 // New sets up the informers; Run starts them.
 func New(opts Options) *Controller {
 	f := informers.NewSharedInformerFactory(opts.Client, 0)
 	c := &Controller{
-		opts:     opts,
-		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "facet-preemptor"}),
-		factory:  f,
-		budget:   newBudget(opts.MaxEvictionsPerMinute),
-		attempts: map[types.UID]*attempt{},
-		waiting:  map[string]map[string]bool{},
-		backoffs: map[types.UID]*backoff{},
-		told:     map[types.UID]string{},
-		now:      time.Now,
+		opts:      opts,
+		queue:     workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "facet-preemptor"}),
+		factory:   f,
+		budget:    newBudget(opts.MaxEvictionsPerMinute),
+		attempts:  map[types.UID]*attempt{},
+		waiting:   map[string]map[string]bool{},
+		backoffs:  map[types.UID]*backoff{},
+		told:      map[types.UID]string{},
+		nominated: map[types.UID]string{},
+		now:       time.Now,
 	}
 	pods := f.Core().V1().Pods()
 	c.pods = pods.Lister()
@@ -509,6 +512,11 @@ func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decisio
 	if len(evicted) == 0 {
 		return c.setBackoff(pod.UID), nil
 	}
+	if err := c.nominate(ctx, pod, d.Node); err != nil {
+		// The evictions stand: the nomination only shows them and
+		// steers the scheduler, it is not what frees the devices.
+		logger.Error(err, "Could not nominate the node", "preemptor", klog.KObj(pod), "node", d.Node)
+	}
 	c.opts.Recorder.Eventf(pod, v1.EventTypeNormal, ReasonPreempting,
 		"facet-preemptor evicted %s on node %s so that this pod's ResourceClaims fit (%s)", strings.Join(evicted, ", "), d.Node, strings.Join(d.Devices, ", "))
 	c.opts.Metrics.preemption()
@@ -518,6 +526,31 @@ func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decisio
 	delete(c.told, pod.UID)
 	c.mu.Unlock()
 	return poll, nil
+}
+
+// nominate sets the preemptor's status.nominatedNodeName to node, as the
+// scheduler does when it preempts: kubectl shows where the pod is meant to
+// go, a preemption that lost stays visible, and the scheduler tries that
+// node first. A nomination the scheduler made (for its own preemption of
+// other resources) is its to change, and is left alone; nothing is ever
+// cleared.
+func (c *Controller) nominate(ctx context.Context, pod *v1.Pod, node string) error {
+	c.mu.Lock()
+	ours := c.nominated[pod.UID]
+	c.mu.Unlock()
+	if was := pod.Status.NominatedNodeName; was == node || (was != "" && was != ours) {
+		return nil
+	}
+	// The UID makes it a precondition (the API server refuses to change
+	// it): never nominate for a namesake.
+	patch := fmt.Sprintf(`{"metadata":{"uid":%q},"status":{"nominatedNodeName":%q}}`, pod.UID, node)
+	if _, err := c.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("patch status.nominatedNodeName=%s of pod %s/%s: %w", node, pod.Namespace, pod.Name, err)
+	}
+	c.mu.Lock()
+	c.nominated[pod.UID] = node
+	c.mu.Unlock()
+	return nil
 }
 
 // dryRun tries the victims' evictions without carrying them out; it
@@ -645,6 +678,7 @@ func (c *Controller) forget(uid types.UID) {
 	c.endAttempt(uid)
 	delete(c.backoffs, uid)
 	delete(c.told, uid)
+	delete(c.nominated, uid)
 }
 
 // forgetGone drops the state of pods gone from the cache.
@@ -669,6 +703,11 @@ func (c *Controller) forgetGone() {
 	for uid := range c.told {
 		if !live[uid] {
 			delete(c.told, uid)
+		}
+	}
+	for uid := range c.nominated {
+		if !live[uid] {
+			delete(c.nominated, uid)
 		}
 	}
 }

@@ -213,14 +213,19 @@ func TestController(t *testing.T) {
 		// cap is --max-evictions-per-minute; spent of it are used up
 		// before the loop starts.
 		cap, spent int
-		calls      []string // the Eviction API calls, in order
-		event      string   // an Event it must raise
+		// was is urgent's status.nominatedNodeName to begin with;
+		// nominated what it must be once the Event is out.
+		was, nominated string
+		calls          []string // the Eviction API calls, in order
+		event          string   // an Event it must raise
 	}{{
 		name: "the latest started is evicted, after a dry run", prio: 1000,
 		calls: []string{"dry low-1", "evict low-1"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-1 (priority 100) on node n1",
+		nominated: "n1",
 	}, {
 		name: "a PDB refuses one: the other", prio: 1000, refuse: []string{"low-1"},
-		calls: []string{"dry low-1", "dry low-0", "evict low-0"}, event: "Normal FacetPreempted Preempted by facet-preemptor for pod ml/urgent (priority 1000)",
+		calls: []string{"dry low-1", "dry low-0", "evict low-0"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-0 (priority 100) on node n1",
+		nominated: "n1",
 	}, {
 		name: "a PDB refuses both: nothing, an Event", prio: 1000, refuse: []string{"low-0", "low-1"},
 		calls: []string{"dry low-1", "dry low-0"}, event: "Warning FacetPreemptionBlocked facet-preemptor evicts nothing for this pod: the eviction of ml/low-1",
@@ -242,9 +247,11 @@ func TestController(t *testing.T) {
 			}
 		},
 		calls: []string{"dry low-0", "evict low-0"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-0 (priority 100) on node n1",
+		nominated: "n1",
 	}, {
 		name: "within the eviction budget: evicted", prio: 1000, two: true, cap: 3, spent: 1,
 		calls: []string{"dry low-1", "dry low-0", "evict low-1", "evict low-0"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-1 (priority 100), ml/low-0 (priority 100) on node n1",
+		nominated: "n1",
 	}, {
 		name: "the eviction budget spent: it waits, evicts nothing, not even one of two", prio: 1000, two: true, cap: 3, spent: 2,
 		event: "Normal FacetPreemptionWaiting facet-preemptor waits to evict ml/low-1 (priority 100), ml/low-0 (priority 100) on node n1: the preemptor's eviction budget (--max-evictions-per-minute=3) has fewer than 2 left",
@@ -253,8 +260,13 @@ func TestController(t *testing.T) {
 		event: "Warning FacetNotPreempting facet-preemptor evicts nothing for this pod: it needs 2 evictions on node n1 (ml/low-1 (priority 100), ml/low-0 (priority 100)), more than --max-evictions-per-minute=1 allows at once",
 	}, {
 		name: "two preemptors for one node: one evicts, the other waits for it", prio: 1000, rival: true,
-		calls: []string{"dry low-1", "evict low-1"},
-		event: "Normal FacetPreemptionWaiting facet-preemptor waits: node n1, where this pod's claims would fit, has a preemption in flight for pod ml/urgent",
+		calls:     []string{"dry low-1", "evict low-1"},
+		event:     "Normal FacetPreemptionWaiting facet-preemptor waits: node n1, where this pod's claims would fit, has a preemption in flight for pod ml/urgent",
+		nominated: "-",
+	}, {
+		name: "a nomination of the scheduler's is left alone", prio: 1000, was: "n9",
+		calls: []string{"dry low-1", "evict low-1"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-1 (priority 100) on node n1",
+		nominated: "n9",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := cluster(t, tc.prio, tc.never, tc.low)
@@ -263,6 +275,11 @@ func TestController(t *testing.T) {
 			}
 			if tc.rival {
 				objs = rival(objs)
+			}
+			for _, o := range objs {
+				if p, ok := o.(*v1.Pod); ok && p.Name == "urgent" {
+					p.Status.NominatedNodeName = tc.was
+				}
 			}
 			client := fake.NewClientset(objs...)
 			ev := &evictions{refuse: map[string]bool{}}
@@ -303,6 +320,26 @@ func TestController(t *testing.T) {
 			// eviction call came before it.
 			if got := ev.list(); strings.Join(got, ",") != strings.Join(tc.calls, ",") {
 				t.Errorf("eviction calls %v, want %v", got, tc.calls)
+			}
+			if slices.ContainsFunc(tc.calls, func(c string) bool { return strings.HasPrefix(c, "evict ") }) && !tc.rival &&
+				!slices.ContainsFunc(events, func(e string) bool {
+					return strings.HasPrefix(e, "Normal FacetPreempted Preempted by facet-preemptor for pod ml/urgent (priority 1000) on node n1")
+				}) {
+				t.Errorf("no FacetPreempted Event on a victim in %q", events)
+			}
+			if tc.nominated != "-" {
+				p, err := client.CoreV1().Pods("ml").Get(ctx, "urgent", metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p.Status.NominatedNodeName != tc.nominated {
+					t.Errorf("nominatedNodeName %q, want %q", p.Status.NominatedNodeName, tc.nominated)
+				}
+			}
+			for _, a := range client.Actions() {
+				if a.GetVerb() == "patch" && (a.GetResource().Resource != "pods" || a.GetSubresource() != "status") {
+					t.Errorf("patched %s/%s: only the preemptor's pods/status may be", a.GetResource().Resource, a.GetSubresource())
+				}
 			}
 		})
 	}
