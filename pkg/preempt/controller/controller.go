@@ -89,6 +89,9 @@ type Options struct {
 	// MaxEvictionsPerMinute caps the evictions of the whole preemptor
 	// (budget); 0: no cap.
 	MaxEvictionsPerMinute int
+	// ObserveOnly: decide, dry-run and raise the Events ("would evict"),
+	// but evict nothing and nominate nothing.
+	ObserveOnly bool
 }
 
 // attempt is a preemption in flight.
@@ -126,7 +129,10 @@ type Controller struct {
 	told     map[types.UID]string
 	// nominated are the nominatedNodeNames this preemptor set.
 	nominated map[types.UID]string
-	now       func() time.Time
+	// observed is, in observe-only mode, the last decision raised for a
+	// pod (signature), which is not raised again while it stands.
+	observed map[types.UID]string
+	now      func() time.Time
 }
 
 // New sets up the informers; Run starts them.
@@ -142,6 +148,7 @@ func New(opts Options) *Controller {
 		backoffs:  map[types.UID]*backoff{},
 		told:      map[types.UID]string{},
 		nominated: map[types.UID]string{},
+		observed:  map[types.UID]string{},
 		now:       time.Now,
 	}
 	pods := f.Core().V1().Pods()
@@ -336,7 +343,26 @@ func (c *Controller) sync(ctx context.Context, k string) (time.Duration, error) 
 		// or pods change); look again later in case it does not.
 		return c.opts.Resync, nil
 	}
+	if c.opts.ObserveOnly {
+		// Nothing is evicted, so the pod stays pending and the same
+		// decision comes back each resync: raise it once.
+		c.mu.Lock()
+		seen := c.observed[pod.UID] == signature(d)
+		c.mu.Unlock()
+		if seen {
+			return 0, nil
+		}
+	}
 	return c.preempt(ctx, pod, d, snap)
+}
+
+// signature identifies a decision: its node and victims.
+func signature(d preempt.Decision) string {
+	sig := d.Node
+	for _, v := range d.Victims {
+		sig += " " + string(v.UID)
+	}
+	return sig
 }
 
 // tell raises an Event on pod unless it is the one last raised by tell:
@@ -455,6 +481,7 @@ func (c *Controller) snapshot() (preempt.Snapshot, error) {
 // victims (or none) before anything is evicted.
 func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decision, snap preempt.Snapshot) (time.Duration, error) {
 	logger := klog.FromContext(ctx)
+	first := d
 	// Before the dry runs as well as after: no API calls for a
 	// preemption that cannot go yet.
 	if held, after := c.held(ctx, pod, d); held {
@@ -488,6 +515,10 @@ func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decisio
 	if !c.budget.take(c.now(), len(d.Victims)) {
 		// overBudget said they were there: only a clock gone backwards.
 		return poll, nil
+	}
+	if c.opts.ObserveOnly {
+		c.observe(ctx, pod, d, first)
+		return 0, nil
 	}
 	a := &attempt{key: key(pod), node: d.Node, victims: map[types.UID]string{}, started: c.now()}
 	var evicted []string
@@ -526,6 +557,27 @@ func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decisio
 	delete(c.told, pod.UID)
 	c.mu.Unlock()
 	return poll, nil
+}
+
+// observe raises, in observe-only mode, the Events and metrics of the
+// preemption d without carrying it out. first is the decision before the
+// dry runs, by which the same one is recognised at the next look.
+func (c *Controller) observe(ctx context.Context, pod *v1.Pod, d, first preempt.Decision) {
+	names := victimNames(d.Victims)
+	for _, v := range d.Victims {
+		c.opts.Recorder.Eventf(v, v1.EventTypeNormal, ReasonPreempted,
+			"facet-preemptor (observe-only) would preempt this pod for pod %s/%s (priority %d) on node %s, whose ResourceClaims need this pod's devices; nothing is evicted",
+			pod.Namespace, pod.Name, preempt.Priority(pod), d.Node)
+	}
+	c.opts.Recorder.Eventf(pod, v1.EventTypeNormal, ReasonPreempting,
+		"facet-preemptor (observe-only) would evict %s on node %s so that this pod's ResourceClaims fit (%s); nothing is evicted",
+		strings.Join(names, ", "), d.Node, strings.Join(d.Devices, ", "))
+	c.opts.Metrics.observed(len(d.Victims))
+	klog.FromContext(ctx).Info("Would preempt (observe-only)", "preemptor", klog.KObj(pod), "priority", preempt.Priority(pod), "node", d.Node, "victims", names, "devices", d.Devices)
+	c.mu.Lock()
+	c.observed[pod.UID] = signature(first)
+	delete(c.told, pod.UID)
+	c.mu.Unlock()
 }
 
 // nominate sets the preemptor's status.nominatedNodeName to node, as the
@@ -679,6 +731,7 @@ func (c *Controller) forget(uid types.UID) {
 	delete(c.backoffs, uid)
 	delete(c.told, uid)
 	delete(c.nominated, uid)
+	delete(c.observed, uid)
 }
 
 // forgetGone drops the state of pods gone from the cache.
@@ -708,6 +761,11 @@ func (c *Controller) forgetGone() {
 	for uid := range c.nominated {
 		if !live[uid] {
 			delete(c.nominated, uid)
+		}
+	}
+	for uid := range c.observed {
+		if !live[uid] {
+			delete(c.observed, uid)
 		}
 	}
 }

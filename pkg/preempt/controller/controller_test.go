@@ -21,6 +21,9 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/fit"
 	"github.com/facet-gpu/facet/pkg/occupancy/occtest"
@@ -210,6 +213,8 @@ func TestController(t *testing.T) {
 		two bool
 		// rival: a second pending pod like urgent, urgent-2.
 		rival bool
+		// observe: --observe-only.
+		observe bool
 		// cap is --max-evictions-per-minute; spent of it are used up
 		// before the loop starts.
 		cap, spent int
@@ -264,6 +269,17 @@ func TestController(t *testing.T) {
 		event:     "Normal FacetPreemptionWaiting facet-preemptor waits: node n1, where this pod's claims would fit, has a preemption in flight for pod ml/urgent",
 		nominated: "-",
 	}, {
+		name: "observe-only: the dry run and the Events, no eviction, no nomination", prio: 1000, observe: true, cap: 10,
+		calls: []string{"dry low-1"},
+		event: "Normal FacetPreempting facet-preemptor (observe-only) would evict ml/low-1 (priority 100) on node n1 so that this pod's ResourceClaims fit",
+	}, {
+		name: "observe-only: a PodDisruptionBudget refuses as it would", prio: 1000, observe: true, refuse: []string{"low-1"},
+		calls: []string{"dry low-1", "dry low-0"},
+		event: "Normal FacetPreempting facet-preemptor (observe-only) would evict ml/low-0 (priority 100) on node n1",
+	}, {
+		name: "observe-only: the eviction budget holds it back as it would", prio: 1000, observe: true, cap: 1, spent: 1,
+		event: "Normal FacetPreemptionWaiting facet-preemptor waits to evict ml/low-1 (priority 100) on node n1",
+	}, {
 		name: "a nomination of the scheduler's is left alone", prio: 1000, was: "n9",
 		calls: []string{"dry low-1", "evict low-1"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-1 (priority 100) on node n1",
 		nominated: "n9",
@@ -288,8 +304,9 @@ func TestController(t *testing.T) {
 			}
 			client.PrependReactor("create", "pods", ev.react)
 			recorder := record.NewFakeRecorder(100)
+			metrics := NewMetrics()
 			c := New(Options{
-				Client: client, Recorder: recorder, Metrics: NewMetrics(), Features: fit.FeaturesOf(features.AllOn("test")),
+				Client: client, Recorder: recorder, Metrics: metrics, ObserveOnly: tc.observe, Features: fit.FeaturesOf(features.AllOn("test")),
 				Protection: preempt.Protection{Namespaces: map[string]bool{"facet": true}},
 				Timeout:    time.Minute, Backoff: time.Minute, MaxBackoff: time.Minute, Resync: time.Hour,
 				MaxEvictionsPerMinute: tc.cap,
@@ -334,6 +351,28 @@ func TestController(t *testing.T) {
 				}
 				if p.Status.NominatedNodeName != tc.nominated {
 					t.Errorf("nominatedNodeName %q, want %q", p.Status.NominatedNodeName, tc.nominated)
+				}
+			}
+			if tc.observe && strings.Contains(tc.event, "would evict") {
+				// The same decision at the next look is not raised
+				// again.
+				c.queue.Add("ml/urgent")
+				time.Sleep(300 * time.Millisecond)
+				for len(recorder.Events) > 0 {
+					if e := <-recorder.Events; strings.Contains(e, "would") {
+						t.Errorf("raised again: %q", e)
+					}
+				}
+				for name, want := range map[string]float64{"observed_preemptions_total": 1, "observed_victims_total": 1, "preemptions_total": 0, "victims_total": 0} {
+					if got := testutil.ToFloat64(map[string]prometheus.Collector{
+						"observed_preemptions_total": metrics.wouldPreempt, "observed_victims_total": metrics.wouldEvict,
+						"preemptions_total": metrics.preemptions, "victims_total": metrics.victims,
+					}[name]); got != want {
+						t.Errorf("facet_preemptor_%s %v, want %v", name, got, want)
+					}
+				}
+				if got := ev.list(); strings.Join(got, ",") != strings.Join(tc.calls, ",") {
+					t.Errorf("eviction calls after a second look %v, want %v", got, tc.calls)
 				}
 			}
 			for _, a := range client.Actions() {

@@ -55,6 +55,8 @@ type Config struct {
 	ProtectedNamespaces []string
 	// MaxEvictionsPerMinute: see Options; 0 is no cap.
 	MaxEvictionsPerMinute int
+	// ObserveOnly: see Options.
+	ObserveOnly bool
 
 	mode, gates, protected string
 }
@@ -74,6 +76,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.MaxBackoff, "max-backoff", 5*time.Minute, "longest such wait")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "how often every pending pod is looked at again")
 	fs.IntVar(&c.MaxEvictionsPerMinute, "max-evictions-per-minute", 10, "evictions the preemptor may make a minute, all preemptions together (up to this many at once, then refilled at this rate); a preemption whose victims do not fit waits; 0: no cap")
+	fs.BoolVar(&c.ObserveOnly, "observe-only", false, "decide and raise the Events (\"would evict\") and metrics, but evict nothing: to see what preemption would do before letting it")
 	fs.StringVar(&c.protected, "protected-namespaces", "", "comma-separated namespaces whose pods are never evicted, besides kube-system and the preemptor's own (POD_NAMESPACE), which always are")
 }
 
@@ -142,6 +145,10 @@ func Main(ctx context.Context, cfg Config) error {
 		return err
 	}
 	metrics := NewMetrics()
+	metrics.SetObserveOnly(cfg.ObserveOnly)
+	if cfg.ObserveOnly {
+		logger.Info("Observe-only: every decision is made and raised as Events, nothing is evicted", "flag", "--observe-only")
+	}
 	if cfg.MetricsAddr != "" {
 		if err := serve(ctx, cfg.MetricsAddr, metrics); err != nil {
 			return err
@@ -195,7 +202,7 @@ func Main(ctx context.Context, cfg Config) error {
 		c := New(Options{
 			Client: client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set), Protection: protection,
 			Timeout: cfg.Timeout, Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Resync: cfg.Resync,
-			MaxEvictionsPerMinute: cfg.MaxEvictionsPerMinute,
+			MaxEvictionsPerMinute: cfg.MaxEvictionsPerMinute, ObserveOnly: cfg.ObserveOnly,
 		})
 		if err := c.Run(ctx); err != nil {
 			logger.Error(err, "Preemption controller failed")
