@@ -155,40 +155,17 @@ func Main(ctx context.Context, cfg Config) error {
 		}
 	}
 
-	// One read of the API server's gates answers both questions: does
-	// the scheduler preempt for claims, and which DRA features does the
-	// allocator run with.
-	gates, gatesErr := features.ServerGates(ctx, client)
-	idle, why := StepAside(cfg.SchedulerPreempts, cfg.PreemptionGates, gates, gatesErr)
-	if idle {
-		logger.Info("Staying idle: the kube-scheduler preempts for pods with ResourceClaims itself", "why", why)
-		metrics.SetActive(false)
-		<-ctx.Done()
-		return nil
-	}
-	logger.Info("Preempting for pods whose ResourceClaims cannot be allocated: the kube-scheduler does not", "why", why)
-
-	set := features.FromGates(gates, "API server /metrics")
-	if gatesErr != nil {
-		// Where the gates cannot be read, all on is right wherever the
-		// scheduler and the API server agree: the API server drops the
-		// fields of a gate that is off from slices and claims, and the
-		// allocator then has nothing gated to enforce.
-		set = features.AllOn("assumed: " + gatesErr.Error())
-	}
-	if cfg.FeatureGates != "" {
-		o, err := features.ParseOverrides(cfg.FeatureGates)
-		if err != nil {
-			return err
-		}
-		set = set.Apply(o)
-	}
-	logger.Info("Allocator features", "gates", set.String())
 	protection := preempt.Protection{Namespaces: map[string]bool{}}
 	for _, ns := range cfg.ProtectedNamespaces {
 		protection.Namespaces[ns] = true
 	}
 	logger.Info("Pods never evicted", "namespaces", append([]string{metav1.NamespaceSystem}, cfg.ProtectedNamespaces...), "also", "DaemonSet pods, static pods")
+	var overrides features.Overrides
+	if cfg.FeatureGates != "" {
+		if overrides, err = features.ParseOverrides(cfg.FeatureGates); err != nil {
+			return err
+		}
+	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartStructuredLogging(0)
@@ -196,7 +173,22 @@ func Main(ctx context.Context, cfg Config) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "facet-preemptor"})
 
-	run := func(ctx context.Context) {
+	// act preempts with the gates of the read that decided it should:
+	// one read answers both questions, whether the scheduler preempts for
+	// claims and which DRA features the allocator runs with.
+	act := func(ctx context.Context, gates map[string]bool, gatesErr error) {
+		set := features.FromGates(gates, "API server /metrics")
+		if gatesErr != nil {
+			// Where the gates cannot be read, all on is right wherever the
+			// scheduler and the API server agree: the API server drops the
+			// fields of a gate that is off from slices and claims, and the
+			// allocator then has nothing gated to enforce.
+			set = features.AllOn("assumed: " + gatesErr.Error())
+		}
+		if cfg.FeatureGates != "" {
+			set = set.Apply(overrides)
+		}
+		logger.Info("Allocator features", "gates", set.String())
 		metrics.SetActive(true)
 		defer metrics.SetActive(false)
 		c := New(Options{
@@ -207,6 +199,10 @@ func Main(ctx context.Context, cfg Config) error {
 		if err := c.Run(ctx); err != nil {
 			logger.Error(err, "Preemption controller failed")
 		}
+	}
+	read := func(ctx context.Context) (map[string]bool, error) { return features.ServerGates(ctx, client) }
+	run := func(ctx context.Context) {
+		Supervise(ctx, cfg.SchedulerPreempts, cfg.PreemptionGates, read, SchedulerRecheck, metrics, act)
 	}
 	if !cfg.LeaderElect {
 		run(ctx)
