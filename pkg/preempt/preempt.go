@@ -390,7 +390,11 @@ func (d *decider) fits(ctx context.Context, node string, gone map[types.UID]bool
 	}
 	results, err := cluster.Try(ctx, node, d.fresh...)
 	if err != nil {
-		return nil, fmt.Errorf("the allocator on node %s: %w", node, err)
+		var cs []string
+		for _, c := range d.fresh {
+			cs = append(cs, c.Namespace+"/"+c.Name)
+		}
+		return nil, fmt.Errorf("the allocator for claim(s) %s on node %s: %w", strings.Join(cs, ", "), node, err)
 	}
 	if results == nil {
 		return nil, nil

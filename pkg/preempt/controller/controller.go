@@ -331,7 +331,7 @@ func (c *Controller) sync(ctx context.Context, k string) (time.Duration, error) 
 	}
 	d, err := preempt.Decide(ctx, snap, pod)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("deciding for pod %s: %w", k, err)
 	}
 	logger.V(2).Info("Preemption decision", "pod", klog.KObj(pod), "outcome", d.Outcome, "node", d.Node, "why", d.Why)
 	switch d.Outcome {
