@@ -8,8 +8,9 @@
 // preemption and plugins/defaultpreemption):
 //
 //   - on each node, every running pod of lower priority that holds claims
-//     allocated from the node's Facet devices is a potential victim; the
-//     node is a candidate only if the claims fit with all of them gone;
+//     allocated from the node's Facet devices, and that no Protection
+//     spares, is a potential victim; the node is a candidate only if the
+//     claims fit with all of them gone;
 //   - then the potential victims are given back one by one, the most
 //     important first (higher priority, then earlier start), each kept
 //     where the claims still fit without it: what is left are the victims;
@@ -32,6 +33,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
@@ -65,6 +67,42 @@ type Snapshot struct {
 	// Protected are pods that must not be chosen, by UID: their eviction
 	// was refused (a PodDisruptionBudget), so the decision looks elsewhere.
 	Protected map[types.UID]bool
+	// Protection spares pods by what they are, whatever their priority.
+	Protection Protection
+}
+
+// Protection is the pods an operator never wants evicted for a GPU, though
+// the scheduler's rules alone would make them victims.
+type Protection struct {
+	// Namespaces whose pods are never victims besides kube-system, which
+	// always is: where Facet itself runs, and --protected-namespaces.
+	Namespaces map[string]bool
+}
+
+// Why says why p must not be a victim, or "" where it may be.
+func (pr Protection) Why(p *v1.Pod) string {
+	if p.Namespace == metav1.NamespaceSystem {
+		// The cluster's own machinery: losing it costs more than any
+		// GPU pod gains, and an operator who put a device holder there
+		// meant it to stay.
+		return "in namespace " + metav1.NamespaceSystem
+	}
+	if pr.Namespaces[p.Namespace] {
+		return "in protected namespace " + p.Namespace
+	}
+	if _, ok := p.Annotations[v1.MirrorPodAnnotationKey]; ok {
+		// Evicting a mirror pod deletes the API object only: the kubelet
+		// keeps the static pod running and its devices held.
+		return "a static pod"
+	}
+	if ref := metav1.GetControllerOf(p); ref != nil && ref.Kind == "DaemonSet" {
+		// Its controller puts it back on the same node at once, asking
+		// for its devices again: nothing is freed for long (kubectl drain
+		// skips these for the same reason). The kind alone, as drain
+		// checks it, so that look-alikes (OpenKruise's) are spared too.
+		return "owned by DaemonSet " + ref.Name
+	}
+	return ""
 }
 
 // Outcome is what Decide concluded.
@@ -235,6 +273,17 @@ func Decide(ctx context.Context, s Snapshot, pod *v1.Pod) (Decision, error) {
 		if len(s.Protected) > 0 {
 			why += fmt.Sprintf(" (%d pod(s) left out: their eviction was refused)", len(s.Protected))
 		}
+		if len(d.spared) > 0 {
+			spared, err := d.protectedBlock(ctx, nodes, prio, terminating)
+			if err != nil {
+				return Decision{}, err
+			}
+			if spared != "" {
+				// The operator's protection, not the cluster's shape, is
+				// why: say so, so that it is not mistaken for a bug.
+				why = fmt.Sprintf("the only pods of lower priority than %d whose eviction would make room are protected: %s", prio, spared)
+			}
+		}
 		return Decision{Outcome: NoCandidate, Why: why}, nil
 	}
 	best := pick(cands)
@@ -260,10 +309,16 @@ type decider struct {
 	pool  map[string]bool                            // nodes with Facet slices
 	holds map[types.UID][]*resourceapi.ResourceClaim // pod -> allocated claims it reserves
 	known map[types.UID]bool                         // pods that exist
+	// spared are the pods that would have been potential victims but for
+	// the Protection, and why.
+	spared map[types.UID]string
+	// unprotected: the Protection is ignored (to tell whether it is what
+	// stands in the way).
+	unprotected bool
 }
 
 func newDecider(s Snapshot, claims []*resourceapi.ResourceClaim) *decider {
-	d := &decider{s: s, pool: map[string]bool{}, holds: map[types.UID][]*resourceapi.ResourceClaim{}, known: map[types.UID]bool{}}
+	d := &decider{s: s, pool: map[string]bool{}, holds: map[types.UID][]*resourceapi.ResourceClaim{}, known: map[types.UID]bool{}, spared: map[types.UID]string{}}
 	for _, p := range s.Pods {
 		d.known[p.UID] = true
 	}
@@ -335,7 +390,11 @@ func (d *decider) fits(ctx context.Context, node string, gone map[types.UID]bool
 	}
 	results, err := cluster.Try(ctx, node, d.fresh...)
 	if err != nil {
-		return nil, fmt.Errorf("the allocator on node %s: %w", node, err)
+		var cs []string
+		for _, c := range d.fresh {
+			cs = append(cs, c.Namespace+"/"+c.Name)
+		}
+		return nil, fmt.Errorf("the allocator for claim(s) %s on node %s: %w", strings.Join(cs, ", "), node, err)
 	}
 	if results == nil {
 		return nil, nil
@@ -388,6 +447,12 @@ func (d *decider) victimsOn(ctx context.Context, node string, prio int32, termin
 			p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed || !d.holdsOn(p, node) {
 			continue
 		}
+		if !d.unprotected {
+			if why := d.s.Protection.Why(p); why != "" {
+				d.spared[p.UID] = why
+				continue
+			}
+		}
 		potential = append(potential, p)
 	}
 	if len(potential) == 0 {
@@ -422,6 +487,34 @@ func (d *decider) victimsOn(ctx context.Context, node string, prio int32, termin
 	// The least important first, the order evictions go in.
 	sort.SliceStable(victims, func(i, j int) bool { return moreImportant(victims[j], victims[i]) })
 	return &candidate{node: node, victims: victims, devices: devs}, nil
+}
+
+// protectedBlock tells whether the Protection alone stands in the way:
+// where evicting protected pods too would make room on some node, it names
+// those of the best such node's victims, else "".
+func (d *decider) protectedBlock(ctx context.Context, nodes []string, prio int32, terminating map[types.UID]bool) (string, error) {
+	d.unprotected = true
+	defer func() { d.unprotected = false }()
+	var cands []candidate
+	for _, n := range nodes {
+		c, err := d.victimsOn(ctx, n, prio, terminating)
+		if err != nil {
+			return "", err
+		}
+		if c != nil {
+			cands = append(cands, *c)
+		}
+	}
+	if len(cands) == 0 {
+		return "", nil
+	}
+	out := []string{}
+	for _, v := range pick(cands).victims {
+		if why, ok := d.spared[v.UID]; ok {
+			out = append(out, fmt.Sprintf("%s/%s (%s)", v.Namespace, v.Name, why))
+		}
+	}
+	return strings.Join(out, ", "), nil
 }
 
 // pick is the scheduler's pickOneNodeForPreemption, without its first rule

@@ -35,20 +35,35 @@ type running struct {
 	// sharedWith is another running pod's name the claim is also
 	// reserved for.
 	sharedWith string
+	// ns is the pod's namespace, ml where empty.
+	ns string
+	// daemonSet: a DaemonSet controls it. mirror: it is a static pod's
+	// mirror.
+	daemonSet, mirror bool
 }
 
 func uid(name string) types.UID { return types.UID("uid-" + name) }
 
 func (r running) objects() (*v1.Pod, *resourceapi.ResourceClaim) {
+	ns := r.ns
+	if ns == "" {
+		ns = "ml"
+	}
 	p := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: r.name, UID: uid(r.name)},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: r.name, UID: uid(r.name)},
 		Spec:       v1.PodSpec{NodeName: r.node, Priority: ptr.To(r.prio)},
 		Status:     v1.PodStatus{Phase: v1.PodRunning, StartTime: ptr.To(metav1.NewTime(t0.Add(time.Duration(r.start) * time.Minute)))},
+	}
+	if r.daemonSet {
+		p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "agent", UID: "uid-agent", Controller: ptr.To(true)}}
+	}
+	if r.mirror {
+		p.Annotations = map[string]string{v1.MirrorPodAnnotationKey: "abc"}
 	}
 	if r.terminating {
 		p.DeletionTimestamp = ptr.To(metav1.NewTime(t0))
 	}
-	c := occtest.Allocated("ml/"+r.name+"-gpu", r.results...)
+	c := occtest.Allocated(ns+"/"+r.name+"-gpu", r.results...)
 	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: r.name, UID: p.UID}}
 	if r.sharedWith != "" {
 		c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: r.sharedWith, UID: uid(r.sharedWith)})
@@ -119,6 +134,13 @@ func wholeGPUs(name string, n int, prio int32, firstStart int) []running {
 	return out
 }
 
+// withPod is rs with a copy of its i-th pod changed by edit.
+func withPod(rs []running, i int, edit func(*running)) []running {
+	out := append([]running(nil), rs...)
+	edit(&out[i])
+	return out
+}
+
 func TestDecide(t *testing.T) {
 	whole := request{class: "gpu.facet.dev"}
 	mig1g := request{class: "mig.facet.dev", selectors: []string{`device.attributes["gpu.facet.dev"].profile == "1g.10gb"`}}
@@ -135,9 +157,13 @@ func TestDecide(t *testing.T) {
 		protected []string
 		vanished  []string // running pods deleted, their claims not yet deallocated
 		k8sNodes  []*v1.Node
+		// protectNS are --protected-namespaces.
+		protectNS []string
 		outcome   Outcome
 		node      string
 		victims   []string
+		// why is a part of the reason given.
+		why string
 	}{{
 		name: "8 + 1: the latest started of eight equal pods", nodes: []occtest.Node{dgx},
 		running: eight, prio: 1000, reqs: []request{whole},
@@ -254,9 +280,56 @@ func TestDecide(t *testing.T) {
 		nodes: []occtest.Node{dgx}, running: eight, prio: 1000, reqs: []request{whole},
 		k8sNodes: []*v1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}},
 		outcome:  Preempt, node: "n1", victims: []string{"batch-7"},
+	}, {
+		name: "a pod in kube-system is never a victim: the next one", nodes: []occtest.Node{dgx},
+		running: withPod(eight, 7, func(r *running) { r.ns = "kube-system" }), prio: 1000, reqs: []request{whole},
+		outcome: Preempt, node: "n1", victims: []string{"batch-6"},
+	}, {
+		name: "a pod in a protected namespace is never a victim", nodes: []occtest.Node{dgx}, protectNS: []string{"infra"},
+		running: withPod(eight, 7, func(r *running) { r.ns = "infra" }), prio: 1000, reqs: []request{whole},
+		outcome: Preempt, node: "n1", victims: []string{"batch-6"},
+	}, {
+		name: "a DaemonSet's pod is never a victim", nodes: []occtest.Node{dgx},
+		running: withPod(eight, 7, func(r *running) { r.daemonSet = true }), prio: 1000, reqs: []request{whole},
+		outcome: Preempt, node: "n1", victims: []string{"batch-6"},
+	}, {
+		name: "a static pod is never a victim", nodes: []occtest.Node{dgx},
+		running: withPod(eight, 7, func(r *running) { r.mirror = true }), prio: 1000, reqs: []request{whole},
+		outcome: Preempt, node: "n1", victims: []string{"batch-6"},
+	}, {
+		name:  "a node whose only victims are protected is no candidate: the other node",
+		nodes: []occtest.Node{{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 1}, {Name: "n2", Model: "H100-SXM5-80GB", GPUs: 1}},
+		running: []running{
+			{name: "agent", node: "n1", prio: 10, ns: "kube-system", results: []resourceapi.DeviceRequestAllocationResult{occtest.Result("n1", "gpu-0")}},
+			{name: "on-n2", node: "n2", prio: 500, results: []resourceapi.DeviceRequestAllocationResult{occtest.Result("n2", "gpu-0")}},
+		},
+		prio: 1000, reqs: []request{whole},
+		outcome: Preempt, node: "n2", victims: []string{"on-n2"},
+	}, {
+		name:  "only protected pods would make room: nothing, and why says so",
+		nodes: []occtest.Node{{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 2}}, protectNS: []string{"facet"},
+		running: []running{
+			{name: "ds", node: "n1", prio: 10, daemonSet: true, results: []resourceapi.DeviceRequestAllocationResult{occtest.Result("n1", "gpu-0")}},
+			{name: "own", node: "n1", prio: 20, ns: "facet", results: []resourceapi.DeviceRequestAllocationResult{occtest.Result("n1", "gpu-1")}},
+		},
+		prio: 1000, reqs: []request{whole},
+		outcome: NoCandidate, why: "are protected: ml/ds (owned by DaemonSet agent)",
+	}, {
+		name:  "protected pods that would not make room either are not blamed",
+		nodes: []occtest.Node{{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 2}},
+		running: []running{
+			{name: "sys", node: "n1", prio: 10, ns: "kube-system", results: []resourceapi.DeviceRequestAllocationResult{occtest.Result("n1", "gpu-0")}},
+			{name: "sys2", node: "n1", prio: 10, ns: "kube-system", results: []resourceapi.DeviceRequestAllocationResult{occtest.Result("n1", "gpu-1")}},
+		},
+		prio: 1000, reqs: []request{whole, whole, whole},
+		outcome: NoCandidate, why: "would not make room",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := Snapshot{Classes: classes(t), Features: fit.FeaturesOf(features.AllOn("test")), Protected: map[types.UID]bool{}, Nodes: tc.k8sNodes}
+			s := Snapshot{Classes: classes(t), Features: fit.FeaturesOf(features.AllOn("test")), Protected: map[types.UID]bool{}, Nodes: tc.k8sNodes,
+				Protection: Protection{Namespaces: map[string]bool{}}}
+			for _, ns := range tc.protectNS {
+				s.Protection.Namespaces[ns] = true
+			}
 			if tc.stock {
 				s.Features = fit.FeaturesOf(features.Stock("test"))
 			}
@@ -289,11 +362,47 @@ func TestDecide(t *testing.T) {
 			if d.Outcome != tc.outcome || d.Node != tc.node || strings.Join(victims, ",") != strings.Join(tc.victims, ",") {
 				t.Errorf("got %s on %q evicting %v (%s), want %s on %q evicting %v", d.Outcome, d.Node, victims, d.Why, tc.outcome, tc.node, tc.victims)
 			}
-			if d.Why == "" {
-				t.Error("no reason given")
+			if d.Why == "" || !strings.Contains(d.Why, tc.why) {
+				t.Errorf("reason %q, want one with %q", d.Why, tc.why)
 			}
 			if d.Outcome == Preempt && len(d.Devices) != len(tc.reqs) {
 				t.Errorf("devices %v, want one per request", d.Devices)
+			}
+		})
+	}
+}
+
+func TestProtection(t *testing.T) {
+	pr := Protection{Namespaces: map[string]bool{"facet": true}}
+	pod := func(ns string, edit func(*v1.Pod)) *v1.Pod {
+		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"}}
+		if edit != nil {
+			edit(p)
+		}
+		return p
+	}
+	owned := func(apiVersion, kind string, controller bool) func(*v1.Pod) {
+		return func(p *v1.Pod) {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: "o", Controller: ptr.To(controller)}}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		pod  *v1.Pod
+		why  string // "": not protected
+	}{
+		{"kube-system, always", pod("kube-system", nil), "in namespace kube-system"},
+		{"a configured namespace", pod("facet", nil), "in protected namespace facet"},
+		{"another namespace", pod("ml", nil), ""},
+		{"a static pod's mirror", pod("ml", func(p *v1.Pod) { p.Annotations = map[string]string{v1.MirrorPodAnnotationKey: "x"} }), "a static pod"},
+		{"a DaemonSet's pod", pod("ml", owned("apps/v1", "DaemonSet", true)), "owned by DaemonSet o"},
+		{"an Advanced DaemonSet's pod (OpenKruise)", pod("ml", owned("apps.kruise.io/v1alpha1", "DaemonSet", true)), "owned by DaemonSet o"},
+		{"a DaemonSet that owns but does not control", pod("ml", owned("apps/v1", "DaemonSet", false)), ""},
+		{"a ReplicaSet's pod", pod("ml", owned("apps/v1", "ReplicaSet", true)), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := pr.Why(tc.pod); got != tc.why {
+				t.Errorf("Why %q, want %q", got, tc.why)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
 	"github.com/facet-gpu/facet/pkg/preempt/controller"
@@ -25,6 +26,48 @@ func TestPreemptorOffByDefault(t *testing.T) {
 	}
 }
 
+// preemptorConfig parses the preemptor container's args with the binary's
+// own flags, and its POD_NAMESPACE as the downward API fills it, in the
+// release namespace.
+func preemptorConfig(t *testing.T, c corev1.Container) controller.Config {
+	t.Helper()
+	podNS := ""
+	for _, e := range c.Env {
+		if e.Name == "POD_NAMESPACE" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.namespace" {
+			podNS = releaseNamespace
+		}
+	}
+	if podNS == "" {
+		t.Errorf("no POD_NAMESPACE from metadata.namespace in %v", c.Env)
+	}
+	t.Setenv("POD_NAMESPACE", podNS)
+	var cfg controller.Config
+	fs := flag.NewFlagSet("facet-preemptor", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg.AddFlags(fs)
+	fs.Int("v", 0, "klog verbosity")
+	if err := fs.Parse(c.Args); err != nil {
+		t.Fatalf("args %v: %v", c.Args, err)
+	}
+	if err := cfg.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// TestPreemptorDefaults: the chart's defaults are the binary's brakes: a
+// cap of 10 evictions a minute, evictions on, the release namespace
+// protected.
+func TestPreemptorDefaults(t *testing.T) {
+	var d appsv1.Deployment
+	into(t, find(t, render(t, values(t, "preemptor: {enabled: true}")), "Deployment", preemptorName), &d)
+	cfg := preemptorConfig(t, d.Spec.Template.Spec.Containers[0])
+	got := fmt.Sprintf("%d %t %v %s", cfg.MaxEvictionsPerMinute, cfg.ObserveOnly, cfg.ProtectedNamespaces, cfg.SchedulerPreempts)
+	if want := fmt.Sprintf("10 false [%s] auto", releaseNamespace); got != want {
+		t.Errorf("parsed args %q, want %q", got, want)
+	}
+}
+
 // TestPreemptor checks the Deployment's command line against the binary's
 // own flags, and that its RBAC is exactly what it uses.
 func TestPreemptor(t *testing.T) {
@@ -34,6 +77,9 @@ preemptor:
   schedulerPreemptsClaims: "false"
   featureGates: DRAPartitionableDevices=true
   preemptionTimeout: 90s
+  maxEvictionsPerMinute: 4
+  observeOnly: true
+  protectedNamespaces: [monitoring, infra]
   priorityClassName: system-cluster-critical
 `))
 	var d appsv1.Deployment
@@ -50,19 +96,10 @@ preemptor:
 		t.Errorf("command %v", c.Command)
 	}
 	// The args parse with the binary's flags, and mean what the values say.
-	var cfg controller.Config
-	fs := flag.NewFlagSet("facet-preemptor", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	cfg.AddFlags(fs)
-	fs.Int("v", 0, "klog verbosity")
-	if err := fs.Parse(c.Args); err != nil {
-		t.Fatalf("args %v: %v", c.Args, err)
-	}
-	if err := cfg.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	got := fmt.Sprintf("%t %s/%s %s %s %s %s", cfg.LeaderElect, cfg.LeaseNamespace, cfg.LeaseName, cfg.SchedulerPreempts, cfg.FeatureGates, cfg.Timeout, cfg.MetricsAddr)
-	want := fmt.Sprintf("true %s/%s false DRAPartitionableDevices=true 1m30s :8080", releaseNamespace, preemptorName)
+	cfg := preemptorConfig(t, c)
+	got := fmt.Sprintf("%t %s/%s %s %s %s %s %d %t %v", cfg.LeaderElect, cfg.LeaseNamespace, cfg.LeaseName, cfg.SchedulerPreempts, cfg.FeatureGates, cfg.Timeout, cfg.MetricsAddr,
+		cfg.MaxEvictionsPerMinute, cfg.ObserveOnly, cfg.ProtectedNamespaces)
+	want := fmt.Sprintf("true %s/%s false DRAPartitionableDevices=true 1m30s :8080 4 true [monitoring infra %s]", releaseNamespace, preemptorName, releaseNamespace)
 	if got != want {
 		t.Errorf("parsed args %q, want %q", got, want)
 	}
@@ -76,6 +113,7 @@ preemptor:
 	wantRules := fmt.Sprint([]rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods", "nodes"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"pods/eviction"}, Verbs: []string{"create"}},
+		{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: []string{"patch"}},
 		{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims", "resourceslices", "deviceclasses"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 		{NonResourceURLs: []string{"/metrics"}, Verbs: []string{"get"}},

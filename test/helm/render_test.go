@@ -276,6 +276,9 @@ admission:
 preemptor:
   enabled: true
   replicas: 1
+  maxEvictionsPerMinute: 0
+  observeOnly: true
+  protectedNamespaces: [monitoring]
   tolerations: [{key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}]
 `),
 		"external issuer and GPU Operator paths on RHEL": values(t, `

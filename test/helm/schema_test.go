@@ -45,6 +45,11 @@ func TestValuesRejected(t *testing.T) {
 		{"misspelt table field", "admission: {webhook: {mutatePods: {extendedResourceMap: {devices: [{resource: nvidia.com/gpu, class: gpu.facet.dev}]}}}}", []string{"class"}},
 		{"table resource without a domain", "admission: {webhook: {mutatePods: {extendedResourceMap: {devices: [{resource: gpu, deviceClassName: gpu.facet.dev}]}}}}", []string{"resource"}},
 		{"vGPU entry without a class", "admission: {webhook: {mutatePods: {extendedResourceMap: {vgpus: [{count: volcano.sh/vgpu-number}]}}}}", []string{"deviceClassName"}},
+		{"negative eviction cap", "preemptor: {maxEvictionsPerMinute: -1}", []string{"maxEvictionsPerMinute"}},
+		{"eviction cap that is no number", "preemptor: {maxEvictionsPerMinute: ten}", []string{"maxEvictionsPerMinute"}},
+		{"observe-only that is no boolean", `preemptor: {observeOnly: "yes"}`, []string{"observeOnly"}},
+		{"protected namespaces as a string", "preemptor: {protectedNamespaces: monitoring}", []string{"protectedNamespaces"}},
+		{"protected namespace that is no name", "preemptor: {protectedNamespaces: [Monitoring]}", []string{"protectedNamespaces"}},
 		{"issuer of an unknown kind", "admission: {webhook: {tls: {certManager: {issuerRef: {name: x, kind: Vault}}}}}", []string{"kind"}},
 	}
 	for _, tc := range tests {

@@ -2,9 +2,10 @@
 // kube-scheduler could not place because their ResourceClaims cannot be
 // allocated, asks pkg/preempt whom to evict, and evicts them through the
 // Eviction API (policy/v1), so that PodDisruptionBudgets and graceful
-// termination hold. One preemption is in flight per preemptor: it waits
-// until the victims are gone and the preemptor is scheduled, or backs off
-// when the freed devices went to another pod first or the wait times out.
+// termination hold. One preemption is in flight per preemptor, and one per
+// node: it waits until the victims are gone and the preemptor is scheduled,
+// or backs off when the freed devices went to another pod first or the
+// wait times out.
 package controller
 
 import (
@@ -54,6 +55,10 @@ const (
 	// ReasonTimedOut: on the preemptor, when the victims did not go, or it
 	// was not scheduled, within the timeout.
 	ReasonTimedOut = "FacetPreemptionTimedOut"
+	// ReasonWaiting: on the preemptor, when its preemption is decided but
+	// held back (the eviction budget is spent, or its node has another
+	// preemption in flight). Given once per reason.
+	ReasonWaiting = "FacetPreemptionWaiting"
 )
 
 // unschedulableClaims is the kube-scheduler's DRA plugin's message for a
@@ -70,6 +75,8 @@ type Options struct {
 	Metrics  *Metrics
 	// Features are the allocator's: the kube-scheduler's DRA features.
 	Features structured.Features
+	// Protection spares pods from eviction whatever their priority.
+	Protection preempt.Protection
 	// Timeout bounds one preemption: from the evictions until the
 	// preemptor is scheduled.
 	Timeout time.Duration
@@ -79,6 +86,12 @@ type Options struct {
 	// Resync is how often every pending pod is looked at again, whatever
 	// changed.
 	Resync time.Duration
+	// MaxEvictionsPerMinute caps the evictions of the whole preemptor
+	// (budget); 0: no cap.
+	MaxEvictionsPerMinute int
+	// ObserveOnly: decide, dry-run and raise the Events ("would evict"),
+	// but evict nothing and nominate nothing.
+	ObserveOnly bool
 }
 
 // attempt is a preemption in flight.
@@ -105,11 +118,20 @@ type Controller struct {
 	classes resourcelisters.DeviceClassLister
 	synced  []cache.InformerSynced
 	factory informers.SharedInformerFactory
+	budget  *budget
 
 	mu       sync.Mutex
 	attempts map[types.UID]*attempt
+	// waiting are the preemptors (keys) held back by a preemption in
+	// flight on a node, to look at again as soon as it ends.
+	waiting  map[string]map[string]bool
 	backoffs map[types.UID]*backoff
 	told     map[types.UID]string
+	// nominated are the nominatedNodeNames this preemptor set.
+	nominated map[types.UID]string
+	// observed is, in observe-only mode, the last decision raised for a
+	// pod (signature), which is not raised again while it stands.
+	observed map[types.UID]string
 	now      func() time.Time
 }
 
@@ -117,13 +139,17 @@ type Controller struct {
 func New(opts Options) *Controller {
 	f := informers.NewSharedInformerFactory(opts.Client, 0)
 	c := &Controller{
-		opts:     opts,
-		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "facet-preemptor"}),
-		factory:  f,
-		attempts: map[types.UID]*attempt{},
-		backoffs: map[types.UID]*backoff{},
-		told:     map[types.UID]string{},
-		now:      time.Now,
+		opts:      opts,
+		queue:     workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "facet-preemptor"}),
+		factory:   f,
+		budget:    newBudget(opts.MaxEvictionsPerMinute),
+		attempts:  map[types.UID]*attempt{},
+		waiting:   map[string]map[string]bool{},
+		backoffs:  map[types.UID]*backoff{},
+		told:      map[types.UID]string{},
+		nominated: map[types.UID]string{},
+		observed:  map[types.UID]string{},
+		now:       time.Now,
 	}
 	pods := f.Core().V1().Pods()
 	c.pods = pods.Lister()
@@ -305,34 +331,122 @@ func (c *Controller) sync(ctx context.Context, k string) (time.Duration, error) 
 	}
 	d, err := preempt.Decide(ctx, snap, pod)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("deciding for pod %s: %w", k, err)
 	}
 	logger.V(2).Info("Preemption decision", "pod", klog.KObj(pod), "outcome", d.Outcome, "node", d.Node, "why", d.Why)
 	switch d.Outcome {
 	case preempt.Ineligible, preempt.NoCandidate:
-		c.tell(pod, d.Why)
+		c.tell(pod, v1.EventTypeNormal, ReasonNotPreempting, "facet-preemptor evicts nothing for this pod: "+d.Why)
 		return 0, nil
 	case preempt.Fits, preempt.Wait:
 		// The scheduler will place it (its queue retries when claims
 		// or pods change); look again later in case it does not.
 		return c.opts.Resync, nil
 	}
+	if c.opts.ObserveOnly {
+		// Nothing is evicted, so the pod stays pending and the same
+		// decision comes back each resync: raise it once.
+		c.mu.Lock()
+		seen := c.observed[pod.UID] == signature(d)
+		c.mu.Unlock()
+		if seen {
+			return 0, nil
+		}
+	}
 	return c.preempt(ctx, pod, d, snap)
 }
 
-// tell raises NotPreempting on pod once per reason.
-func (c *Controller) tell(pod *v1.Pod, why string) {
+// signature identifies a decision: its node and victims.
+func signature(d preempt.Decision) string {
+	sig := d.Node
+	for _, v := range d.Victims {
+		sig += " " + string(v.UID)
+	}
+	return sig
+}
+
+// tell raises an Event on pod unless it is the one last raised by tell:
+// a pod looked at every resync would otherwise get the same one each time.
+func (c *Controller) tell(pod *v1.Pod, eventType, reason, msg string) {
 	c.mu.Lock()
-	same := c.told[pod.UID] == why
-	c.told[pod.UID] = why
+	same := c.told[pod.UID] == reason+" "+msg
+	c.told[pod.UID] = reason + " " + msg
 	c.mu.Unlock()
 	if !same {
-		c.opts.Recorder.Eventf(pod, v1.EventTypeNormal, ReasonNotPreempting, "facet-preemptor evicts nothing for this pod: %s", why)
+		c.opts.Recorder.Event(pod, eventType, reason, msg)
 	}
 }
 
+// victimNames are "namespace/name (priority p)" of vs.
+func victimNames(vs []*v1.Pod) []string {
+	out := make([]string, 0, len(vs))
+	for _, v := range vs {
+		out = append(out, fmt.Sprintf("%s/%s (priority %d)", v.Namespace, v.Name, preempt.Priority(v)))
+	}
+	return out
+}
+
+// held says whether a decided preemption waits (for the node or the
+// budget), and raises the Event that says why; it returns when to look
+// again.
+func (c *Controller) held(ctx context.Context, pod *v1.Pod, d preempt.Decision) (bool, time.Duration) {
+	if other := c.busy(pod, d.Node); other != "" {
+		// Two preemptions on one node cannot tell whose victims freed
+		// what: the second would count the first's terminating victims
+		// as its own room, or evict more than either needs.
+		c.tell(pod, v1.EventTypeNormal, ReasonWaiting, fmt.Sprintf(
+			"facet-preemptor waits: node %s, where this pod's claims would fit, has a preemption in flight for pod %s; it decides again once that one ends",
+			d.Node, other))
+		klog.FromContext(ctx).V(2).Info("Waiting for the preemption in flight on the node", "pod", klog.KObj(pod), "node", d.Node, "inFlightFor", other)
+		c.opts.Metrics.wait(WaitNodeBusy)
+		return true, c.opts.Resync
+	}
+	return c.overBudget(ctx, pod, d)
+}
+
+// busy names the preemptor of another preemption in flight on node, or ""
+// where there is none; if there is, pod is looked at again when it ends.
+func (c *Controller) busy(pod *v1.Pod, node string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for uid, a := range c.attempts {
+		if uid != pod.UID && a.node == node {
+			if c.waiting[node] == nil {
+				c.waiting[node] = map[string]bool{}
+			}
+			c.waiting[node][key(pod)] = true
+			return a.key
+		}
+	}
+	return ""
+}
+
+// overBudget says whether the victims wait for the eviction budget, and
+// raises the Event that says why; it returns when to look again (0: never
+// by itself, the preemption is more than the cap allows at once).
+func (c *Controller) overBudget(ctx context.Context, pod *v1.Pod, d preempt.Decision) (bool, time.Duration) {
+	n := len(d.Victims)
+	if !c.budget.fits(n) {
+		c.tell(pod, v1.EventTypeWarning, ReasonNotPreempting, fmt.Sprintf(
+			"facet-preemptor evicts nothing for this pod: it needs %d evictions on node %s (%s), more than --max-evictions-per-minute=%d allows at once",
+			n, d.Node, strings.Join(victimNames(d.Victims), ", "), c.budget.perMinute))
+		return true, 0
+	}
+	wait := c.budget.wait(c.now(), n)
+	if wait == 0 {
+		return false, 0
+	}
+	// No time in the Event: it would make every look a new one.
+	c.tell(pod, v1.EventTypeNormal, ReasonWaiting, fmt.Sprintf(
+		"facet-preemptor waits to evict %s on node %s: the preemptor's eviction budget (--max-evictions-per-minute=%d) has fewer than %d left",
+		strings.Join(victimNames(d.Victims), ", "), d.Node, c.budget.perMinute, n))
+	klog.FromContext(ctx).V(2).Info("Waiting for the eviction budget", "pod", klog.KObj(pod), "node", d.Node, "victims", n, "retryIn", wait)
+	c.opts.Metrics.wait(WaitBudget)
+	return true, wait
+}
+
 func (c *Controller) snapshot() (preempt.Snapshot, error) {
-	s := preempt.Snapshot{Features: c.opts.Features, Protected: map[types.UID]bool{}}
+	s := preempt.Snapshot{Features: c.opts.Features, Protected: map[types.UID]bool{}, Protection: c.opts.Protection}
 	sl, err := c.slices.List(labels.Everything())
 	if err != nil {
 		return s, err
@@ -367,6 +481,12 @@ func (c *Controller) snapshot() (preempt.Snapshot, error) {
 // victims (or none) before anything is evicted.
 func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decision, snap preempt.Snapshot) (time.Duration, error) {
 	logger := klog.FromContext(ctx)
+	first := d
+	// Before the dry runs as well as after: no API calls for a
+	// preemption that cannot go yet.
+	if held, after := c.held(ctx, pod, d); held {
+		return after, nil
+	}
 	var refusals []string
 	for {
 		refused, msg, err := c.dryRun(ctx, d.Victims)
@@ -388,6 +508,17 @@ func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decisio
 			c.opts.Metrics.outcome(OutcomeBlocked)
 			return c.setBackoff(pod.UID), nil
 		}
+	}
+	if held, after := c.held(ctx, pod, d); held {
+		return after, nil
+	}
+	if !c.budget.take(c.now(), len(d.Victims)) {
+		// overBudget said they were there: only a clock gone backwards.
+		return poll, nil
+	}
+	if c.opts.ObserveOnly {
+		c.observe(ctx, pod, d, first)
+		return 0, nil
 	}
 	a := &attempt{key: key(pod), node: d.Node, victims: map[types.UID]string{}, started: c.now()}
 	var evicted []string
@@ -412,6 +543,11 @@ func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decisio
 	if len(evicted) == 0 {
 		return c.setBackoff(pod.UID), nil
 	}
+	if err := c.nominate(ctx, pod, d.Node); err != nil {
+		// The evictions stand: the nomination only shows them and
+		// steers the scheduler, it is not what frees the devices.
+		logger.Error(err, "Could not nominate the node", "preemptor", klog.KObj(pod), "node", d.Node)
+	}
 	c.opts.Recorder.Eventf(pod, v1.EventTypeNormal, ReasonPreempting,
 		"facet-preemptor evicted %s on node %s so that this pod's ResourceClaims fit (%s)", strings.Join(evicted, ", "), d.Node, strings.Join(d.Devices, ", "))
 	c.opts.Metrics.preemption()
@@ -421,6 +557,52 @@ func (c *Controller) preempt(ctx context.Context, pod *v1.Pod, d preempt.Decisio
 	delete(c.told, pod.UID)
 	c.mu.Unlock()
 	return poll, nil
+}
+
+// observe raises, in observe-only mode, the Events and metrics of the
+// preemption d without carrying it out. first is the decision before the
+// dry runs, by which the same one is recognised at the next look.
+func (c *Controller) observe(ctx context.Context, pod *v1.Pod, d, first preempt.Decision) {
+	names := victimNames(d.Victims)
+	for _, v := range d.Victims {
+		c.opts.Recorder.Eventf(v, v1.EventTypeNormal, ReasonPreempted,
+			"facet-preemptor (observe-only) would preempt this pod for pod %s/%s (priority %d) on node %s, whose ResourceClaims need this pod's devices; nothing is evicted",
+			pod.Namespace, pod.Name, preempt.Priority(pod), d.Node)
+	}
+	c.opts.Recorder.Eventf(pod, v1.EventTypeNormal, ReasonPreempting,
+		"facet-preemptor (observe-only) would evict %s on node %s so that this pod's ResourceClaims fit (%s); nothing is evicted",
+		strings.Join(names, ", "), d.Node, strings.Join(d.Devices, ", "))
+	c.opts.Metrics.observed(len(d.Victims))
+	klog.FromContext(ctx).Info("Would preempt (observe-only)", "preemptor", klog.KObj(pod), "priority", preempt.Priority(pod), "node", d.Node, "victims", names, "devices", d.Devices)
+	c.mu.Lock()
+	c.observed[pod.UID] = signature(first)
+	delete(c.told, pod.UID)
+	c.mu.Unlock()
+}
+
+// nominate sets the preemptor's status.nominatedNodeName to node, as the
+// scheduler does when it preempts: kubectl shows where the pod is meant to
+// go, a preemption that lost stays visible, and the scheduler tries that
+// node first. A nomination the scheduler made (for its own preemption of
+// other resources) is its to change, and is left alone; nothing is ever
+// cleared.
+func (c *Controller) nominate(ctx context.Context, pod *v1.Pod, node string) error {
+	c.mu.Lock()
+	ours := c.nominated[pod.UID]
+	c.mu.Unlock()
+	if was := pod.Status.NominatedNodeName; was == node || (was != "" && was != ours) {
+		return nil
+	}
+	// The UID makes it a precondition (the API server refuses to change
+	// it): never nominate for a namesake.
+	patch := fmt.Sprintf(`{"metadata":{"uid":%q},"status":{"nominatedNodeName":%q}}`, pod.UID, node)
+	if _, err := c.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("patch status.nominatedNodeName=%s of pod %s/%s: %w", node, pod.Namespace, pod.Name, err)
+	}
+	c.mu.Lock()
+	c.nominated[pod.UID] = node
+	c.mu.Unlock()
+	return nil
 }
 
 // dryRun tries the victims' evictions without carrying them out; it
@@ -525,15 +707,31 @@ func (c *Controller) setBackoff(uid types.UID) time.Duration {
 func (c *Controller) clearAttempt(uid types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.endAttempt(uid)
+}
+
+// endAttempt drops the preemption in flight for uid, if any, and queues
+// the preemptors that waited for its node. c.mu is held.
+func (c *Controller) endAttempt(uid types.UID) {
+	a := c.attempts[uid]
+	if a == nil {
+		return
+	}
 	delete(c.attempts, uid)
+	for k := range c.waiting[a.node] {
+		c.queue.Add(k)
+	}
+	delete(c.waiting, a.node)
 }
 
 func (c *Controller) forget(uid types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.attempts, uid)
+	c.endAttempt(uid)
 	delete(c.backoffs, uid)
 	delete(c.told, uid)
+	delete(c.nominated, uid)
+	delete(c.observed, uid)
 }
 
 // forgetGone drops the state of pods gone from the cache.
@@ -547,7 +745,7 @@ func (c *Controller) forgetGone() {
 	}
 	for uid := range c.attempts {
 		if !live[uid] {
-			delete(c.attempts, uid)
+			c.endAttempt(uid)
 		}
 	}
 	for uid := range c.backoffs {
@@ -558,6 +756,16 @@ func (c *Controller) forgetGone() {
 	for uid := range c.told {
 		if !live[uid] {
 			delete(c.told, uid)
+		}
+	}
+	for uid := range c.nominated {
+		if !live[uid] {
+			delete(c.nominated, uid)
+		}
+	}
+	for uid := range c.observed {
+		if !live[uid] {
+			delete(c.observed, uid)
 		}
 	}
 }

@@ -8,11 +8,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -25,6 +27,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/features"
 	"github.com/facet-gpu/facet/pkg/fit"
+	"github.com/facet-gpu/facet/pkg/preempt"
 )
 
 // Config is facet-preemptor's command line.
@@ -46,8 +49,16 @@ type Config struct {
 	MetricsAddr string
 	// Timeout, Backoff, MaxBackoff, Resync: see Options.
 	Timeout, Backoff, MaxBackoff, Resync time.Duration
+	// ProtectedNamespaces: their pods are never evicted. Complete adds
+	// POD_NAMESPACE, where the preemptor (and Facet) runs; kube-system is
+	// always protected (preempt.Protection).
+	ProtectedNamespaces []string
+	// MaxEvictionsPerMinute: see Options; 0 is no cap.
+	MaxEvictionsPerMinute int
+	// ObserveOnly: see Options.
+	ObserveOnly bool
 
-	mode, gates string
+	mode, gates, protected string
 }
 
 // AddFlags defines facet-preemptor's flags on fs; Complete checks them.
@@ -64,6 +75,9 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Backoff, "backoff", 10*time.Second, "first wait before preempting again for a pod whose preemption did not get it scheduled; doubles each time")
 	fs.DurationVar(&c.MaxBackoff, "max-backoff", 5*time.Minute, "longest such wait")
 	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "how often every pending pod is looked at again")
+	fs.IntVar(&c.MaxEvictionsPerMinute, "max-evictions-per-minute", 10, "evictions the preemptor may make a minute, all preemptions together (up to this many at once, then refilled at this rate); a preemption whose victims do not fit waits; 0: no cap")
+	fs.BoolVar(&c.ObserveOnly, "observe-only", false, "decide and raise the Events (\"would evict\") and metrics, but evict nothing: to see what preemption would do before letting it")
+	fs.StringVar(&c.protected, "protected-namespaces", "", "comma-separated namespaces whose pods are never evicted, besides kube-system and the preemptor's own (POD_NAMESPACE), which always are")
 }
 
 // Complete checks the flags and fills what they imply.
@@ -81,6 +95,20 @@ func (c *Config) Complete() error {
 	if c.FeatureGates != "" {
 		if _, err := features.ParseOverrides(c.FeatureGates); err != nil {
 			return err
+		}
+	}
+	if c.MaxEvictionsPerMinute < 0 {
+		return fmt.Errorf("--max-evictions-per-minute=%d: must be 0 (no cap) or more", c.MaxEvictionsPerMinute)
+	}
+	c.ProtectedNamespaces = nil
+	// Facet's own pods (the kubelet plugin, the webhook, this preemptor)
+	// keep the GPUs usable at all: never trade them for one pod.
+	for _, ns := range append(strings.Split(c.protected, ","), os.Getenv("POD_NAMESPACE")) {
+		if ns = strings.TrimSpace(ns); ns != "" && !slices.Contains(c.ProtectedNamespaces, ns) {
+			if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+				return fmt.Errorf("--protected-namespaces: %q is no namespace name: %s", ns, strings.Join(errs, "; "))
+			}
+			c.ProtectedNamespaces = append(c.ProtectedNamespaces, ns)
 		}
 	}
 	for name, d := range map[string]time.Duration{"preemption-timeout": c.Timeout, "backoff": c.Backoff, "max-backoff": c.MaxBackoff, "resync": c.Resync} {
@@ -117,41 +145,27 @@ func Main(ctx context.Context, cfg Config) error {
 		return err
 	}
 	metrics := NewMetrics()
+	metrics.SetObserveOnly(cfg.ObserveOnly)
+	if cfg.ObserveOnly {
+		logger.Info("Observe-only: every decision is made and raised as Events, nothing is evicted", "flag", "--observe-only")
+	}
 	if cfg.MetricsAddr != "" {
 		if err := serve(ctx, cfg.MetricsAddr, metrics); err != nil {
 			return err
 		}
 	}
 
-	// One read of the API server's gates answers both questions: does
-	// the scheduler preempt for claims, and which DRA features does the
-	// allocator run with.
-	gates, gatesErr := features.ServerGates(ctx, client)
-	idle, why := StepAside(cfg.SchedulerPreempts, cfg.PreemptionGates, gates, gatesErr)
-	if idle {
-		logger.Info("Staying idle: the kube-scheduler preempts for pods with ResourceClaims itself", "why", why)
-		metrics.SetActive(false)
-		<-ctx.Done()
-		return nil
+	protection := preempt.Protection{Namespaces: map[string]bool{}}
+	for _, ns := range cfg.ProtectedNamespaces {
+		protection.Namespaces[ns] = true
 	}
-	logger.Info("Preempting for pods whose ResourceClaims cannot be allocated: the kube-scheduler does not", "why", why)
-
-	set := features.FromGates(gates, "API server /metrics")
-	if gatesErr != nil {
-		// Where the gates cannot be read, all on is right wherever the
-		// scheduler and the API server agree: the API server drops the
-		// fields of a gate that is off from slices and claims, and the
-		// allocator then has nothing gated to enforce.
-		set = features.AllOn("assumed: " + gatesErr.Error())
-	}
+	logger.Info("Pods never evicted", "namespaces", append([]string{metav1.NamespaceSystem}, cfg.ProtectedNamespaces...), "also", "DaemonSet pods, static pods")
+	var overrides features.Overrides
 	if cfg.FeatureGates != "" {
-		o, err := features.ParseOverrides(cfg.FeatureGates)
-		if err != nil {
+		if overrides, err = features.ParseOverrides(cfg.FeatureGates); err != nil {
 			return err
 		}
-		set = set.Apply(o)
 	}
-	logger.Info("Allocator features", "gates", set.String())
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartStructuredLogging(0)
@@ -159,16 +173,36 @@ func Main(ctx context.Context, cfg Config) error {
 	defer broadcaster.Shutdown()
 	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "facet-preemptor"})
 
-	run := func(ctx context.Context) {
+	// act preempts with the gates of the read that decided it should:
+	// one read answers both questions, whether the scheduler preempts for
+	// claims and which DRA features the allocator runs with.
+	act := func(ctx context.Context, gates map[string]bool, gatesErr error) {
+		set := features.FromGates(gates, "API server /metrics")
+		if gatesErr != nil {
+			// Where the gates cannot be read, all on is right wherever the
+			// scheduler and the API server agree: the API server drops the
+			// fields of a gate that is off from slices and claims, and the
+			// allocator then has nothing gated to enforce.
+			set = features.AllOn("assumed: " + gatesErr.Error())
+		}
+		if cfg.FeatureGates != "" {
+			set = set.Apply(overrides)
+		}
+		logger.Info("Allocator features", "gates", set.String())
 		metrics.SetActive(true)
 		defer metrics.SetActive(false)
 		c := New(Options{
-			Client: client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set),
+			Client: client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set), Protection: protection,
 			Timeout: cfg.Timeout, Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Resync: cfg.Resync,
+			MaxEvictionsPerMinute: cfg.MaxEvictionsPerMinute, ObserveOnly: cfg.ObserveOnly,
 		})
 		if err := c.Run(ctx); err != nil {
 			logger.Error(err, "Preemption controller failed")
 		}
+	}
+	read := func(ctx context.Context) (map[string]bool, error) { return features.ServerGates(ctx, client) }
+	run := func(ctx context.Context) {
+		Supervise(ctx, cfg.SchedulerPreempts, cfg.PreemptionGates, read, SchedulerRecheck, metrics, act)
 	}
 	if !cfg.LeaderElect {
 		run(ctx)

@@ -1,16 +1,24 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"time"
+
+	"k8s.io/klog/v2"
 )
 
 // SchedulerPreemptionGates are the feature gates that, on, give the
 // kube-scheduler preemption for pods with ResourceClaims. No Kubernetes
-// release has one through 1.37 (KEP-5690 and its implementation,
-// kubernetes/kubernetes#139266, are unmerged); DRAPreemption is the name
-// the KEP's gate is expected to take. --scheduler-preemption-gates
-// replaces the list once the real name is known.
+// release has one through 1.37: KEP-5690's implementation
+// (kubernetes/kubernetes#139266) was closed unmerged. The KEP's kep.yaml
+// (kubernetes/enhancements#6113, open) names the gate DRAPreemption, for
+// the kube-scheduler alone, beta in 1.38. The API server of a release
+// reports the gate's value for its own process, which is the scheduler's
+// only where both run the release's default: a gate set on the scheduler
+// alone needs --scheduler-preempts-claims. --scheduler-preemption-gates
+// replaces the list should the merged name differ.
 var SchedulerPreemptionGates = []string{"DRAPreemption"}
 
 // SchedulerMode is --scheduler-preempts-claims.
@@ -34,12 +42,78 @@ func ParseSchedulerMode(s string) (SchedulerMode, error) {
 	return "", fmt.Errorf("--scheduler-preempts-claims=%q: want auto, true or false", s)
 }
 
+// SchedulerRecheck is how often, with --scheduler-preempts-claims=auto,
+// the API server's gates are read again. A gate changes only when the
+// control plane is upgraded or reconfigured, and the /metrics page is
+// large: a minute is soon enough after such a change, and cheap.
+var SchedulerRecheck = time.Minute
+
+// Supervise runs act while the kube-scheduler does not preempt for pods
+// with ResourceClaims itself (StepAside), until ctx ends. With mode auto it
+// reads the gates again every interval: act's context ends when the
+// scheduler starts to preempt (an upgrade turned the gate on), and act
+// runs again, with the gates just read, when it stops. A read that fails
+// after the first changes nothing: two preemptors, or none, because of a
+// blip of the API server would be worse than a minute late. read is
+// features.ServerGates; act gets the gates (or the error) of the read that
+// started it.
+func Supervise(ctx context.Context, mode SchedulerMode, preemptionGates []string, read func(context.Context) (map[string]bool, error), interval time.Duration, metrics *Metrics, act func(context.Context, map[string]bool, error)) {
+	logger := klog.FromContext(ctx)
+	gates, gatesErr := read(ctx)
+	idle, why := StepAside(mode, preemptionGates, gates, gatesErr)
+	for {
+		stop := func() {}
+		if idle {
+			logger.Info("Staying idle: the kube-scheduler preempts for pods with ResourceClaims itself", "why", why)
+			metrics.SetActive(false)
+		} else {
+			logger.Info("Preempting for pods whose ResourceClaims cannot be allocated: the kube-scheduler does not", "why", why)
+			actx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func(gates map[string]bool, gatesErr error) {
+				defer close(done)
+				act(actx, gates, gatesErr)
+			}(gates, gatesErr)
+			stop = func() {
+				cancel()
+				<-done
+			}
+		}
+		if mode != SchedulerAuto {
+			// The setting decides, not the gates: nothing to watch.
+			<-ctx.Done()
+			stop()
+			return
+		}
+		for changed := false; !changed; {
+			t := time.NewTimer(interval)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				stop()
+				return
+			case <-t.C:
+			}
+			g, err := read(ctx)
+			if err != nil {
+				logger.V(2).Info("Could not read the API server's feature gates again; the last answer stands", "err", err, "idle", idle)
+				continue
+			}
+			if now, nowWhy := StepAside(mode, preemptionGates, g, nil); now != idle {
+				logger.Info("The kube-scheduler's preemption for pods with ResourceClaims changed", "schedulerPreempts", now, "why", nowWhy)
+				stop()
+				gates, gatesErr, idle, why, changed = g, nil, now, nowWhy, true
+			}
+		}
+	}
+}
+
 // StepAside decides whether the kube-scheduler preempts for pods with
 // ResourceClaims itself, in which case facet-preemptor stays idle: two
 // preemptors for one pod would evict twice. gates are the API server's
 // (features.ServerGates; nil with gatesErr where they could not be read),
 // which name the gates of the scheduler of the same release. It returns
-// the answer and the reason, for the log line at start.
+// the answer and the reason, for the log line.
 func StepAside(mode SchedulerMode, preemptionGates []string, gates map[string]bool, gatesErr error) (bool, string) {
 	switch mode {
 	case SchedulerYes:
