@@ -15,7 +15,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -408,39 +407,6 @@ func TestDriverEditorGPUEdits(t *testing.T) {
 			}
 		})
 	}
-}
-
-// inMountNamespaceEnv marks the re-executed test process that runs in a
-// private mount namespace.
-const inMountNamespaceEnv = "FACET_TEST_PRIVATE_MOUNT_NAMESPACE"
-
-// runInPrivateMountNamespace re-runs the current test in a child process in
-// a new mount namespace and reports whether the caller is that child. nvcdi
-// reads MIG capability minors from /proc/driver/nvidia-caps/mig-minors, so a
-// MIG test binds the simulated table there, which must not touch the host.
-func runInPrivateMountNamespace(t *testing.T) bool {
-	t.Helper()
-	if os.Getenv(inMountNamespaceEnv) == "1" {
-		return true
-	}
-	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v", "-test.count=1")
-	cmd.Env = append(os.Environ(), inMountNamespaceEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-	out, err := cmd.CombinedOutput()
-	if err != nil && cmd.ProcessState == nil {
-		if errors.Is(err, os.ErrPermission) {
-			t.Skipf("cannot create a mount namespace here (need CAP_SYS_ADMIN): %v", err)
-		}
-		t.Fatal(err)
-	}
-	t.Logf("in a private mount namespace:\n%s", out)
-	if err != nil {
-		t.Fatalf("test failed in the private mount namespace: %v", err)
-	}
-	if bytes.Contains(out, []byte("--- SKIP")) && !bytes.Contains(out, []byte("--- PASS")) {
-		t.Skip("skipped in the private mount namespace")
-	}
-	return false
 }
 
 // TestDriverEditorMIGEdits runs in the host's mount namespace: MIG edits
