@@ -10,7 +10,8 @@
 # --sim builds facet-kubeletplugin with -tags facetsim (the simulator and
 # --machine, for the demo and the e2e node); never ship that image. It also
 # plays HAMi's image for the chart's init container (a stand-in libvgpu.so
-# at /k8s-vgpu/lib/nvidia/libvgpu.so and a static busybox shell).
+# at /k8s-vgpu/lib/nvidia/libvgpu.so and a static busybox shell), and carries
+# Debian 12's dash for the simulated driver root's MPS stand-in.
 #
 # Contents (/usr/bin): facet-kubeletplugin, facet-webhook, facetctl,
 # facet-preemptor, and NVIDIA's nvidia-cdi-hook (hack/tools/cdihook), which
@@ -99,6 +100,26 @@ glibc_root() {
   rm -rf "${x}"
 }
 
+# dash_bin ARCH DIR: Debian's dash at DIR/bin/dash, from the .deb (downloaded
+# once into the cache). The simulated driver root's MPS stand-in
+# (pkg/mps/mpssim.WriteRoot, which the plugin's layout runs in the
+# container) copies a dynamically linked shell into the root, to run there
+# chrooted with the root's own loader and libc; the image's busybox is
+# static and its /bin/sh is busybox.
+dash_bin() {
+  local arch="$1" dir="$2" debs="${CACHE}/image-debs"
+  mkdir -p "${debs}"
+  if ! compgen -G "${debs}/dash_*_${arch}.deb" >/dev/null; then
+    log "apt-get download dash:${arch}"
+    (cd "${debs}" && apt-get download "dash:${arch}" >/dev/null 2>&1)
+  fi
+  local x; x="$(mktemp -d)"
+  dpkg-deb -x "$(ls "${debs}"/dash_*_"${arch}".deb | tail -n1)" "${x}"
+  mkdir -p "${dir}/bin"
+  cp "${x}/bin/dash" "${dir}/bin/dash"
+  rm -rf "${x}"
+}
+
 # base_root DIR: /etc/passwd and /etc/group with root and nonroot (65532), /tmp.
 base_root() {
   local dir="$1"
@@ -171,6 +192,7 @@ for platform in ${PLATFORMS}; do
     # The simulated driver root's nvidia-cuda-mps-control stand-in
     # (pkg/mps/mpssim), which the plugin runs, needs the rest.
     for applet in sh cp chmod mv cmp cat date id kill mkdir mkfifo rm setsid sleep; do ln -sf busybox "${app}/bin/${applet}"; done
+    dash_bin "${arch}" "${app}"
   fi
   layers+=(--layer "${platform}=${base}" --layer "${platform}=${app}")
 done

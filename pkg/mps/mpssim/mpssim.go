@@ -17,6 +17,10 @@
 // The daemon also writes a marker into /dev/shm, so a test can see whether
 // it ran with the GPU's own shared-memory directory there.
 //
+// WriteRoot lays out a root that the stand-in runs chrooted in, as Facet
+// runs the real program in the driver root; Write installs the script
+// alone.
+//
 // Log lines (control.log), one per event: "startup pid=<pid> gpu=<CUDA_VISIBLE_DEVICES>",
 // "client uid=<uid> pid=<pid> pct=<percent> cmd=<command>", "quit", "terminated".
 package mpssim
@@ -26,6 +30,10 @@ import (
 	"os"
 	"path/filepath"
 )
+
+// ControlRel is the stand-in's path below a root laid out by WriteRoot,
+// where a distribution's driver package puts nvidia-cuda-mps-control.
+const ControlRel = "usr/bin/nvidia-cuda-mps-control"
 
 // ShmMarker is the file the stand-in daemon creates in its /dev/shm.
 const ShmMarker = "facet-mps-standin"

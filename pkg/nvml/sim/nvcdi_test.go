@@ -733,7 +733,7 @@ func TestLayoutDriverRoot(t *testing.T) {
 	})
 
 	t.Run("binaries and firmware", func(t *testing.T) {
-		for _, rel := range []string{"usr/bin/nvidia-smi", "usr/bin/nvidia-cuda-mps-control"} {
+		for _, rel := range []string{"usr/bin/nvidia-smi", "usr/bin/nvidia-cuda-mps-control", "bin/sh", "bin/busybox"} {
 			fi, err := os.Stat(filepath.Join(root, rel))
 			if err != nil || fi.Mode().Perm() != 0o755 {
 				t.Errorf("%s: %v %v", rel, fi, err)

@@ -219,6 +219,10 @@ func SimulatedLibraryDir() string {
 //	usr/bin/nvidia-smi, ...                shell scripts that say they are simulated;
 //	                                       nvidia-cuda-mps-control is a working
 //	                                       stand-in (package mps/mpssim)
+//	bin/sh, bin/busybox, the loader,       what the stand-in needs to run chrooted
+//	usr/lib/<triplet>/libc.so.6, tmp,      into the root, with a libc that the
+//	dev/shm, dev/null                      caller's loader cannot load
+//	                                       (mpssim.WriteRoot)
 //	lib/firmware/nvidia/<ver>/gsp_*.bin    placeholder GSP firmware
 //	dev/nvidiactl, dev/nvidia-uvm, dev/nvidia-uvm-tools, dev/nvidia<minor>
 //	dev/nvidia-caps/nvidia-cap1, -cap2     character devices 1:3 (like /dev/null):
@@ -251,6 +255,8 @@ func SimulatedLibraryDir() string {
 // (device nodes of GPUs no longer listed are not).
 // Device nodes need mknod, so the caller must run as root (CAP_MKNOD); when
 // it may not, the error wraps EPERM (errors.Is(err, os.ErrPermission)).
+// The MPS stand-in's shell and commands are copied from this system, which
+// needs dash (or a dynamically linked /bin/sh) and busybox-static.
 func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error {
 	if root == "" || !filepath.IsAbs(root) {
 		return fmt.Errorf("simulated driver root %q: must be an absolute path", root)
@@ -304,11 +310,19 @@ func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error 
 		}
 	}
 
-	// Binaries.
+	// Binaries. The MPS control daemon runs, chrooted into the root, as
+	// the real one runs chrooted into the host's driver root: its stand-in
+	// comes with a shell, a loader and a libc of the root's own.
 	for _, bin := range simBinaries {
+		if bin == mps.ControlName {
+			continue
+		}
 		if err := l.file(filepath.Join("usr", "bin", bin), simBinary(bin, driverVersion), 0o755); err != nil {
 			return err
 		}
+	}
+	if err := mpssim.WriteRoot(root); err != nil {
+		return err
 	}
 
 	// Firmware.
@@ -373,10 +387,6 @@ func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error 
 
 // simBinary returns the shell script standing in for a driver executable.
 func simBinary(name, driverVersion string) []byte {
-	if name == mps.ControlName {
-		// It runs: the kubelet plugin starts a daemon per MPS-partitioned GPU.
-		return []byte(mpssim.Script)
-	}
 	if name == "nvidia-smi" {
 		return fmt.Appendf(nil, `#!/bin/sh
 # Simulated by Facet: this is not NVIDIA's nvidia-smi. It reports the
