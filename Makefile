@@ -35,7 +35,7 @@ image-sim:
 
 ## build-release: the shipped binaries, without the simulator, in bin/release/
 build-release:
-	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook
+	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps
 	$(MAKE) verify-release
 
 ## verify-release: fail if the shipped plugin links go-nvml's mock or the simulator

@@ -14,7 +14,8 @@
 # Debian 12's dash for the simulated driver root's MPS stand-in.
 #
 # Contents (/usr/bin): facet-kubeletplugin, facet-webhook, facetctl,
-# facet-preemptor, and NVIDIA's nvidia-cdi-hook (hack/tools/cdihook), which
+# facet-preemptor, facet-mps (the MPS daemons' keeper: static, it links no
+# NVML and runs the driver's MPS programs chrooted into the driver root), and NVIDIA's nvidia-cdi-hook (hack/tools/cdihook), which
 # the chart's init container copies onto nodes without the NVIDIA Container
 # Toolkit (`facetctl install-cdi-hook`), where the CDI specs' hooks run it;
 # it is static (hack/build-cdi-hook.sh). The webhook is static
@@ -162,16 +163,16 @@ for platform in ${PLATFORMS}; do
   # client-go and the rest without cgo once more. The shipped webhook is
   # static.
   if ${SIM}; then
-    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor, facet-webhook)"
+    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor, facet-webhook, facet-mps)"
     GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
       "${GO}" build "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" \
-      ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor ./cmd/facet-webhook
+      ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor ./cmd/facet-webhook ./cmd/facet-mps
   else
-    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor; static: facet-webhook)"
+    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor; static: facet-webhook, facet-mps)"
     GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
       "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor
     GOOS=linux GOARCH="${arch}" CGO_ENABLED=0 \
-      "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook
+      "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook ./cmd/facet-mps
   fi
   log "${platform}: go build nvidia-cdi-hook (static, hack/build-cdi-hook.sh)"
   GO="${GO}" "${REPO}/hack/build-cdi-hook.sh" "${app}/usr/bin/nvidia-cdi-hook" "${arch}" "${cc}"

@@ -38,7 +38,9 @@ type Partitioner interface {
 	// (by GPU, each claim's UID), and returns the GPUs whose daemon had
 	// to be started again.
 	Restore(ctx context.Context, holders map[string]map[types.UID]int64) ([]string, error)
-	// Check restarts dead daemons and returns their holders by GPU.
+	// Check restarts dead daemons and returns their holders by GPU; an
+	// error wrapping mps.ErrHoldersLost when the holders must be handed
+	// over again (Restore).
 	Check(ctx context.Context) (map[string][]types.UID, error)
 }
 
@@ -283,6 +285,11 @@ func (d *Driver) CheckMPS(ctx context.Context) {
 		return
 	}
 	restarted, err := d.mps.Check(ctx)
+	if errors.Is(err, mps.ErrHoldersLost) {
+		klog.FromContext(ctx).Info("Handing the prepared claims' MPS holders over again", "reason", err.Error())
+		d.restoreMPS(ctx)
+		return
+	}
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Restarting MPS control daemons")
 	}

@@ -25,7 +25,7 @@ func (r *rig) mpsManager() *mps.Manager {
 	r.t.Helper()
 	boot, _ := os.ReadFile(r.bootIDFile)
 	m, err := mps.New(mps.Options{
-		Control: filepath.Join(r.root, "usr", "bin", mps.ControlName), Dir: r.mpsDir, BootID: strings.TrimSpace(string(boot)),
+		Root: r.root, Control: "/usr/bin/" + mps.ControlName, Dir: r.mpsDir, ShmSize: 4 << 20, BootID: strings.TrimSpace(string(boot)),
 		StopTimeout: 30 * time.Second,
 		Failpoint: func(name string) {
 			if r.failpoint != nil {
@@ -39,9 +39,14 @@ func (r *rig) mpsManager() *mps.Manager {
 	return m
 }
 
-// newMPSRig is a rig whose driver partitions shares with MPS.
+// newMPSRig is a rig whose driver partitions shares with MPS: its
+// Manager, in process, stands for facet-mps, and the rig's kills take
+// both down, as a node crash does.
 func newMPSRig(t *testing.T, cfg inventory.Config) *rig {
 	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("MPS daemons start chrooted into the driver root, with a tmpfs: needs root (CI runs as root)")
+	}
 	r := newRigMode(t, cfg)
 	r.mpsDir = filepath.Join(t.TempDir(), "mps")
 	t.Cleanup(func() { r.killDaemons() })
@@ -55,13 +60,14 @@ func (r *rig) daemon(gpu string) int {
 	return pid
 }
 
-// killDaemons leaves no daemon behind the test.
+// killDaemons leaves no daemon, and no shm tmpfs, behind the test.
 func (r *rig) killDaemons() {
 	entries, _ := os.ReadDir(r.mpsDir)
 	for _, e := range entries {
 		if pid := r.daemon(e.Name()); pid > 0 {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
+		_ = syscall.Unmount(filepath.Join(r.mpsDir, e.Name(), "shm"), syscall.MNT_DETACH)
 	}
 }
 

@@ -2,42 +2,120 @@ package mps
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 )
 
 // launchArg0 is argv[0] under which this binary, re-executed, becomes the
-// launcher of a control daemon with a private /dev/shm (see init).
+// launcher of a control program chrooted into the driver root (see init).
 const launchArg0 = "facet-mps-launch"
 
-// launchPrivateShm returns a command that re-executes this binary in a new
-// mount namespace (Go makes its mounts private before exec), where init
-// binds shm over /dev/shm and then executes "control -d". The daemon the
-// control program forks keeps that namespace, and so do the MPS servers it
-// starts: they share memory with the clients through shm, which every
-// share of the GPU mounts as its /dev/shm.
-func launchPrivateShm(ctx context.Context, shm, control string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, "/proc/self/exe", shm, control)
+// Paths the control program, its daemon and servers see inside the driver
+// root, the same for every GPU: each GPU's daemon runs in a mount namespace
+// of its own where these are its directories. ContainerPipeDir is also the
+// path every client container gets: NVIDIA's MPS documentation asks for
+// one CUDA_MPS_PIPE_DIRECTORY for the control daemon, its servers and its
+// clients.
+const (
+	// chrootScratch is a small tmpfs mounted over the driver root's /tmp
+	// in the daemon's namespace only, to hold the mount points below
+	// without creating anything in the host's /tmp.
+	chrootScratch = "/tmp"
+	chrootLogDir  = "/tmp/nvidia-mps-log"
+)
+
+// launchSpec is what the re-executed launcher does, passed as its one
+// argument in JSON.
+type launchSpec struct {
+	// Root is the driver root as this process sees it; Control the
+	// control program's path inside it.
+	Root, Control string
+	// Pipe, Log and Shm are the GPU's directories as this process sees
+	// them, bound at ContainerPipeDir, chrootLogDir and /dev/shm.
+	Pipe, Log, Shm string
+	// Args are the control program's: ["-d"] starts the daemon, none is
+	// a client reading commands on its standard input.
+	Args []string
+}
+
+// launch returns a command that re-executes this binary in a new mount
+// namespace (Go makes every mount private in it before exec, so nothing
+// reaches the host), where init binds the GPU's directories into the
+// driver root, chroots into it and executes the control program. The
+// daemon it forks keeps that namespace and root, and so do the MPS
+// servers it starts.
+//
+// Why chroot: the control program and the servers are the host's
+// binaries, linked against the host's glibc, and must be loaded by the
+// host's own loader. Started from Facet's image with LD_LIBRARY_PATH into
+// the driver root, the image's loader meets the host's libc.so.6 and
+// fails unless both are one glibc build. NVIDIA's DRA driver starts its
+// daemon with `chroot /driver-root` for the same reason
+// (templates/mps-control-daemon.tmpl.yaml); like it, Facet gives the
+// daemon no LD_LIBRARY_PATH.
+func launch(ctx context.Context, spec launchSpec) *exec.Cmd {
+	b, _ := json.Marshal(spec)
+	cmd := exec.CommandContext(ctx, "/proc/self/exe", string(b))
 	cmd.Args[0] = launchArg0
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
 	return cmd
 }
 
 // init turns a re-executed binary into the launcher (the moby/sys/reexec
-// pattern): bind the shm directory over /dev/shm, then exec the control
-// program with -d. It returns at once for every other invocation.
+// pattern). It returns at once for every other invocation.
 func init() {
-	if len(os.Args) != 3 || os.Args[0] != launchArg0 {
+	if len(os.Args) != 2 || os.Args[0] != launchArg0 {
 		return
 	}
-	shm, control := os.Args[1], os.Args[2]
-	if err := syscall.Mount(shm, "/dev/shm", "", syscall.MS_BIND, ""); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: bind %s on /dev/shm: %v\n", launchArg0, shm, err)
+	var spec launchSpec
+	if err := json.Unmarshal([]byte(os.Args[1]), &spec); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", launchArg0, err)
 		os.Exit(1)
 	}
-	err := syscall.Exec(control, []string{control, "-d"}, os.Environ())
-	fmt.Fprintf(os.Stderr, "%s: exec %s: %v\n", launchArg0, control, err)
+	if err := chrootInto(spec); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: driver root %s: %v\n", launchArg0, spec.Root, err)
+		os.Exit(1)
+	}
+	argv := append([]string{spec.Control}, spec.Args...)
+	err := syscall.Exec(spec.Control, argv, os.Environ())
+	fmt.Fprintf(os.Stderr, "%s: exec %s in driver root %s: %v\n", launchArg0, spec.Control, spec.Root, err)
 	os.Exit(1)
+}
+
+// chrootInto prepares the namespace and enters the driver root.
+func chrootInto(spec launchSpec) error {
+	// Mount points must be directories of the root itself: a symbolic
+	// link would resolve against this process's root, not the driver's.
+	for _, p := range []string{chrootScratch, "/dev/shm"} {
+		st, err := os.Lstat(filepath.Join(spec.Root, p))
+		if err != nil || !st.IsDir() {
+			return fmt.Errorf("%s must be a directory of the driver root (not a symbolic link) to hold the GPU's MPS directories (%v)", p, err)
+		}
+	}
+	scratch := filepath.Join(spec.Root, chrootScratch)
+	if err := syscall.Mount("facet-mps", scratch, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "size=1m,mode=1777"); err != nil {
+		return fmt.Errorf("tmpfs on %s: %w", scratch, err)
+	}
+	binds := []struct{ from, to string }{
+		{spec.Pipe, ContainerPipeDir},
+		{spec.Log, chrootLogDir},
+		{spec.Shm, ContainerShmDir},
+	}
+	for _, b := range binds {
+		to := filepath.Join(spec.Root, b.to)
+		if err := os.MkdirAll(to, 0o755); err != nil {
+			return err
+		}
+		if err := syscall.Mount(b.from, to, "", syscall.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s on %s: %w", b.from, to, err)
+		}
+	}
+	if err := syscall.Chroot(spec.Root); err != nil {
+		return fmt.Errorf("chroot: %w", err)
+	}
+	return os.Chdir("/")
 }

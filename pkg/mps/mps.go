@@ -1,8 +1,14 @@
 // Package mps runs one NVIDIA MPS control daemon (nvidia-cuda-mps-control
-// from the driver root) per GPU whose vGPU shares or slots it partitions,
-// and writes what each share's CDI spec needs to join it: the GPU's pipe
-// directory and shared-memory directory as mounts, and
-// CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
+// from the driver root, chrooted into it: launch.go) per GPU whose vGPU
+// shares or slots it partitions, and writes what each share's CDI spec
+// needs to join it: the GPU's pipe directory and shared-memory tmpfs as
+// mounts, and CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
+//
+// Where it runs: in facet-mps (package mps/service), a process of its own
+// beside the kubelet plugin (the chart's MPS DaemonSet, hostPID), never in
+// the plugin. The daemons then outlive a plugin crash, a plugin pod
+// deleted and a rolling update of the plugin; the plugin reaches the
+// Manager through service.Client.
 //
 // Why MPS: HAMi-core's SM limit does not hold for GEMMs on an H100, while
 // CUDA_MPS_ACTIVE_THREAD_PERCENTAGE does (measured:
@@ -15,9 +21,9 @@
 // GPU (Acquire) and gets "quit" when the last lets go (Release); a GPU
 // never has two. Each daemon is recorded in <Dir>/<gpu-uuid>/daemon.json
 // (pid, process start time, boot ID), next to its pipe/, log/ and shm/
-// directories. A restarted plugin adopts a daemon whose record is of this
-// boot and whose process is still the one recorded; a record of another
-// boot is not trusted, and its directories are emptied. A daemon found dead
+// directories. A restarted facet-mps adopts a daemon whose record is of
+// this boot and whose process is still the one recorded; a record of
+// another boot is not trusted, and its directories are emptied. A daemon found dead
 // is started again (Check), and the caller tells the claims on it.
 //
 // Which claims hold a GPU is the caller's to record (the driver keeps it in
@@ -58,14 +64,21 @@ const (
 	EnvActiveThreadPercentage = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 )
 
-// Container paths of a share's MPS mounts.
+// Paths of the MPS directories in a share's container and, the same, in
+// the daemon's chroot.
 const (
 	// ContainerPipeDir is MPS's default pipe directory, so a client that
 	// ignores the variable still finds it.
 	ContainerPipeDir = "/tmp/nvidia-mps"
-	// ContainerShmDir is where MPS clients and servers share memory.
+	// ContainerShmDir is where MPS clients and servers share memory: the
+	// GPU's tmpfs (Options.ShmSize).
 	ContainerShmDir = "/dev/shm"
 )
+
+// envDaemonDir marks a daemon's environment with its GPU's directory, so
+// that a PID named in a pipe directory is known to serve that one (every
+// daemon's CUDA_MPS_PIPE_DIRECTORY is ContainerPipeDir in its chroot).
+const envDaemonDir = "FACET_MPS_DIR"
 
 // MaxClients is how many client CUDA contexts one MPS server serves per
 // GPU on Volta and later (NVIDIA, "Multi-Process Service", Limitations: 48;
@@ -97,26 +110,24 @@ const (
 
 // Options configure a Manager.
 type Options struct {
-	// Control is nvidia-cuda-mps-control's path as this process sees it,
-	// under its view of the driver root (the plugin container's mount of
-	// it, --container-driver-root): the Manager runs it, no spec names it.
+	// Root is the driver root as this process sees it (facet-mps's
+	// mount of the host's); the daemons run chrooted into it.
+	Root string
+	// Control is nvidia-cuda-mps-control's path inside Root
+	// (FindControl).
 	Control string
-	// LibraryPath, if set, is the daemon's LD_LIBRARY_PATH (the driver
-	// root's library directories).
-	LibraryPath string
 	// Dir holds a directory per GPU: pipe/, log/, shm/ and daemon.json.
 	// It should be on a tmpfs (e.g. /run/facet/mps); a record of another
-	// boot is distrusted either way.
+	// boot is distrusted either way. Its path is the host's too: the CDI
+	// specs mount its directories into containers by it.
 	Dir string
+	// ShmSize is the size in bytes of the tmpfs each GPU's shm/ is, the
+	// /dev/shm of its daemon, its servers and every share of the GPU.
+	// Required.
+	ShmSize int64
 	// BootID is this boot's ID; a record with another is from before a
 	// reboot. Empty: records are judged by their process alone.
 	BootID string
-	// PrivateShm starts each daemon in a mount namespace of its own where
-	// the GPU's shm/ directory is /dev/shm, the directory each share of
-	// the GPU gets as /dev/shm: MPS clients and servers must share it,
-	// and shares of other GPUs must not. Needs CAP_SYS_ADMIN; the
-	// kubelet plugin sets it, unit tests may not.
-	PrivateShm bool
 	// StopTimeout bounds "quit": a daemon still alive after it is killed.
 	// Default 10 s.
 	StopTimeout time.Duration
@@ -152,11 +163,19 @@ type Record struct {
 	Started   time.Time `json:"started"`
 }
 
-// New checks the control program and creates Dir.
+// New checks the control program and creates Dir. Starting daemons needs
+// CAP_SYS_ADMIN (mounts, chroot).
 func New(opts Options) (*Manager, error) {
-	st, err := os.Stat(opts.Control)
+	if !filepath.IsAbs(opts.Root) || !filepath.IsAbs(opts.Control) {
+		return nil, fmt.Errorf("MPS: driver root %q and control program %q must be absolute paths", opts.Root, opts.Control)
+	}
+	inRoot := filepath.Join(opts.Root, opts.Control)
+	st, err := os.Stat(inRoot)
 	if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-		return nil, fmt.Errorf("MPS control program %s: not an executable file (%v)", opts.Control, err)
+		return nil, fmt.Errorf("MPS control program %s: not an executable file (%v)", inRoot, err)
+	}
+	if opts.ShmSize <= 0 {
+		return nil, fmt.Errorf("MPS shared-memory size %d: must be positive (bytes)", opts.ShmSize)
 	}
 	if opts.Dir == "" || !filepath.IsAbs(opts.Dir) {
 		return nil, fmt.Errorf("MPS directory %q: must be an absolute path", opts.Dir)
@@ -174,8 +193,11 @@ func New(opts Options) (*Manager, error) {
 type Dirs struct{ Root, Pipe, Log, Shm string }
 
 // DirsOf returns a GPU's directories under Options.Dir.
-func (m *Manager) DirsOf(gpuUUID string) Dirs {
-	root := filepath.Join(m.opts.Dir, gpuUUID)
+func (m *Manager) DirsOf(gpuUUID string) Dirs { return DirsIn(m.opts.Dir, gpuUUID) }
+
+// DirsIn returns a GPU's directories under an MPS directory (Options.Dir).
+func DirsIn(dir, gpuUUID string) Dirs {
+	root := filepath.Join(dir, gpuUUID)
 	return Dirs{Root: root, Pipe: filepath.Join(root, "pipe"), Log: filepath.Join(root, "log"), Shm: filepath.Join(root, "shm")}
 }
 
@@ -202,6 +224,12 @@ func validGPU(uuid string) error {
 	}
 	return nil
 }
+
+// ErrHoldersLost is a Partitioner's Check error (wrapped) when the
+// daemons' keeper forgot its holders: facet-mps restarted, and the daemons
+// of the last one went with its container. The caller hands the holders
+// over again (Restore), which starts their daemons again and names them.
+var ErrHoldersLost = errors.New("the MPS daemons' keeper restarted and knows no holders")
 
 // AnyUser is the user of a holder whose UID is not recorded (a checkpoint
 // record of an earlier version): it conflicts with no one.
@@ -431,12 +459,20 @@ func (m *Manager) Running(gpuUUID string) (int, bool) {
 	return m.pidFileDaemon(m.DirsOf(gpuUUID))
 }
 
-// Edits are what a share of the GPU adds to its claim's CDI spec: the
-// GPU's pipe and shm directories, CUDA_MPS_PIPE_DIRECTORY, and
-// CUDA_MPS_ACTIVE_THREAD_PERCENTAGE from the share's cores (percent of the
-// GPU's SMs; 0, best effort, is 100: no partition).
+// Edits are what a share of the GPU adds to its claim's CDI spec
+// (EditsFor).
 func (m *Manager) Edits(gpuUUID string, cores int64) *cdispec.ContainerEdits {
-	d := m.DirsOf(gpuUUID)
+	return EditsFor(m.opts.Dir, gpuUUID, cores)
+}
+
+// EditsFor are what a share of the GPU adds to its claim's CDI spec, with
+// dir the host's MPS directory (Options.Dir): the GPU's pipe directory at
+// ContainerPipeDir, the path its daemon uses too; its shm tmpfs as
+// /dev/shm; CUDA_MPS_PIPE_DIRECTORY; and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+// from the share's cores (percent of the GPU's SMs; 0, best effort, is
+// 100: no partition).
+func EditsFor(dir, gpuUUID string, cores int64) *cdispec.ContainerEdits {
+	d := DirsIn(dir, gpuUUID)
 	pct := cores
 	if pct <= 0 || pct > 100 {
 		pct = 100
@@ -504,8 +540,9 @@ func (m *Manager) ensure(ctx context.Context, uuid string, g *gpuState) (bool, e
 	return true, nil
 }
 
-// start empties the GPU's pipe and shm directories and runs the control
-// program with -d, which returns once the daemon listens.
+// start empties the GPU's pipe directory, makes its shm directory an empty
+// tmpfs, and runs the control program with -d, chrooted, which returns
+// once the daemon listens.
 func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
 	if err := os.Remove(filepath.Join(dirs.Root, recordName)); err != nil && !os.IsNotExist(err) {
 		return err
@@ -523,7 +560,10 @@ func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
 			return err
 		}
 	}
-	if err := emptyDirs(dirs.Pipe, dirs.Shm); err != nil {
+	if err := emptyDirs(dirs.Pipe); err != nil {
+		return err
+	}
+	if err := m.shmTmpfs(dirs.Shm); err != nil {
 		return err
 	}
 	m.failpoint(FailpointStarting)
@@ -534,40 +574,92 @@ func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
 	defer out.Close()
 	ctx, cancel := context.WithTimeout(ctx, m.opts.StopTimeout)
 	defer cancel()
-	var cmd *exec.Cmd
-	if m.opts.PrivateShm {
-		cmd = launchPrivateShm(ctx, dirs.Shm, m.opts.Control)
-	} else {
-		cmd = exec.CommandContext(ctx, m.opts.Control, "-d")
-	}
+	cmd := m.launch(ctx, dirs, "-d")
 	cmd.Env = m.env(uuid, dirs)
 	// A file, not a pipe: the daemon may keep inherited descriptors, and
 	// Wait would then wait for it.
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		msg, _ := os.ReadFile(out.Name())
-		return fmt.Errorf("%s -d: %w: %s", m.opts.Control, err, bytes.TrimSpace(msg))
+		return fmt.Errorf("%s -d (chrooted into %s): %w: %s", m.opts.Control, m.opts.Root, err, bytes.TrimSpace(msg))
 	}
 	return nil
 }
 
+// launch is the control program with args, chrooted into the driver root
+// with the GPU's directories (launch.go).
+func (m *Manager) launch(ctx context.Context, dirs Dirs, args ...string) *exec.Cmd {
+	return launch(ctx, launchSpec{Root: m.opts.Root, Control: m.opts.Control, Pipe: dirs.Pipe, Log: dirs.Log, Shm: dirs.Shm, Args: args})
+}
+
+// env is the control program's environment, as it sees its directories
+// in its chroot. No LD_LIBRARY_PATH: the driver root's own loader finds
+// the driver root's libraries.
 func (m *Manager) env(uuid string, dirs Dirs) []string {
-	env := []string{
-		EnvPipeDirectory + "=" + dirs.Pipe,
-		EnvLogDirectory + "=" + dirs.Log,
+	return []string{
+		EnvPipeDirectory + "=" + ContainerPipeDir,
+		EnvLogDirectory + "=" + chrootLogDir,
 		"CUDA_VISIBLE_DEVICES=" + uuid,
+		envDaemonDir + "=" + dirs.Root,
 		// The daemon starts nvidia-cuda-mps-server, next to it.
 		"PATH=" + filepath.Dir(m.opts.Control) + ":/usr/sbin:/usr/bin:/sbin:/bin",
 	}
-	if m.opts.LibraryPath != "" {
-		env = append(env, "LD_LIBRARY_PATH="+m.opts.LibraryPath)
+}
+
+// shmTmpfs makes the GPU's shm directory a tmpfs of ShmSize bytes, empty:
+// a fresh one, or, when one is mounted already (a daemon restarted while
+// its shares' containers run, which have it bound as /dev/shm), that one
+// emptied, so that they reach the new daemon through it. A tmpfs of its
+// own bounds what the GPU's tenants put in /dev/shm, which would
+// otherwise fill the host's /run.
+func (m *Manager) shmTmpfs(shm string) error {
+	mounted, err := isMountPoint(shm)
+	if err != nil {
+		return err
 	}
-	return env
+	if mounted {
+		return emptyDirs(shm)
+	}
+	opts := fmt.Sprintf("size=%d,mode=1777", m.opts.ShmSize)
+	if err := syscall.Mount("facet-mps-shm", shm, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, opts); err != nil {
+		return fmt.Errorf("mount a tmpfs (%s) on %s: %w", opts, shm, err)
+	}
+	return nil
+}
+
+// isMountPoint says whether dir is mounted on: another device than its
+// parent's. (A bind mount of the same filesystem is not told apart; Facet
+// mounts only tmpfs there.)
+func isMountPoint(dir string) (bool, error) {
+	var st, parent syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return false, err
+	}
+	if err := syscall.Stat(filepath.Dir(dir), &parent); err != nil {
+		return false, err
+	}
+	return st.Dev != parent.Dev, nil
+}
+
+// unmountShm removes the GPU's shm tmpfs, lazily: a container that still
+// has it (none should, once the GPU has no holders) keeps its copy.
+func unmountShm(shm string) error {
+	mounted, err := isMountPoint(shm)
+	if err != nil || !mounted {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return err
+	}
+	if err := syscall.Unmount(shm, syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("unmount %s: %w", shm, err)
+	}
+	return nil
 }
 
 // stop sends "quit" to the GPU's daemon, kills it if it outlives
-// StopTimeout, removes its record and empties its pipe and shm
-// directories (the log stays for the operator). Called with g.mu held.
+// StopTimeout, removes its record, empties its pipe directory and unmounts
+// its shm tmpfs (the log stays for the operator). Called with g.mu held.
 func (m *Manager) stop(ctx context.Context, uuid string, g *gpuState) error {
 	dirs := m.DirsOf(uuid)
 	rec := g.rec
@@ -586,7 +678,7 @@ func (m *Manager) stop(ctx context.Context, uuid string, g *gpuState) error {
 	}
 	if rec != nil && alive(rec) {
 		qctx, cancel := context.WithTimeout(ctx, m.opts.StopTimeout)
-		cmd := exec.CommandContext(qctx, m.opts.Control)
+		cmd := m.launch(qctx, dirs)
 		cmd.Env = m.env(uuid, dirs)
 		cmd.Stdin = strings.NewReader("quit\n")
 		out, err := cmd.CombinedOutput()
@@ -608,7 +700,10 @@ func (m *Manager) stop(ctx context.Context, uuid string, g *gpuState) error {
 	if err := os.Remove(filepath.Join(dirs.Root, recordName)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
-	return emptyDirs(dirs.Pipe, dirs.Shm)
+	if err := emptyDirs(dirs.Pipe); err != nil {
+		return err
+	}
+	return unmountShm(dirs.Shm)
 }
 
 // emptyDirs removes what the directories hold, but not the directories
@@ -682,7 +777,7 @@ func (m *Manager) pidFileDaemon(dirs Dirs) (int, bool) {
 		return 0, false
 	}
 	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-	if err != nil || !bytes.Contains(append([]byte{0}, env...), []byte("\x00"+EnvPipeDirectory+"="+dirs.Pipe+"\x00")) {
+	if err != nil || !bytes.Contains(append([]byte{0}, env...), []byte("\x00"+envDaemonDir+"="+dirs.Root+"\x00")) {
 		return 0, false
 	}
 	return pid, true

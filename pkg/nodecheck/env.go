@@ -26,8 +26,11 @@ type Process struct {
 	// container's mount namespace would have done:
 	//   - LD_PRELOAD: the libraries the mounted /etc/ld.so.preload lists
 	//     (libvgpu.so for HAMi-core), by host path;
-	//   - LD_LIBRARY_PATH: libcuda's host directory first, so that
-	//     libvgpu.so's own dlopen("libcuda.so.1") finds the driver's;
+	//   - LD_LIBRARY_PATH: LibDir first, so that libvgpu.so's own
+	//     dlopen("libcuda.so.1") finds the driver's, and nothing else
+	//     of the driver root's library directory (its libc.so.6 is the
+	//     host's, which the process's loader may not load, as no
+	//     container's loader does);
 	//   - CUDA_VISIBLE_DEVICES: the claim's GPUs (FACET_GPU_UUIDS), which
 	//     stand for the container's device nodes: on the host every GPU's
 	//     node is there;
@@ -36,6 +39,12 @@ type Process struct {
 	Env []string
 	// LibCUDA is the host path of the libcuda.so the spec mounts.
 	LibCUDA string
+	// LibDir is a directory of links to the libraries the spec mounts,
+	// by their container names, and to each under the names its host
+	// directory's links give it (its SONAME, as ldconfig makes them in a
+	// container): what a container's library path holds of the driver.
+	// Close removes it.
+	LibDir string
 	// Missing lists the device nodes and mount sources the spec names
 	// that do not exist: a container runtime would fail to create a
 	// container from it.
@@ -141,7 +150,11 @@ func NewProcess(spec *cdispec.Spec) (*Process, error) {
 	if lib, mounted := hostPath(hami.ContainerLibrary); mounted && vars["CUDA_REDIRECT"] == "" {
 		set("CUDA_REDIRECT", lib)
 	}
-	libDirs := filepath.Dir(p.LibCUDA)
+	var err error
+	if p.LibDir, err = mountedLibraries(mounts); err != nil {
+		return p, err
+	}
+	libDirs := p.LibDir
 	if v := vars["LD_LIBRARY_PATH"]; v != "" {
 		libDirs += ":" + v
 	}
@@ -154,6 +167,57 @@ func NewProcess(spec *cdispec.Spec) (*Process, error) {
 	}
 	sort.Strings(p.Missing)
 	return p, nil
+}
+
+// Close removes LibDir.
+func (p *Process) Close() error {
+	if p == nil || p.LibDir == "" {
+		return nil
+	}
+	return os.RemoveAll(p.LibDir)
+}
+
+// mountedLibraries makes LibDir (Process): a link for each mounted shared
+// library (a container path named lib*.so*), and one for each link of its
+// host directory that resolves to it.
+func mountedLibraries(mounts []*cdispec.Mount) (string, error) {
+	dir, err := os.MkdirTemp("", "facet-node-check-libs-")
+	if err != nil {
+		return "", err
+	}
+	link := func(name, target string) error {
+		if _, err := os.Lstat(filepath.Join(dir, name)); err == nil {
+			return nil
+		}
+		return os.Symlink(target, filepath.Join(dir, name))
+	}
+	for _, m := range mounts {
+		name := filepath.Base(m.ContainerPath)
+		if !strings.HasPrefix(name, "lib") || !strings.Contains(name, ".so") {
+			continue
+		}
+		if err := link(name, m.HostPath); err != nil {
+			os.RemoveAll(dir)
+			return "", err
+		}
+		real, err := filepath.EvalSymlinks(m.HostPath)
+		if err != nil {
+			continue
+		}
+		siblings, _ := os.ReadDir(filepath.Dir(m.HostPath))
+		for _, sib := range siblings {
+			if sib.Type()&os.ModeSymlink == 0 {
+				continue
+			}
+			if t, err := filepath.EvalSymlinks(filepath.Join(filepath.Dir(m.HostPath), sib.Name())); err == nil && t == real {
+				if err := link(sib.Name(), m.HostPath); err != nil {
+					os.RemoveAll(dir)
+					return "", err
+				}
+			}
+		}
+	}
+	return dir, nil
 }
 
 // mapPaths turns the absolute container paths of a value (one path, or

@@ -12,13 +12,17 @@ import (
 func TestNewProcess(t *testing.T) {
 	dir := t.TempDir()
 	host := func(p string) string { return filepath.Join(dir, p) }
-	for _, f := range []string{"driver/usr/lib/libcuda.so.580.1", "hami/libvgpu.so", "dev/nvidia0", "hook"} {
+	// libc.so.6 beside libcuda: the host's, which no container sees.
+	for _, f := range []string{"driver/usr/lib/libcuda.so.580.1", "driver/usr/lib/libc.so.6", "hami/libvgpu.so", "dev/nvidia0", "hook"} {
 		if err := os.MkdirAll(filepath.Dir(host(f)), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(host(f), nil, 0o755); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := os.Symlink("libcuda.so.580.1", host("driver/usr/lib/libcuda.so.1")); err != nil {
+		t.Fatal(err)
 	}
 	if err := os.WriteFile(host("hami/ld.so.preload"), []byte("/usr/local/vgpu/libvgpu.so\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -45,7 +49,7 @@ func TestNewProcess(t *testing.T) {
 				DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/nvidia0", HostPath: host("dev/nvidia0")}},
 				Hooks:       []*cdispec.Hook{{HookName: "createContainer", Path: host("hook")}},
 			}},
-			wantEnv: []string{"NVIDIA_VISIBLE_DEVICES=void", "FACET_GPU_UUIDS=GPU-a", "LD_LIBRARY_PATH=" + host("driver/usr/lib"), "CUDA_VISIBLE_DEVICES=GPU-a"},
+			wantEnv: []string{"NVIDIA_VISIBLE_DEVICES=void", "FACET_GPU_UUIDS=GPU-a", "LD_LIBRARY_PATH=LIBDIR", "CUDA_VISIBLE_DEVICES=GPU-a"},
 		},
 		{
 			name: "vGPU share: container paths become host paths, the preload list LD_PRELOAD",
@@ -57,7 +61,7 @@ func TestNewProcess(t *testing.T) {
 			wantEnv: []string{"FACET_GPU_UUIDS=GPU-a,GPU-b", "CUDA_DEVICE_MEMORY_SHARED_CACHE=" + host("hami/claims/c1/vgpu.cache"),
 				"CUDA_DEVICE_MEMORY_LIMIT_0=2000m",
 				// /usr/local/vgpu itself is no mount: kept; /opt/x too.
-				"LD_LIBRARY_PATH=" + host("driver/usr/lib") + ":/usr/local/vgpu:/opt/x",
+				"LD_LIBRARY_PATH=LIBDIR" + ":/usr/local/vgpu:/opt/x",
 				"LD_PRELOAD=" + host("hami/libvgpu.so"), "CUDA_REDIRECT=" + host("hami/libvgpu.so"), "CUDA_VISIBLE_DEVICES=GPU-a,GPU-b"},
 			// The claim's region is made by prepare; here it is not.
 			wantMissing: []string{"mount source " + host("hami/claims/c1")},
@@ -70,7 +74,7 @@ func TestNewProcess(t *testing.T) {
 					Mounts: []*cdispec.Mount{libcuda}, DeviceNodes: []*cdispec.DeviceNode{{Path: host("dev/nvidia9")}},
 					Hooks: []*cdispec.Hook{{HookName: "createContainer", Path: "/usr/bin/no-such-hook"}}}}},
 			},
-			wantEnv:     []string{"CUDA_VISIBLE_DEVICES=0", "FACET_GPU_UUIDS=GPU-a", "LD_LIBRARY_PATH=" + host("driver/usr/lib")},
+			wantEnv:     []string{"CUDA_VISIBLE_DEVICES=0", "FACET_GPU_UUIDS=GPU-a", "LD_LIBRARY_PATH=LIBDIR"},
 			wantMissing: []string{"device node " + host("dev/nvidia9")},
 			wantHooks:   []string{"/usr/bin/no-such-hook"},
 		},
@@ -97,7 +101,8 @@ func TestNewProcess(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got, want := strings.Join(p.Env, "\n"), strings.Join(tc.wantEnv, "\n"); got != want {
+			defer p.Close()
+			if got, want := strings.Join(p.Env, "\n"), strings.ReplaceAll(strings.Join(tc.wantEnv, "\n"), "LIBDIR", p.LibDir); got != want {
 				t.Errorf("env:\n%s\nwant:\n%s", got, want)
 			}
 			if got, want := strings.Join(p.Missing, "\n"), strings.Join(tc.wantMissing, "\n"); got != want {
@@ -108,6 +113,26 @@ func TestNewProcess(t *testing.T) {
 			}
 			if p.LibCUDA != libcuda.HostPath {
 				t.Errorf("libcuda %s, want %s", p.LibCUDA, libcuda.HostPath)
+			}
+			mounted := map[string]bool{}
+			for _, m := range append(tc.spec.ContainerEdits.Mounts, libcuda) {
+				mounted[m.HostPath] = true
+			}
+			var names []string
+			entries, _ := os.ReadDir(p.LibDir)
+			for _, en := range entries {
+				names = append(names, en.Name())
+				if target, _ := os.Readlink(filepath.Join(p.LibDir, en.Name())); !mounted[target] {
+					t.Errorf("%s links to %s, not to a library the spec mounts", en.Name(), target)
+				}
+			}
+			if got := strings.Join(names, " "); !strings.HasPrefix(got, "libcuda.so.1 libcuda.so.580.1") || strings.Contains(got, "libc.so.6") {
+				t.Errorf("library directory holds %q, want libcuda.so.1 and libcuda.so.580.1 and no host libc", got)
+			}
+			dir := p.LibDir
+			p.Close()
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Errorf("Close left %s (%v)", dir, err)
 			}
 		})
 	}

@@ -354,6 +354,7 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 		}
 	}
 	proc, err := NewProcess(spec)
+	defer proc.Close()
 	if proc != nil {
 		row.Missing = proc.Missing
 		for _, h := range proc.MissingHooks {

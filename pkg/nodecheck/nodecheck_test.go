@@ -356,11 +356,17 @@ func TestProbedClaims(t *testing.T) {
 				"CUDA_REDIRECT=" + o.HAMiLibrary,
 				"CUDA_VISIBLE_DEVICES=" + rep.GPU.UUID,
 				"CUDA_DEVICE_MEMORY_SHARED_CACHE=" + filepath.Join(rep.Scratch, "state", "vgpu", "claims"),
-				"LD_LIBRARY_PATH=" + filepath.Dir(f.libs[ClaimShare]),
+				// The mounted libraries' links, as a container's
+				// library path has them; not the driver root's
+				// directory, which holds the host's libc.
+				"LD_LIBRARY_PATH=" + filepath.Join(os.TempDir(), "facet-node-check-libs-"),
 			} {
 				if !strings.Contains(env, want) {
 					t.Errorf("share's probe environment lacks %q:\n%s", want, env)
 				}
+			}
+			if strings.Contains(env, "LD_LIBRARY_PATH="+filepath.Dir(f.libs[ClaimShare])) {
+				t.Errorf("the probe's library path starts with the driver root's library directory:\n%s", env)
 			}
 			if strings.Contains(strings.Join(f.envs[ClaimWhole], "\n"), "LD_PRELOAD") {
 				t.Errorf("the whole GPU's probe preloads HAMi-core: %v", f.envs[ClaimWhole])

@@ -3,8 +3,6 @@ package plugin
 import (
 	"context"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,26 +11,30 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/driver"
-	"github.com/facet-gpu/facet/pkg/mps"
+	"github.com/facet-gpu/facet/pkg/mps/service"
 	"github.com/facet-gpu/facet/pkg/names"
 )
 
-// MPSConfig configures MPS partitioning of vGPU shares and slots (package mps).
+// MPSConfig configures MPS partitioning of vGPU shares and slots (package
+// mps). The daemons run in facet-mps (package mps/service), which the
+// plugin reaches on a socket in Dir.
 type MPSConfig struct {
 	// Mode is auto or off (--mps).
 	Mode string
-	// Dir is the host directory of the per-GPU pipe, log and shm directories (--mps-dir).
+	// Dir is the host directory of the per-GPU pipe, log and shm
+	// directories and of facet-mps's socket (--mps-dir).
 	Dir string
-	// PrivateShm starts each daemon with the GPU's shm directory as /dev/shm (--mps-private-shm).
-	PrivateShm bool
+	// Wait bounds how long the start waits for facet-mps (--mps-wait).
+	Wait time.Duration
 	// CheckEvery is how often daemons are checked and dead ones restarted (--mps-check-interval).
 	CheckEvery time.Duration
 }
 
-// open starts the MPS manager; nil and the reason when MPS is off or the
-// driver root has no control program (shares are then time-sliced). An
-// invalid --mps fails the start (fatal).
-func (m *MPSConfig) open(ctx context.Context, driverRoot string) (mgr *mps.Manager, reason, fatal error) {
+// open reaches facet-mps; nil and the reason when MPS is off or facet-mps
+// does not answer with a control program within Wait (shares are then
+// time-sliced, and a share that asks for MPS fails to prepare, naming
+// the reason). An invalid --mps fails the start (fatal).
+func (m *MPSConfig) open(ctx context.Context) (p driver.Partitioner, reason, fatal error) {
 	logger := klog.FromContext(ctx)
 	switch m.Mode {
 	case "auto", "off":
@@ -43,19 +45,18 @@ func (m *MPSConfig) open(ctx context.Context, driverRoot string) (mgr *mps.Manag
 		logger.Info("MPS partitioning off (--mps=off): vGPU shares are time-sliced by HAMi-core")
 		return nil, fmt.Errorf("--mps=off"), nil
 	}
-	control, libs, err := mps.FindControl(driverRoot)
+	client, err := service.Dial(ctx, m.Dir, m.Wait)
 	if err != nil {
 		logger.Error(err, "MPS unavailable: vGPU shares are time-sliced by HAMi-core")
 		return nil, err, nil
 	}
-	boot, _ := os.ReadFile(driver.DefaultBootIDPath)
-	mgr, err = mps.New(mps.Options{Control: control, LibraryPath: libs, Dir: m.Dir, BootID: strings.TrimSpace(string(boot)), PrivateShm: m.PrivateShm})
+	info, err := client.Info(ctx)
 	if err != nil {
 		logger.Error(err, "MPS unavailable: vGPU shares are time-sliced by HAMi-core")
 		return nil, err, nil
 	}
-	logger.Info("MPS partitions vGPU shares and slots by default", "control", control, "dir", m.Dir)
-	return mgr, nil, nil
+	logger.Info("MPS partitions vGPU shares and slots by default", "facetMPS", info.Instance, "control", info.Control, "driverRoot", info.Root, "dir", info.Dir, "shmSize", info.ShmSize)
+	return client, nil, nil
 }
 
 // podGetter reads a claim's pods for the UID they run as (MPS serves one
@@ -68,8 +69,8 @@ func podGetter(client kubernetes.Interface) driver.PodGetter {
 }
 
 // partitioning is the node's default, as its shares' attribute says.
-func partitioning(m *mps.Manager) string {
-	if m == nil {
+func partitioning(p driver.Partitioner) string {
+	if p == nil {
 		return names.PartitioningTimeSliced
 	}
 	return names.PartitioningMPS

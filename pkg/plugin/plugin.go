@@ -35,7 +35,6 @@ import (
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/metrics"
 	"github.com/facet-gpu/facet/pkg/miglayout"
-	"github.com/facet-gpu/facet/pkg/mps"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nodeevents"
 	"github.com/facet-gpu/facet/pkg/nvml"
@@ -343,11 +342,9 @@ func (f Config) containerDriverRoot() string {
 	return cmp.Or(f.ContainerDriverRoot, f.DriverRoot)
 }
 
-// openMPS starts the MPS manager (MPSConfig.open) with the control program
-// found where this process reads the driver root: the plugin runs the
-// daemons itself, in its container, and no CDI spec names the program.
-func (f Config) openMPS(ctx context.Context) (*mps.Manager, error, error) {
-	return f.MPS.open(ctx, f.containerDriverRoot())
+// openMPS reaches facet-mps (MPSConfig.open).
+func (f Config) openMPS(ctx context.Context) (driver.Partitioner, error, error) {
+	return f.MPS.open(ctx)
 }
 
 // checkCDIHook refuses to start unless the nvidia-cdi-hook the CDI specs

@@ -6,13 +6,16 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/facet-gpu/facet/pkg/cdihook"
 	"github.com/facet-gpu/facet/pkg/mps"
+	"github.com/facet-gpu/facet/pkg/mps/service"
 )
 
 // TestMissingHAMiLibraryIsNotFatal: a missing --hami-library is a reason
@@ -36,44 +39,59 @@ func TestMissingHAMiLibraryIsNotFatal(t *testing.T) {
 	}
 }
 
-// TestMPSControlFromTheContainerDriverRoot: the plugin runs
-// nvidia-cuda-mps-control itself, so it finds it where it reads the driver
-// root (--container-driver-root), not at the host path --driver-root names,
-// which its container may not have (the host's / is read at /driver-root).
-func TestMPSControlFromTheContainerDriverRoot(t *testing.T) {
-	ctrRoot := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(ctrRoot, "usr", "bin"), 0o755); err != nil {
+// TestOpenMPS: the plugin runs no MPS daemon itself; with --mps=auto it
+// reaches facet-mps on the MPS directory's socket, and time-slices shares,
+// naming why, when facet-mps does not answer or its driver root has no
+// control program.
+func TestOpenMPS(t *testing.T) {
+	withControl := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(withControl, "usr", "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(ctrRoot, "usr", "bin", mps.ControlName), []byte("#!/bin/sh\n"), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(withControl, "usr", "bin", mps.ControlName), []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	hostRoot := filepath.Join(t.TempDir(), "host-root") // absent here, as the host's path is in the container
 	for _, tc := range []struct {
-		name          string
-		driverRoot    string
-		containerRoot string
-		wantReason    string // "" for a manager
+		name       string
+		mode       string
+		serveRoot  string // "": no facet-mps
+		wantReason string // "": a partitioner
+		wantFatal  string
 	}{
-		{name: "read at the container's mount", driverRoot: hostRoot, containerRoot: ctrRoot},
-		{name: "on the host", driverRoot: ctrRoot},
-		{name: "no mount given: the host path", driverRoot: hostRoot, wantReason: "under driver root " + hostRoot},
+		{name: "facet-mps with a control program", mode: "auto", serveRoot: withControl},
+		{name: "facet-mps without one", mode: "auto", serveRoot: t.TempDir(), wantReason: "has no MPS control program"},
+		{name: "no facet-mps", mode: "auto", wantReason: "facet-mps unreachable at "},
+		{name: "off", mode: "off", serveRoot: withControl, wantReason: "--mps=off"},
+		{name: "invalid", mode: "on", wantFatal: `--mps="on"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := Config{DriverRoot: tc.driverRoot, ContainerDriverRoot: tc.containerRoot,
-				MPS: MPSConfig{Mode: "auto", Dir: filepath.Join(t.TempDir(), "mps")}}
-			mgr, reason, err := f.openMPS(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tc.wantReason != "" {
-				if mgr != nil || reason == nil || !strings.Contains(reason.Error(), tc.wantReason) {
-					t.Fatalf("manager %v, reason %v; want none, and a reason containing %q", mgr, reason, tc.wantReason)
+			_, ctx := ktesting.NewTestContext(t)
+			dir := filepath.Join(t.TempDir(), "mps")
+			if tc.serveRoot != "" {
+				s, err := service.NewServer(service.Config{Root: tc.serveRoot, Dir: dir, ShmSize: 1 << 20})
+				if err != nil {
+					t.Fatal(err)
 				}
-				return
+				sctx, cancel := context.WithCancel(ctx)
+				done := make(chan struct{})
+				go func() { _ = s.Run(sctx); close(done) }()
+				t.Cleanup(func() { cancel(); <-done })
 			}
-			if mgr == nil || reason != nil {
-				t.Fatalf("manager %v, reason %v; want a manager", mgr, reason)
+			f := Config{MPS: MPSConfig{Mode: tc.mode, Dir: dir, Wait: 2 * time.Second}}
+			p, reason, err := f.openMPS(ctx)
+			switch {
+			case tc.wantFatal != "":
+				if err == nil || !strings.Contains(err.Error(), tc.wantFatal) {
+					t.Fatalf("fatal %v, want %q", err, tc.wantFatal)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case tc.wantReason != "":
+				if p != nil || reason == nil || !strings.Contains(reason.Error(), tc.wantReason) {
+					t.Fatalf("partitioner %v, reason %v; want none, and a reason containing %q", p, reason, tc.wantReason)
+				}
+			case p == nil || reason != nil:
+				t.Fatalf("partitioner %v, reason %v; want one", p, reason)
 			}
 		})
 	}

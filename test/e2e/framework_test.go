@@ -17,6 +17,7 @@ import (
 
 	"github.com/facet-gpu/facet/internal/testenv"
 	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/mps/service"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -74,7 +75,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	fmt.Printf("e2e: Kubernetes %s, cluster feature gates %s\n", e.gates.ServerVersion, e.gates)
-	os.Exit(m.Run())
+	code := m.Run()
+	mpsd.stop()
+	os.Exit(code)
 }
 
 // defaultGates says, per Kubernetes minor, whether the DRA gates of
@@ -131,6 +134,84 @@ func needGates(t testing.TB, gates ...features.Gate) {
 	if missing := e.gates.Missing(gates...); len(missing) > 0 {
 		t.Skipf("needs %v, off on this cluster (%s)", missing, e.gates)
 	}
+}
+
+// mpsHost is the node's facet-mps, as the chart's MPS DaemonSet runs it:
+// one per node, started with the first plugin and left running across
+// plugin processes, as it is across plugin pods. Unlike the chart's pod,
+// the daemons it starts outlive it (no container to take them along).
+type mpsHost struct {
+	cmd *exec.Cmd
+	log string
+}
+
+var (
+	mpsd     *mpsHost
+	mpsdRuns int
+)
+
+// ensureMPSHost starts facet-mps unless it runs.
+func ensureMPSHost(t testing.TB) {
+	t.Helper()
+	if mpsd != nil && !mpsd.exited() {
+		return
+	}
+	mpsd = startMPSHost(t)
+}
+
+// startMPSHost starts facet-mps on the node's MPS directory and simulated
+// driver root, and waits until it answers. Each GPU's /dev/shm is 16 MiB,
+// so that a test fills one quickly.
+func startMPSHost(t testing.TB) *mpsHost {
+	t.Helper()
+	mpsdRuns++
+	log := filepath.Join(e.runDir, "logs", fmt.Sprintf("facet-mps-e2e-%d.log", mpsdRuns))
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(e.repo, "bin", "facet-mps"),
+		"--driver-root", filepath.Join(e.runDir, "driver-root"),
+		"--mps-dir", filepath.Join(e.runDir, "mps"),
+		"--shm-size", mpsShmSize,
+		"-v", "4")
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h := &mpsHost{cmd: cmd, log: log}
+	client := service.NewClient(filepath.Join(e.runDir, "mps"))
+	waitFor(t, "facet-mps answering on its socket", 30*time.Second, func() (bool, error) {
+		if h.exited() {
+			b, _ := os.ReadFile(log)
+			t.Fatalf("facet-mps exited:\n%s", b)
+		}
+		_, err := client.Info(context.Background())
+		return err == nil, err
+	})
+	return h
+}
+
+// mpsShmSize is the e2e node's --shm-size.
+const mpsShmSize = "16Mi"
+
+func (h *mpsHost) exited() bool {
+	return h.cmd.ProcessState != nil || h.cmd.Process.Signal(syscall.Signal(0)) != nil
+}
+
+// stop ends facet-mps (SIGTERM); the daemons stay, as the simulated node
+// has no container to take them along.
+func (h *mpsHost) stop() {
+	if h == nil || h.cmd.ProcessState != nil {
+		return
+	}
+	_ = h.cmd.Process.Signal(syscall.SIGTERM)
+	_ = h.cmd.Wait()
+}
+
+func (h *mpsHost) logText() string {
+	b, _ := os.ReadFile(h.log)
+	return string(b)
 }
 
 // plugin is a running facet-kubeletplugin.
@@ -200,6 +281,7 @@ func launchPlugin(t testing.TB, machine string, env []string, noWait bool, extra
 	}
 	p := &plugin{cmd: cmd, log: log}
 	t.Cleanup(func() { p.stop() })
+	ensureMPSHost(t)
 	if !noWait {
 		p.waitReady(t)
 	}

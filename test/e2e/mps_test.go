@@ -153,15 +153,35 @@ func TestMPS(t *testing.T) {
 	// the end must not wait for the first plugin, which is no more.
 	kubectl(t, "delete", "pod", "-n", namespace, "mps-other", "--wait=true", "--timeout=120s")
 
-	t.Log("a plugin killed in the middle: its successor adopts the daemon")
+	t.Log("each share's /dev/shm is the GPU's tmpfs of --shm-size: filling it fails there, not on the host's /run")
+	shm := execIn(t, "mps-big", "", "df -k /dev/shm | tail -n 1; dd if=/dev/zero of=/dev/shm/fill bs=1M count=32 2>&1; echo rc=$?; rm -f /dev/shm/fill")
+	if f := strings.Fields(shm); len(f) < 2 || f[1] != "16384" || !strings.Contains(shm, "No space left on device") || strings.Contains(shm, "rc=0") {
+		t.Errorf("mps-big's /dev/shm: want a 16384 KiB tmpfs that 32 MiB overflows with ENOSPC:\n%s", shm)
+	}
+
+	t.Log("a plugin killed in the middle: the daemon, kept by facet-mps, is untouched")
 	p.kill(t)
 	p = startPlugin(t, "dgx-h100", args...)
-	if got := daemonPID(dir); got != pid || strings.Count(ourLog(gpu), " startup ") != 1 {
-		t.Fatalf("after a plugin restart: daemon %d, want %d adopted:\n%s", got, pid, ourLog(gpu))
+	if got := daemonPID(dir); got != pid || strings.Count(ourLog(gpu), " startup ") != 1 || strings.Contains(ourLog(gpu), " quit") {
+		t.Fatalf("after a plugin restart: daemon %d, want %d untouched:\n%s", got, pid, ourLog(gpu))
 	}
-	if !strings.Contains(p.logText(), "Adopted the running MPS control daemon") {
-		t.Error("the restarted plugin does not say it adopted the daemon")
+
+	t.Log("facet-mps gone: a new share fails to prepare, naming it; back, the share joins, and the restarted facet-mps adopts the daemon")
+	mpsd.stop()
+	applyYAML(t, claimPod("mps-late", requests["mps-small"]))
+	waitEventLogged(t, "mps-late", "FailedPrepareDynamicResources", "facet-mps unreachable")
+	mpsd = startMPSHost(t)
+	waitPodRunning(t, "mps-late")
+	if env := envOf(execIn(t, "mps-late", "", "env")); env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != want["mps-small"] {
+		t.Errorf("mps-late: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%q, want %s (MPS)", env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], want["mps-small"])
 	}
+	waitFor(t, "the new facet-mps adopting the daemon (the plugin hands its holders over)", time.Minute, func() (bool, error) {
+		return strings.Contains(mpsd.logText(), "Adopted the running MPS control daemon"), fmt.Errorf("facet-mps log:\n%s", mpsd.logText())
+	})
+	if got := daemonPID(dir); got != pid {
+		t.Fatalf("after facet-mps restarted: daemon %d, want %d adopted", got, pid)
+	}
+	kubectl(t, "delete", "pod", "-n", namespace, "mps-late", "--wait=true", "--timeout=120s")
 
 	t.Log("a daemon killed in the middle: started again, its claims told, the running containers reach the new one")
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {

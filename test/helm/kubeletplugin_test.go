@@ -98,7 +98,7 @@ var (
 		"node-name": true, "kube-api-qps": true, "kube-api-burst": true, "destroy-unowned-mig": true,
 		"feature-gates": true, "mig-layouts": true, "feature-detection-interval": true,
 		"health-addr": true, "gpu-health-probe-interval": true, "gpu-health-quiet-period": true, "pod-uid": true, "probe": true,
-		"mps": true, "mps-private-shm": true, "mps-check-interval": true,
+		"mps": true, "mps-wait": true, "mps-check-interval": true,
 	}
 	forbiddenFlags = map[string]string{
 		"kubeconfig": "the plugin runs in-cluster",
@@ -181,12 +181,20 @@ func (p parsedArgs) value(flags map[string]pluginFlag, name string) (string, boo
 	return flags[name].def, flags[name].def != ""
 }
 
+// daemonSets are the kubelet plugin's DaemonSets, one per node group.
 func daemonSets(t testing.TB, objs []object) []*appsv1.DaemonSet {
+	return daemonSetsOf(t, objs, "kubelet-plugin")
+}
+
+// daemonSetsOf are the DaemonSets of one app.kubernetes.io/component.
+func daemonSetsOf(t testing.TB, objs []object, component string) []*appsv1.DaemonSet {
 	var out []*appsv1.DaemonSet
 	for _, o := range ofKind(objs, "DaemonSet") {
 		ds := &appsv1.DaemonSet{}
 		into(t, o, ds)
-		out = append(out, ds)
+		if ds.Labels["app.kubernetes.io/component"] == component {
+			out = append(out, ds)
+		}
 	}
 	return out
 }
