@@ -162,13 +162,21 @@ func newChartRig(t *testing.T) *chartRig {
 	// The chart mounts the driver root with HostToContainer propagation
 	// (the GPU Operator mounts it after boot), which containerd refuses
 	// on a private mount: make the simulated root a shared mount of its own.
+	// facet-mps mounts each GPU's /dev/shm tmpfs in the MPS directory,
+	// Bidirectional, which needs a shared mount too (systemd makes a real
+	// node's / one).
 	driverRoot := filepath.Join(l.runDir, "driver-root")
-	for _, args := range [][]string{{"--bind", driverRoot, driverRoot}, {"--make-rshared", driverRoot}} {
-		if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
-			t.Fatalf("mount %v: %v\n%s", args, err, out)
-		}
+	if err := os.MkdirAll(r.mpsDir(), 0o755); err != nil {
+		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-l", driverRoot).Run() })
+	for _, dir := range []string{driverRoot, r.mpsDir()} {
+		for _, args := range [][]string{{"--bind", dir, dir}, {"--make-rshared", dir}} {
+			if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
+				t.Fatalf("mount %v: %v\n%s", args, err, out)
+			}
+		}
+		t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
+	}
 
 	l.namespace(t, chartNS)
 	r.stateDir = filepath.Join(l.runDir, "facet-state-chart")
@@ -185,6 +193,11 @@ func newChartRig(t *testing.T) *chartRig {
 }
 
 func (r *chartRig) since() time.Duration { return time.Since(r.start).Round(time.Millisecond) }
+
+// mpsDir is the chart's MPS directory on the local node (values
+// kubeletPlugin.mps.dir), in the run directory that hack/cluster/down.sh
+// cleans.
+func (r *chartRig) mpsDir() string { return filepath.Join(r.runDir, "mps-chart") }
 
 func (r *chartRig) ctrRun(t testing.TB, args ...string) {
 	t.Helper()
@@ -229,6 +242,7 @@ kubeletPlugin:
     image: {repository: facet.local/facet, tag: %[1]q, pullPolicy: Never}
     librarySource: /k8s-vgpu/lib/nvidia/libvgpu.so*
   logVerbosity: 4
+  mps: {dir: %[9]q}
   # The local node carries none of the GPU labels of NFD or the GPU
   # Operator: it is the GPU node by name (up.sh's --hostname-override).
   gpuNodeSelectorTerms:
@@ -236,7 +250,7 @@ kubeletPlugin:
   nodeGroups:
     default: {%[8]s, extraArgs: [--machine=/usr/share/facet/machines/dgx-h100.yaml]}
 `, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.runDir, "driver-root"),
-		filepath.Join(r.runDir, "cdi-hook-chart"), filepath.Join(r.runDir, "hami-chart"), group))
+		filepath.Join(r.runDir, "cdi-hook-chart"), filepath.Join(r.runDir, "hami-chart"), group, r.mpsDir()))
 }
 
 // install runs `helm install` and removes the release when the test ends,
@@ -255,8 +269,8 @@ func (r *chartRig) install(t *testing.T, vals map[string]any) {
 			t.Errorf("helm uninstall: %v", err)
 		}
 		// Wait for the plugin's pods to go: later tests start their own.
-		testenv.WaitFor(t, "plugin pods gone", 2*time.Minute, func() (bool, error) {
-			pods, err := r.client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: pluginPods})
+		testenv.WaitFor(t, "plugin and facet-mps pods gone", 2*time.Minute, func() (bool, error) {
+			pods, err := r.client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component in (kubelet-plugin,mps)"})
 			return err == nil && len(pods.Items) == 0, err
 		})
 	})
@@ -430,10 +444,10 @@ func TestLiveChartPlugin(t *testing.T) {
 	if !strings.Contains(log, "nvidia-cdi-hook runs") {
 		t.Errorf("the plugin did not check its nvidia-cdi-hook:\n%s", log)
 	}
-	// The plugin runs MPS's control daemons itself, so from its own view
-	// of the driver root.
-	if !strings.Contains(log, `control="/driver-root/usr/bin/nvidia-cuda-mps-control"`) {
-		t.Errorf("the plugin did not find nvidia-cuda-mps-control under its /driver-root:\n%s", log)
+	// facet-mps runs MPS's control daemons, chrooted into its view of
+	// the driver root; the plugin reaches it.
+	if !strings.Contains(log, `control="/usr/bin/nvidia-cuda-mps-control" driverRoot="/driver-root"`) {
+		t.Errorf("the plugin did not reach a facet-mps with nvidia-cuda-mps-control in its /driver-root:\n%s", log)
 	}
 	t.Logf("%d demo pods Running (%s)", len(pods), r.since())
 
