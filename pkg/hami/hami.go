@@ -29,6 +29,14 @@ const (
 	// accounting region.
 	containerClaimsDir = "/usr/local/vgpu/claims"
 	preloadFile        = "/etc/ld.so.preload"
+	// ContainerLockDir is HAMi-core's cross-process lock directory: a
+	// build of HAMi-core that cannot open its lock file there at start
+	// runs without the SM throttle and the context charge. Like HAMi's
+	// device plugin, which mounts the host's /tmp/vgpulock into every
+	// container (pkg/device-plugin/nvidiadevice/nvinternal/plugin), Facet
+	// mounts one host directory, <StateDir>/vgpulock, into every share:
+	// one node-wide lock.
+	ContainerLockDir = "/tmp/vgpulock"
 	// CacheFileName is the accounting region's file inside a claim's cache
 	// directory.
 	CacheFileName = "vgpu.cache"
@@ -81,8 +89,8 @@ type Options struct {
 
 // Editor builds and cleans up the HAMi-core part of claims' CDI specs.
 type Editor struct {
-	opts    Options
-	preload string
+	opts             Options
+	preload, lockDir string
 }
 
 // NewEditor checks that libvgpu.so exists and writes the preload file the
@@ -110,7 +118,16 @@ func NewEditor(opts Options) (*Editor, error) {
 	if err := os.WriteFile(preload, []byte(ContainerLibrary+"\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("write %s: %w", preload, err)
 	}
-	return &Editor{opts: opts, preload: preload}, nil
+	// Sticky and world-writable, as /tmp: containers of any UID create
+	// the lock file, none removes another's.
+	lockDir := filepath.Join(opts.StateDir, "vgpulock")
+	if err := os.MkdirAll(lockDir, 0o777); err != nil {
+		return nil, fmt.Errorf("HAMi-core lock directory: %w", err)
+	}
+	if err := os.Chmod(lockDir, 0o777|os.ModeSticky); err != nil {
+		return nil, fmt.Errorf("HAMi-core lock directory: %w", err)
+	}
+	return &Editor{opts: opts, preload: preload, lockDir: lockDir}, nil
 }
 
 // CacheDir is the host directory of a claim's accounting region. A UID
@@ -183,6 +200,7 @@ func (e *Editor) edits(claimUID types.UID, shares []Share, cfg *configapi.VgpuCo
 			{HostPath: e.opts.LibraryPath, ContainerPath: ContainerLibrary, Options: []string{"ro", "nosuid", "nodev", "bind"}},
 			{HostPath: e.preload, ContainerPath: preloadFile, Options: []string{"ro", "nosuid", "nodev", "bind"}},
 			{HostPath: cacheDir, ContainerPath: containerCache, Options: []string{"rw", "nosuid", "nodev", "bind"}},
+			{HostPath: e.lockDir, ContainerPath: ContainerLockDir, Options: []string{"rw", "nosuid", "nodev", "noexec", "bind"}},
 		},
 	}
 	for n, s := range ordered {

@@ -85,13 +85,16 @@ func TestEdits(t *testing.T) {
 			for _, m := range edits.Mounts {
 				paths = append(paths, m.ContainerPath+":"+m.Options[0])
 			}
-			want := []string{"/usr/local/vgpu/libvgpu.so:ro", "/etc/ld.so.preload:ro", "/usr/local/vgpu/claims/uid-1:rw"}
+			want := []string{"/usr/local/vgpu/libvgpu.so:ro", "/etc/ld.so.preload:ro", "/usr/local/vgpu/claims/uid-1:rw", "/tmp/vgpulock:rw"}
 			if !reflect.DeepEqual(paths, want) {
 				t.Errorf("mounts %v, want %v", paths, want)
 			}
 			st, err := os.Stat(cacheDir(e, "uid-1"))
 			if err != nil || st.Mode().Perm() != 0o777 {
 				t.Fatalf("cache dir: %v %v", st, err)
+			}
+			if st, err := os.Stat(edits.Mounts[3].HostPath); err != nil || st.Mode().Perm() != 0o777 || st.Mode()&os.ModeSticky == 0 {
+				t.Errorf("lock directory %s: %v %v, want a sticky 0777 directory any container UID can lock in", edits.Mounts[3].HostPath, st, err)
 			}
 			preload, _ := os.ReadFile(edits.Mounts[1].HostPath)
 			if string(preload) != "/usr/local/vgpu/libvgpu.so\n" {

@@ -22,8 +22,15 @@ var ErrUserUnknown = errors.New("UID unknown")
 //
 // It fails, wrapping ErrUserUnknown, when a container of the claim leaves
 // runAsUser unset, when two of them run as different UIDs (MPS would
-// serialise them against each other), or when no container uses the claim.
+// serialise them against each other), when no container uses the claim,
+// or when the pod runs in a user namespace of its own (hostUsers: false).
+// There runAsUser is a UID inside the namespace, which the runtime maps to
+// a host UID of the pod's own range, and MPS compares host UIDs: two pods
+// "at 1000" are two MPS users, and one would wait behind the other.
 func PodUser(pod *corev1.Pod, claimName string) (int64, error) {
+	if pod.Spec.HostUsers != nil && !*pod.Spec.HostUsers {
+		return 0, fmt.Errorf("%w: pod %s/%s runs in a user namespace of its own (hostUsers: false): its runAsUser is mapped to a host UID that only the container runtime knows, and MPS serves one host UID at a time", ErrUserUnknown, pod.Namespace, pod.Name)
+	}
 	podClaims := map[string]bool{}
 	for _, rc := range pod.Spec.ResourceClaims {
 		if rc.ResourceClaimName != nil && *rc.ResourceClaimName == claimName {

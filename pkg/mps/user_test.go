@@ -38,6 +38,10 @@ func TestPodUser(t *testing.T) {
 	otherClaim.Status.ResourceClaimStatuses[0].ResourceClaimName = ptr.To("another-claim")
 	initToo := pod(ptr.To[int64](1001), container("c", nil))
 	initToo.Spec.InitContainers = []corev1.Container{container("warmup", ptr.To[int64](0))}
+	userNS := pod(ptr.To[int64](1000), container("c", nil))
+	userNS.Spec.HostUsers = ptr.To(false)
+	hostUsers := pod(ptr.To[int64](1000), container("c", nil))
+	hostUsers.Spec.HostUsers = ptr.To(true)
 
 	for _, tc := range []struct {
 		name string
@@ -56,6 +60,8 @@ func TestPodUser(t *testing.T) {
 		{name: "two UIDs", pod: pod(nil, container("a", ptr.To[int64](7)), container("b", ptr.To[int64](8))), err: "run as UIDs 7 and 8"},
 		{name: "an init container of another UID", pod: initToo, err: "run as UIDs 0 and 1001"},
 		{name: "no container uses the claim", pod: otherClaim, err: "no container uses the claim"},
+		{name: "a user namespace of its own", pod: userNS, err: "hostUsers: false"},
+		{name: "hostUsers: true, explicitly", pod: hostUsers, want: 1000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := PodUser(tc.pod, claim)
