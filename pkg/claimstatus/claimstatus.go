@@ -55,6 +55,11 @@ type Data struct {
 	MemoryLimitBytes    *int64 `json:"memoryLimitBytes,omitempty"`
 	ComputeLimitPercent *int64 `json:"computeLimitPercent,omitempty"`
 	Enforced            *bool  `json:"enforced,omitempty"`
+	// ComputePartitioning is how the share's SMs are partitioned, as
+	// prepared: mps (an MPS client at its percentage; its CUDA context
+	// lives in the MPS server, not charged to its memory) or time-sliced
+	// (HAMi-core's throttle).
+	ComputePartitioning string `json:"computePartitioning,omitempty"`
 }
 
 // Placement is a MIG instance's memory-slice range [Start, Start+Size).
@@ -78,6 +83,10 @@ func DataOf(dev checkpoint.Device) Data {
 	if s := dev.Share; s != nil {
 		mem, cores, enforced := s.MemoryBytes, s.Cores, s.Enforced
 		d.MemoryLimitBytes, d.ComputeLimitPercent, d.Enforced = &mem, &cores, &enforced
+		d.ComputePartitioning = names.PartitioningTimeSliced
+		if s.MPS {
+			d.ComputePartitioning = names.PartitioningMPS
+		}
 	}
 	return d
 }

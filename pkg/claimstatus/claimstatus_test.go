@@ -51,7 +51,13 @@ func TestDataOf(t *testing.T) {
 			name: "share",
 			dev: checkpoint.Device{Kind: names.KindShare, Device: "gpu-3", GPUUUID: "GPU-b", ShareID: &share,
 				Share: &checkpoint.Share{MemoryBytes: 2 << 30, Cores: 20, Enforced: true}},
-			want: `{"kind":"share","gpuUUID":"GPU-b","memoryLimitBytes":2147483648,"computeLimitPercent":20,"enforced":true}`,
+			want: `{"kind":"share","gpuUUID":"GPU-b","memoryLimitBytes":2147483648,"computeLimitPercent":20,"enforced":true,"computePartitioning":"time-sliced"}`,
+		},
+		{
+			name: "share, an MPS client",
+			dev: checkpoint.Device{Kind: names.KindShare, Device: "gpu-3", GPUUUID: "GPU-b", ShareID: &share,
+				Share: &checkpoint.Share{MemoryBytes: 2 << 30, Cores: 20, Enforced: true, MPS: true}},
+			want: `{"kind":"share","gpuUUID":"GPU-b","memoryLimitBytes":2147483648,"computeLimitPercent":20,"enforced":true,"computePartitioning":"mps"}`,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -169,7 +175,7 @@ func TestWriter(t *testing.T) {
 		return out
 	}
 	if g := got["gpu-1"]; g.Driver != names.Driver || g.Pool != "node" || !reflect.DeepEqual(g.ShareID, ptr.To(string(share))) ||
-		!reflect.DeepEqual(data(g), Data{Kind: "share", GPUUUID: "GPU-b", MemoryLimitBytes: ptr.To[int64](1 << 30), ComputeLimitPercent: ptr.To[int64](10), Enforced: ptr.To(true)}) {
+		!reflect.DeepEqual(data(g), Data{Kind: "share", GPUUUID: "GPU-b", MemoryLimitBytes: ptr.To[int64](1 << 30), ComputeLimitPercent: ptr.To[int64](10), Enforced: ptr.To(true), ComputePartitioning: "time-sliced"}) {
 		t.Errorf("share entry: %+v %+v", g, data(g))
 	}
 	if g := got["gpu-0"]; g.Driver != names.Driver || g.ShareID != nil || !reflect.DeepEqual(data(g), Data{Kind: "gpu", GPUUUID: "GPU-a"}) {

@@ -12,6 +12,7 @@
 package occupancy
 
 import (
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"sort"
@@ -81,6 +82,10 @@ type ShareUse struct {
 	// Cores is the percent of SM time; 0 is best effort.
 	Cores int64 `json:"cores"`
 	Claim Claim `json:"claim"`
+	// MPS: the plugin prepared the share as an MPS client (its claim's
+	// status.devices says so), whose CUDA context HAMi-core does not
+	// charge.
+	MPS bool `json:"mps,omitempty"`
 }
 
 // SlotUse is one vGPU slot, held or free.
@@ -90,6 +95,8 @@ type SlotUse struct {
 	MemoryBytes int64  `json:"memoryBytes"`
 	Cores       int64  `json:"cores"`
 	Claim       *Claim `json:"claim,omitempty"`
+	// MPS: as ShareUse's.
+	MPS bool `json:"mps,omitempty"`
 }
 
 // GPU is one physical GPU of a node.
@@ -178,6 +185,8 @@ type Device struct {
 	Holders []Claim `json:"-"`
 	// Type is the `type` attribute.
 	Type string `json:"-"`
+	// MPS: a holder's status.devices says it was prepared under MPS.
+	MPS bool `json:"-"`
 }
 
 // Attr returns a string attribute of the device in Facet's domain.
@@ -341,7 +350,7 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 				continue
 			}
 			d.Holders = append(d.Holders, holder)
-			c.use(d, holder, r)
+			c.use(d, holder, r, preparedMPS(cl, r))
 		}
 	}
 
@@ -361,9 +370,32 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 	return c, nil
 }
 
+// preparedMPS says whether the claim's status.devices entry for the
+// result, which the plugin writes at prepare (package claimstatus), says
+// the share was prepared as an MPS client. No entry (not prepared yet, or
+// a plugin that writes none): false.
+func preparedMPS(cl *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) bool {
+	for _, st := range cl.Status.Devices {
+		if st.Driver != r.Driver || st.Pool != r.Pool || st.Device != r.Device || st.Data == nil {
+			continue
+		}
+		if (st.ShareID == nil) != (r.ShareID == nil) || (st.ShareID != nil && *st.ShareID != string(*r.ShareID)) {
+			continue
+		}
+		var data struct {
+			ComputePartitioning string `json:"computePartitioning"`
+		}
+		if json.Unmarshal(st.Data.Raw, &data) == nil {
+			return data.ComputePartitioning == names.PartitioningMPS
+		}
+	}
+	return false
+}
+
 // use records one allocation result on its device's GPU.
-func (c *Cluster) use(d *Device, holder Claim, r resourceapi.DeviceRequestAllocationResult) {
+func (c *Cluster) use(d *Device, holder Claim, r resourceapi.DeviceRequestAllocationResult, mps bool) {
 	g := d.GPU
+	d.MPS = d.MPS || mps
 	switch d.Type {
 	case TypeMIG:
 		u := MIGUse{Device: d.Device.Name, Profile: d.Attr("profile"), Start: d.IntAttr("placementStart"), MemoryBytes: d.Capacity("memory"), Claim: holder}
@@ -380,7 +412,7 @@ func (c *Cluster) use(d *Device, holder Claim, r resourceapi.DeviceRequestAlloca
 			return
 		}
 		s := ShareUse{Device: d.Device.Name, ShareID: string(*r.ShareID), Claim: holder,
-			MemoryBytes: d.Capacity("memory"), Cores: 100}
+			MemoryBytes: d.Capacity("memory"), Cores: 100, MPS: mps}
 		// The allocator records what a share consumed, defaults applied;
 		// without it (no consumable capacity) the share took the device.
 		if q, ok := r.ConsumedCapacity["memory"]; ok {
@@ -412,6 +444,7 @@ func (c *Cluster) totals(g *GPU) {
 			if len(d.Holders) > 0 {
 				h := d.Holders[0]
 				u.Claim = &h
+				u.MPS = d.MPS
 			}
 			g.Slots = append(g.Slots, u)
 			slotMem += u.MemoryBytes

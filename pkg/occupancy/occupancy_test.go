@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/facet-gpu/facet/pkg/occupancy/occtest"
 )
@@ -35,6 +36,22 @@ func gpu(t *testing.T, c *Cluster, idx int) *GPU {
 	}
 	t.Fatalf("no GPU %d in %v", idx, c.GPUs)
 	return nil
+}
+
+// prepared adds the status.devices entry the plugin writes at prepare
+// (package claimstatus) for each of the claim's results, with the
+// partitioning the share was prepared with.
+func prepared(c *resourceapi.ResourceClaim, partitioning string) *resourceapi.ResourceClaim {
+	for _, r := range c.Status.Allocation.Devices.Results {
+		st := resourceapi.AllocatedDeviceStatus{Driver: r.Driver, Pool: r.Pool, Device: r.Device,
+			Data: &runtime.RawExtension{Raw: []byte(`{"kind":"share","gpuUUID":"GPU-x","computePartitioning":"` + partitioning + `"}`)}}
+		if r.ShareID != nil {
+			id := string(*r.ShareID)
+			st.ShareID = &id
+		}
+		c.Status.Devices = append(c.Status.Devices, st)
+	}
+	return c
 }
 
 func TestBuild(t *testing.T) {
@@ -90,6 +107,22 @@ func TestBuild(t *testing.T) {
 			"default/a: share s1 of gpu-2 (20Gi, 20%; 19.5Gi usable)",
 			"default/b: share s2 of gpu-2 (4Gi, best-effort SM; 3.49Gi usable)",
 		},
+	}, {
+		name: "shared, an MPS share beside a time-sliced one: no context charge under MPS",
+		claims: []*resourceapi.ResourceClaim{
+			prepared(claim("default/a", share("node-1", "gpu-2", "s1", "20Gi", 20)), names.PartitioningMPS),
+			prepared(claim("default/b", share("node-1", "gpu-2", "s2", "4Gi", 0)), names.PartitioningTimeSliced),
+		},
+		gpu: 2, bar: "[AAAAB...........]", memory: 24 << 10, sm: 20, health: HealthOK,
+		held: []string{
+			"default/a: share s1 of gpu-2 (20Gi, 20%; 20Gi usable, MPS)",
+			"default/b: share s2 of gpu-2 (4Gi, best-effort SM; 3.49Gi usable)",
+		},
+	}, {
+		name:   "slots, an MPS slot",
+		claims: []*resourceapi.ResourceClaim{prepared(claim("default/a", r("node-1", "gpu-4-slot-2")), names.PartitioningMPS)},
+		gpu:    4, bar: "[....|....|AAAA|....]", memory: 20269, sm: 25, health: HealthOK,
+		held: []string{"default/a: gpu-4-slot-2 (19.8Gi, 25%; 19.8Gi usable, MPS)", "3 of 4 slots free"},
 	}, {
 		name:   "static-mig, one of the all-balanced instances",
 		claims: []*resourceapi.ResourceClaim{claim("default/a", r("node-1", "gpu-3-mig-2g20gb-0"))},
