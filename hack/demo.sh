@@ -68,8 +68,13 @@ start_plugin() {
   hack/sim-node.sh "${RUN_DIR}" "${MACHINE}" >/dev/null
   # The chart mounts the driver root with HostToContainer propagation,
   # which containerd refuses on a private mount.
-  mountpoint -q "${RUN_DIR}/driver-root" || mount --bind "${RUN_DIR}/driver-root" "${RUN_DIR}/driver-root"
-  mount --make-rshared "${RUN_DIR}/driver-root"
+  # facet-mps mounts each GPU's /dev/shm tmpfs in its MPS directory with
+  # Bidirectional propagation, which needs a shared mount too.
+  mkdir -p "${RUN_DIR}/mps-chart"
+  for dir in "${RUN_DIR}/driver-root" "${RUN_DIR}/mps-chart"; do
+    mountpoint -q "${dir}" || mount --bind "${dir}" "${dir}"
+    mount --make-rshared "${dir}"
+  done
   "${FACET_BIN_DIR}/ctr" --address "${FACET_CRI_SOCKET}" -n k8s.io images import _output/facet-image-sim.tar >/dev/null
   local tag; tag="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' deployments/helm/facet/Chart.yaml)-sim"
   cat >"${RUN_DIR}/facet-values.yaml" <<VALUES
@@ -93,6 +98,8 @@ kubeletPlugin:
   # container), and the image's nvidia-cdi-hook installed on the node.
   driver: {root: "${RUN_DIR}/driver-root", devRoot: "${RUN_DIR}/driver-root"}
   nvidiaCDIHook: {install: true, hostDir: "${RUN_DIR}/cdi-hook"}
+  # facet-mps's socket and the GPUs' MPS directories, in the run directory.
+  mps: {dir: "${RUN_DIR}/mps-chart"}
   # The simulator image plays HAMi's: it holds the stand-in libvgpu.so.
   hamiCore:
     enabled: true

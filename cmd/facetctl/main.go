@@ -259,20 +259,8 @@ func runSimDriverRoot(args []string) error {
 	if *machine == "" || *root == "" {
 		return fmt.Errorf("--machine and --root are required")
 	}
-	lib, err := sim.OpenMachine(*machine)
+	version, gpus, err := layoutSimulatedRoot(*machine, *root)
 	if err != nil {
-		return err
-	}
-	defer lib.Close()
-	node, err := lib.Discover()
-	if err != nil {
-		return err
-	}
-	minors := make([]int, 0, len(node.GPUs))
-	for _, g := range node.GPUs {
-		minors = append(minors, g.Minor)
-	}
-	if err := sim.LayoutDriverRoot(*root, node.DriverVersion, minors); err != nil {
 		return err
 	}
 	if *hamiLib != "" {
@@ -280,8 +268,30 @@ func runSimDriverRoot(args []string) error {
 			return err
 		}
 	}
-	fmt.Printf("simulated driver %s root for %d GPUs at %s\n", node.DriverVersion, len(minors), *root)
+	fmt.Printf("simulated driver %s root for %d GPUs at %s\n", version, gpus, *root)
 	return nil
+}
+
+// layoutSimulatedRoot lays out the simulated driver root of a machine
+// file at root, and returns its driver version and GPU count.
+func layoutSimulatedRoot(machine, root string) (string, int, error) {
+	lib, err := sim.OpenMachine(machine)
+	if err != nil {
+		return "", 0, err
+	}
+	defer lib.Close()
+	node, err := lib.Discover()
+	if err != nil {
+		return "", 0, err
+	}
+	minors := make([]int, 0, len(node.GPUs))
+	for _, g := range node.GPUs {
+		minors = append(minors, g.Minor)
+	}
+	if err := sim.LayoutDriverRoot(root, node.DriverVersion, minors); err != nil {
+		return "", 0, err
+	}
+	return node.DriverVersion, len(minors), nil
 }
 
 func runMIGInstances(args []string) error {

@@ -327,3 +327,35 @@ func TestNodeCheckOnTheSimulator(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeCheckMachineAlone: `facetctl node-check --machine FILE`, as a new
+// user first tries it, lays out the machine's simulated driver root and a
+// stand-in HAMi-core itself, prepares every claim, and leaves nothing.
+func TestNodeCheckMachineAlone(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a simulated driver root has device nodes (root)")
+	}
+	dir := t.TempDir()
+	hook, scratch := filepath.Join(dir, "nvidia-cdi-hook"), filepath.Join(dir, "scratch")
+	if err := os.WriteFile(hook, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(scratch, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr strings.Builder
+	if err := runNodeCheck([]string{"--machine", machine, "--nvidia-cdi-hook", hook, "--scratch-dir", scratch}, &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s%s", err, stderr.String(), stdout.String())
+	}
+	for _, want := range []string{"whole GPU   gpu-0 ", "vGPU share  gpu-0 (share)  2000 MiB, 20 % SM    2000m, SM 20", "vGPU slot   gpu-0-slot-0 "} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	if strings.Contains(stdout.String(), "FAILED") || !strings.Contains(stderr.String(), "(--machine without --driver-root)") {
+		t.Errorf("want every claim prepared on a simulated root the check laid out:\n%s%s", stderr.String(), stdout.String())
+	}
+	if left, _ := filepath.Glob(filepath.Join(scratch, "*")); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+}

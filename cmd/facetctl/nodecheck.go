@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/go-logr/logr"
@@ -18,6 +19,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/nodecheck"
 	"github.com/facet-gpu/facet/pkg/nodecheck/probe"
 	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/nvml/sim"
 )
 
 // errNodeCheckFailed: the check ran and found a failure or a problem; its
@@ -32,7 +34,7 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 	}
 	fs := flag.NewFlagSet("node-check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	machine := fs.String("machine", "", "machine file of a simulated node: every step runs except the CUDA probe (default: the real NVML of this host)")
+	machine := fs.String("machine", "", "machine file of a simulated node: every step runs except the CUDA probe (default: the real NVML of this host); without --driver-root, the check lays out the machine's simulated driver root in a scratch directory")
 	nvmlLib := fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: found in --driver-root as nvcdi finds the driver's libraries), as the plugin's --nvml-library")
 	gpu := fs.Int("gpu", 0, "NVML index of the GPU to check; it must be idle (no claim, no process) and have MIG mode off")
 	shareMemory := fs.String("share-memory", "2000Mi", "memory of the vGPU share, a Kubernetes quantity in whole MiB")
@@ -72,8 +74,31 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 		DriverRoot: *driverRoot, DevRoot: *devRoot, NvidiaCDIHook: *cdiHook, HAMiLibrary: *hamiLib,
 		ScratchParent: *scratch, ProbeSeconds: *seconds, Log: stderr,
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *machine != "" {
 		opts.SkipProbe = fmt.Sprintf("simulated GPU (--machine %s): no CUDA device behind it, and its libcuda.so is a stand-in", *machine)
+		if !set["driver-root"] {
+			// The machine's driver is nowhere on this host: the check
+			// reads a simulated root, as the simulated node's plugin does.
+			root, err := os.MkdirTemp(*scratch, "facet-node-check-driver-root-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(root)
+			version, _, err := layoutSimulatedRoot(*machine, root)
+			if err != nil {
+				return fmt.Errorf("lay out the simulated driver root of %s (or pass --driver-root): %w", *machine, err)
+			}
+			opts.DriverRoot, opts.DevRoot = root, root
+			if !set["hami-library"] {
+				opts.HAMiLibrary = filepath.Join(root, "hami", "libvgpu.so")
+				if err := sim.WriteSimulatedHAMiCore(opts.HAMiLibrary); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(stderr, "simulated driver %s root at %s, HAMi-core %s (--machine without --driver-root)\n", version, root, opts.HAMiLibrary)
+		}
 		opts.Library, err = openLibrary(*machine)
 	} else {
 		self, exeErr := os.Executable()

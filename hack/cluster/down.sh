@@ -115,10 +115,18 @@ for p in /proc/[0-9]*; do
   fi
 done
 
-# MPS control daemons (the simulated driver root's stand-in) that the
-# plugins started with --mps-dir under RUN_DIR and a killed plugin left:
-# only a live process that is the control program is killed.
-for pidfile in "${RUN_DIR}"/mps/*/pipe/nvidia-cuda-mps-control.pid; do
+# facet-mps processes that test/e2e started on RUN_DIR's MPS directory and
+# left (a killed test binary), then the MPS control daemons (the simulated
+# driver root's stand-in) they, or the chart's facet-mps, started under
+# RUN_DIR: only a live process that is the control program is killed.
+for p in /proc/[0-9]*; do
+  cmdline="$( { tr '\0' ' ' <"${p}/cmdline"; } 2>/dev/null)" || continue
+  if [[ "${cmdline}" == *facet-mps* && "${cmdline}" == *"--mps-dir ${RUN_DIR}/"* ]]; then
+    log "killing leftover facet-mps ${p#/proc/}"
+    kill -KILL "${p#/proc/}" 2>/dev/null || true
+  fi
+done
+for pidfile in "${RUN_DIR}"/mps*/*/pipe/nvidia-cuda-mps-control.pid; do
   [[ -f "${pidfile}" ]] || continue
   pid="$(cat "${pidfile}" 2>/dev/null || true)"
   [[ "${pid}" =~ ^[0-9]+$ ]] || continue
