@@ -269,7 +269,7 @@ func TestNodeCheckOnTheSimulator(t *testing.T) {
 			name: "defaults",
 			wantOut: []string{
 				"CLAIM ", "PUBLISHED", "PROCESS SEES", "LARGEST ALLOC", "PAST THE LIMIT", "COMPUTE",
-				"whole GPU   gpu-0 ", "vGPU share  gpu-0 (share)  2000 MiB, 20 % SM    2000m, SM 20",
+				"whole GPU   gpu-0 ", "vGPU share  gpu-0 (share)  2000 MiB, 20 % SM    2000m, MPS 20 %",
 				"vGPU slot   gpu-0-slot-0 ", "prepared, probe skipped",
 				"CUDA probe skipped for every claim: simulated GPU (--machine " + machine + ")",
 				"Left nothing behind",
@@ -279,7 +279,7 @@ func TestNodeCheckOnTheSimulator(t *testing.T) {
 		{
 			name:    "a GPU, share and slot layout of the operator's",
 			args:    []string{"--gpu", "5", "--share-memory", "3000Mi", "--share-cores", "50", "--slots", "2x10Gi/10+2"},
-			wantOut: []string{"gpu-5 (share)  3000 MiB, 50 % SM", "gpu-5-slot-0   10240 MiB, 10 % SM   10240m, SM 10"},
+			wantOut: []string{"gpu-5 (share)  3000 MiB, 50 % SM", "gpu-5-slot-0   10240 MiB, 10 % SM   10240m, MPS 10 %"},
 		},
 		{
 			name:    "per-GPU slot layout",
@@ -347,7 +347,7 @@ func TestNodeCheckMachineAlone(t *testing.T) {
 	if err := runNodeCheck([]string{"--machine", machine, "--nvidia-cdi-hook", hook, "--scratch-dir", scratch}, &stdout, &stderr); err != nil {
 		t.Fatalf("%v\n%s%s", err, stderr.String(), stdout.String())
 	}
-	for _, want := range []string{"whole GPU   gpu-0 ", "vGPU share  gpu-0 (share)  2000 MiB, 20 % SM    2000m, SM 20", "vGPU slot   gpu-0-slot-0 "} {
+	for _, want := range []string{"whole GPU   gpu-0 ", "vGPU share  gpu-0 (share)  2000 MiB, 20 % SM    2000m, MPS 20 %", "vGPU slot   gpu-0-slot-0 "} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout.String())
 		}

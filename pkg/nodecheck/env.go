@@ -12,6 +12,8 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/facet-gpu/facet/pkg/hami"
+	"github.com/facet-gpu/facet/pkg/mps"
+	"github.com/facet-gpu/facet/pkg/nodecheck/probe"
 )
 
 // preloadFile is the container path of the loader's preload list, which
@@ -39,6 +41,10 @@ type Process struct {
 	Env []string
 	// LibCUDA is the host path of the libcuda.so the spec mounts.
 	LibCUDA string
+	// Binds are the spec's mounts the process needs at their container
+	// paths, not only by host path: an MPS share's /dev/shm, which its
+	// client shares with the MPS server (probe.Params.Binds).
+	Binds []probe.Bind
 	// LibDir is a directory of links to the libraries the spec mounts,
 	// by their container names, and to each under the names its host
 	// directory's links give it (its SONAME, as ldconfig makes them in a
@@ -89,6 +95,9 @@ func NewProcess(spec *cdispec.Spec) (*Process, error) {
 	}
 	for _, m := range mounts {
 		exists("mount source", m.HostPath)
+		if filepath.Clean(m.ContainerPath) == mps.ContainerShmDir {
+			p.Binds = append(p.Binds, probe.Bind{Host: m.HostPath, Container: mps.ContainerShmDir})
+		}
 	}
 	hostPath := func(container string) (string, bool) {
 		best := -1

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"syscall"
 
 	"github.com/facet-gpu/facet/pkg/nodecheck/probe"
 )
@@ -31,6 +32,11 @@ func (e ExecProber) Probe(ctx context.Context, env []string, libCUDA string, p p
 	}
 	cmd := exec.CommandContext(ctx, e.Path, append(append([]string(nil), e.Args...), "--libcuda", libCUDA, "--params", string(params))...)
 	cmd.Env = env
+	if len(p.Binds) > 0 {
+		// Its binds stay in its own mount namespace (Go makes the
+		// mounts private there before exec).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	runErr := cmd.Run()

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,6 +34,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/driver"
 	"github.com/facet-gpu/facet/pkg/hami"
+	"github.com/facet-gpu/facet/pkg/mps"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nodecheck/probe"
@@ -85,6 +87,14 @@ type Options struct {
 	// --hami-library); without it the share and the slot fail to prepare,
 	// as they would in the plugin.
 	HAMiLibrary string
+	// MPS partitions the share's and the slot's SMs with MPS, as the
+	// plugin does by default: the check runs an MPS control daemon of
+	// its own for the GPU (an mps.Manager, as facet-mps runs it: chrooted
+	// into DriverRoot, its directories in the scratch directory, its
+	// /dev/shm a tmpfs), and the probe joins it as a container would.
+	// Off, or without nvidia-cuda-mps-control in the driver root, they
+	// are time-sliced, and the log says why.
+	MPS bool
 	// ScratchParent is where the scratch directory is made ("": the
 	// system's temporary directory). KeepScratch leaves it in place (for
 	// tests that inspect it); it is empty unless a step failed to clean.
@@ -116,6 +126,12 @@ type Row struct {
 	// written there: CUDA_DEVICE_MEMORY_LIMIT_0 and CUDA_DEVICE_SM_LIMIT_0
 	// ("2000m", "20"); empty without HAMi-core.
 	LimitMemory, LimitSM string
+	// MPSPercent is the spec's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE ("20"):
+	// the claim is an MPS client; empty when it is not.
+	MPSPercent string
+	// WholeSMs is the whole GPU's multiprocessor count, as the whole
+	// GPU's probe saw it (0: not measured), to judge an MPS client's.
+	WholeSMs int
 	// PrepareErr and UnprepareErr are the plugin's errors.
 	PrepareErr, UnprepareErr error
 	// Missing lists host paths the claim's spec names that do not exist.
@@ -196,7 +212,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	c.edits = editor
 	c.hami, c.hamiErr = hami.NewEditor(hami.Options{LibraryPath: o.HAMiLibrary, StateDir: c.vgpuDir})
-	var wholeIters int
+	c.mpsErr = errors.New("the check runs without MPS (--mps=false)")
+	if o.MPS {
+		c.mps, c.mpsErr = openMPS(o.DriverRoot, filepath.Join(scratch, "mps"))
+	}
+	if c.mpsErr != nil {
+		c.logf("MPS unavailable, the share and the slot are time-sliced by HAMi-core: %v", c.mpsErr)
+	}
+	var wholeIters, wholeSMs int
 	var wholeTFLOPS float64
 	for _, kind := range []string{ClaimWhole, ClaimShare, ClaimSlot} {
 		if ctx.Err() != nil {
@@ -206,6 +229,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 		row := c.claim(ctx, kind, wholeIters)
 		rep.Rows = append(rep.Rows, row)
+		if row.Probe != nil && kind == ClaimWhole {
+			wholeSMs = row.Probe.Multiprocessors
+		}
+		row.WholeSMs = wholeSMs
 		if row.Probe != nil && row.Probe.Compute != nil {
 			if kind == ClaimWhole {
 				wholeIters, wholeTFLOPS = row.Probe.Compute.Iters, row.Probe.Compute.TFLOPS
@@ -226,6 +253,41 @@ type checker struct {
 	edits                      driver.EditSource
 	hami                       *hami.Editor
 	hamiErr                    error
+	mps                        *mps.Manager
+	mpsErr                     error
+}
+
+// mpsShmBytes is the check's MPS daemon's /dev/shm tmpfs.
+const mpsShmBytes = 256 << 20
+
+// openMPS is the check's own MPS daemon manager, as facet-mps makes it.
+func openMPS(driverRoot, dir string) (*mps.Manager, error) {
+	control, err := mps.FindControl(driverRoot)
+	if err != nil {
+		return nil, err
+	}
+	boot, _ := os.ReadFile(driver.DefaultBootIDPath)
+	return mps.New(mps.Options{Root: driverRoot, Control: control, Dir: dir, ShmSize: mpsShmBytes, BootID: strings.TrimSpace(string(boot))})
+}
+
+// probePod is the pod the check's claims are reserved for: the probe
+// process, which runs as this process's UID (MPS serves one UID per GPU).
+const probePod = "probe"
+
+// pods answers the driver's read of the claim's pod: the probe process,
+// as a pod of this process's UID that uses the claim.
+func (c *checker) pods(claimName string) driver.PodGetter {
+	return func(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+		uid := int64(os.Geteuid())
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: types.UID("facet-node-check-" + probePod)},
+			Spec: corev1.PodSpec{
+				SecurityContext: &corev1.PodSecurityContext{RunAsUser: &uid},
+				ResourceClaims:  []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claimName}},
+				Containers:      []corev1.Container{{Name: probePod, Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}}},
+			},
+		}, nil
+	}
 }
 
 func (c *checker) logf(format string, args ...any) {
@@ -267,7 +329,8 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 		ObjectMeta: metav1.ObjectMeta{Namespace: "facet-node-check", Name: map[string]string{ClaimWhole: "whole", ClaimShare: "share", ClaimSlot: "slot"}[kind],
 			UID: types.UID(fmt.Sprintf("facet-node-check-%d-%d", os.Getpid(), len(c.rep.Rows)))},
 		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
-			Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: names.Driver, Pool: NodeName, Device: dev.Name}}}}},
+			Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: names.Driver, Pool: NodeName, Device: dev.Name}}}},
+			ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: probePod, UID: types.UID("facet-node-check-" + probePod)}}},
 	}
 	row.PublishedMiB, row.Cores = uint64(published)/probe.MiB, 100
 	switch kind {
@@ -306,7 +369,7 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 		share = c.hami
 	}
 	drv, err := driver.New(ctx, driver.Options{NodeName: NodeName, Inventory: inv, Store: store, CDI: writer, Edits: c.edits,
-		HAMi: share, HAMiUnavailable: c.hamiErr})
+		HAMi: share, HAMiUnavailable: c.hamiErr, MPS: c.mps, MPSUnavailable: c.mpsErr, Pods: c.pods(claim.Name)})
 	if err != nil {
 		return fail(fmt.Errorf("start the plugin's driver: %w", err))
 	}
@@ -351,6 +414,8 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 			row.LimitMemory = v
 		case "CUDA_DEVICE_SM_LIMIT_0":
 			row.LimitSM = v
+		case mps.EnvActiveThreadPercentage:
+			row.MPSPercent = v
 		}
 	}
 	proc, err := NewProcess(spec)
@@ -377,7 +442,7 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 		row.ProbeErr = err
 		return row
 	}
-	row.Probe, row.ProbeErr = c.o.Prober.Probe(ctx, proc.Env, proc.LibCUDA, probe.Params{PublishedMiB: row.PublishedMiB, Seconds: c.o.ProbeSeconds, Iters: wholeIters})
+	row.Probe, row.ProbeErr = c.o.Prober.Probe(ctx, proc.Env, proc.LibCUDA, probe.Params{PublishedMiB: row.PublishedMiB, Seconds: c.o.ProbeSeconds, Iters: wholeIters, Binds: proc.Binds})
 	if row.ProbeErr != nil {
 		c.logf("%-10s  CUDA probe: %v", kind, row.ProbeErr)
 	} else {

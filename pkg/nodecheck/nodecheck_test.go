@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -219,6 +220,7 @@ type fakeProber struct {
 	cancel context.CancelFunc
 	envs   map[string][]string
 	libs   map[string]string
+	binds  map[string][]probe.Bind
 }
 
 func (f *fakeProber) Probe(ctx context.Context, env []string, libCUDA string, p probe.Params) (*probe.Result, error) {
@@ -244,6 +246,10 @@ func (f *fakeProber) Probe(ctx context.Context, env []string, libCUDA string, p 
 		f.envs, f.libs = map[string][]string{}, map[string]string{}
 	}
 	f.envs[kind], f.libs[kind] = env, libCUDA
+	if f.binds == nil {
+		f.binds = map[string][]probe.Bind{}
+	}
+	f.binds[kind] = p.Binds
 	if f.cancel != nil {
 		f.cancel()
 		return nil, ctx.Err()
@@ -264,6 +270,12 @@ func result(total, largest uint64, past string, tflops float64) *probe.Result {
 		PastLimit: probe.PastLimit{Error: past}, Compute: &probe.Compute{TFLOPS: tflops}}
 }
 
+// sms sets the multiprocessors a probe saw.
+func sms(r *probe.Result, n int) *probe.Result {
+	r.Multiprocessors = n
+	return r
+}
+
 func TestProbedClaims(t *testing.T) {
 	oom := "CUDA_ERROR_OUT_OF_MEMORY"
 	for _, tc := range []struct {
@@ -277,6 +289,9 @@ func TestProbedClaims(t *testing.T) {
 		wantNotes     []string
 		wantFailed    bool
 		wantShareFrac float64
+		// mps: the share and the slot are MPS clients (Options.MPS), of
+		// the check's own daemon on the simulated driver root.
+		mps bool
 	}{
 		{
 			name:  "delivers what it publishes",
@@ -303,6 +318,20 @@ func TestProbedClaims(t *testing.T) {
 			wantFailed: true, wantShareFrac: 0.2,
 		},
 		{
+			name: "MPS applied: the clients see their percentage of the SMs",
+			mps:  true, share: sms(result(2000, 1872, oom, 10.5), 26), slot: sms(result(20269, 20141, oom, 12.4), 33),
+			wantResults: []string{"ok", "ok", "ok"},
+			wantNotes:   []string{"vGPU share note: as an MPS client at 20 % it sees 26 of the GPU's 132 SMs", "vGPU slot note: as an MPS client at 25 % it sees 33 of the GPU's 132 SMs"},
+			wantFailed:  false, wantShareFrac: 0.21,
+		},
+		{
+			name: "MPS lost: a client sees every SM",
+			mps:  true, share: sms(result(2000, 1872, oom, 10.5), 132), slot: sms(result(20269, 20141, oom, 12.4), 33),
+			wantResults:  []string{"ok", "PROBLEM", "ok"},
+			wantProblems: []string{"vGPU share PROBLEM: as an MPS client at 20 % it sees 132 of the GPU's 132 SMs, want about 26: it runs without MPS"},
+			wantFailed:   true, wantShareFrac: 0.21,
+		},
+		{
 			name:  "SM share not held",
 			share: result(2000, 1472, oom, 50), slot: result(20269, 19739, oom, 12.5),
 			wantResults:  []string{"ok", "PROBLEM", "ok"},
@@ -319,6 +348,8 @@ func TestProbedClaims(t *testing.T) {
 				ClaimShare: tc.share, ClaimSlot: tc.slot,
 			}}
 			o.Prober = f
+			o.MPS = tc.mps
+			f.results[ClaimWhole] = sms(f.results[ClaimWhole], 132)
 			rep, err := Run(testContext(t), o)
 			if err != nil {
 				t.Fatal(err)
@@ -351,7 +382,7 @@ func TestProbedClaims(t *testing.T) {
 			// What the share's probe process got: its container's view.
 			env := strings.Join(f.envs[ClaimShare], "\n")
 			for _, want := range []string{
-				"CUDA_DEVICE_MEMORY_LIMIT_0=2000m", "CUDA_DEVICE_SM_LIMIT_0=20",
+				"CUDA_DEVICE_MEMORY_LIMIT_0=2000m",
 				"LD_PRELOAD=" + o.HAMiLibrary,
 				"CUDA_REDIRECT=" + o.HAMiLibrary,
 				"CUDA_VISIBLE_DEVICES=" + rep.GPU.UUID,
@@ -361,6 +392,24 @@ func TestProbedClaims(t *testing.T) {
 				// directory, which holds the host's libc.
 				"LD_LIBRARY_PATH=" + filepath.Join(os.TempDir(), "facet-node-check-libs-"),
 			} {
+				if !strings.Contains(env, want) {
+					t.Errorf("share's probe environment lacks %q:\n%s", want, env)
+				}
+			}
+			// Under MPS the SM limit is MPS's percentage, HAMi-core's 0.
+			wantSM := []string{"CUDA_DEVICE_SM_LIMIT_0=20"}
+			if tc.mps {
+				wantSM = []string{"CUDA_DEVICE_SM_LIMIT_0=0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20", "CUDA_MPS_PIPE_DIRECTORY=" + filepath.Join(rep.Scratch, "mps", rep.GPU.UUID, "pipe")}
+			}
+			if tc.mps {
+				want := []probe.Bind{{Host: filepath.Join(rep.Scratch, "mps", rep.GPU.UUID, "shm"), Container: "/dev/shm"}}
+				if !reflect.DeepEqual(f.binds[ClaimShare], want) {
+					t.Errorf("share's probe binds %v, want %v: an MPS client shares /dev/shm with its server", f.binds[ClaimShare], want)
+				}
+			} else if len(f.binds[ClaimShare]) != 0 {
+				t.Errorf("time-sliced share's probe binds %v, want none", f.binds[ClaimShare])
+			}
+			for _, want := range wantSM {
 				if !strings.Contains(env, want) {
 					t.Errorf("share's probe environment lacks %q:\n%s", want, env)
 				}

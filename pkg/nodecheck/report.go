@@ -3,6 +3,7 @@ package nodecheck
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 )
@@ -12,6 +13,10 @@ import (
 // check calls it not held: HAMi-core throttles by tokens per grid block
 // over a sliding window, not exactly.
 const shareSlack = 10
+
+// mpsSMSlack is how many SMs above its percentage of the whole GPU's an
+// MPS client may see: MPS rounds the percentage to whole SMs (or TPCs).
+const mpsSMSlack = 2
 
 // judge fills a row's Problems and Notes from its probe result.
 func judge(row *Row) {
@@ -39,6 +44,18 @@ func judge(row *Row) {
 		}
 		note("a workload can allocate at most %d MiB of the %d MiB (%.0f %%): %s", p.LargestAllocMiB, row.PublishedMiB, 100*float64(p.LargestAllocMiB)/float64(row.PublishedMiB), why)
 	}
+	if pct, err := strconv.Atoi(row.MPSPercent); err == nil && row.WholeSMs > 0 && p.Multiprocessors > 0 {
+		// Under MPS, CUDA reports the client's own SMs: 26 of 132 at
+		// 20 % on the H100 (shared/hardware/h100-80gb-hbm3.md). All of
+		// them mean the client reached no MPS server and runs
+		// unpartitioned, with HAMi-core's SM limit 0.
+		want := pct * row.WholeSMs / 100
+		if p.Multiprocessors > want+mpsSMSlack {
+			problem("as an MPS client at %d %% it sees %d of the GPU's %d SMs, want about %d: it runs without MPS, unpartitioned", pct, p.Multiprocessors, row.WholeSMs, want)
+		} else {
+			note("as an MPS client at %d %% it sees %d of the GPU's %d SMs", pct, p.Multiprocessors, row.WholeSMs)
+		}
+	}
 	if p.PastLimit.Error == "" {
 		problem("an allocation of %d MiB, past the %d MiB published, succeeded: the limit is not enforced", p.PastLimit.RequestMiB, row.PublishedMiB)
 	}
@@ -64,7 +81,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 			published = fmt.Sprintf("%d MiB, %s SM", row.PublishedMiB, cores(row.Cores))
 		}
 		limit := "none"
-		if row.LimitMemory != "" || row.LimitSM != "" {
+		if row.MPSPercent != "" {
+			limit = fmt.Sprintf("%s, MPS %s %%", orDefault(row.LimitMemory, "-"), row.MPSPercent)
+		} else if row.LimitMemory != "" || row.LimitSM != "" {
 			limit = fmt.Sprintf("%s, SM %s", orDefault(row.LimitMemory, "-"), orDefault(row.LimitSM, "-"))
 		} else if row.CDIDevices == nil {
 			limit = "-"

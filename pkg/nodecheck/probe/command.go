@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"syscall"
 	"time"
 )
 
@@ -30,6 +31,11 @@ func Command(args []string, stdout io.Writer) error {
 	var p Params
 	if err := json.Unmarshal([]byte(*params), &p); err != nil {
 		return fmt.Errorf("--params: %w", err)
+	}
+	for _, b := range p.Binds {
+		if err := syscall.Mount(b.Host, b.Container, "", syscall.MS_BIND, ""); err != nil {
+			return json.NewEncoder(stdout).Encode(Output{Error: fmt.Sprintf("bind %s over %s, as the claim's container has it: %v", b.Host, b.Container, err)})
+		}
 	}
 	// A CUDA context is current on one OS thread.
 	runtime.LockOSThread()

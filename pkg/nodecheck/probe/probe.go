@@ -100,7 +100,15 @@ type Params struct {
 	// for each multiprocessor. Zero means 8 and 256, which fill every
 	// multiprocessor of Volta to Blackwell (2048 threads each).
 	BlocksPerSM, ThreadsPerBlock int
+	// Binds are host directories the probe process binds over container
+	// paths before CUDA starts, in a mount namespace of its own (the
+	// caller's ExecProber makes one), as a container has them: an MPS
+	// client shares /dev/shm with its server, which is the GPU's tmpfs.
+	Binds []Bind `json:",omitempty"`
 }
+
+// Bind is one bind mount: Host over Container.
+type Bind struct{ Host, Container string }
 
 // LaunchTarget is how long calibration makes one launch on the GPU the
 // calibration runs on.
