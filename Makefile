@@ -35,15 +35,18 @@ image-sim:
 
 ## build-release: the shipped binaries, without the simulator, in bin/release/
 build-release:
-	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps
+	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-preemptor
 	$(MAKE) verify-release
 
-## verify-release: fail if the shipped plugin links go-nvml's mock or the simulator
+## verify-release: fail if a shipped daemon links go-nvml's mock, the
+## simulator or the MPS stand-in
 verify-release:
-	@syms=$$($(GO) tool nm $(BIN)/release/facet-kubeletplugin) || exit 1; \
-	if grep -qE 'go-nvml/pkg/nvml/mock|facet/pkg/nvml/sim\.' <<<"$$syms"; then \
-		echo "bin/release/facet-kubeletplugin links simulator code" >&2; exit 1; fi
-	@echo "bin/release/facet-kubeletplugin: no simulator or go-nvml mock symbols"
+	@for b in facet-kubeletplugin facet-webhook facet-mps facet-preemptor; do \
+	  syms=$$($(GO) tool nm $(BIN)/release/$$b) || exit 1; \
+	  if grep -qE 'go-nvml/pkg/nvml/mock|facet/pkg/nvml/sim\.|facet/pkg/mps/mpssim\.' <<<"$$syms"; then \
+	    echo "bin/release/$$b links simulator code" >&2; exit 1; fi; \
+	  echo "bin/release/$$b: no simulator or go-nvml mock symbols"; \
+	done
 
 # deepcopy-gen, pinned in hack/tools/codegen/go.mod (a tool directive).
 DEEPCOPY_GEN := $(GO) tool -modfile=$(CURDIR)/hack/tools/codegen/go.mod deepcopy-gen

@@ -6,34 +6,38 @@ import (
 	"testing"
 )
 
-// TestShippedBuildLinksNoSimulator checks the build that ships (no build
-// tags): the plugin must not link Facet's simulator or go-nvml's mock GPUs.
-// Only `-tags facetsim` (make build, for the demo and the end-to-end tests)
-// links them.
+// TestShippedBuildLinksNoSimulator checks the builds that ship (no build
+// tags): no daemon of the image, the kubelet plugin, facet-mps,
+// facet-webhook and facet-preemptor, may link Facet's simulator, its MPS
+// stand-in or go-nvml's mock GPUs. Only `-tags facetsim` (make build, for
+// the demo and the end-to-end tests) links them into the plugin.
 func TestShippedBuildLinksNoSimulator(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
 	}
 	for _, tc := range []struct {
-		tags      string
+		pkg, tags string
 		wantLinks bool
 	}{
-		{"", false},
-		{"facetsim", true},
+		{".", "", false},
+		{".", "facetsim", true},
+		{"../facet-mps", "", false},
+		{"../facet-webhook", "", false},
+		{"../facet-preemptor", "", false},
 	} {
-		out, err := exec.Command("go", "list", "-tags", tc.tags, "-deps", ".").CombinedOutput()
+		out, err := exec.Command("go", "list", "-tags", tc.tags, "-deps", tc.pkg).CombinedOutput()
 		if err != nil {
-			t.Fatalf("go list -tags %q: %v\n%s", tc.tags, err, out)
+			t.Fatalf("go list -tags %q %s: %v\n%s", tc.tags, tc.pkg, err, out)
 		}
 		var sim []string
 		for _, pkg := range strings.Fields(string(out)) {
 			if strings.HasPrefix(pkg, "github.com/NVIDIA/go-nvml/pkg/nvml/mock") ||
-				pkg == "github.com/facet-gpu/facet/pkg/nvml/sim" {
+				pkg == "github.com/facet-gpu/facet/pkg/nvml/sim" || pkg == "github.com/facet-gpu/facet/pkg/mps/mpssim" {
 				sim = append(sim, pkg)
 			}
 		}
 		if got := len(sim) > 0; got != tc.wantLinks {
-			t.Errorf("-tags %q: links the simulator: %v (%v), want %v", tc.tags, got, sim, tc.wantLinks)
+			t.Errorf("%s -tags %q: links the simulator: %v (%v), want %v", tc.pkg, tc.tags, got, sim, tc.wantLinks)
 		}
 	}
 }

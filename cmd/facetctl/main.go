@@ -65,6 +65,10 @@ Commands:
            device nodes) for a machine file, for demos and tests
 
 Run 'facetctl COMMAND -h' for a command's flags.
+
+facetctl links Facet's GPU simulator, which the shipped daemons do not: the
+commands that take --machine (slices, fit, mig-instances, fault,
+node-check) and sim-driver-root preview a machine file with it.
 `
 
 func main() {
