@@ -567,6 +567,10 @@ func TestNotesOnGPUNodes(t *testing.T) {
 		"\n  nvidia.com/gpu.present=true\n",
 		"kubectl label node <gpu-node> nvidia.com/gpu.present=true",
 		"kubeletPlugin.gpuNodeSelectorTerms",
+		// A bare cluster: the webhook's own certificate, and what is left.
+		"The admission webhook's certificate (tls.mode auto: selfSigned):",
+		"install cert-manager and set\n  admission.webhook.tls.mode=certManager",
+		"facet-mps keeps the MPS daemons",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("NOTES.txt lacks %q:\n%s", want, got)

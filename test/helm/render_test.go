@@ -60,11 +60,13 @@ func values(t testing.TB, y string) map[string]any {
 
 // renderErr renders the chart as `helm install` would (values merged with
 // the chart's, checked against values.schema.json, then the templates),
-// for release name and namespace.
-func renderErr(t testing.TB, vals map[string]any, name, namespace string) (map[string]string, error) {
+// for release name and namespace, on a cluster that serves Kubernetes'
+// APIs and apis ("cert-manager.io/v1").
+func renderErr(t testing.TB, vals map[string]any, name, namespace string, apis ...string) (map[string]string, error) {
 	t.Helper()
 	c := loadChart(t)
 	caps := chartutil.DefaultCapabilities.Copy()
+	caps.APIVersions = append(caps.APIVersions, apis...)
 	caps.KubeVersion = chartutil.KubeVersion{Version: kubeVersion, Major: "1", Minor: "35"}
 	top, err := chartutil.ToRenderValues(c, vals, chartutil.ReleaseOptions{
 		Name: name, Namespace: namespace, Revision: 1, IsInstall: true,
@@ -88,9 +90,9 @@ func render(t testing.TB, vals map[string]any) []object {
 	return renderAs(t, vals, releaseName, releaseNamespace)
 }
 
-func renderAs(t testing.TB, vals map[string]any, name, namespace string) []object {
+func renderAs(t testing.TB, vals map[string]any, name, namespace string, apis ...string) []object {
 	t.Helper()
-	out, err := renderErr(t, vals, name, namespace)
+	out, err := renderErr(t, vals, name, namespace, apis...)
 	if err != nil {
 		t.Fatalf("render: %v", err)
 	}

@@ -1,6 +1,9 @@
 package helm
 
 import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"strings"
 	"testing"
 
@@ -13,15 +16,41 @@ func TestWebhookConfiguration(t *testing.T) {
 	tests := []struct {
 		name   string
 		values string
+		// apis the cluster serves besides Kubernetes'.
+		apis []string
 		// wantCertManager lists the cert-manager objects expected, by kind/name.
 		wantCertManager []string
 		wantCABundle    bool
 		wantInject      bool
 		wantSecret      string
+		// wantSelfSigned: the chart's own kubernetes.io/tls Secret, whose
+		// CA is the caBundle.
+		wantSelfSigned bool
 	}{
 		{
-			name:   "cert-manager with the chart's own CA",
+			name:         "default on a cluster without cert-manager: the chart's own certificate",
+			values:       "",
+			wantCABundle: true, wantSecret: "facet-webhook-tls", wantSelfSigned: true,
+		},
+		{
+			name:         "selfSigned, explicitly, where cert-manager is",
+			values:       "admission: {webhook: {tls: {mode: selfSigned}}}",
+			apis:         []string{"cert-manager.io/v1"},
+			wantCABundle: true, wantSecret: "facet-webhook-tls", wantSelfSigned: true,
+		},
+		{
+			name:   "default where the cluster serves cert-manager: cert-manager with the chart's own CA",
 			values: "",
+			apis:   []string{"cert-manager.io/v1"},
+			wantCertManager: []string{
+				"Issuer/facet-webhook-selfsigned", "Certificate/facet-webhook-ca", "Issuer/facet-webhook-ca", "Certificate/facet-webhook",
+			},
+			wantInject: true,
+			wantSecret: "facet-webhook-tls",
+		},
+		{
+			name:   "cert-manager with the chart's own CA",
+			values: "admission: {webhook: {tls: {mode: certManager}}}",
 			wantCertManager: []string{
 				"Issuer/facet-webhook-selfsigned", "Certificate/facet-webhook-ca", "Issuer/facet-webhook-ca", "Certificate/facet-webhook",
 			},
@@ -30,7 +59,7 @@ func TestWebhookConfiguration(t *testing.T) {
 		},
 		{
 			name:            "cert-manager with an existing issuer",
-			values:          "admission: {webhook: {tls: {certManager: {issuerRef: {name: corp-ca, kind: ClusterIssuer}}}}}",
+			values:          "admission: {webhook: {tls: {mode: certManager, certManager: {issuerRef: {name: corp-ca, kind: ClusterIssuer}}}}}",
 			wantCertManager: []string{"Certificate/facet-webhook"},
 			wantInject:      true,
 			wantSecret:      "facet-webhook-tls",
@@ -44,7 +73,7 @@ func TestWebhookConfiguration(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			objs := render(t, values(t, tc.values))
+			objs := renderAs(t, values(t, tc.values), releaseName, releaseNamespace, tc.apis...)
 			var got []string
 			for _, o := range objs {
 				if strings.HasPrefix(o.GetAPIVersion(), "cert-manager.io/") {
@@ -70,6 +99,9 @@ func TestWebhookConfiguration(t *testing.T) {
 
 			vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 			into(t, find(t, objs, "ValidatingWebhookConfiguration", "facet-webhook"), vwc)
+			if tc.wantSelfSigned {
+				checkSelfSigned(t, objs, vwc)
+			}
 			_, inject := vwc.Annotations["cert-manager.io/inject-ca-from"]
 			if inject != tc.wantInject {
 				t.Errorf("cert-manager CA injection %v, want %v", inject, tc.wantInject)
@@ -157,4 +189,58 @@ func TestWebhookDisabled(t *testing.T) {
 			t.Errorf("%s %s rendered with the webhook disabled", o.GetKind(), o.GetName())
 		}
 	}
+}
+
+// checkSelfSigned: the chart's own Secret holds a CA and a serving
+// certificate it signed for the Service's DNS names, with its key; every
+// webhook of the configuration trusts that CA.
+func checkSelfSigned(t *testing.T, objs []object, vwc *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	t.Helper()
+	sec := &corev1.Secret{}
+	into(t, find(t, objs, "Secret", "facet-webhook-tls"), sec)
+	if sec.Type != corev1.SecretTypeTLS {
+		t.Errorf("Secret type %q, want %q", sec.Type, corev1.SecretTypeTLS)
+	}
+	pair, err := tls.X509KeyPair(sec.Data["tls.crt"], sec.Data["tls.key"])
+	if err != nil {
+		t.Fatalf("tls.crt and tls.key: %v", err)
+	}
+	cert, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(sec.Data["ca.crt"]) {
+		t.Fatal("ca.crt holds no PEM certificate")
+	}
+	for _, name := range []string{"facet-webhook." + releaseNamespace + ".svc", "facet-webhook." + releaseNamespace + ".svc.cluster.local"} {
+		if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: name}); err != nil {
+			t.Errorf("the serving certificate for %s: %v", name, err)
+		}
+	}
+	for _, w := range vwc.Webhooks {
+		if !bytes.Equal(w.ClientConfig.CABundle, sec.Data["ca.crt"]) {
+			t.Errorf("%s: caBundle is not the Secret's ca.crt", w.Name)
+		}
+	}
+}
+
+// TestSelfSignedCAIsOne: the pod mutator's configuration trusts the same
+// self-signed CA as the validating webhook's: one certificate per render.
+func TestSelfSignedCAIsOne(t *testing.T) {
+	objs := render(t, values(t, "admission: {webhook: {mutatePods: {enabled: true}}}"))
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	into(t, find(t, objs, "ValidatingWebhookConfiguration", "facet-webhook"), vwc)
+	checkSelfSigned(t, objs, vwc)
+	for _, o := range ofKind(objs, "MutatingWebhookConfiguration") {
+		mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+		into(t, o, mwc)
+		for _, w := range mwc.Webhooks {
+			if !bytes.Equal(w.ClientConfig.CABundle, vwc.Webhooks[0].ClientConfig.CABundle) {
+				t.Errorf("%s: caBundle differs from the validating webhook's", w.Name)
+			}
+		}
+		return
+	}
+	t.Fatal("no MutatingWebhookConfiguration rendered")
 }

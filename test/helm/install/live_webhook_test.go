@@ -12,6 +12,8 @@ import (
 
 	"github.com/facet-gpu/facet/internal/testenv"
 
+	"helm.sh/helm/v3/pkg/action"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -33,20 +35,42 @@ func servingSecret(t *testing.T, ns, name string, dnsNames ...string) (manifest,
 }
 
 // TestLiveChartWebhookDeployment installs the chart's webhook Deployment
-// (image of `make image-sim`) with its certificate set up as the chart
-// documents for tls.mode=secret: a kubernetes.io/tls Secret for
-// <fullname>-webhook.<namespace>.svc and its CA as caBundle. The API server
-// calls it through its Service (at the endpoints: hack/cluster/up.sh runs
-// it with --enable-aggregator-routing, as there is no kube-proxy), and it
-// refuses a claim with a bad Facet config and admits a good one.
+// (image of `make image-sim`) with each way of getting its certificate
+// that needs no cert-manager: the default, which on this cluster (no
+// cert-manager) is the chart's own self-signed CA and certificate, kept
+// across `helm upgrade`; and tls.mode=secret as the chart documents it, a
+// kubernetes.io/tls Secret for <fullname>-webhook.<namespace>.svc and its
+// CA as caBundle. The API server calls the webhook through its Service (at
+// the endpoints: hack/cluster/up.sh runs it with
+// --enable-aggregator-routing, as there is no kube-proxy), and it refuses a
+// claim with a bad Facet config and admits a good one.
 func TestLiveChartWebhookDeployment(t *testing.T) {
 	r := newChartRig(t)
 	ctx := context.Background()
 	const secret = "facet-webhook-tls"
 	svc := "facet-webhook." + chartNS + ".svc"
-	manifest, caBundle := servingSecret(t, chartNS, secret, svc, svc+".cluster.local")
-	r.must(t, manifest, "apply", "-f", "-")
-	vals := values(t, fmt.Sprintf(`
+	for _, tc := range []struct {
+		name string
+		// tls is the values' admission.webhook.tls; "" the default.
+		tls func(t *testing.T) string
+	}{
+		{name: "default: the chart's own certificate", tls: func(*testing.T) string { return "" }},
+		{name: "an existing Secret", tls: func(t *testing.T) string {
+			manifest, caBundle := servingSecret(t, chartNS, secret, svc, svc+".cluster.local")
+			r.must(t, manifest, "apply", "-f", "-")
+			t.Cleanup(func() { _, _ = r.run("", "delete", "secret", "-n", chartNS, secret) })
+			return fmt.Sprintf("tls: {mode: secret, secret: {name: %s, caBundle: %s}}", secret, caBundle)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The last case's release is uninstalled, its objects deleted
+			// in the background: none may linger into this one's.
+			testenv.WaitFor(t, "the last release's webhook Deployment and Secret gone", 2*time.Minute, func() (bool, error) {
+				_, e1 := r.client.AppsV1().Deployments(chartNS).Get(ctx, "facet-webhook", metav1.GetOptions{})
+				_, e2 := r.client.CoreV1().Secrets(chartNS).Get(ctx, secret, metav1.GetOptions{})
+				return apierrors.IsNotFound(e1) && apierrors.IsNotFound(e2), fmt.Errorf("deployment: %v, secret: %v", e1, e2)
+			})
+			vals := values(t, fmt.Sprintf(`
 image: {repository: facet.local/facet, tag: %q, pullPolicy: Never}
 deviceClasses: {enabled: false}
 kubeletPlugin:
@@ -62,17 +86,44 @@ admission:
     logVerbosity: 4
     # Only this test's namespace: other tests' claims never depend on it.
     namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
-    tls:
-      mode: secret
-      secret: {name: %s, caBundle: %s}
-`, r.tag, chartNS, secret, caBundle))
-	r.install(t, vals)
+    %s
+`, r.tag, chartNS, tc.tls(t)))
+			r.install(t, vals)
+			r.webhookServes(ctx, t, "first")
+			if tc.name != "default: the chart's own certificate" {
+				return
+			}
+			ca := func() string {
+				s, err := r.client.CoreV1().Secrets(chartNS).Get(ctx, secret, metav1.GetOptions{})
+				if err != nil {
+					t.Fatalf("the chart made no Secret %s: %v", secret, err)
+				}
+				return string(s.Data["ca.crt"])
+			}
+			before := ca()
+			up := action.NewUpgrade(r.cfg)
+			up.Namespace, up.Timeout = chartNS, 2*time.Minute
+			if _, err := up.Run(chartRelease, r.ch, vals); err != nil {
+				t.Fatalf("helm upgrade: %v", err)
+			}
+			if ca() != before {
+				t.Error("helm upgrade made a new CA: the chart must keep its self-signed certificate")
+			}
+			r.webhookServes(ctx, t, "after-upgrade")
+		})
+	}
+}
+
+// webhookServes waits for the webhook Deployment, then checks that it
+// refuses a claim with a bad config and admits a good one (names prefixed).
+func (r *chartRig) webhookServes(ctx context.Context, t *testing.T, prefix string) {
+	t.Helper()
 	testenv.WaitFor(t, "the webhook Deployment available", 2*time.Minute, func() (bool, error) {
 		d, err := r.client.AppsV1().Deployments(chartNS).Get(ctx, "facet-webhook", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
-		return d.Status.AvailableReplicas == 1, fmt.Errorf("status %+v", d.Status)
+		return d.Status.AvailableReplicas == 1 && d.Status.UpdatedReplicas == 1 && d.Status.Replicas == 1, fmt.Errorf("status %+v", d.Status)
 	})
 	t.Logf("webhook Deployment available (%s)", r.since())
 
@@ -96,13 +147,14 @@ spec:
 	var out string
 	testenv.WaitFor(t, "the webhook refusing a bad config", time.Minute, func() (bool, error) {
 		var err error
-		out, err = r.run(claim("bad", "{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, taskPriority: 7}"), "apply", "-f", "-")
+		out, err = r.run(claim(prefix+"-bad", "{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, taskPriority: 7}"), "apply", "-f", "-")
 		return err != nil && strings.Contains(out, want), fmt.Errorf("%v: %s", err, out)
 	})
 	t.Logf("refused: %s", strings.TrimSpace(out))
-	r.must(t, claim("good", "{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, logLevel: 4}"), "apply", "-f", "-")
+	r.must(t, claim(prefix+"-good", "{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, logLevel: 4}"), "apply", "-f", "-")
+	t.Cleanup(func() { _, _ = r.run("", "delete", "resourceclaim", "-n", chartNS, prefix+"-good") })
 	log := r.must(t, "", "logs", "-n", chartNS, "deployment/facet-webhook")
-	for _, w := range []string{`name="bad"`, `"Allowed" kind="ResourceClaim" namespace="` + chartNS + `" name="good"`} {
+	for _, w := range []string{`name="` + prefix + `-bad"`, `"Allowed" kind="ResourceClaim" namespace="` + chartNS + `" name="` + prefix + `-good"`} {
 		if !strings.Contains(log, w) {
 			t.Errorf("the webhook pod's log lacks %s:\n%s", w, log)
 		}

@@ -187,3 +187,42 @@ matchCondition sends exactly the pods the webhook may rewrite.
 {{- end }}
 {{- if $terms }}{{ join " || " $terms }}{{ else }}false{{ end }}
 {{- end }}
+
+{{/*
+facet.webhookTLSMode: admission.webhook.tls.mode with auto resolved:
+certManager where the cluster serves cert-manager.io/v1, else selfSigned
+(so does `helm template`, which sees no cluster).
+*/}}
+{{- define "facet.webhookTLSMode" -}}
+{{- $mode := .Values.admission.webhook.tls.mode }}
+{{- if eq $mode "auto" }}
+{{- $mode = ternary "certManager" "selfSigned" (.Capabilities.APIVersions.Has "cert-manager.io/v1") }}
+{{- end }}
+{{- $mode }}
+{{- end }}
+
+{{/*
+facet.webhookSelfSignedTLS: the selfSigned mode's CA and serving
+certificate, base64 PEM in a dict (ca, cert, key): those of the Secret a
+previous release made, so that an upgrade keeps them, else new ones. Made
+once per render and kept in the values, since the webhook's and the pod
+mutator's configurations both carry the CA.
+*/}}
+{{- define "facet.webhookSelfSignedTLS" -}}
+{{- $tls := .Values.admission.webhook.tls }}
+{{- if not (hasKey $tls "generated") }}
+{{- $name := include "facet.webhookName" . }}
+{{- $old := lookup "v1" "Secret" .Release.Namespace (printf "%s-tls" $name) }}
+{{- $data := dict }}
+{{- if $old }}{{ $data = $old.data | default dict }}{{ end }}
+{{- if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") }}
+{{- $_ := set $tls "generated" (dict "ca" (index $data "ca.crt") "cert" (index $data "tls.crt") "key" (index $data "tls.key")) }}
+{{- else }}
+{{- $days := int $tls.selfSigned.validityDays }}
+{{- $ca := genCA (printf "%s-ca" $name) $days }}
+{{- $svc := printf "%s.%s.svc" $name .Release.Namespace }}
+{{- $cert := genSignedCert $svc nil (list $svc (printf "%s.cluster.local" $svc)) $days $ca }}
+{{- $_ := set $tls "generated" (dict "ca" ($ca.Cert | b64enc) "cert" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc)) }}
+{{- end }}
+{{- end }}
+{{- end }}
