@@ -37,9 +37,23 @@ import (
 )
 
 // Version is the record format written by this build. Older versions are
-// read and upgraded in place on the next write; newer ones are refused
-// rather than misread.
+// read and upgraded in place on the next write.
+//
+// A newer format is read too, for a rollback to this build, when the
+// record says this build may (MinReader): its writer added only fields
+// that a reader may ignore, and this build ignores them. A build that
+// changes what a record means, or adds a field that unpreparing needs (a
+// new resource to free), writes a MinReader above the formats that cannot
+// honour it; those refuse the record rather than misread it, as corrupt,
+// which fails closed (its devices stay reserved, its claim fails with the
+// reason). So every rollback to the previous minor version reads the
+// records of the next one, unless the next one's release notes say it
+// raised MinReader.
 const Version = 1
+
+// MinReader is the oldest format that may read the records this build
+// writes: 1, since every field of format 1 is one a reader needs.
+const MinReader = 1
 
 // State is how far preparing a claim got.
 type State string
@@ -136,9 +150,12 @@ type Share struct {
 var ErrCorrupt = errors.New("corrupt checkpoint")
 
 type envelope struct {
-	Version  int             `json:"version"`
-	Checksum string          `json:"checksum"`
-	Claim    json.RawMessage `json:"claim"`
+	Version int `json:"version"`
+	// MinReader is the oldest format that may read the record; 0 (records
+	// of builds before it existed): Version.
+	MinReader int             `json:"minReader,omitempty"`
+	Checksum  string          `json:"checksum"`
+	Claim     json.RawMessage `json:"claim"`
 }
 
 // Store is a directory of claim records. It is safe for concurrent use on
@@ -497,15 +514,27 @@ func decode(data []byte) (*Claim, error) {
 	if err := json.Unmarshal(data, &env); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	if env.Version < 1 || env.Version > Version {
-		return nil, fmt.Errorf("%w: version %d, this build reads 1 to %d", ErrCorrupt, env.Version, Version)
+	minReader := env.MinReader
+	if minReader == 0 {
+		minReader = env.Version
+	}
+	switch {
+	case env.Version < 1 || minReader < 1 || minReader > env.Version:
+		return nil, fmt.Errorf("%w: version %d, minReader %d", ErrCorrupt, env.Version, env.MinReader)
+	case minReader > Version:
+		return nil, fmt.Errorf("%w: version %d, written by a newer Facet that says formats before %d cannot read it, and this build reads 1 to %d: roll forward to read it", ErrCorrupt, env.Version, minReader, Version)
 	}
 	if sum := checksum(env.Claim); sum != env.Checksum {
 		return nil, fmt.Errorf("%w: checksum %s does not match content (%s)", ErrCorrupt, env.Checksum, sum)
 	}
 	var c Claim
 	dec := json.NewDecoder(bytes.NewReader(env.Claim))
-	dec.DisallowUnknownFields()
+	if env.Version <= Version {
+		// A field this format does not have, in a record of this
+		// format or an older one, is damage. A newer writer's fields
+		// are ignored (see Version).
+		dec.DisallowUnknownFields()
+	}
 	if err := dec.Decode(&c); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
@@ -535,7 +564,7 @@ func (s *Store) Put(c *Claim) error {
 	if err != nil {
 		return err
 	}
-	data, err := json.MarshalIndent(envelope{Version: Version, Checksum: checksum(body), Claim: body}, "", "  ")
+	data, err := json.MarshalIndent(envelope{Version: Version, MinReader: MinReader, Checksum: checksum(body), Claim: body}, "", "  ")
 	if err != nil {
 		return err
 	}

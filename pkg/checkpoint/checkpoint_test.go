@@ -60,7 +60,9 @@ func TestCorruptionIsContained(t *testing.T) {
 		{"truncated", func(d []byte) []byte { return d[:len(d)/2] }, "corrupt checkpoint"},
 		{"empty", func([]byte) []byte { return nil }, "corrupt checkpoint"},
 		{"bit flip in record", func(d []byte) []byte { return []byte(strings.Replace(string(d), "gpu-0", "gpu-9", 1)) }, "checksum"},
-		{"future version", func(d []byte) []byte { return []byte(strings.Replace(string(d), `"version": 1`, `"version": 7`, 1)) }, "version 7"},
+		{"future version no older build may read", func(d []byte) []byte {
+			return []byte(strings.Replace(strings.Replace(string(d), `"version": 1`, `"version": 7`, 1), `"minReader": 1`, `"minReader": 7`, 1))
+		}, "roll forward"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -57,7 +57,8 @@ func TestSalvage(t *testing.T) {
 		name string
 		env  envelope
 	}{
-		{"future version", envelope{Version: Version + 1, Checksum: checksum(futureBody), Claim: futureBody}},
+		{"future version no older build may read", envelope{Version: Version + 1, MinReader: Version + 1, Checksum: checksum(futureBody), Claim: futureBody}},
+		{"future version of no declared reader (as format 1 wrote)", envelope{Version: Version + 1, Checksum: checksum(futureBody), Claim: futureBody}},
 		{"bad checksum", envelope{Version: Version, Checksum: "0000", Claim: body}},
 		{"unknown field", envelope{Version: Version, Checksum: checksum(futureBody), Claim: futureBody}},
 	} {
@@ -121,4 +122,59 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("round trip changed the record:\n%s\n%s", body, b2)
 		}
 	})
+}
+
+// TestRollback: a build reads the records of a newer format that says it
+// may (minReader), ignoring the fields it does not know, so that a
+// rollback to it finds every claim the newer build prepared; and it still
+// refuses an unknown field in a record of its own format (damage).
+func TestRollback(t *testing.T) {
+	s, _ := Open(t.TempDir())
+	c := claim("a")
+	body, _ := json.Marshal(c)
+	var next map[string]any
+	if err := json.Unmarshal(body, &next); err != nil {
+		t.Fatal(err)
+	}
+	next["fieldOfTheNextMinor"] = map[string]any{"x": 1}
+	nextBody, _ := json.Marshal(next)
+	for _, tc := range []struct {
+		name    string
+		env     envelope
+		wantErr bool
+	}{
+		{"the next format, readable by this one", envelope{Version: Version + 1, MinReader: Version, Checksum: checksum(nextBody), Claim: nextBody}, false},
+		{"this format with a field it does not have", envelope{Version: Version, MinReader: Version, Checksum: checksum(nextBody), Claim: nextBody}, true},
+		{"a minReader above its version", envelope{Version: Version, MinReader: Version + 1, Checksum: checksum(body), Claim: body}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data, _ := json.Marshal(tc.env)
+			if err := os.WriteFile(filepath.Join(s.Dir(), "a.json"), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Get("a")
+			if tc.wantErr {
+				if !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("Get: %v, want ErrCorrupt", err)
+				}
+				return
+			}
+			if err != nil || got.UID != "a" || len(got.Devices) != 1 || got.Devices[0].GPUUUID != "GPU-1" {
+				t.Fatalf("Get: %+v, %v; want the record, its unknown field ignored", got, err)
+			}
+		})
+	}
+	// What this build writes says any format-1 reader may read it.
+	if err := s.Put(claim("b")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	data, err := os.ReadFile(filepath.Join(s.Dir(), "b.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env envelope
+	if err := json.Unmarshal(data, &env); err != nil || env.Version != Version || env.MinReader != MinReader {
+		t.Fatalf("written envelope %+v (%v), want version %d, minReader %d", env, err, Version, MinReader)
+	}
 }
