@@ -789,6 +789,23 @@ func TestPluginRollingUpdate(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a percentage maxSurge", func(t *testing.T) {
+		ds := daemonSets(t, render(t, values(t, "kubeletPlugin: {updateStrategy: {type: RollingUpdate, rollingUpdate: {maxSurge: 25%, maxUnavailable: 0}}}")))[0]
+		if ru := ds.Spec.UpdateStrategy.RollingUpdate; ru == nil || ru.MaxSurge == nil || ru.MaxSurge.String() != "25%" {
+			t.Errorf("updateStrategy %+v, want maxSurge 25%%", ds.Spec.UpdateStrategy)
+		}
+	})
+	for _, v := range []string{
+		"kubeletPlugin: {rollingUpdates: false}",
+		"kubeletPlugin: {rollingUpdates: false, updateStrategy: {type: RollingUpdate, rollingUpdate: {maxSurge: 10%, maxUnavailable: 0}}}",
+	} {
+		t.Run("refused: "+v, func(t *testing.T) {
+			_, err := renderErr(t, values(t, v), releaseName, releaseNamespace)
+			if err == nil || !strings.Contains(err.Error(), "kubeletPlugin.rollingUpdates=false with updateStrategy.rollingUpdate.maxSurge=") {
+				t.Fatalf("render: %v, want a refusal of a surge without --pod-uid", err)
+			}
+		})
+	}
 }
 
 // TestPluginSeesTheDriverAndTheHook renders the driver layouts users have

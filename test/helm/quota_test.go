@@ -57,7 +57,7 @@ func TestCriticalPodsQuota(t *testing.T) {
 		{name: "defaults", namespace: releaseNamespace, wantQuota: true, wantPods: "1G"},
 		{name: "in kube-system", namespace: "kube-system"},
 		{name: "turned off", values: "criticalPodsQuota: {enabled: false}", namespace: releaseNamespace},
-		{name: "no critical pod", values: `kubeletPlugin: {priorityClassName: ""}`, namespace: releaseNamespace},
+		{name: "no critical pod", values: "kubeletPlugin: {priorityClassName: \"\"}\nadmission: {webhook: {priorityClassName: \"\"}}\npreemptor: {priorityClassName: \"\"}", namespace: releaseNamespace},
 		{
 			name:      "only the preemptor and the webhook are critical",
 			values:    "kubeletPlugin: {priorityClassName: \"\"}\npreemptor: {enabled: true, priorityClassName: system-cluster-critical}\nadmission: {webhook: {priorityClassName: system-cluster-critical}}\ncriticalPodsQuota: {pods: 5000}",
@@ -103,6 +103,41 @@ func TestCriticalPodsQuota(t *testing.T) {
 			if !covered {
 				t.Errorf("%s: %s %s has priority class %s and no ResourceQuota admits it outside kube-system", cfgName, o.GetKind(), o.GetName(), spec.PriorityClassName)
 			}
+		}
+	}
+}
+
+// TestPriorityClasses: every pod of the chart has a priority that keeps it
+// from being evicted for the workloads it serves: the node's plugin and
+// facet-mps system-node-critical, the webhook (which claims with a Facet
+// config wait on) and the preemptor system-cluster-critical; and the
+// critical-pods quota covers them all.
+func TestPriorityClasses(t *testing.T) {
+	objs := render(t, values(t, "preemptor: {enabled: true}"))
+	want := map[string]string{"kubelet-plugin": "system-node-critical", "mps": "system-node-critical", "webhook": "system-cluster-critical", "preemptor": "system-cluster-critical"}
+	seen := map[string]bool{}
+	for _, o := range objs {
+		spec, ok := podSpecOf(t, o)
+		if !ok {
+			continue
+		}
+		component := o.GetLabels()["app.kubernetes.io/component"]
+		w, known := want[component]
+		if !known {
+			t.Errorf("%s/%s (component %q) has no priority decided here", o.GetKind(), o.GetName(), component)
+			continue
+		}
+		seen[component] = true
+		if spec.PriorityClassName != w {
+			t.Errorf("%s/%s: priorityClassName %q, want %s", o.GetKind(), o.GetName(), spec.PriorityClassName, w)
+		}
+		if !quotaCovers(t, find(t, objs, "ResourceQuota", releaseName+"-critical-pods"), w) {
+			t.Errorf("the critical-pods quota does not cover %s", w)
+		}
+	}
+	for c := range want {
+		if !seen[c] {
+			t.Errorf("no pod of component %s rendered", c)
 		}
 	}
 }

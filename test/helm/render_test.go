@@ -232,6 +232,7 @@ func configurations(t testing.TB) map[string]map[string]any {
 	return map[string]map[string]any{
 		"defaults": values(t, ""),
 		"node groups and secret TLS": values(t, `
+networkPolicy: {enabled: true}
 kubeletPlugin:
   nodeGroups:
     shared: {mode: shared, gpuOrder: spread}

@@ -1,0 +1,74 @@
+package helm
+
+import (
+	"testing"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// TestNetworkPolicy: off by default; on, every pod of the chart outside the
+// host's network is selected by exactly one policy, which lets it receive
+// only on the ports it serves and send only to the API server (the webhook
+// only with the pod mutator, facet-mps never).
+func TestNetworkPolicy(t *testing.T) {
+	if got := ofKind(render(t, values(t, "")), "NetworkPolicy"); len(got) != 0 {
+		t.Fatalf("%d NetworkPolicies by default, want none", len(got))
+	}
+	objs := render(t, values(t, "networkPolicy: {enabled: true, apiServer: {cidrs: [10.0.0.1/32], ports: [6443]}}\npreemptor: {enabled: true}"))
+	var policies []*networkingv1.NetworkPolicy
+	for _, o := range ofKind(objs, "NetworkPolicy") {
+		np := &networkingv1.NetworkPolicy{}
+		into(t, o, np)
+		policies = append(policies, np)
+	}
+	want := map[string]struct {
+		port   int
+		egress bool
+	}{"kubelet-plugin": {8081, true}, "mps": {0, false}, "webhook": {8443, false}, "preemptor": {8080, true}}
+	for _, o := range objs {
+		spec, ok := podSpecOf(t, o)
+		if !ok || spec.HostNetwork {
+			continue
+		}
+		podLabels := labels.Set{}
+		for k, v := range o.Object["spec"].(map[string]any)["template"].(map[string]any)["metadata"].(map[string]any)["labels"].(map[string]any) {
+			podLabels[k] = v.(string)
+		}
+		var selecting []*networkingv1.NetworkPolicy
+		for _, np := range policies {
+			if labels.SelectorFromSet(np.Spec.PodSelector.MatchLabels).Matches(podLabels) {
+				selecting = append(selecting, np)
+			}
+		}
+		if len(selecting) != 1 {
+			t.Errorf("%s/%s: %d policies select its pods, want 1", o.GetKind(), o.GetName(), len(selecting))
+			continue
+		}
+		np := selecting[0]
+		w := want[podLabels["app.kubernetes.io/component"]]
+		var ports []int
+		for _, in := range np.Spec.Ingress {
+			if len(in.From) != 0 {
+				t.Errorf("%s: ingress from %v; the API server and the kubelet come from addresses the chart cannot know", np.Name, in.From)
+			}
+			for _, p := range in.Ports {
+				ports = append(ports, p.Port.IntValue())
+			}
+		}
+		if (w.port == 0 && len(ports) != 0) || (w.port != 0 && (len(ports) != 1 || ports[0] != w.port)) {
+			t.Errorf("%s: ingress ports %v, want %d only", np.Name, ports, w.port)
+		}
+		if got := len(np.Spec.Egress) > 0; got != w.egress {
+			t.Errorf("%s: egress %v, want some: %v", np.Name, np.Spec.Egress, w.egress)
+		}
+		for _, e := range np.Spec.Egress {
+			if len(e.Ports) != 1 || e.Ports[0].Port.IntValue() != 6443 || len(e.To) != 1 || e.To[0].IPBlock == nil || e.To[0].IPBlock.CIDR != "10.0.0.1/32" {
+				t.Errorf("%s: egress %+v, want the API server's 10.0.0.1/32:6443 only", np.Name, e)
+			}
+		}
+		if len(np.Spec.PolicyTypes) != 2 {
+			t.Errorf("%s: policyTypes %v, want Ingress and Egress", np.Name, np.Spec.PolicyTypes)
+		}
+	}
+}
