@@ -256,7 +256,8 @@ func TestObservability(t *testing.T) {
 		uuid, _ := sliceUUID(t, r.Device)
 		enforced, mem, cores := true, int64(2000<<20), int64(20)
 		if r.ShareID == nil || len(data) != 1 ||
-			data[0] != (claimstatus.Data{Kind: "share", GPUUUID: uuid, MemoryLimitBytes: data[0].MemoryLimitBytes, ComputeLimitPercent: data[0].ComputeLimitPercent, Enforced: data[0].Enforced}) ||
+			// volcano-share runs as UID 1000: an MPS client.
+			data[0] != (claimstatus.Data{Kind: "share", GPUUUID: uuid, MemoryLimitBytes: data[0].MemoryLimitBytes, ComputeLimitPercent: data[0].ComputeLimitPercent, Enforced: data[0].Enforced, ComputePartitioning: "mps"}) ||
 			data[0].MemoryLimitBytes == nil || *data[0].MemoryLimitBytes != mem || *data[0].ComputeLimitPercent != cores || *data[0].Enforced != enforced {
 			t.Errorf("status.devices data %+v (shareID %v)", data, r.ShareID)
 		}
