@@ -8,6 +8,9 @@
 # FACET_NODE names the node (default: up.sh's "localhost"); another node is
 # one hack/cluster/add-node.sh added, whose paths and health port come from
 # RUN_DIR/nodes/FACET_NODE/env.sh, and whose state lives in that directory.
+# Each node also gets facet-mps (the chart's MPS DaemonSet), started with
+# its first plugin and left running across plugin restarts and stops, as
+# the DaemonSet is; hack/cluster/down.sh stops it.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="$1"; RUN_DIR="$2"; shift 2
@@ -55,6 +58,14 @@ start() {
   printf '%s\0' "${MACHINE}" "$@" >"${argsfile}"
   "${REPO}/hack/sim-node.sh" "${NODE_DIR}" "${MACHINE}" >/dev/null
   mkdir -p "$(dirname "${logfile}")" "$(dirname "${pidfile}")"
+  local mps_pidfile="${NODE_DIR}/pids/facet-mps.pid"
+  if ! { [[ -f "${mps_pidfile}" ]] && kill -0 "$(cat "${mps_pidfile}")" 2>/dev/null; }; then
+    # In the host's mount namespace: each GPU's /dev/shm tmpfs it mounts
+    # must be where containerd binds it from.
+    setsid "${REPO}/bin/facet-mps" --driver-root "${NODE_DIR}/driver-root" --mps-dir "${NODE_DIR}/mps" --shm-size 64Mi \
+      >>"$(dirname "${logfile}")/facet-mps.log" 2>&1 < /dev/null 3>&- 9>&- &
+    echo $! > "${mps_pidfile}"
+  fi
   if [[ ${append} == 0 ]]; then : >"${logfile}"; fi
   # setsid: the plugin outlives the make that started it (and must not
   # hold the e2e lock's fd, see hack/cluster/up.sh's start). unshare: a
@@ -71,6 +82,7 @@ start() {
     --kubelet-registrar-dir "${FACET_KUBELET_ROOT}/plugins_registry" \
     --kubelet-plugins-dir "${FACET_KUBELET_ROOT}/plugins" \
     --hami-library "${NODE_DIR}/hami/libvgpu.so" \
+    --mps-dir "${NODE_DIR}/mps" \
     "${health[@]}" \
     "$@" >>"${logfile}" 2>&1 < /dev/null 3>&- 9>&- &
   echo $! > "${pidfile}"
