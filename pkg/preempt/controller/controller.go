@@ -70,6 +70,8 @@ const unschedulableClaims = "cannot allocate all claims"
 
 // Options configure the controller.
 type Options struct {
+	// OnSynced, when set, is called once the informers have synced.
+	OnSynced func()
 	Client   kubernetes.Interface
 	Recorder record.EventRecorder
 	Metrics  *Metrics
@@ -228,6 +230,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			return nil
 		}
 		return errors.New("informers did not sync: facet-preemptor needs list and watch on pods, nodes, resourceclaims, resourceslices and deviceclasses")
+	}
+	if c.opts.OnSynced != nil {
+		c.opts.OnSynced()
 	}
 	logger.Info("Watching for pods whose ResourceClaims cannot be allocated", "driver", names.Driver)
 	go c.resync(ctx)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -47,6 +48,11 @@ type Config struct {
 	LeaseNamespace, LeaseName string
 	// MetricsAddr serves /metrics and /healthz; empty: not served.
 	MetricsAddr string
+	// CacheSyncTimeout: /healthz fails once the preemption controller
+	// has waited this long for its informers (missing list or watch
+	// rights, an API server that does not answer), so that the kubelet
+	// restarts the pod rather than leave a leader that never preempts.
+	CacheSyncTimeout time.Duration
 	// Timeout, Backoff, MaxBackoff, Resync: see Options.
 	Timeout, Backoff, MaxBackoff, Resync time.Duration
 	// ProtectedNamespaces: their pods are never evicted. Complete adds
@@ -71,6 +77,7 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LeaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "default"), "namespace of the leader Lease")
 	fs.StringVar(&c.LeaseName, "leader-elect-name", "facet-preemptor", "name of the leader Lease")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address for /metrics and /healthz; empty: none")
+	fs.DurationVar(&c.CacheSyncTimeout, "cache-sync-timeout", 2*time.Minute, "/healthz fails once the preemption controller has waited this long for its informers to sync")
 	fs.DurationVar(&c.Timeout, "preemption-timeout", 2*time.Minute, "how long one preemption may take, from the evictions to the preemptor scheduled, before it is given up")
 	fs.DurationVar(&c.Backoff, "backoff", 10*time.Second, "first wait before preempting again for a pod whose preemption did not get it scheduled; doubles each time")
 	fs.DurationVar(&c.MaxBackoff, "max-backoff", 5*time.Minute, "longest such wait")
@@ -149,8 +156,9 @@ func Main(ctx context.Context, cfg Config) error {
 	if cfg.ObserveOnly {
 		logger.Info("Observe-only: every decision is made and raised as Events, nothing is evicted", "flag", "--observe-only")
 	}
+	health := &cacheHealth{timeout: cfg.CacheSyncTimeout, now: time.Now}
 	if cfg.MetricsAddr != "" {
-		if err := serve(ctx, cfg.MetricsAddr, metrics); err != nil {
+		if err := serve(ctx, cfg.MetricsAddr, metrics, health.check); err != nil {
 			return err
 		}
 	}
@@ -191,8 +199,11 @@ func Main(ctx context.Context, cfg Config) error {
 		logger.Info("Allocator features", "gates", set.String())
 		metrics.SetActive(true)
 		defer metrics.SetActive(false)
+		health.waiting()
+		defer health.stopped()
 		c := New(Options{
-			Client: client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set), Protection: protection,
+			OnSynced: health.synced,
+			Client:   client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set), Protection: protection,
 			Timeout: cfg.Timeout, Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Resync: cfg.Resync,
 			MaxEvictionsPerMinute: cfg.MaxEvictionsPerMinute, ObserveOnly: cfg.ObserveOnly,
 		})
@@ -242,14 +253,20 @@ func Main(ctx context.Context, cfg Config) error {
 }
 
 // serve starts the metrics and health server; it stops with ctx.
-func serve(ctx context.Context, addr string, m *Metrics) error {
+func serve(ctx context.Context, addr string, m *Metrics, healthy func() error) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("--metrics-addr: %w", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	go func() {
@@ -257,5 +274,43 @@ func serve(ctx context.Context, addr string, m *Metrics) error {
 		_ = srv.Close()
 	}()
 	klog.FromContext(ctx).Info("Serving metrics and health", "addr", ln.Addr().String())
+	return nil
+}
+
+// cacheHealth is /healthz's view of the preemption controller: unhealthy
+// once it has waited longer than timeout for its informers. A replica that
+// does not lead, or whose controller is idle (the scheduler preempts), is
+// healthy.
+type cacheHealth struct {
+	timeout time.Duration
+	now     func() time.Time
+
+	mu    sync.Mutex
+	since time.Time // zero: not waiting
+}
+
+func (h *cacheHealth) waiting() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.since = h.now()
+}
+
+func (h *cacheHealth) synced() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.since = time.Time{}
+}
+
+func (h *cacheHealth) stopped() { h.synced() }
+
+func (h *cacheHealth) check() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.since.IsZero() || h.timeout <= 0 {
+		return nil
+	}
+	if waited := h.now().Sub(h.since); waited > h.timeout {
+		return fmt.Errorf("the preemption controller's informers have not synced in %s (--cache-sync-timeout %s): facet-preemptor needs list and watch on pods, nodes, resourceclaims, resourceslices and deviceclasses", waited.Round(time.Second), h.timeout)
+	}
 	return nil
 }
