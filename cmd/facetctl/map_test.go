@@ -24,8 +24,7 @@ func TestContributingMap(t *testing.T) {
 	if i < 0 {
 		t.Fatal("docs/contributing.md has no package map (| Package | Job |)")
 	}
-	table := string(doc[i:])
-	table = table[:strings.Index(table, "\n\n")]
+	table, _, _ := strings.Cut(string(doc[i:]), "\n\n")
 	out, err := exec.Command("go", "list", "-f", "{{.Dir}}", "../../...").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)

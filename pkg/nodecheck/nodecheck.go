@@ -34,8 +34,8 @@ import (
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/driver"
 	"github.com/facet-gpu/facet/pkg/hami"
-	"github.com/facet-gpu/facet/pkg/mps"
 	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/mps"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nodecheck/probe"
 	"github.com/facet-gpu/facet/pkg/nvml"
@@ -419,8 +419,9 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 		}
 	}
 	proc, err := NewProcess(spec)
-	defer proc.Close()
 	if proc != nil {
+		// Its library directory, made also when NewProcess failed later.
+		defer proc.Close()
 		row.Missing = proc.Missing
 		for _, h := range proc.MissingHooks {
 			row.Notes = append(row.Notes, fmt.Sprintf("the spec's hook %s does not exist here: the host's container runtime needs it there (the plugin's --nvidia-cdi-hook)", h))

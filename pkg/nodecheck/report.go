@@ -81,11 +81,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 			published = fmt.Sprintf("%d MiB, %s SM", row.PublishedMiB, cores(row.Cores))
 		}
 		limit := "none"
-		if row.MPSPercent != "" {
+		switch {
+		case row.MPSPercent != "":
 			limit = fmt.Sprintf("%s, MPS %s %%", orDefault(row.LimitMemory, "-"), row.MPSPercent)
-		} else if row.LimitMemory != "" || row.LimitSM != "" {
+		case row.LimitMemory != "" || row.LimitSM != "":
 			limit = fmt.Sprintf("%s, SM %s", orDefault(row.LimitMemory, "-"), orDefault(row.LimitSM, "-"))
-		} else if row.CDIDevices == nil {
+		case row.CDIDevices == nil:
 			limit = "-"
 		}
 		sees, largest, past, compute := "-", "-", "-", "-"
