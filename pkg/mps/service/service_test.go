@@ -158,3 +158,44 @@ func TestOneServerPerDirectory(t *testing.T) {
 		t.Fatalf("second facet-mps: %v", err)
 	}
 }
+
+// BenchmarkAcquireOverSocket times what a prepare of a share pays for
+// facet-mps being a process of its own: one Acquire of a GPU whose daemon
+// runs, over the unix socket. Run: go test ./pkg/mps/service -run '^$'
+// -bench . -benchtime 200x
+func BenchmarkAcquireOverSocket(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	n := &node{root: b.TempDir(), dir: filepath.Join(b.TempDir(), "mps")}
+	if err := mpssim.WriteRoot(n.root); err != nil {
+		b.Fatal(err)
+	}
+	_, ctx := ktesting.NewTestContext(b)
+	sctx, cancel := context.WithCancel(ctx)
+	s, err := NewServer(Config{Root: n.root, Dir: n.dir, ShmSize: 1 << 20, BootID: "boot-1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = s.Run(sctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	c, err := Dial(ctx, n.dir, 30*time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := c.Acquire(ctx, gpu, "claim-0", 0); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = c.Release(ctx, "claim-0") }()
+	i := 0
+	for b.Loop() {
+		i++
+		if err := c.Acquire(ctx, gpu, types.UID(fmt.Sprintf("claim-%d", i%40+1)), 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for j := 1; j <= 40; j++ {
+		_ = c.Release(ctx, types.UID(fmt.Sprintf("claim-%d", j)))
+	}
+}
