@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 
@@ -76,6 +77,14 @@ func TestOpenMPS(t *testing.T) {
 				done := make(chan struct{})
 				go func() { _ = s.Run(sctx); close(done) }()
 				t.Cleanup(func() { cancel(); <-done })
+				// Serving before the plugin asks, however loaded the
+				// machine: the case is what it answers, not how soon.
+				if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+					_, err := service.NewClient(dir).Info(ctx)
+					return err == nil, nil
+				}); err != nil {
+					t.Fatalf("facet-mps does not answer: %v", err)
+				}
 			}
 			f := Config{MPS: MPSConfig{Mode: tc.mode, Dir: dir, Wait: 2 * time.Second}}
 			p, reason, err := f.openMPS(ctx)

@@ -45,6 +45,9 @@ func Dial(ctx context.Context, dir string, waitFor time.Duration) (*Client, erro
 	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, waitFor, true, func(ctx context.Context) (bool, error) {
 		info, err := c.Info(ctx)
 		switch {
+		case err != nil && ctx.Err() != nil && last != nil:
+			// The wait ran out during this call: the answer before
+			// it says more than the deadline does.
 		case err != nil:
 			last = err
 		case info.Control == "":
