@@ -75,13 +75,15 @@ func TestClient(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	stop := n.serve()
 	// The driver root is laid out after facet-mps starts (as the
-	// simulated node's plugin lays it out): Dial waits for it.
-	go func() {
-		time.Sleep(200 * time.Millisecond)
-		if err := mpssim.WriteRoot(n.root); err != nil {
-			t.Error(err)
-		}
-	}()
+	// simulated node's plugin lays it out): until then Dial does not
+	// return a client, and says why; afterwards facet-mps finds the
+	// control program by itself.
+	if _, err := Dial(ctx, n.dir, 3*time.Second); err == nil || !strings.Contains(err.Error(), "has no MPS control program") {
+		t.Fatalf("Dial before the driver root has a control program: %v, want it refused, saying so", err)
+	}
+	if err := mpssim.WriteRoot(n.root); err != nil {
+		t.Fatal(err)
+	}
 	c, err := Dial(ctx, n.dir, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
