@@ -3,6 +3,7 @@ package mps
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -118,4 +119,17 @@ func chrootInto(spec launchSpec) error {
 		return fmt.Errorf("chroot: %w", err)
 	}
 	return os.Chdir("/")
+}
+
+// launchHint explains an EINVAL from starting the launcher: Go makes every
+// mount of the new mount namespace private from "/", which fails with
+// EINVAL where this process's root is not a mount point. A container's
+// root always is; a bare chroot's (seen running facetctl node-check in
+// `chroot <image root>` on a real node) is not.
+func launchHint(err error) string {
+	var pe *os.PathError
+	if errors.As(err, &pe) && pe.Op == "fork/exec" && errors.Is(err, syscall.EINVAL) {
+		return " (a new mount namespace could not be made private: this process's root must be a mount point, as a container's is; in a chroot, bind-mount the root on itself first)"
+	}
+	return ""
 }

@@ -543,7 +543,7 @@ func (m *Manager) ensure(ctx context.Context, uuid string, g *gpuState) (bool, e
 // start empties the GPU's pipe directory, makes its shm directory an empty
 // tmpfs, and runs the control program with -d, chrooted, which returns
 // once the daemon listens.
-func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
+func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) (err error) {
 	if err := os.Remove(filepath.Join(dirs.Root, recordName)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
@@ -563,9 +563,19 @@ func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
 	if err := emptyDirs(dirs.Pipe); err != nil {
 		return err
 	}
-	if err := m.shmTmpfs(dirs.Shm); err != nil {
+	fresh, err := m.shmTmpfs(dirs.Shm)
+	if err != nil {
 		return err
 	}
+	defer func() {
+		// Seen on a real node: a daemon that never started left its
+		// tmpfs mounted, and the directory could not be removed.
+		if err != nil && fresh {
+			if uerr := unmountShm(dirs.Shm); uerr != nil {
+				err = fmt.Errorf("%w (and its shm tmpfs stays: %v)", err, uerr)
+			}
+		}
+	}()
 	m.failpoint(FailpointStarting)
 	out, err := os.Create(filepath.Join(dirs.Log, "facet-start.log"))
 	if err != nil {
@@ -581,7 +591,7 @@ func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) error {
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		msg, _ := os.ReadFile(out.Name())
-		return fmt.Errorf("%s -d (chrooted into %s): %w: %s", m.opts.Control, m.opts.Root, err, bytes.TrimSpace(msg))
+		return fmt.Errorf("%s -d (chrooted into %s): %w: %s%s", m.opts.Control, m.opts.Root, err, bytes.TrimSpace(msg), launchHint(err))
 	}
 	return nil
 }
@@ -612,19 +622,22 @@ func (m *Manager) env(uuid string, dirs Dirs) []string {
 // emptied, so that they reach the new daemon through it. A tmpfs of its
 // own bounds what the GPU's tenants put in /dev/shm, which would
 // otherwise fill the host's /run.
-func (m *Manager) shmTmpfs(shm string) error {
+//
+// fresh says whether it mounted the tmpfs now: a start that then fails
+// unmounts only such a one, never one that running shares hold.
+func (m *Manager) shmTmpfs(shm string) (fresh bool, err error) {
 	mounted, err := isMountPoint(shm)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if mounted {
-		return emptyDirs(shm)
+		return false, emptyDirs(shm)
 	}
 	opts := fmt.Sprintf("size=%d,mode=1777", m.opts.ShmSize)
 	if err := syscall.Mount("facet-mps-shm", shm, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, opts); err != nil {
-		return fmt.Errorf("mount a tmpfs (%s) on %s: %w", opts, shm, err)
+		return false, fmt.Errorf("mount a tmpfs (%s) on %s: %w", opts, shm, err)
 	}
-	return nil
+	return true, nil
 }
 
 // isMountPoint says whether dir is mounted on: another device than its

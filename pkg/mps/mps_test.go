@@ -608,3 +608,62 @@ func TestFindControl(t *testing.T) {
 		t.Errorf("empty root: %v", err)
 	}
 }
+
+// TestFailedStartUnmountsShm: a daemon that never starts leaves no tmpfs
+// behind (seen on a real H200: the node check's scratch directory could not
+// be removed, "device or resource busy"), and a tmpfs that running shares
+// hold is never unmounted by a failed restart.
+func TestFailedStartUnmountsShm(t *testing.T) {
+	n := newNode(t)
+	_, ctx := ktesting.NewTestContext(t)
+	// A control program that exits at once, as one refusing its
+	// environment does.
+	if err := os.WriteFile(filepath.Join(n.root, "usr/bin/failing-control"), []byte("#!/bin/sh\necho refused: no-such-gpu >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Options{Root: n.root, Control: "/usr/bin/failing-control", Dir: n.dir, ShmSize: shmSize, BootID: n.bootID, StopTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = m.Acquire(ctx, gpuA, "claim-1", 0)
+	if err == nil || !strings.Contains(err.Error(), "refused: no-such-gpu") {
+		t.Fatalf("Acquire with a missing control program: %v", err)
+	}
+	shm := m.DirsOf(gpuA).Shm
+	if mounted, err := isMountPoint(shm); err != nil || mounted {
+		t.Fatalf("shm %s mounted after a failed start: %v %v", shm, mounted, err)
+	}
+	if err := os.RemoveAll(n.dir); err != nil {
+		t.Fatalf("the MPS directory cannot be removed after a failed start: %v", err)
+	}
+
+	// A tmpfs already there (a restart under running shares) stays.
+	if err := os.MkdirAll(shm, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("facet-test-shm", shm, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Acquire(ctx, gpuA, "claim-1", 0); err == nil {
+		t.Fatal("Acquire with a missing control program succeeded")
+	}
+	if mounted, err := isMountPoint(shm); err != nil || !mounted {
+		t.Fatalf("a failed restart unmounted the tmpfs that running shares hold: %v %v", mounted, err)
+	}
+}
+
+func TestLaunchHint(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{&os.PathError{Op: "fork/exec", Path: "/proc/self/exe", Err: syscall.EINVAL}, true},
+		{&os.PathError{Op: "fork/exec", Path: "/proc/self/exe", Err: syscall.ENOENT}, false},
+		{&os.PathError{Op: "open", Path: "/x", Err: syscall.EINVAL}, false},
+		{errors.New("exit status 1"), false},
+	} {
+		if got := launchHint(tc.err) != ""; got != tc.want {
+			t.Errorf("launchHint(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+}
