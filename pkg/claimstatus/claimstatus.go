@@ -56,8 +56,8 @@ type Data struct {
 	ComputeLimitPercent *int64 `json:"computeLimitPercent,omitempty"`
 	Enforced            *bool  `json:"enforced,omitempty"`
 	// ComputePartitioning is how the share's SMs are partitioned, as
-	// prepared: mps (an MPS client at its percentage; its CUDA context
-	// lives in the MPS server, not charged to its memory) or time-sliced
+	// prepared: mps (an MPS client at its percentage, whose smaller CUDA
+	// context HAMi-core charges to its memory, pkg/hami.UsableMPS) or time-sliced
 	// (HAMi-core's throttle).
 	ComputePartitioning string `json:"computePartitioning,omitempty"`
 }

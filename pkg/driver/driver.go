@@ -236,7 +236,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 // record from before a GPU was removed), so nothing new fits on it.
 func (d *Driver) limits(gpuUUID string) gpuLimits {
 	if g := d.gpus[gpuUUID]; g != nil {
-		return gpuLimits{memory: int64(g.MemoryBytes)}
+		return gpuLimits{memory: g.ShareMemoryBytes}
 	}
 	return gpuLimits{}
 }

@@ -207,6 +207,11 @@ type GPU struct {
 	// Counters lists the counter set's counters, each of value 1, in
 	// publication order.
 	Counters []string
+	// ShareMemoryBytes is the memory, in bytes, that the GPU's vGPU shares
+	// or slots publish and prepare admits together: MemoryBytes less
+	// Config.MPSReserveBytes in shared, dynamic and slots modes, and
+	// MemoryBytes in the others.
+	ShareMemoryBytes int64
 	// Devices are this GPU's devices in publication order: gpu-<i> first,
 	// then MIG placements smallest profile first and, within a profile,
 	// from the end of the GPU first.
@@ -259,6 +264,12 @@ type Config struct {
 	DefaultSlots SlotLayout
 	// PerGPUSlots maps an NVML index to its slot layout.
 	PerGPUSlots map[int]SlotLayout
+	// MPSReserveBytes is memory, in bytes (a multiple of 1 MiB), that each
+	// GPU in shared, dynamic or slots mode keeps out of what its vGPU
+	// shares and slots publish: the MPS server's own memory
+	// (hami.MPSServerBytes), which no share's HAMi-core limit counts, where
+	// the plugin partitions shares with MPS; 0 otherwise.
+	MPSReserveBytes int64
 }
 
 // gates returns the cluster's features, or every gate on for nil.
@@ -345,7 +356,14 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 				inv.Warnings = append(inv.Warnings, w)
 			}
 		}
-		gpu := &GPU{GPU: g, Mode: mode, ModeRequested: requested, ModeNote: note}
+		gpu := &GPU{GPU: g, Mode: mode, ModeRequested: requested, ModeNote: note, ShareMemoryBytes: int64(g.MemoryBytes)}
+		switch mode {
+		case ModeShared, ModeDynamic, ModeSlots:
+			if cfg.MPSReserveBytes < 0 || cfg.MPSReserveBytes%(1<<20) != 0 || cfg.MPSReserveBytes >= gpu.ShareMemoryBytes {
+				return nil, fmt.Errorf("GPU %d (%s): MPS reserve of %d bytes: want whole MiB, less than the GPU's %d MiB", g.Index, g.ProductName, cfg.MPSReserveBytes, g.MemoryBytes>>20)
+			}
+			gpu.ShareMemoryBytes -= cfg.MPSReserveBytes
+		}
 		if fallback {
 			inv.Notes = append(inv.Notes, fmt.Sprintf("GPU %d (%s): %s", g.Index, g.ProductName, note))
 		}

@@ -302,3 +302,57 @@ func TestMaxDevicesPerSliceCounters(t *testing.T) {
 		t.Errorf("MaxDevicesPerSliceCounters %d, k8s.io/api says %d", MaxDevicesPerSliceCounters, resourceapi.ResourceSliceMaxDevicesWithTaintsOrConsumesCounters)
 	}
 }
+
+// TestMPSReserve: the MPS server's memory is kept out of what shares and
+// slots publish, and only theirs; a slot layout that no longer fits says
+// why.
+func TestMPSReserve(t *testing.T) {
+	const mib = 1 << 20
+	node := discover(t, "H100-SXM5-80GB")
+	whole := int64(node.GPUs[0].MemoryBytes)
+	four, err := ParseSlotLayout("4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := ParseSlotLayout("4x20269Mi/25")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		mode      Mode
+		slots     SlotLayout
+		reserve   int64
+		wantShare int64
+		wantSlot  int64
+		wantErr   string
+	}{
+		{name: "exclusive: nothing kept out", mode: ModeExclusive, reserve: 66 * mib, wantShare: whole},
+		{name: "shared without MPS", mode: ModeShared, wantShare: whole},
+		{name: "shared under MPS", mode: ModeShared, reserve: 66 * mib, wantShare: whole - 66*mib},
+		{name: "dynamic under MPS", mode: ModeDynamic, reserve: 66 * mib, wantShare: whole - 66*mib},
+		{name: "equal slots under MPS", mode: ModeSlots, slots: four, reserve: 66 * mib, wantShare: whole - 66*mib, wantSlot: (whole - 66*mib) / 4 &^ (mib - 1)},
+		{name: "slots that filled the GPU no longer fit", mode: ModeSlots, slots: full, reserve: 66 * mib, wantErr: "less the MPS server's 66 MiB"},
+		{name: "a reserve of a part of a MiB", mode: ModeShared, reserve: 66*mib + 1, wantErr: "want whole MiB"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inv, err := Build(node, Config{DefaultMode: tc.mode, DefaultSlots: tc.slots, MPSReserveBytes: tc.reserve})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			g := inv.GPUs[0]
+			if g.ShareMemoryBytes != tc.wantShare {
+				t.Errorf("ShareMemoryBytes %d MiB, want %d MiB", g.ShareMemoryBytes/mib, tc.wantShare/mib)
+			}
+			if tc.wantSlot != 0 && g.Devices[0].Slot.MemoryBytes != tc.wantSlot {
+				t.Errorf("slot %d MiB, want %d MiB", g.Devices[0].Slot.MemoryBytes/mib, tc.wantSlot/mib)
+			}
+		})
+	}
+}

@@ -157,8 +157,11 @@ func SlotDeviceName(i, k int) string { return fmt.Sprintf("gpu-%d-slot-%d", i, k
 // buildSlots lays out a slots-mode GPU: its slots, smallest first. The
 // whole GPU is not published: it is the slots.
 func (gpu *GPU) buildSlots(layout SlotLayout) error {
-	slots, err := layout.Slots(gpu.MemoryBytes)
+	slots, err := layout.Slots(uint64(gpu.ShareMemoryBytes))
 	if err != nil {
+		if reserve := int64(gpu.MemoryBytes) - gpu.ShareMemoryBytes; reserve > 0 {
+			return fmt.Errorf("%w: the GPU's %d MiB less the MPS server's %d MiB (docs/mps.md)", err, gpu.MemoryBytes>>20, reserve>>20)
+		}
 		return err
 	}
 	for _, s := range slots {

@@ -667,3 +667,62 @@ func TestLaunchHint(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckRoot: a root MPS can be chrooted into passes; a driver under a
+// prefix of its own (seen on a real H200 at /usr/local/nvidia: bin/ and
+// lib64/, no loader, /tmp or /dev/shm) is refused once, naming what lacks.
+func TestCheckRoot(t *testing.T) {
+	full := t.TempDir()
+	if err := mpssim.WriteRoot(full); err != nil {
+		t.Fatal(err)
+	}
+	control, err := FindControl(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckRoot(full, control); err != nil {
+		t.Errorf("a chrootable root: %v", err)
+	}
+
+	// The host's own dynamically linked /bin/true stands for the driver's
+	// nvidia-cuda-mps-control under a prefix.
+	prefix := t.TempDir()
+	elfProgram, err := os.ReadFile("/bin/true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(prefix, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(prefix, "bin", ControlName), elfProgram, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	control, err = FindControl(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loader, err := interpreter("/bin/true")
+	if err != nil || loader == "" {
+		t.Fatalf("/bin/true's loader: %q %v", loader, err)
+	}
+	err = CheckRoot(prefix, control)
+	for _, want := range []string{"cannot run MPS chrooted", "no /tmp directory", "no /dev/shm directory", "interpreter " + loader + " is not in it"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("a prefix root: %v; want %q", err, want)
+		}
+	}
+
+	// A script whose "#!" program the root lacks.
+	script := t.TempDir()
+	for _, d := range []string{"tmp", "dev/shm", "usr/bin"} {
+		if err := os.MkdirAll(filepath.Join(script, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(script, "usr/bin", ControlName), []byte("#!/bin/sh -e\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckRoot(script, "/usr/bin/"+ControlName); err == nil || !strings.Contains(err.Error(), "interpreter /bin/sh is not in it") {
+		t.Errorf("a script without its shell: %v", err)
+	}
+}

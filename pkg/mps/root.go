@@ -1,6 +1,9 @@
 package mps
 
 import (
+	"bytes"
+	"debug/elf"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,4 +32,71 @@ func FindControl(driverRoot string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s not found in %s under driver root %s", ControlName, strings.Join(controlDirs, ", "), driverRoot)
+}
+
+// CheckRoot says whether the control program found by FindControl can run
+// chrooted into driverRoot: the root must have /tmp and /dev/shm
+// directories to hold the GPU's MPS directories, and the program's
+// interpreter (an ELF program's loader, PT_INTERP, or a script's "#!"
+// program) must be in it. A driver installed under a prefix of its own
+// (/usr/local/nvidia, docs/driver-roots.md) has none of these: its
+// programs use the host's loader from the host's /. Seen on a real H200:
+// without this check, each MPS prepare failed on such a root instead of
+// the node saying once that it cannot run MPS.
+func CheckRoot(driverRoot, control string) error {
+	var missing []string
+	for _, d := range []string{"tmp", "dev/shm"} {
+		st, err := os.Lstat(filepath.Join(driverRoot, d))
+		if err != nil || !st.IsDir() {
+			missing = append(missing, "no /"+d+" directory")
+		}
+	}
+	interp, err := interpreter(filepath.Join(driverRoot, control))
+	if err != nil {
+		return fmt.Errorf("driver root %s: read %s: %w", driverRoot, control, err)
+	}
+	if interp != "" {
+		if _, err := os.Stat(filepath.Join(driverRoot, interp)); err != nil {
+			missing = append(missing, fmt.Sprintf("%s's interpreter %s is not in it", ControlName, interp))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("driver root %s cannot run MPS chrooted: %s (a driver under a prefix of its own, such as /usr/local/nvidia, runs its programs with the host's loader; docs/mps.md)", driverRoot, strings.Join(missing, "; "))
+	}
+	return nil
+}
+
+// interpreter is the program that runs path: an ELF file's PT_INTERP
+// (empty for a static one), or a script's "#!" program.
+func interpreter(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	head := make([]byte, 256)
+	n, _ := f.Read(head)
+	head = head[:n]
+	if bytes.HasPrefix(head, []byte("#!")) {
+		line, _, _ := bytes.Cut(head[2:], []byte("\n"))
+		fields := strings.Fields(string(line))
+		if len(fields) == 0 {
+			return "", errors.New(`an empty "#!" line`)
+		}
+		return fields[0], nil
+	}
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return "", fmt.Errorf("neither an ELF program nor a script: %w", err)
+	}
+	for _, p := range ef.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err != nil {
+				return "", err
+			}
+			return strings.TrimRight(string(b), "\x00"), nil
+		}
+	}
+	return "", nil
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -35,7 +36,11 @@ type Process struct {
 	//     container's loader does);
 	//   - CUDA_VISIBLE_DEVICES: the claim's GPUs (FACET_GPU_UUIDS), which
 	//     stand for the container's device nodes: on the host every GPU's
-	//     node is there;
+	//     node is there. By NVML index, with CUDA_DEVICE_ORDER=PCI_BUS_ID,
+	//     where NewProcess is given the indices: HAMi-core maps CUDA's
+	//     device n to NVML's by atoi of the n-th entry (parse_cuda_visible_env
+	//     in HAMi-core's src/utils.c), so a UUID there reads as NVML 0 and
+	//     the probe of any other GPU would be lost from its accounting;
 	//   - CUDA_REDIRECT: the host path of the libvgpu.so mounted at
 	//     hami.ContainerLibrary, where HAMi-core looks for itself.
 	Env []string
@@ -62,9 +67,10 @@ type Process struct {
 	MissingHooks []string
 }
 
-// NewProcess reads a claim's spec. It fails when the spec mounts no
-// libcuda.so or its preload list cannot be read.
-func NewProcess(spec *cdispec.Spec) (*Process, error) {
+// NewProcess reads a claim's spec. nvmlIndex maps a GPU UUID to its NVML
+// index (nil: the UUIDs stand in CUDA_VISIBLE_DEVICES). It fails when the
+// spec mounts no libcuda.so or its preload list cannot be read.
+func NewProcess(spec *cdispec.Spec, nvmlIndex map[string]int) (*Process, error) {
 	edits := []cdispec.ContainerEdits{spec.ContainerEdits}
 	for _, d := range spec.Devices {
 		edits = append(edits, d.ContainerEdits)
@@ -169,7 +175,21 @@ func NewProcess(spec *cdispec.Spec) (*Process, error) {
 	}
 	set("LD_LIBRARY_PATH", libDirs)
 	if _, ok := vars["CUDA_VISIBLE_DEVICES"]; !ok && vars["FACET_GPU_UUIDS"] != "" {
-		set("CUDA_VISIBLE_DEVICES", vars["FACET_GPU_UUIDS"])
+		visible := vars["FACET_GPU_UUIDS"]
+		var indices []string
+		for _, uuid := range strings.Split(visible, ",") {
+			i, ok := nvmlIndex[uuid]
+			if !ok {
+				indices = nil
+				break
+			}
+			indices = append(indices, strconv.Itoa(i))
+		}
+		if indices != nil {
+			visible = strings.Join(indices, ",")
+			set("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+		}
+		set("CUDA_VISIBLE_DEVICES", visible)
 	}
 	for _, k := range order {
 		p.Env = append(p.Env, k+"="+vars[k])

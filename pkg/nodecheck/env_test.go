@@ -40,7 +40,26 @@ func TestNewProcess(t *testing.T) {
 		wantMissing []string
 		wantHooks   []string
 		wantErr     string
+		nvmlIndex   map[string]int
 	}{
+		{
+			name: "GPUs by NVML index in PCI order, as HAMi-core's atoi reads them",
+			spec: cdispec.Spec{ContainerEdits: cdispec.ContainerEdits{
+				Env:    []string{"FACET_GPU_UUIDS=GPU-b,GPU-a"},
+				Mounts: []*cdispec.Mount{libcuda},
+			}},
+			nvmlIndex: map[string]int{"GPU-a": 0, "GPU-b": 3},
+			wantEnv:   []string{"FACET_GPU_UUIDS=GPU-b,GPU-a", "LD_LIBRARY_PATH=LIBDIR", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=3,0"},
+		},
+		{
+			name: "a GPU of unknown index: UUIDs, as before",
+			spec: cdispec.Spec{ContainerEdits: cdispec.ContainerEdits{
+				Env:    []string{"FACET_GPU_UUIDS=GPU-b,GPU-a"},
+				Mounts: []*cdispec.Mount{libcuda},
+			}},
+			nvmlIndex: map[string]int{"GPU-a": 0},
+			wantEnv:   []string{"FACET_GPU_UUIDS=GPU-b,GPU-a", "LD_LIBRARY_PATH=LIBDIR", "CUDA_VISIBLE_DEVICES=GPU-b,GPU-a"},
+		},
 		{
 			name: "whole GPU",
 			spec: cdispec.Spec{ContainerEdits: cdispec.ContainerEdits{
@@ -91,7 +110,7 @@ func TestNewProcess(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := NewProcess(&tc.spec)
+			p, err := NewProcess(&tc.spec, tc.nvmlIndex)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tc.wantErr)

@@ -266,6 +266,9 @@ func openMPS(driverRoot, dir string) (*mps.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := mps.CheckRoot(driverRoot, control); err != nil {
+		return nil, err
+	}
 	boot, _ := os.ReadFile(driver.DefaultBootIDPath)
 	return mps.New(mps.Options{Root: driverRoot, Control: control, Dir: dir, ShmSize: mpsShmBytes, BootID: strings.TrimSpace(string(boot))})
 }
@@ -308,6 +311,10 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 	case ClaimSlot:
 		cfg.PerGPU[c.o.GPU] = inventory.ModeSlots
 		cfg.DefaultSlots = c.o.Slots
+	}
+	if c.mps != nil {
+		// As the plugin publishes under MPS.
+		cfg.MPSReserveBytes = hami.MPSServerBytes
 	}
 	fail := func(err error) *Row {
 		row.PrepareErr = err
@@ -418,7 +425,11 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 			row.MPSPercent = v
 		}
 	}
-	proc, err := NewProcess(spec)
+	nvmlIndex := map[string]int{}
+	for _, g := range c.node.GPUs {
+		nvmlIndex[g.UUID] = g.Index
+	}
+	proc, err := NewProcess(spec, nvmlIndex)
 	if proc != nil {
 		// Its library directory, made also when NewProcess failed later.
 		defer proc.Close()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -180,7 +181,7 @@ func TestSimulatedNode(t *testing.T) {
 		t.Errorf("failed: %v, leftovers %v", rep.Failed(), rep.Leftovers)
 	}
 	assertEmpty(t, o.ScratchParent)
-	for _, want := range []string{"vGPU share  probe environment: ", "CUDA_DEVICE_MEMORY_LIMIT_0=2000m", "LD_PRELOAD=" + o.HAMiLibrary, "CUDA_VISIBLE_DEVICES=" + rep.GPU.UUID, "vGPU slot   unprepared"} {
+	for _, want := range []string{"vGPU share  probe environment: ", "CUDA_DEVICE_MEMORY_LIMIT_0=2000m", "LD_PRELOAD=" + o.HAMiLibrary, "CUDA_VISIBLE_DEVICES=" + strconv.Itoa(rep.GPU.Index), "CUDA_DEVICE_ORDER=PCI_BUS_ID", "vGPU slot   unprepared"} {
 		if !strings.Contains(log.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, log.String())
 		}
@@ -319,14 +320,14 @@ func TestProbedClaims(t *testing.T) {
 		},
 		{
 			name: "MPS applied: the clients see their percentage of the SMs",
-			mps:  true, share: sms(result(2000, 1872, oom, 10.5), 26), slot: sms(result(20269, 20141, oom, 12.4), 33),
+			mps:  true, share: sms(result(2000, 1872, oom, 10.5), 26), slot: sms(result(20253, 20125, oom, 12.4), 32),
 			wantResults: []string{"ok", "ok", "ok"},
-			wantNotes:   []string{"vGPU share note: as an MPS client at 20 % it sees 26 of the GPU's 132 SMs", "vGPU slot note: as an MPS client at 25 % it sees 33 of the GPU's 132 SMs"},
+			wantNotes:   []string{"vGPU share note: as an MPS client at 20 % it sees 26 of the GPU's 132 SMs", "vGPU slot note: as an MPS client at 25 % it sees 32 of the GPU's 132 SMs"},
 			wantFailed:  false, wantShareFrac: 0.21,
 		},
 		{
 			name: "MPS lost: a client sees every SM",
-			mps:  true, share: sms(result(2000, 1872, oom, 10.5), 132), slot: sms(result(20269, 20141, oom, 12.4), 33),
+			mps:  true, share: sms(result(2000, 1872, oom, 10.5), 132), slot: sms(result(20253, 20125, oom, 12.4), 32),
 			wantResults:  []string{"ok", "PROBLEM", "ok"},
 			wantProblems: []string{"vGPU share PROBLEM: as an MPS client at 20 % it sees 132 of the GPU's 132 SMs, want about 26: it runs without MPS"},
 			wantFailed:   true, wantShareFrac: 0.21,
@@ -341,7 +342,13 @@ func TestProbedClaims(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := simNode(t, 1)
-			o.Slots = inventory.SlotLayout{{Count: 4, Memory: resource.MustParse("20269Mi"), Cores: 25}}
+			// Four slots that fill the GPU; under MPS the server's 66 MiB
+			// is kept out first, as the plugin publishes.
+			slot := "20269Mi"
+			if tc.mps {
+				slot = "20253Mi"
+			}
+			o.Slots = inventory.SlotLayout{{Count: 4, Memory: resource.MustParse(slot), Cores: 25}}
 			pub := published(t, o.Library, 1)
 			f := &fakeProber{results: map[string]*probe.Result{
 				ClaimWhole: result(pub-tc.wholeShort, pub-tc.wholeShort-500, oom, 50),
@@ -385,7 +392,9 @@ func TestProbedClaims(t *testing.T) {
 				"CUDA_DEVICE_MEMORY_LIMIT_0=2000m",
 				"LD_PRELOAD=" + o.HAMiLibrary,
 				"CUDA_REDIRECT=" + o.HAMiLibrary,
-				"CUDA_VISIBLE_DEVICES=" + rep.GPU.UUID,
+				// GPU 1 by its NVML index, which HAMi-core's atoi reads.
+				"CUDA_VISIBLE_DEVICES=1",
+				"CUDA_DEVICE_ORDER=PCI_BUS_ID",
 				"CUDA_DEVICE_MEMORY_SHARED_CACHE=" + filepath.Join(rep.Scratch, "state", "vgpu", "claims"),
 				// The mounted libraries' links, as a container's
 				// library path has them; not the driver root's

@@ -108,21 +108,21 @@ func TestBuild(t *testing.T) {
 			"default/b: share s2 of gpu-2 (4Gi, best-effort SM; 3.49Gi usable)",
 		},
 	}, {
-		name: "shared, an MPS share beside a time-sliced one: no context charge under MPS",
+		name: "shared, an MPS share beside a time-sliced one: an MPS client's smaller context charge (128 MiB at 20 %)",
 		claims: []*resourceapi.ResourceClaim{
 			prepared(claim("default/a", share("node-1", "gpu-2", "s1", "20Gi", 20)), names.PartitioningMPS),
 			prepared(claim("default/b", share("node-1", "gpu-2", "s2", "4Gi", 0)), names.PartitioningTimeSliced),
 		},
 		gpu: 2, bar: "[AAAAB...........]", memory: 24 << 10, sm: 20, health: HealthOK,
 		held: []string{
-			"default/a: share s1 of gpu-2 (20Gi, 20%; 20Gi usable, MPS)",
+			"default/a: share s1 of gpu-2 (20Gi, 20%; 19.9Gi usable, MPS)",
 			"default/b: share s2 of gpu-2 (4Gi, best-effort SM; 3.49Gi usable)",
 		},
 	}, {
 		name:   "slots, an MPS slot",
 		claims: []*resourceapi.ResourceClaim{prepared(claim("default/a", r("node-1", "gpu-4-slot-2")), names.PartitioningMPS)},
 		gpu:    4, bar: "[....|....|AAAA|....]", memory: 20269, sm: 25, health: HealthOK,
-		held: []string{"default/a: gpu-4-slot-2 (19.8Gi, 25%; 19.8Gi usable, MPS)", "3 of 4 slots free"},
+		held: []string{"default/a: gpu-4-slot-2 (19.8Gi, 25%; 19.6Gi usable, MPS)", "3 of 4 slots free"},
 	}, {
 		name:   "static-mig, one of the all-balanced instances",
 		claims: []*resourceapi.ResourceClaim{claim("default/a", r("node-1", "gpu-3-mig-2g20gb-0"))},

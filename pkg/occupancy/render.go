@@ -26,8 +26,9 @@ func Table(w io.Writer, c *Cluster) error {
 	for _, g := range c.GPUs {
 		if len(g.Shares) > 0 || len(g.Slots) > 0 {
 			_, err := fmt.Fprintf(w, "\nusable: a vGPU share's or slot's memory less the CUDA context HAMi-core charges to it,\n"+
-				"about %d MiB (%s);\nnone is charged where MPS serves the share (\"MPS\": the context lives in the MPS server). Request that much more than the workload needs.\n",
-				hami.ContextChargeBytes>>20, hami.ContextChargeSource)
+				"about %d MiB (%s);\nwhere MPS serves the share (\"MPS\") the context is smaller, %d MiB plus the share's percentage of the rest\n"+
+				"(%d MiB at 20 %%, measured on an H200). Request that much more than the workload needs.\n",
+				hami.ContextChargeBytes>>20, hami.ContextChargeSource, hami.MPSContextBaseBytes>>20, hami.MPSContextChargeBytes(20)>>20)
 			return err
 		}
 	}
@@ -69,11 +70,11 @@ func holdings(g *GPU) []string {
 		out = append(out, fmt.Sprintf("%s: %s (%s, %s)", m.Claim, m.Device, m.Profile, where))
 	}
 	for _, s := range g.Shares {
-		out = append(out, fmt.Sprintf("%s: share %s of %s (%s, %s; %s)", s.Claim, s.ShareID, s.Device, gib(s.MemoryBytes), cores(s.Cores), usable(s.MemoryBytes, s.MPS)))
+		out = append(out, fmt.Sprintf("%s: share %s of %s (%s, %s; %s)", s.Claim, s.ShareID, s.Device, gib(s.MemoryBytes), cores(s.Cores), usable(s.MemoryBytes, s.Cores, s.MPS)))
 	}
 	for _, s := range g.Slots {
 		if s.Claim != nil {
-			out = append(out, fmt.Sprintf("%s: %s (%s, %s; %s)", s.Claim, s.Device, gib(s.MemoryBytes), cores(s.Cores), usable(s.MemoryBytes, s.MPS)))
+			out = append(out, fmt.Sprintf("%s: %s (%s, %s; %s)", s.Claim, s.Device, gib(s.MemoryBytes), cores(s.Cores), usable(s.MemoryBytes, s.Cores, s.MPS)))
 		}
 	}
 	if n := freeSlots(g); n > 0 {
@@ -251,12 +252,12 @@ func cores(pct int64) string {
 	return fmt.Sprintf("%d%%", pct)
 }
 
-// usable is what a workload can allocate of a share's memory: all of it
-// under MPS, whose server holds the CUDA context; less HAMi-core's context
-// charge otherwise.
-func usable(memoryBytes int64, mps bool) string {
+// usable is what a workload can allocate of a share's memory: less the
+// CUDA context HAMi-core charges to it, an MPS client's smaller one where
+// MPS serves the share at cores percent.
+func usable(memoryBytes, cores int64, mps bool) string {
 	if mps {
-		return gib(memoryBytes) + " usable, MPS"
+		return gib(hami.UsableMPS(memoryBytes, cores)) + " usable, MPS"
 	}
 	return gib(hami.Usable(memoryBytes)) + " usable"
 }

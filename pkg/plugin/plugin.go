@@ -166,6 +166,19 @@ func Run(ctx context.Context, f Config) error {
 			break
 		}
 	}
+	vgpu, hamiErr := openHAMi(f.HAMiLibrary, filepath.Join(f.StateDir, "vgpu"))
+	if hamiErr != nil {
+		logger.Error(hamiErr, "vGPU shares that need enforcement will fail to prepare; everything else is served")
+	}
+	partitioner, mpsErr, err := f.openMPS(ctx)
+	if err != nil {
+		return err
+	}
+	if partitioner != nil {
+		// The MPS server's memory is no share's: published, it would be
+		// promised twice.
+		cfg.MPSReserveBytes = hami.MPSServerBytes
+	}
 	inv, err := inventory.Build(node, cfg)
 	if err != nil {
 		reason := reasonModeFallback
@@ -204,14 +217,6 @@ func Run(ctx context.Context, f Config) error {
 		if err := f.bindSimulatedProcDriver(f.containerDriverRoot()); err != nil {
 			logger.Error(err, "nvcdi cannot see the simulated MIG capability table on this simulated node")
 		}
-	}
-	vgpu, hamiErr := openHAMi(f.HAMiLibrary, filepath.Join(f.StateDir, "vgpu"))
-	if hamiErr != nil {
-		logger.Error(hamiErr, "vGPU shares that need enforcement will fail to prepare; everything else is served")
-	}
-	partitioner, mpsErr, err := f.openMPS(ctx)
-	if err != nil {
-		return err
 	}
 	inv.ComputePartitioning = partitioning(partitioner)
 	// The driver's proc files (MIG capabilities) are the node's, in a

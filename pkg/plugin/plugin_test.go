@@ -45,11 +45,28 @@ func TestMissingHAMiLibraryIsNotFatal(t *testing.T) {
 // naming why, when facet-mps does not answer or its driver root has no
 // control program.
 func TestOpenMPS(t *testing.T) {
-	withControl := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(withControl, "usr", "bin"), 0o755); err != nil {
+	// A root MPS can be chrooted into (mps.CheckRoot), and a driver
+	// under a prefix: the control program alone.
+	withControl, prefix := t.TempDir(), t.TempDir()
+	for _, f := range []string{"usr/bin/" + mps.ControlName, "bin/sh", "tmp/", "dev/shm/"} {
+		p := filepath.Join(withControl, f)
+		if strings.HasSuffix(f, "/") {
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(prefix, "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(withControl, "usr", "bin", mps.ControlName), []byte("#!/bin/sh\n"), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(prefix, "bin", mps.ControlName), []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -61,6 +78,7 @@ func TestOpenMPS(t *testing.T) {
 	}{
 		{name: "facet-mps with a control program", mode: "auto", serveRoot: withControl},
 		{name: "facet-mps without one", mode: "auto", serveRoot: t.TempDir(), wantReason: "has no MPS control program"},
+		{name: "facet-mps on a driver under a prefix", mode: "auto", serveRoot: prefix, wantReason: "cannot run MPS chrooted: no /tmp directory"},
 		{name: "no facet-mps", mode: "auto", wantReason: "facet-mps unreachable at "},
 		{name: "off", mode: "off", serveRoot: withControl, wantReason: "--mps=off"},
 		{name: "invalid", mode: "on", wantFatal: `--mps="on"`},

@@ -289,7 +289,7 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 		attrs[names.AttrMIGCapable] = resourceapi.DeviceAttribute{BoolValue: ptr.To(g.MIGCapable)}
 		if d.Shareable {
 			out.AllowMultipleAllocations = ptr.To(true)
-			out.Capacity = shareCapacity(g.MemoryBytes)
+			out.Capacity = shareCapacity(uint64(g.ShareMemoryBytes))
 		} else {
 			out.Capacity = map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 				names.CapacityMemory: {Value: bytesQ(g.MemoryBytes)},

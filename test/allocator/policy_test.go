@@ -537,8 +537,8 @@ func TestMigrationExamples(t *testing.T) {
 	run(t, c, "node-a", []step{
 		{m("gpu.yaml"), []string{"gpu-0", "gpu-1"}},
 		{m("mig-1g10gb.yaml"), []string{"gpu-2-mig-1g10gb-6"}},
-		// Time-slicing's four replicas: four 20269Mi shares fill an H100's
-		// usable 81079 MiB.
+		// Time-slicing's four replicas: four 20253Mi shares fill the 81013 MiB
+		// an H100 publishes for shares under MPS (81079 less the server's 66).
 		{m("time-slicing.yaml"), []string{"gpu-4"}},
 		{m("time-slicing.yaml"), []string{"gpu-4"}},
 		{m("time-slicing.yaml"), []string{"gpu-4"}},

@@ -56,7 +56,7 @@ func TestOccupancyAndFit(t *testing.T) {
 				t.Errorf("picture lacks %q", want)
 			}
 		}
-		for _, want := range []string{"(3g.40gb, slices", "share", "whole GPU", "(20Gi, 20%; 20Gi usable, MPS)", "usable: a vGPU share's or slot's memory"} {
+		for _, want := range []string{"(3g.40gb, slices", "share", "whole GPU", "(20Gi, 20%; 19.9Gi usable, MPS)", "usable: a vGPU share's or slot's memory"} {
 			if !strings.Contains(table, want) {
 				t.Errorf("table lacks %q", want)
 			}

@@ -75,6 +75,9 @@ func (s *Server) manager() (*mps.Manager, error) {
 	}
 	control, err := mps.FindControl(s.cfg.Root)
 	if err == nil {
+		err = mps.CheckRoot(s.cfg.Root, control)
+	}
+	if err == nil {
 		s.mgr, err = mps.New(mps.Options{Root: s.cfg.Root, Control: control, Dir: s.cfg.Dir, ShmSize: s.cfg.ShmSize, BootID: s.cfg.BootID, StopTimeout: s.cfg.StopTimeout})
 		s.control = control
 	}
