@@ -2,6 +2,8 @@ package sim
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -250,5 +252,60 @@ func TestEveryModelSaysWhereReservedComesFrom(t *testing.T) {
 		if !strings.HasPrefix(m.ReservedSource, wantPrefix) {
 			t.Errorf("%s: reserved memory's source %q, want it to start with %q", name, m.ReservedSource, wantPrefix)
 		}
+	}
+}
+
+// TestMIGCapFilesMatchTheH200: the simulated driver's MIG capability files
+// are what a real H200 (driver 580.159.04, MIG off) showed on 2026-11-27,
+// and Facet's reader takes nvidia-caps, not nvidia-caps-imex-channels, for
+// the major.
+func TestMIGCapFilesMatchTheH200(t *testing.T) {
+	minors := strings.Split(strings.TrimSpace(string(migMinorsFile())), "\n")
+	if len(minors) != 4322 {
+		t.Errorf("mig-minors has %d lines; the H200's had 4322", len(minors))
+	}
+	// Lines as the H200 listed them (line number: text).
+	for n, want := range map[int]string{
+		1: "config 1", 2: "monitor 2", 3: "gpu0/gi0/access 3", 4: "gpu0/gi0/ci0/access 4",
+		11: "gpu0/gi0/ci7/access 11", 12: "gpu0/gi1/access 12",
+		129: "gpu0/gi14/access 129", 130: "gpu0/gi14/ci0/access 130", 131: "gpu0/gi14/ci1/access 131",
+	} {
+		if got := minors[n-1]; got != want {
+			t.Errorf("mig-minors line %d: %q, the H200's %q", n, got, want)
+		}
+	}
+	files := capAccessFiles([]int{0})
+	for path, want := range map[string]string{
+		"mig/config":  "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n",
+		"mig/monitor": "DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n",
+	} {
+		if got := string(files[path]); got != want {
+			t.Errorf("%s: %q, the H200's %q", path, got, want)
+		}
+	}
+	root := t.TempDir()
+	for path, data := range map[string][]byte{"devices": procDevicesFile(), "driver/nvidia-caps/mig-minors": migMinorsFile()} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, path)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, path), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for path, data := range files {
+		p := filepath.Join(root, "driver/nvidia/capabilities", path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gi, ci, err := nvml.ReadMIGCapDevices(root, 0, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gi.Major != simCapsMajor || gi.Minor != 12 || ci.Minor != 13 {
+		t.Errorf("gpu0/gi1/ci0: major %d minors %d, %d; want major %d (nvidia-caps), minors 12 and 13 as on the H200", gi.Major, gi.Minor, ci.Minor, simCapsMajor)
 	}
 }

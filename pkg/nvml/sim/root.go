@@ -96,20 +96,27 @@ func migMinorsFile() []byte {
 }
 
 // procDevicesFile returns the simulated /proc/devices: the character drivers
-// a node with the NVIDIA driver lists, nvidia-caps at simCapsMajor.
+// a node with the NVIDIA driver lists, as a real H200 with driver 580.159.04
+// listed them (docs/measurements/2026-11-27-h200-mps.log is its run; the
+// lines were read on 2026-11-27), nvidia-caps at simCapsMajor and, next to
+// it, nvidia-caps-imex-channels, a name a loose reader would take for it.
 func procDevicesFile() []byte {
 	return fmt.Appendf(nil, `Character devices:
   1 mem
   4 tty
   5 /dev/tty
 %3d %s
-195 nvidia-frontend
-510 nvidia-uvm
+%3d %s
+195 nvidia
+195 nvidiactl
+238 nvidia-uvm
+239 nvidia-nvswitch
+240 nvidia-nvlink
 
 Block devices:
   7 loop
   8 sd
-`, simCapsMajor, "nvidia-caps")
+`, simCapsMajor, "nvidia-caps", simCapsMajor+1, "nvidia-caps-imex-channels")
 }
 
 // capAccessFiles returns the access files of /proc/driver/nvidia/capabilities,
@@ -120,20 +127,22 @@ Block devices:
 // ID of the listed GPUs, so a reader cannot tell from them alone whether an
 // instance exists (NVML can).
 func capAccessFiles(gpuMinors []int) map[string][]byte {
-	access := func(minor int) []byte {
-		// 292 is 0444, the driver's default DeviceFileMode.
-		return fmt.Appendf(nil, "DeviceFileMinor: %d\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor)
+	access := func(minor, mode int) []byte {
+		return fmt.Appendf(nil, "DeviceFileMinor: %d\nDeviceFileMode: %d\nDeviceFileModify: 1\n", minor, mode)
 	}
+	// As a real H200's driver wrote them: config 256 (0400, root only),
+	// monitor 292 (0444). Its instances' files were not there to read (MIG
+	// off); 292 is the driver's default DeviceFileMode.
 	files := map[string][]byte{
-		"mig/config":  access(1),
-		"mig/monitor": access(2),
+		"mig/config":  access(1, 256),
+		"mig/monitor": access(2, 292),
 	}
 	for _, g := range gpuMinors {
 		for gi := 0; gi < migMaxGPUInstances; gi++ {
 			giMinor, _, _ := MIGCapMinors(g, gi, 0)
-			files[fmt.Sprintf("gpu%d/mig/gi%d/access", g, gi)] = access(giMinor)
+			files[fmt.Sprintf("gpu%d/mig/gi%d/access", g, gi)] = access(giMinor, 292)
 			for ci := 0; ci < migMaxComputeInsts; ci++ {
-				files[fmt.Sprintf("gpu%d/mig/gi%d/ci%d/access", g, gi, ci)] = access(giMinor + 1 + ci)
+				files[fmt.Sprintf("gpu%d/mig/gi%d/ci%d/access", g, gi, ci)] = access(giMinor+1+ci, 292)
 			}
 		}
 	}
