@@ -47,7 +47,7 @@ func TestKueue(t *testing.T) {
 	shares := e.gates.Has(features.ConsumableCapacity) && e.gates.Has(features.PartitionableDevices)
 	// GPUs 0-1 MIG (carved at prepare, or on stock carved at start into
 	// seven 1g.10gb each and published as static MIG devices), 2-3 vGPU
-	// slots (four of 20269 MiB and 25 % each), with the gates on 4 shared,
+	// slots (four of 20253 MiB and 25 % each, under MPS), with the gates on 4 shared,
 	// the rest whole.
 	modes := []string{"--gpu-modes", "0-1=static-mig,2-3=slots", "--mig-layouts", "0-1=all-1g.10gb"}
 	if shares {
@@ -240,11 +240,10 @@ spec:
 }
 
 // kueueSlot is the slot size of the slots-mode GPUs' default layout, four
-// equal slots of a simulated H100 (81079 MiB published, as on the card):
-// 20269 MiB and 25 % each. This test's plugin runs without facet-mps, so
-// its slots are time-sliced and keep no MPS server's memory back
-// (docs/mps.md; under MPS they are 20253 MiB).
-const kueueSlot = "vgpu-slot-20269mi-25"
+// equal slots of a simulated H100 whose slots are MPS clients (every e2e
+// plugin has facet-mps beside it): 81079 MiB, as on the card, less the MPS
+// server's 66 MiB (docs/mps.md), in four: 20253 MiB and 25 % each.
+const kueueSlot = "vgpu-slot-20253mi-25"
 
 func clusterQueue(name, cohort, res string, nominal int, borrowingLimit *int) string {
 	s := fmt.Sprintf(`apiVersion: kueue.x-k8s.io/v1beta2

@@ -414,6 +414,40 @@ spec: {maxUnavailable: 0, selector: {matchLabels: {tier: batch}}}
 		preemptsOnly(t, "two-gpus", []string{"whole", "whole"}, 2, "batch")
 	})
 
+	// The chart's preemptor never evicts in kube-system (nor in its own
+	// namespace or --protected-namespaces): there, the only pod of lower
+	// priority that would make room stays, and the preemptor says why.
+	t.Run("a kube-system pod is never a victim", func(t *testing.T) {
+		kubectl(t, "delete", "pods", "--all", "-n", namespace, "--wait=true", "--timeout=180s")
+		fill(t, 7, "facet-e2e-high", "whole") // as urgent as the preemptor
+		sys := "kube-system"
+		applyYAML(t, strings.ReplaceAll(strings.SplitN(preemptTemplates, "---", 2)[0], "namespace: facet-demo", "namespace: "+sys))
+		applyYAML(t, strings.Replace(prioPod("sys-batch", "facet-e2e-low", "batch", "whole"), "namespace: facet-demo", "namespace: "+sys, 1))
+		t.Cleanup(func() {
+			_, _ = kubectlErr("delete", "pod", "-n", sys, "sys-batch", "--ignore-not-found", "--wait=true", "--timeout=120s")
+			_, _ = kubectlErr("delete", "resourceclaimtemplate", "-n", sys, "whole", "--ignore-not-found")
+		})
+		waitFor(t, "kube-system/sys-batch Running", 3*time.Minute, func() (bool, error) {
+			p, err := e.client.CoreV1().Pods(sys).Get(context.Background(), "sys-batch", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			return p.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s", p.Status.Phase)
+		})
+		applyYAML(t, prioPod("guarded", "facet-e2e-high", "urgent", "whole"))
+		waitEvent(t, "guarded", controller.ReasonNotPreempting, "are protected: kube-system/sys-batch")
+		p, err := e.client.CoreV1().Pods(sys).Get(context.Background(), "sys-batch", metav1.GetOptions{})
+		if err != nil || p.DeletionTimestamp != nil {
+			t.Errorf("kube-system/sys-batch evicted or going: %v", err)
+		}
+		if v := preemptedFor(t, "guarded"); len(v) != 0 {
+			t.Errorf("pods preempted for guarded: %v", v)
+		}
+		if n := len(tierPods(t, "batch")); n != 7 {
+			t.Errorf("%d batch pods left in %s, want all 7", n, namespace)
+		}
+	})
+
 	// The partitioned shapes, each on a plugin of its own.
 	kubectl(t, "delete", "pods", "--all", "-n", namespace, "--wait=true", "--timeout=180s")
 	plugin.stop()
@@ -448,4 +482,44 @@ spec: {maxUnavailable: 0, selector: {matchLabels: {tier: batch}}}
 		fill(t, 3, "facet-e2e-low", "slot") // GPU 4's three slots
 		preemptsOnly(t, "slot-urgent", []string{"slot-20pct"}, 1, "batch")
 	})
+}
+
+// TestPreemptObserveOnly runs facet-preemptor with --observe-only, as an
+// operator would before letting it evict: for the 8 + 1 case it raises
+// its Events and metrics ("would evict") and evicts nothing.
+func TestPreemptObserveOnly(t *testing.T) {
+	setupNamespace(t)
+	applyYAML(t, preemptClasses)
+	t.Cleanup(func() {
+		_, _ = kubectlErr("delete", "priorityclass", "facet-e2e-low", "facet-e2e-mid", "facet-e2e-high", "facet-e2e-high-never", "--ignore-not-found")
+	})
+	applyYAML(t, preemptTemplates)
+	startPlugin(t, "dgx-h100", "--mode", "exclusive")
+	t.Cleanup(func() { _, _ = kubectlErr("delete", "pods", "--all", "-n", namespace, "--wait=true", "--timeout=180s") })
+	fill(t, 8, "facet-e2e-low", "whole")
+	obs := startPreemptor(t, "--leader-elect=false", "--observe-only")
+	applyYAML(t, prioPod("watched", "facet-e2e-high", "urgent", "whole"))
+	waitEvent(t, "watched", controller.ReasonPreempting, "(observe-only) would evict")
+	// The victim's Event comes with the decision; nothing is evicted,
+	// before it or after.
+	waitFor(t, "the would-be victim's Event", time.Minute, func() (bool, error) {
+		v := preemptedFor(t, "watched")
+		return len(v) == 1, fmt.Errorf("victims per Events: %v", v)
+	})
+	if n := len(tierPods(t, "batch")); n != 8 {
+		t.Errorf("%d batch pods left, want all 8", n)
+	}
+	p, err := e.client.CoreV1().Pods(namespace).Get(context.Background(), "watched", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Spec.NodeName != "" {
+		t.Errorf("watched was scheduled to %s: something made room", p.Spec.NodeName)
+	}
+	if v := obs.metric(t, "facet_preemptor_observed_preemptions_total"); v < 1 {
+		t.Errorf("facet_preemptor_observed_preemptions_total %v, want at least 1", v)
+	}
+	if v := obs.metric(t, "facet_preemptor_observed_victims_total"); v < 1 {
+		t.Errorf("facet_preemptor_observed_victims_total %v, want at least 1", v)
+	}
 }
