@@ -49,8 +49,10 @@ type rig struct {
 	simState string
 	// wrapMIG and wrapEdits, when set, stand between the driver and the
 	// simulated NVML, to inject faults.
-	wrapMIG   func(MIGManager) MIGManager
-	wrapEdits func(EditSource) EditSource
+	wrapMIG func(MIGManager) MIGManager
+	// partitioner, when set, stands for facet-mps instead of a Manager.
+	partitioner Partitioner
+	wrapEdits   func(EditSource) EditSource
 	// noHAMi starts the driver as if --hami-library were broken.
 	noHAMi bool
 	// cdiSurvivesReboot: a CDI directory that is not a tmpfs.
@@ -190,6 +192,9 @@ func (r *rig) start() {
 	var partitioner Partitioner
 	if r.mpsDir != "" {
 		partitioner = r.mpsManager()
+	}
+	if r.partitioner != nil {
+		partitioner = r.partitioner
 	}
 	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: edits, MIG: mig, HAMi: h, HAMiUnavailable: hamiErr,
 		MPS: partitioner, Pods: r.pod, BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint, NodeLock: r.nodeLock})

@@ -1,6 +1,9 @@
 package driver
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +19,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/checkpoint"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/mps"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // mpsManager is the MPS daemon manager of the rig's node: the simulated
@@ -504,4 +508,83 @@ func (r *rig) record(uid types.UID) *checkpoint.Claim {
 		r.t.Fatal(err)
 	}
 	return rec
+}
+
+// unreachableMPS stands for facet-mps, reachable or not (down).
+type unreachableMPS struct {
+	down    bool
+	holders map[types.UID]bool
+}
+
+var errMPSDown = errors.New("facet-mps unreachable at /run/facet/mps/facet-mps.sock (test)")
+
+func (u *unreachableMPS) Acquire(_ context.Context, _ string, claim types.UID, _ int64) error {
+	if u.down {
+		return errMPSDown
+	}
+	u.holders[claim] = true
+	return nil
+}
+
+func (u *unreachableMPS) Release(_ context.Context, claim types.UID) error {
+	if u.down {
+		return errMPSDown
+	}
+	delete(u.holders, claim)
+	return nil
+}
+
+func (u *unreachableMPS) Edits(_ string, cores int64) *cdispec.ContainerEdits {
+	return &cdispec.ContainerEdits{Env: []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", fmt.Sprintf("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%d", cores)}}
+}
+
+func (u *unreachableMPS) Daemon(string) *mps.Record { return &mps.Record{PID: 1} }
+
+func (u *unreachableMPS) Restore(context.Context, map[string]map[types.UID]int64) ([]string, error) {
+	return nil, nil
+}
+
+func (u *unreachableMPS) Check(context.Context) (map[string][]types.UID, error) { return nil, nil }
+
+// TestMPSUnreachableLeavesNothingHeld: a share prepared while facet-mps is
+// unreachable fails, and its rollback cannot release the MPS holder either,
+// so its reservation stays. Seen live (TestMPS): once facet-mps was back, a
+// new pod's share did not fit beside the failed claim's 20 %. The kubelet's
+// unprepare of the failed claim releases it, and a retry of the claim
+// itself takes its own reservation again instead of adding to it.
+func TestMPSUnreachableLeavesNothingHeld(t *testing.T) {
+	for _, then := range []string{"unprepared", "retried"} {
+		t.Run(then, func(t *testing.T) {
+			r := newRigMode(t, inventory.Config{DefaultMode: inventory.ModeShared})
+			fake := &unreachableMPS{holders: map[types.UID]bool{}}
+			r.partitioner = fake
+			r.start()
+			big := share("big", "gpu-5", "3000Mi", 80, `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","partitioning":"mps"}`)
+			if _, err := r.prepareOne(big); err != nil {
+				t.Fatal(err)
+			}
+			fake.down = true
+			late := share("late", "gpu-5", "2000Mi", 20, `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","partitioning":"mps"}`)
+			if _, err := r.prepareOne(late); err == nil || !strings.Contains(err.Error(), "facet-mps unreachable") {
+				t.Fatalf("prepare with facet-mps down: %v", err)
+			}
+			fake.down = false
+			if then == "unprepared" {
+				if err := r.unprepareOne(late); err != nil {
+					t.Fatal(err)
+				}
+				next := share("next", "gpu-5", "2000Mi", 20, `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","partitioning":"mps"}`)
+				if _, err := r.prepareOne(next); err != nil {
+					t.Fatalf("a new share beside the unprepared failed one: %v", err)
+				}
+				if fake.holders[late.UID] {
+					t.Error("the failed claim is still an MPS holder")
+				}
+				return
+			}
+			if _, err := r.prepareOne(late); err != nil {
+				t.Fatalf("the kubelet's retry of the failed claim: %v", err)
+			}
+		})
+	}
 }

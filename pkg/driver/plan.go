@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	"github.com/facet-gpu/facet/pkg/checkpoint"
@@ -172,6 +173,20 @@ func (d *Driver) checkUsableLocked(devices []checkpoint.Device) error {
 		}
 	}
 	return nil
+}
+
+// holds says whether a claim has devices reserved.
+func (d *Driver) holds(uid types.UID) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, uses := range d.occ {
+		for _, u := range uses {
+			if u.owner.uid == uid {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (d *Driver) release(ref claimRef) {

@@ -88,6 +88,11 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 		return nil, "", err
 	}
 	ref := claimRef{claim.UID, claim.Namespace, claim.Name}
+	// No record, or one rolled back above: what this claim still holds is
+	// an earlier attempt's, whose rollback could not finish (facet-mps
+	// unreachable). It is this claim's to take again, not another's to
+	// add to: counted twice, a 20 % share would be refused beside itself.
+	d.release(ref)
 	if err := d.admit(ref, p.devices); err != nil {
 		return nil, "", err
 	}
@@ -605,7 +610,19 @@ func (d *Driver) unprepareRecord(ctx context.Context, claim kubeletplugin.Namesp
 			}
 		}
 	} else if rec == nil {
-		return nil, nothingRecorded, nil
+		if !d.holds(claim.UID) {
+			return nil, nothingRecorded, nil
+		}
+		// A prepare that failed before its record (a share, whose
+		// record is written once prepared) and whose rollback failed
+		// too: its reservation and MPS holder are still here, and the
+		// kubelet will not prepare this claim again. Seen live: a pod
+		// deleted after facet-mps was back left its share's 20 % held,
+		// and the next share did not fit.
+		if err := d.rollback(ctx, claim.UID, nil); err != nil {
+			return nil, "", fmt.Errorf("release the reservation of a failed prepare: %w", err)
+		}
+		return nil, "a failed prepare's reservation released", nil
 	}
 	// The rollback clears the MIG instances' IDs as it destroys them:
 	// the log line names what was there.

@@ -141,3 +141,27 @@ func TestPriorityClasses(t *testing.T) {
 		}
 	}
 }
+
+// TestResourceRequests: every container of every pod the chart runs asks
+// for CPU and memory (measured defaults, values.yaml), so that no pod is
+// BestEffort, the first evicted under node pressure; and none has a
+// memory limit by default (an OOM kill mid-prepare).
+func TestResourceRequests(t *testing.T) {
+	for cfgName, vals := range configurations(t) {
+		for _, o := range render(t, vals) {
+			spec, ok := podSpecOf(t, o)
+			if !ok {
+				continue
+			}
+			for _, c := range spec.Containers {
+				req := c.Resources.Requests
+				if req.Cpu().IsZero() || req.Memory().IsZero() {
+					t.Errorf("%s: %s %s container %s requests %v: want cpu and memory", cfgName, o.GetKind(), o.GetName(), c.Name, req)
+				}
+				if _, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+					t.Errorf("%s: %s %s container %s has a memory limit by default", cfgName, o.GetKind(), o.GetName(), c.Name)
+				}
+			}
+		}
+	}
+}
