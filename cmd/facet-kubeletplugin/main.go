@@ -16,9 +16,9 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/facet-gpu/facet/pkg/healthz"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/plugin"
-	"github.com/facet-gpu/facet/pkg/probes"
 )
 
 // flags is the command line: the plugin's configuration, and --probe,
@@ -39,7 +39,7 @@ func main() {
 	}
 
 	if f.probe != "" {
-		if err := probes.Ask(context.Background(), f.HealthAddr, f.probe, 5*time.Second); err != nil {
+		if err := healthz.Ask(context.Background(), f.HealthAddr, f.probe, 5*time.Second); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

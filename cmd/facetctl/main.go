@@ -21,7 +21,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/slices"
+	"github.com/facet-gpu/facet/pkg/resourceslices"
 )
 
 const usage = `facetctl: Facet's operator CLI
@@ -188,9 +188,9 @@ func runSlices(args []string) error {
 	for _, n := range inv.Notes {
 		fmt.Fprintln(os.Stderr, "# note:", n)
 	}
-	objs := slices.Objects(slices.Resources(inv, *node), *node)
+	objs := resourceslices.Objects(resourceslices.Resources(inv, *node), *node)
 	if gatesGiven {
-		if errs := slices.Dropped(objs, set); len(errs) > 0 {
+		if errs := resourceslices.Dropped(objs, set); len(errs) > 0 {
 			return fmt.Errorf("internal error: %v", errors.Join(errs...))
 		}
 	}
@@ -206,12 +206,12 @@ func writeSlices(w io.Writer, objs []*resourceapi.ResourceSlice) error {
 				return err
 			}
 		}
-		if slices.CounterOnly(o) {
-			if _, err := fmt.Fprintf(w, "# %s\n", slices.ExplainCounterOnly(o)); err != nil {
+		if resourceslices.CounterOnly(o) {
+			if _, err := fmt.Fprintf(w, "# %s\n", resourceslices.ExplainCounterOnly(o)); err != nil {
 				return err
 			}
 		}
-		if err := slices.WriteYAML(w, objs[i:i+1]); err != nil {
+		if err := resourceslices.WriteYAML(w, objs[i:i+1]); err != nil {
 			return err
 		}
 	}

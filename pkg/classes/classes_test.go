@@ -17,13 +17,13 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
 
-// slicesOf reads golden slices of pkg/slices (what the plugin publishes
+// slicesOf reads golden slices of pkg/resourceslices (what the plugin publishes
 // for each mode of a simulated machine).
 func slicesOf(t *testing.T, files ...string) []*resourceapi.ResourceSlice {
 	t.Helper()
 	var out []*resourceapi.ResourceSlice
 	for _, f := range files {
-		s, _, _, err := fit.ReadFile(filepath.Join("..", "slices", "testdata", f))
+		s, _, _, err := fit.ReadFile(filepath.Join("..", "resourceslices", "testdata", f))
 		if err != nil {
 			t.Fatal(err)
 		}

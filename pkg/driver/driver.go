@@ -1,4 +1,5 @@
-// Package driver is Facet's DRA kubelet plugin: it prepares and unprepares
+// Package driver is the DRA driver behind Facet's kubelet plugin (package
+// plugin runs the process around it): it prepares and unprepares
 // ResourceClaims for the kubelet (k8s.io/dynamic-resource-allocation/kubeletplugin)
 // from the node's inventory: whole GPUs, MIG devices (carved at prepare,
 // destroyed at unprepare) and vGPU shares (enforced by HAMi-core). Each
@@ -22,7 +23,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/facet-gpu/facet/pkg/checkpoint"
-	"github.com/facet-gpu/facet/pkg/health"
+	"github.com/facet-gpu/facet/pkg/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/metrics"
 )
@@ -76,7 +77,7 @@ type Driver struct {
 	// occ is what is prepared on each GPU. Held under mu only for
 	// admission: NVML calls happen outside it, so claims on other GPUs
 	// never wait for them.
-	occ occupancy
+	occ reservations
 	// busy marks claims being prepared or unprepared, so two calls for one
 	// claim never interleave.
 	busy map[types.UID]bool
@@ -85,7 +86,7 @@ type Driver struct {
 	// half-made MIG instance, an NVML error).
 	unusable map[string]string
 	// faults are the GPUs' health faults (SetFaults), by GPU UUID.
-	faults map[string]health.Fault
+	faults map[string]gpuhealth.Fault
 	// healthSubs are the kubelet's NodeWatchResources streams, woken on
 	// every health change.
 	healthSubs map[chan struct{}]struct{}
@@ -192,12 +193,12 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		metrics:        o.Metrics,
 		events:         o.Events,
 		status:         o.Status,
-		occ:            occupancy{},
+		occ:            reservations{},
 		busy:           map[types.UID]bool{},
 		gpus:           map[string]*inventory.GPU{},
 		gpuEdits:       map[string]*gpuEditsEntry{},
 		unusable:       map[string]string{},
-		faults:         map[string]health.Fault{},
+		faults:         map[string]gpuhealth.Fault{},
 		healthSubs:     map[chan struct{}]struct{}{},
 	}
 	for _, g := range o.Inventory.GPUs {

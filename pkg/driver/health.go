@@ -6,7 +6,7 @@ import (
 	"google.golang.org/grpc"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 
-	"github.com/facet-gpu/facet/pkg/health"
+	"github.com/facet-gpu/facet/pkg/gpuhealth"
 )
 
 // healthResend is how often NodeWatchResources repeats the full list
@@ -20,9 +20,9 @@ const (
 // SetFaults replaces the GPUs' health faults (package health). From then
 // on prepare refuses claims on GPUs with a fatal fault, GPUHealth reports
 // them, and the kubelet's health streams are told.
-func (d *Driver) SetFaults(faults map[string]health.Fault) {
+func (d *Driver) SetFaults(faults map[string]gpuhealth.Fault) {
 	d.mu.Lock()
-	d.faults = make(map[string]health.Fault, len(faults))
+	d.faults = make(map[string]gpuhealth.Fault, len(faults))
 	for k, v := range faults {
 		d.faults[k] = v
 	}

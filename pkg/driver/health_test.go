@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 
-	"github.com/facet-gpu/facet/pkg/health"
+	"github.com/facet-gpu/facet/pkg/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/inventory"
 )
 
@@ -24,7 +24,7 @@ func TestUnitFaults(t *testing.T) {
 	if err := u.prepare(before)[before.UID].Err; err != nil {
 		t.Fatal(err)
 	}
-	u.d.SetFaults(map[string]health.Fault{
+	u.d.SetFaults(map[string]gpuhealth.Fault{
 		g1: {GPU: g1, Reason: "xid-79", Detail: "XID 79", Fatal: true},
 		g2: {GPU: g2, Reason: "nvml-query-failed", Detail: "NVML query failed"},
 	})
@@ -133,7 +133,7 @@ func TestUnitNodeWatchResources(t *testing.T) {
 		}
 	}
 	sick := u.inv.GPUs[5]
-	u.d.SetFaults(map[string]health.Fault{sick.UUID: {GPU: sick.UUID, Reason: "ecc-dbe", Fatal: true}})
+	u.d.SetFaults(map[string]gpuhealth.Fault{sick.UUID: {GPU: sick.UUID, Reason: "ecc-dbe", Fatal: true}})
 	second := next()
 	for _, g := range u.inv.GPUs {
 		want := drahealthv1alpha1.HealthStatus_HEALTHY

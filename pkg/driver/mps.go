@@ -358,7 +358,7 @@ func (d *Driver) claimEvent(claim *resourceapi.ResourceClaim, eventType, reason,
 	}
 }
 
-// claimRefOf finds a prepared claim's name by UID in the occupancy.
+// claimRefOf finds a prepared claim's name by UID in the reservations.
 func (d *Driver) claimRefOf(uid types.UID) (claimRef, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -139,7 +139,7 @@ func equalVgpu(a, b *configapi.VgpuConfig) bool {
 }
 
 // admit reserves all of a claim's devices, or none, refusing conflicts with
-// what other claims hold (see occupancy).
+// what other claims hold (see reservations).
 func (d *Driver) admit(ref claimRef, devices []checkpoint.Device) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -121,7 +121,7 @@ func (d *Driver) reloadReservations(ctx context.Context) error {
 		return err
 	}
 	d.mu.Lock()
-	d.occ = occupancy{}
+	d.occ = reservations{}
 	owned := map[string]bool{}
 	for uid := range corrupt {
 		if rec, err := d.store.Salvage(uid); err == nil {

@@ -122,7 +122,7 @@ const CounterMediaExtensions = "media-extensions"
 // is the fault's reason, e.g. "xid-79"; NoExecute for a fatal fault,
 // NoSchedule for a recoverable one), and the Node annotation by which an
 // operator asks the node's plugin to recover GPUs (`facetctl health
-// recover` writes it; format in health.ParseRecoverRequests).
+// recover` writes it; format in gpuhealth.ParseRecoverRequests).
 const (
 	TaintUnhealthy    = Driver + "/unhealthy"
 	AnnotationRecover = Driver + "/recover"

@@ -39,7 +39,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nodecheck/probe"
 	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/slices"
+	"github.com/facet-gpu/facet/pkg/resourceslices"
 )
 
 // NodeName is the pool the check's claims are allocated from. It is no
@@ -466,7 +466,7 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 // publishedMemory is the memory capacity, in bytes, that the device has
 // in the ResourceSlices the plugin would publish for inv.
 func publishedMemory(inv *inventory.Inventory, device string) (int64, error) {
-	res := slices.Resources(inv, NodeName)
+	res := resourceslices.Resources(inv, NodeName)
 	for _, pool := range res.Pools {
 		for _, s := range pool.Slices {
 			for _, d := range s.Devices {

@@ -20,7 +20,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/nodecheck/probe"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/slices"
+	"github.com/facet-gpu/facet/pkg/resourceslices"
 )
 
 const machine = "../../demo/machines/dgx-h100.yaml"
@@ -101,7 +101,7 @@ func published(t *testing.T, lib *nvml.Library, gpu int) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range slices.Objects(slices.Resources(inv, "n"), "n") {
+	for _, s := range resourceslices.Objects(resourceslices.Resources(inv, "n"), "n") {
 		for _, d := range s.Spec.Devices {
 			if d.Name == inventory.WholeGPUName(gpu) {
 				q := d.Capacity["memory"].Value

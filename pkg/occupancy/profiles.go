@@ -114,7 +114,7 @@ var knownTables = tables{
 	},
 }
 
-// truncate is what pkg/slices does to a productName longer than the API
+// truncate is what pkg/resourceslices does to a productName longer than the API
 // allows.
 func truncate(s string) string {
 	if len(s) > 64 {

@@ -1,4 +1,5 @@
-// Package plugin runs Facet's DRA kubelet plugin: it discovers the node's
+// Package plugin runs the kubelet plugin's process, around package driver
+// (which prepares claims): it discovers the node's
 // GPUs, builds the inventory in the configured modes, starts the driver
 // behind the kubelet plugin helper, publishes the ResourceSlices, and
 // keeps them current (GPU health, recovery requests, the cluster's DRA
@@ -30,15 +31,15 @@ import (
 	"github.com/facet-gpu/facet/pkg/claimstatus"
 	"github.com/facet-gpu/facet/pkg/driver"
 	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/hami"
-	gpuhealth "github.com/facet-gpu/facet/pkg/health"
+	"github.com/facet-gpu/facet/pkg/healthz"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/metrics"
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nodeevents"
 	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/probes"
 	"github.com/facet-gpu/facet/pkg/publisher"
 )
 
@@ -320,11 +321,11 @@ func Run(ctx context.Context, f Config) error {
 	}
 	go reportPublished(ctx, client, f.NodeName, want, start)
 	if f.HealthAddr != "" {
-		reg, dra := probes.Sockets(f.RegistrarDir, f.PluginsDir, f.PodUID)
-		if err := probes.Serve(ctx, f.HealthAddr, &probes.Checker{
+		reg, dra := healthz.Sockets(f.RegistrarDir, f.PluginsDir, f.PodUID)
+		if err := healthz.Serve(ctx, f.HealthAddr, &healthz.Checker{
 			RegistrarSocket: reg, DRASocket: dra,
 			Registered:      helper.RegistrationStatus,
-			SlicesPublished: probes.SlicesPublished(client, f.NodeName, want),
+			SlicesPublished: healthz.SlicesPublished(client, f.NodeName, want),
 			Timeout:         5 * time.Second,
 			Metrics:         m.Handler(),
 		}); err != nil {

@@ -21,12 +21,12 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/features"
-	gpuhealth "github.com/facet-gpu/facet/pkg/health"
+	"github.com/facet-gpu/facet/pkg/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/metrics"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/slices"
+	"github.com/facet-gpu/facet/pkg/resourceslices"
 )
 
 // Events of GPU health, on the Node.
@@ -112,7 +112,7 @@ func New(o Options) *Publisher {
 }
 
 // Publish hands the slices to the sink and the faults to the fault sink;
-// it returns the number of slices. An error is the sink's, or an internal
+// it returns the number of resourceslices. An error is the sink's, or an internal
 // one: slices with fields the cluster's gates drop.
 func (p *Publisher) Publish(ctx context.Context) (int, error) {
 	p.mu.Lock()
@@ -128,15 +128,15 @@ func (p *Publisher) Publish(ctx context.Context) (int, error) {
 			t := metav1.NewTime(f.Since)
 			taints[uuid] = resourceapi.DeviceTaint{Key: names.TaintUnhealthy, Value: f.Reason, Effect: f.Effect(), TimeAdded: &t}
 		}
-		res = slices.TaintedResources(p.inv.Without(p.unusable), p.node, taints)
+		res = resourceslices.TaintedResources(p.inv.Without(p.unusable), p.node, taints)
 	} else {
 		drop := maps.Clone(p.unusable)
 		for uuid, f := range faults {
 			drop[uuid] = f.String()
 		}
-		res = slices.Resources(p.inv.Without(drop), p.node)
+		res = resourceslices.Resources(p.inv.Without(drop), p.node)
 	}
-	if errs := slices.Dropped(slices.Objects(res, p.node), p.gates); len(errs) > 0 {
+	if errs := resourceslices.Dropped(resourceslices.Objects(res, p.node), p.gates); len(errs) > 0 {
 		// Guard against a mode that slipped past inventory.Build's check.
 		return 0, fmt.Errorf("internal error: the slices use fields the cluster drops: %v", errors.Join(errs...))
 	}
@@ -288,7 +288,7 @@ func (p *Publisher) resolve(gpu string) []string {
 	return out
 }
 
-// PublishedDevices counts the devices in res's slices.
+// PublishedDevices counts the devices in res's resourceslices.
 func PublishedDevices(res resourceslice.DriverResources) int {
 	n := 0
 	for _, pool := range res.Pools {

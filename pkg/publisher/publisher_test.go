@@ -11,7 +11,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/facet-gpu/facet/pkg/features"
-	gpuhealth "github.com/facet-gpu/facet/pkg/health"
+	"github.com/facet-gpu/facet/pkg/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/metrics"
 	"github.com/facet-gpu/facet/pkg/names"

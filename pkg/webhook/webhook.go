@@ -1,4 +1,7 @@
-// Package webhook is Facet's validating admission webhook. It refuses, at
+// Package webhook is Facet's admission webhook server: the validating
+// webhook for opaque configs (this file, server.go) and the pod mutator
+// that rewrites extended resources into claims (mutate.go, kueue.go,
+// extresmap.go). The validating webhook refuses, at
 // `kubectl apply` time, a ResourceClaim, ResourceClaimTemplate or DeviceClass
 // whose opaque config for the driver gpu.facet.dev the kubelet plugin would
 // refuse at prepare time, long after the pod was scheduled.

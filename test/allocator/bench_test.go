@@ -13,7 +13,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/inventory"
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
-	facetslices "github.com/facet-gpu/facet/pkg/slices"
+	"github.com/facet-gpu/facet/pkg/resourceslices"
 	"github.com/facet-gpu/facet/test/scale"
 )
 
@@ -100,7 +100,7 @@ func benchInventory(b testing.TB, mode inventory.Mode) *inventory.Inventory {
 }
 
 func facetObjects(inv *inventory.Inventory, node string) []*resourceapi.ResourceSlice {
-	return facetslices.Objects(facetslices.Resources(inv, node), node)
+	return resourceslices.Objects(resourceslices.Resources(inv, node), node)
 }
 
 // nvidiaShape is Facet's mig-mode pool with NVIDIA's counter shape
@@ -123,7 +123,7 @@ func TestBenchmarkShapes(t *testing.T) {
 	}
 	facet, nv := facetObjects(inv, "n"), nvidiaShape(inv, "n")
 	for _, objs := range [][]*resourceapi.ResourceSlice{facet, nv} {
-		for _, err := range facetslices.CheckLimits(objs) {
+		for _, err := range resourceslices.CheckLimits(objs) {
 			t.Error(err)
 		}
 	}
@@ -169,7 +169,7 @@ func TestDumpBenchShapes(t *testing.T) {
 		"facet-mig": facetObjects(mig, "node-0"), "nvidia-15": nvidiaShape(mig, "node-0"), "facet-exclusive": facetObjects(excl, "node-0"),
 	} {
 		var buf bytes.Buffer
-		if err := facetslices.WriteYAML(&buf, objs); err != nil {
+		if err := resourceslices.WriteYAML(&buf, objs); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, name+".yaml"), buf.Bytes(), 0o644); err != nil {

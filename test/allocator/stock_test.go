@@ -13,7 +13,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
-	facetslices "github.com/facet-gpu/facet/pkg/slices"
+	"github.com/facet-gpu/facet/pkg/resourceslices"
 )
 
 var stockGates = features.Stock("test")
@@ -48,8 +48,8 @@ func stockNode(t testing.TB, name string) []*resourceapi.ResourceSlice {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs := facetslices.Objects(facetslices.Resources(inv, name), name)
-	if errs := facetslices.Dropped(objs, stockGates); len(errs) > 0 {
+	objs := resourceslices.Objects(resourceslices.Resources(inv, name), name)
+	if errs := resourceslices.Dropped(objs, stockGates); len(errs) > 0 {
 		t.Fatalf("stock slices with dropped fields: %v", errs)
 	}
 	return objs

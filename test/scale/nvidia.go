@@ -143,7 +143,7 @@ func nvidiaCommon(inv *inventory.Inventory, g *inventory.GPU) map[resourceapi.Qu
 }
 
 // nvidiaSlice is the one ResourceSlice of a node's pool, named as
-// pkg/slices names Facet's.
+// pkg/resourceslices names Facet's.
 func nvidiaSlice(node string, devs []resourceapi.Device) []*resourceapi.ResourceSlice {
 	return []*resourceapi.ResourceSlice{{
 		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceSlice"},

@@ -19,7 +19,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/nvml"
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
-	facetslices "github.com/facet-gpu/facet/pkg/slices"
+	"github.com/facet-gpu/facet/pkg/resourceslices"
 )
 
 // domain is Facet's attribute and capacity domain.
@@ -132,7 +132,7 @@ func Shapes(machine string) ([]Shape, error) {
 
 func facet(inv *inventory.Inventory) func(string) []*resourceapi.ResourceSlice {
 	return func(node string) []*resourceapi.ResourceSlice {
-		return facetslices.Objects(facetslices.Resources(inv, node), node)
+		return resourceslices.Objects(resourceslices.Resources(inv, node), node)
 	}
 }
 
@@ -160,7 +160,7 @@ func Claim(name string, reqs ...resourceapi.DeviceRequest) *resourceapi.Resource
 // in the same device slices, each consuming what NVIDIA's driver has it
 // consume. (Moved here from test/allocator, which uses it too.)
 func NVIDIAShape(inv *inventory.Inventory, node string) []*resourceapi.ResourceSlice {
-	objs := facetslices.Objects(facetslices.Resources(inv, node), node)
+	objs := resourceslices.Objects(resourceslices.Resources(inv, node), node)
 	q := func(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
 	counters := func(memory uint64, sms, ce, dec, enc, jpg, ofa int, start, size int) map[string]resourceapi.Counter {
 		m := map[string]resourceapi.Counter{

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/facet-gpu/facet/pkg/fit"
-	facetslices "github.com/facet-gpu/facet/pkg/slices"
+	"github.com/facet-gpu/facet/pkg/resourceslices"
 )
 
 // TestShapes checks that every shape of the benchmark builds for the DGX
@@ -41,7 +41,7 @@ func TestShapes(t *testing.T) {
 		}
 		t.Run(s.Name, func(t *testing.T) {
 			objs := s.Node("node-0000")
-			for _, err := range facetslices.CheckLimits(objs) {
+			for _, err := range resourceslices.CheckLimits(objs) {
 				t.Error(err)
 			}
 			devices := 0

@@ -19,7 +19,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/miglayout"
 	"github.com/facet-gpu/facet/pkg/names"
 	"github.com/facet-gpu/facet/pkg/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/slices"
+	"github.com/facet-gpu/facet/pkg/resourceslices"
 )
 
 // Node describes a simulated node: n GPUs of a model, modes per GPU
@@ -75,7 +75,7 @@ func Slices(t testing.TB, n Node) []*resourceapi.ResourceSlice {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return slices.Objects(slices.Resources(inv, n.Name), n.Name)
+	return resourceslices.Objects(resourceslices.Resources(inv, n.Name), n.Name)
 }
 
 // Result is one allocated device of a node's pool.

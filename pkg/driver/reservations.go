@@ -47,12 +47,12 @@ func (u use) String() string {
 	return fmt.Sprintf("whole GPU %s of claim %s", u.device, u.owner)
 }
 
-// occupancy is what is prepared on each physical GPU, by GPU UUID. It is the
+// reservations are what is prepared on each physical GPU, by GPU UUID. It is the
 // driver's last line of defense: the Kubernetes 1.35 allocator can
 // double-book a GPU (kubernetes#139034: a MIG device after a saved vGPU
 // share), so every device is admitted against it before anything is
 // created, and a conflict fails the later claim only.
-type occupancy map[string][]use
+type reservations map[string][]use
 
 // gpuLimits are a physical GPU's capacities that shares divide.
 type gpuLimits struct {
@@ -63,7 +63,7 @@ type gpuLimits struct {
 // error naming the holder. Rules, per GPU: a whole GPU excludes everything
 // else; MIG devices exclude shares and overlapping MIG placements; shares
 // exclude MIG devices and together fit in the GPU's memory and 100 % SM.
-func (o occupancy) admit(gpuUUID string, limits gpuLimits, u use) error {
+func (o reservations) admit(gpuUUID string, limits gpuLimits, u use) error {
 	var memory, cores int64
 	for _, h := range o[gpuUUID] {
 		if h.owner.uid == u.owner.uid && h.device == u.device && h.kind == u.kind && u.kind != kindShare {
@@ -102,7 +102,7 @@ func (o occupancy) admit(gpuUUID string, limits gpuLimits, u use) error {
 }
 
 // release drops every use of a claim.
-func (o occupancy) release(uid claimRef) {
+func (o reservations) release(uid claimRef) {
 	for gpu, uses := range o {
 		kept := uses[:0]
 		for _, u := range uses {

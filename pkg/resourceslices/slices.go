@@ -1,7 +1,7 @@
-// Package slices renders an inventory as the ResourceSlices of the node's
+// Package resourceslices renders an inventory as the ResourceSlices of the node's
 // pool, in the exact shape the kubelet plugin publishes through
 // k8s.io/dynamic-resource-allocation/resourceslice.
-package slices
+package resourceslices
 
 import (
 	"fmt"

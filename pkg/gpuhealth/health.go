@@ -1,4 +1,4 @@
-// Package health keeps the node's GPU faults: which GPU is out of
+// Package gpuhealth keeps the node's GPU faults: which GPU is out of
 // scheduling, why, since when, and how it comes back.
 //
 // Faults come from NVML (nvml.Library.WatchHealth: XIDs, double-bit ECC
@@ -18,7 +18,7 @@
 // cannot be read fails closed: every GPU gets a recoverable fault, so
 // nothing new lands on a GPU whose history is unknown until it has
 // proven itself for a quiet period.
-package health
+package gpuhealth
 
 import (
 	"encoding/json"
