@@ -1,8 +1,8 @@
 // Package atomicfile replaces a file so that a crash at any point leaves
 // either its old or its new contents, never a mix: write a temporary file
 // in the same directory, fsync it, rename it over the target, fsync the
-// directory. Facet's checkpoint, its MIG layout records and the simulated
-// NVML state are written this way.
+// directory (WriteWith can skip the fsyncs where durability lies
+// elsewhere). Every file Facet replaces is written this way.
 package atomicfile
 
 import (
@@ -11,12 +11,40 @@ import (
 	"path/filepath"
 )
 
-// Write replaces dir/name with data, with file mode perm. The temporary
-// file is named tempPrefix followed by random characters, so that a
-// start-up sweep can find what a crash left behind. Errors name the file.
+// Write replaces dir/name with data, with file mode perm, durably (the
+// file and the directory fsynced). The temporary file is named tempPrefix
+// followed by random characters, so that a start-up sweep can find what a
+// crash left behind. Errors name the file.
 func Write(dir, name, tempPrefix string, data []byte, perm os.FileMode) error {
+	return WriteWith(dir, name, data, Options{TempPattern: tempPrefix + "*", Perm: perm})
+}
+
+// Options say how WriteWith writes.
+type Options struct {
+	// TempPattern names the temporary file in dir, as os.CreateTemp's
+	// pattern (its last "*" becomes random characters). Required.
+	TempPattern string
+	// Perm is the file's mode; 0 means 0600.
+	Perm os.FileMode
+	// NoSync skips both fsyncs: the replacement is still atomic (readers
+	// see the old or the new contents), but a crash may leave the old.
+	// For writers whose durability lies elsewhere: the checkpoint's
+	// journal, which is fsynced first; a CDI spec, which the plugin
+	// verifies and rewrites at start.
+	NoSync bool
+}
+
+// WriteWith replaces dir/name with data: a temporary file in dir, written,
+// renamed over the target, as o says. Errors name the file. It is the one
+// atomic writer of Facet: the checkpoint, the CDI specs, nvidia-cdi-hook's
+// install, the MIG layout records, the MPS daemon records, the GPU fault
+// records and the simulator's files all write through it.
+func WriteWith(dir, name string, data []byte, o Options) error {
 	target := filepath.Join(dir, name)
-	f, err := os.CreateTemp(dir, tempPrefix+"*")
+	if o.Perm == 0 {
+		o.Perm = 0o600
+	}
+	f, err := os.CreateTemp(dir, o.TempPattern)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", target, err)
 	}
@@ -29,11 +57,13 @@ func Write(dir, name, tempPrefix string, data []byte, perm os.FileMode) error {
 	if _, err := f.Write(data); err != nil {
 		return fail(err)
 	}
-	if err := f.Chmod(perm); err != nil {
+	if err := f.Chmod(o.Perm); err != nil {
 		return fail(err)
 	}
-	if err := f.Sync(); err != nil {
-		return fail(err)
+	if !o.NoSync {
+		if err := f.Sync(); err != nil {
+			return fail(err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		os.Remove(tmp)
@@ -43,8 +73,10 @@ func Write(dir, name, tempPrefix string, data []byte, perm os.FileMode) error {
 		os.Remove(tmp)
 		return fmt.Errorf("write %s: %w", target, err)
 	}
-	if err := SyncDir(dir); err != nil {
-		return fmt.Errorf("write %s: %w", target, err)
+	if !o.NoSync {
+		if err := SyncDir(dir); err != nil {
+			return fmt.Errorf("write %s: %w", target, err)
+		}
 	}
 	return nil
 }

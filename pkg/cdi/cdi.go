@@ -26,6 +26,7 @@ import (
 	"tags.cncf.io/container-device-interface/pkg/parser"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/facet-gpu/facet/pkg/atomicfile"
 	"github.com/facet-gpu/facet/pkg/claimuid"
 	"github.com/facet-gpu/facet/pkg/names"
 )
@@ -150,7 +151,7 @@ func (w *Writer) WriteClaim(claimUID types.UID, common *cdispec.ContainerEdits, 
 		return "", nil, "", fmt.Errorf("CDI spec for claim %s: %w", claimUID, err)
 	}
 	if err := w.writeAtomic(name, data); err != nil {
-		return "", nil, "", fmt.Errorf("write CDI spec %s: %w", filepath.Join(w.dir, name), err)
+		return "", nil, "", fmt.Errorf("CDI spec of claim %s: %w", claimUID, err)
 	}
 	return name, ids, Hash(data), nil
 }
@@ -161,21 +162,11 @@ func Hash(data []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// writeAtomic replaces name with data: a temp file, renamed.
+// writeAtomic replaces name with data: a temporary file, renamed, not
+// fsynced (a prepare's latency; the plugin verifies every claim's spec
+// against its checkpoint record at start and rewrites a lost one).
 func (w *Writer) writeAtomic(name string, data []byte) error {
-	tmp, err := os.CreateTemp(w.dir, tmpPrefix+name+".*.tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(data)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), filepath.Join(w.dir, name))
+	return atomicfile.WriteWith(w.dir, name, data, atomicfile.Options{TempPattern: tmpPrefix + name + ".*.tmp", Perm: 0o600, NoSync: true})
 }
 
 // validate checks a spec with the CDI library's validators, as

@@ -15,12 +15,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/facet-gpu/facet/pkg/atomicfile"
 )
 
 // Name is the hook's file name. nvcdi derives the hooks' argv[0] from the
@@ -165,27 +166,9 @@ func Install(ctx context.Context, src, dir string) (wrote bool, version string, 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, "", fmt.Errorf("install %s: %w", Name, err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+Name+".tmp.*")
-	if err != nil {
-		return false, "", fmt.Errorf("install %s: %w", Name, err)
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly once renamed
-	if _, err := io.Copy(tmp, bytes.NewReader(data)); err != nil {
-		tmp.Close()
-		return false, "", fmt.Errorf("install %s: %w", Name, err)
-	}
-	if err := tmp.Chmod(0o755); err != nil {
-		tmp.Close()
-		return false, "", fmt.Errorf("install %s: %w", Name, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return false, "", fmt.Errorf("install %s: %w", Name, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return false, "", fmt.Errorf("install %s: %w", Name, err)
-	}
-	if err := os.Rename(tmp.Name(), dest); err != nil {
+	// Atomic and durable: a node rebooted mid-install keeps the old hook
+	// or the new one, never half of one that every container start runs.
+	if err := atomicfile.WriteWith(dir, Name, data, atomicfile.Options{TempPattern: "." + Name + ".tmp.*", Perm: 0o755}); err != nil {
 		return false, "", fmt.Errorf("install %s: %w", Name, err)
 	}
 	version, err = Check(ctx, Options{HostPath: dest})

@@ -591,24 +591,7 @@ func (s *Store) Put(c *Claim) error {
 // replace swaps dir/name for data atomically but without an fsync: the
 // journal entry before it is what is durable.
 func replace(dir, name, tempPrefix string, data []byte) error {
-	f, err := os.CreateTemp(dir, tempPrefix+"*")
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Chmod(0o600)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), filepath.Join(dir, name))
-	}
-	if err != nil {
-		os.Remove(f.Name())
-	}
-	return err
+	return atomicfile.WriteWith(dir, name, data, atomicfile.Options{TempPattern: tempPrefix + "*", Perm: 0o600, NoSync: true})
 }
 
 // Delete removes the record of uid durably; a missing record is not an

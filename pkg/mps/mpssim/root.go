@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/facet-gpu/facet/pkg/atomicfile"
 )
 
 // privateVersion is the symbol version that glibc's loader and libc share
@@ -322,25 +324,7 @@ func writeFile(path string, data []byte, mode fs.FileMode) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".facet-tmp*")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(data)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), mode) // CreateTemp makes it 0600
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return nil
+	return atomicfile.WriteWith(dir, filepath.Base(path), data, atomicfile.Options{TempPattern: "." + filepath.Base(path) + ".facet-tmp*", Perm: mode, NoSync: true})
 }
 
 // symlink makes path a symlink to target unless it is one, replacing what

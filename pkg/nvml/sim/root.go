@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/facet-gpu/facet/pkg/atomicfile"
 	"github.com/facet-gpu/facet/pkg/mps"
 	"github.com/facet-gpu/facet/pkg/mps/mpssim"
 )
@@ -437,16 +438,7 @@ func (l *layout) file(rel string, data []byte, mode os.FileMode) error {
 	if err := l.mkdirFor(path); err != nil {
 		return err
 	}
-	tmp := path + ".facet-tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return fmt.Errorf("simulated driver root %s: %w", l.root, err)
-	}
-	if err := os.Chmod(tmp, mode); err != nil { // WriteFile is subject to umask
-		os.Remove(tmp)
-		return fmt.Errorf("simulated driver root %s: %w", l.root, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteWith(filepath.Dir(path), filepath.Base(path), data, atomicfile.Options{TempPattern: "." + filepath.Base(path) + ".facet-tmp*", Perm: mode, NoSync: true}); err != nil {
 		return fmt.Errorf("simulated driver root %s: %w", l.root, err)
 	}
 	return nil
