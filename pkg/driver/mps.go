@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -303,16 +304,10 @@ func (d *Driver) RunMPSWatch(ctx context.Context, interval time.Duration) {
 	if d.mps == nil {
 		return
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			d.CheckMPS(ctx)
-		}
-	}
+	_ = wait.PollUntilContextCancel(ctx, interval, false, func(ctx context.Context) (bool, error) {
+		d.CheckMPS(ctx)
+		return false, nil
+	})
 }
 
 func (d *Driver) mpsRestarted(ctx context.Context, gpu string, claims []types.UID) {

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
@@ -49,24 +50,19 @@ func clusterFeatures(ctx context.Context, client kubernetes.Interface, node stri
 // returns when they differ from start: the plugin then restarts and
 // republishes, rather than change its devices under live allocations.
 func watchFeatures(ctx context.Context, client kubernetes.Interface, node string, overrides features.Overrides, start features.Set, every time.Duration, ev *nodeevents.Recorder) error {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
+	var changed error
+	_ = wait.PollUntilContextCancel(ctx, every, false, func(ctx context.Context) (bool, error) {
 		s, err := features.Detect(ctx, client, node)
 		if err != nil {
 			klog.FromContext(ctx).V(2).Info("Re-detecting cluster features failed; keeping what was detected at start", "err", err)
-			continue
+			return false, nil
 		}
 		s = s.Apply(overrides)
 		if !s.Equal(start) {
 			msg := fmt.Sprintf("The cluster's DRA features changed from %s to %s; restarting to republish", start, s)
 			ev.Warning(reasonFeaturesChanged, msg)
-			return fmt.Errorf("%s", msg)
+			changed = fmt.Errorf("%s", msg)
+			return true, nil
 		}
 		// An upgrade (or downgrade) of the control plane past a fix of
 		// the allocator changes which modes are refused or warned about.
@@ -74,9 +70,13 @@ func watchFeatures(ctx context.Context, client kubernetes.Interface, node string
 			msg := fmt.Sprintf("The cluster's Kubernetes version changed from %s to %s, and with it the allocator's known defects (from %v to %v); restarting to republish",
 				start.ServerVersion, s.ServerVersion, was, now)
 			ev.Warning(reasonFeaturesChanged, msg)
-			return fmt.Errorf("%s", msg)
+			changed = fmt.Errorf("%s", msg)
+			return true, nil
 		}
-	}
+		return false, nil
+	})
+	// nil when ctx ended first.
+	return changed
 }
 
 // applyLayouts puts each configured MIG layout on its GPU, before the

@@ -16,6 +16,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -225,21 +226,14 @@ const recoverPoll = 5 * time.Second
 func (p *Publisher) WatchRecoverRequests(ctx context.Context, client kubernetes.Interface, lib NVML) {
 	logger := klog.FromContext(ctx)
 	done := map[gpuhealth.RecoverRequest]bool{}
-	tick := time.NewTicker(recoverPoll)
-	defer tick.Stop()
-	for {
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		node, err := client.CoreV1().Nodes().Get(ctx, p.node, metav1.GetOptions{})
 		if err != nil {
 			logger.V(2).Info("Cannot read the Node for GPU recovery requests; retrying", "err", err)
 		} else if value, ok := node.Annotations[names.AnnotationRecover]; ok {
 			p.handleRecoverRequests(ctx, lib, value, done)
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
+	}, recoverPoll)
 }
 
 // handleRecoverRequests acts on the annotation's requests not in done.

@@ -39,6 +39,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/klog/v2"
@@ -147,17 +148,7 @@ func NewMutator(logger klog.Logger, opts MutatorOptions) (*Mutator, error) {
 // gate turned on, Facet's classes installed) is logged when it happens and
 // not only at the next pod.
 func (m *Mutator) Run(ctx context.Context, interval time.Duration) {
-	m.Active()
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			m.Active()
-		}
-	}
+	wait.UntilWithContext(ctx, func(context.Context) { m.Active() }, interval)
 }
 
 // decision is what the mutator does now.

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -249,17 +250,10 @@ func (c *Controller) Run(ctx context.Context) error {
 // preemption in flight, each Resync: a decision depends on the whole
 // cluster, not only on the pod's own changes.
 func (c *Controller) resync(ctx context.Context) {
-	t := time.NewTicker(c.opts.Resync)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = wait.PollUntilContextCancel(ctx, c.opts.Resync, false, func(context.Context) (bool, error) {
 		pods, err := c.pods.List(labels.Everything())
 		if err != nil {
-			continue
+			return false, nil
 		}
 		c.mu.Lock()
 		for _, p := range pods {
@@ -268,7 +262,8 @@ func (c *Controller) resync(ctx context.Context) {
 			}
 		}
 		c.mu.Unlock()
-	}
+		return false, nil
+	})
 }
 
 func (c *Controller) next(ctx context.Context) bool {
