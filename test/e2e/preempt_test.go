@@ -495,7 +495,8 @@ func TestPreemptObserveOnly(t *testing.T) {
 	})
 	applyYAML(t, preemptTemplates)
 	startPlugin(t, "dgx-h100", "--mode", "exclusive")
-	t.Cleanup(func() { _, _ = kubectlErr("delete", "pods", "--all", "-n", namespace, "--wait=true", "--timeout=180s") })
+	// Its templates ("whole") are not the later tests' of the same name.
+	deleteNamespaceAtEnd(t)
 	fill(t, 8, "facet-e2e-low", "whole")
 	obs := startPreemptor(t, "--leader-elect=false", "--observe-only")
 	applyYAML(t, prioPod("watched", "facet-e2e-high", "urgent", "whole"))
