@@ -259,6 +259,18 @@ func preemptsOnly(t *testing.T, name string, templates []string, victims int, vi
 	waitEvent(t, name, controller.ReasonPreempting, "evicted")
 }
 
+// preemptSetup makes the demo namespace, the PriorityClasses (removed at
+// the end) and the claim templates of the preemption tests.
+func preemptSetup(t *testing.T) {
+	t.Helper()
+	setupNamespace(t)
+	applyYAML(t, preemptClasses)
+	t.Cleanup(func() {
+		_, _ = kubectlErr("delete", "priorityclass", "facet-e2e-low", "facet-e2e-mid", "facet-e2e-high", "facet-e2e-high-never", "--ignore-not-found")
+	})
+	applyYAML(t, preemptTemplates)
+}
+
 // TestPreempt runs facet-preemptor against the node: the 8 + 1 case
 // (repeated, FACET_E2E_PREEMPT_ROUNDS times, default 3, the later rounds
 // with a rival batch pod pending), the rules that forbid a preemption, a
@@ -266,12 +278,7 @@ func preemptsOnly(t *testing.T, name string, templates []string, victims int, vi
 // (static MIG and slots on stock 1.35; dynamic MIG and shares with the
 // gates on).
 func TestPreempt(t *testing.T) {
-	setupNamespace(t)
-	applyYAML(t, preemptClasses)
-	t.Cleanup(func() {
-		_, _ = kubectlErr("delete", "priorityclass", "facet-e2e-low", "facet-e2e-mid", "facet-e2e-high", "facet-e2e-high-never", "--ignore-not-found")
-	})
-	applyYAML(t, preemptTemplates)
+	preemptSetup(t)
 	pre := startPreemptor(t, "--leader-elect-namespace=default", "--leader-elect-name=facet-preemptor-e2e")
 
 	t.Run("it acts, and says why", func(t *testing.T) {
@@ -488,12 +495,7 @@ spec: {maxUnavailable: 0, selector: {matchLabels: {tier: batch}}}
 // operator would before letting it evict: for the 8 + 1 case it raises
 // its Events and metrics ("would evict") and evicts nothing.
 func TestPreemptObserveOnly(t *testing.T) {
-	setupNamespace(t)
-	applyYAML(t, preemptClasses)
-	t.Cleanup(func() {
-		_, _ = kubectlErr("delete", "priorityclass", "facet-e2e-low", "facet-e2e-mid", "facet-e2e-high", "facet-e2e-high-never", "--ignore-not-found")
-	})
-	applyYAML(t, preemptTemplates)
+	preemptSetup(t)
 	startPlugin(t, "dgx-h100", "--mode", "exclusive")
 	// Its templates ("whole") are not the later tests' of the same name.
 	deleteNamespaceAtEnd(t)

@@ -101,8 +101,8 @@ func TestStock(t *testing.T) {
 			"volcano-slot": func(d string, env map[string]string) error {
 				// The smallest slot holding 2000 MiB and 20 %: 20 GiB, 25 %.
 				// 25 % by MPS; HAMi-core's SM throttle off (0).
-				if d != "gpu-4-slot-0" || env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "20059m" || env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "25" || env["CUDA_DEVICE_SM_LIMIT_0"] != "0" {
-					return fmt.Errorf("got %s with limits %q %q %q, want gpu-4-slot-0, 20059m, MPS 25, SM limit 0", d, env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_DEVICE_SM_LIMIT_0"])
+				if d != "gpu-4-slot-0" || env["CUDA_DEVICE_MEMORY_LIMIT_0"] != "20026m" || env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "25" || env["CUDA_DEVICE_SM_LIMIT_0"] != "0" {
+					return fmt.Errorf("got %s with limits %q %q %q, want gpu-4-slot-0, 20026m, MPS 25, SM limit 0", d, env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_DEVICE_SM_LIMIT_0"])
 				}
 				return nil
 			},
