@@ -200,22 +200,7 @@ func runSlices(args []string) error {
 // writeSlices prints slices as a YAML stream, with a comment above each
 // counter-only slice that says why it has no devices.
 func writeSlices(w io.Writer, objs []*resourceapi.ResourceSlice) error {
-	for i, o := range objs {
-		if i > 0 {
-			if _, err := io.WriteString(w, "---\n"); err != nil {
-				return err
-			}
-		}
-		if resourceslices.CounterOnly(o) {
-			if _, err := fmt.Fprintf(w, "# %s\n", resourceslices.ExplainCounterOnly(o)); err != nil {
-				return err
-			}
-		}
-		if err := resourceslices.WriteYAML(w, objs[i:i+1]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return resourceslices.WriteYAML(w, objs, true)
 }
 
 func runFeatures(args []string) error {

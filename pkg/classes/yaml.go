@@ -1,12 +1,12 @@
 package classes
 
 import (
-	"fmt"
 	"io"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"sigs.k8s.io/yaml"
+
+	"github.com/facet-gpu/facet/pkg/yamlstream"
 )
 
 // WriteYAML prints r as a YAML stream for `kubectl apply -f -`: a comment
@@ -18,18 +18,14 @@ func WriteYAML(w io.Writer, r Result) error {
 	for _, n := range r.Notes {
 		b.WriteString("# Note: " + n + "\n")
 	}
-	for i, c := range r.Classes {
+	docs := make([]yamlstream.Doc, 0, len(r.Classes))
+	for _, c := range r.Classes {
 		c := c.DeepCopy()
 		c.APIVersion, c.Kind = resourceapi.SchemeGroupVersion.String(), "DeviceClass"
-		data, err := yaml.Marshal(c)
-		if err != nil {
-			return fmt.Errorf("DeviceClass %s: %w", c.Name, err)
-		}
-		if i > 0 {
-			b.WriteString("---\n")
-		}
-		// creationTimestamp: null is noise from metav1.Time's marshalling.
-		b.WriteString(strings.Replace(string(data), "  creationTimestamp: null\n", "", 1))
+		docs = append(docs, yamlstream.Doc{Object: c, Name: "DeviceClass " + c.Name})
+	}
+	if err := yamlstream.Write(&b, docs); err != nil {
+		return err
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

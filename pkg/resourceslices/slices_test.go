@@ -25,7 +25,7 @@ var update = flag.Bool("update", false, "rewrite testdata golden files")
 func render(t *testing.T, machine string, cfg inventory.Config) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := WriteYAML(&buf, objects(t, machine, cfg)); err != nil {
+	if err := WriteYAML(&buf, objects(t, machine, cfg), false); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()

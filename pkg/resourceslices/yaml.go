@@ -6,26 +6,23 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"sigs.k8s.io/yaml"
+
+	"github.com/facet-gpu/facet/pkg/yamlstream"
 )
 
-// WriteYAML prints slices as a YAML stream separated by "---".
-func WriteYAML(w io.Writer, objs []*resourceapi.ResourceSlice) error {
-	for i, o := range objs {
-		data, err := yaml.Marshal(o)
-		if err != nil {
-			return fmt.Errorf("marshal ResourceSlice %s: %w", o.Name, err)
+// WriteYAML prints slices as a YAML stream separated by "---", with a
+// comment above each counter-only slice that says why it has no devices
+// when explain is true (pkg/yamlstream).
+func WriteYAML(w io.Writer, objs []*resourceapi.ResourceSlice, explain bool) error {
+	docs := make([]yamlstream.Doc, 0, len(objs))
+	for _, o := range objs {
+		d := yamlstream.Doc{Object: o, Name: "ResourceSlice " + o.Name}
+		if explain && CounterOnly(o) {
+			d.Comment = ExplainCounterOnly(o)
 		}
-		if i > 0 {
-			if _, err := io.WriteString(w, "---\n"); err != nil {
-				return err
-			}
-		}
-		if _, err := w.Write(data); err != nil {
-			return err
-		}
+		docs = append(docs, d)
 	}
-	return nil
+	return yamlstream.Write(w, docs)
 }
 
 // CounterOnly reports whether a slice publishes counter sets and no

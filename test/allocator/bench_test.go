@@ -169,7 +169,7 @@ func TestDumpBenchShapes(t *testing.T) {
 		"facet-mig": facetObjects(mig, "node-0"), "nvidia-15": nvidiaShape(mig, "node-0"), "facet-exclusive": facetObjects(excl, "node-0"),
 	} {
 		var buf bytes.Buffer
-		if err := resourceslices.WriteYAML(&buf, objs); err != nil {
+		if err := resourceslices.WriteYAML(&buf, objs, false); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.WriteFile(filepath.Join(dir, name+".yaml"), buf.Bytes(), 0o644); err != nil {
