@@ -25,8 +25,8 @@ func TestRunRefusesBadPodMutatorSettings(t *testing.T) {
 		kueue                     string
 		want                      string
 	}{
-		{"unknown kueue mode", "", "", "auto", "yes", `--kueue: "yes" is not one of auto, on, off`},
-		{"unknown mode", "", "", "sometimes", "off", `--mutate-extended-resources: "sometimes" is not one of auto, always, never`},
+		{"unknown kueue mode", "", "", "auto", "yes", `--kueue: unknown Kueue mode "yes" (known: auto, on, off)`},
+		{"unknown mode", "", "", "sometimes", "off", `--mutate-extended-resources: unknown mode "sometimes" (known: auto, always, never)`},
 		{"missing table", "", filepath.Join(dir, "absent.yaml"), "auto", "off", "extended resource map: open"},
 		{"bad table", "", badMap, "auto", "off", `devices[0]: "gpu" is not an extended resource name`},
 		{"no API", filepath.Join(dir, "absent.kubeconfig"), "", "auto", "off", "API client for --mutate-pods"},

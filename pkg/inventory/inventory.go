@@ -106,17 +106,7 @@ func (m Mode) Needs() []features.Gate {
 var Modes = []Mode{ModeAuto, ModeExclusive, ModeMIG, ModeShared, ModeDynamic, ModeStaticMIG, ModeSlots}
 
 // ParseMode checks a mode name.
-func ParseMode(s string) (Mode, error) { return parseName(s, "mode", Modes) }
-
-// parseName returns the element of known named s, or an error listing them.
-func parseName[T ~string](s, what string, known []T) (T, error) {
-	for _, k := range known {
-		if string(k) == s {
-			return k, nil
-		}
-	}
-	return "", fmt.Errorf("unknown %s %q (known: %v)", what, s, known)
-}
+func ParseMode(s string) (Mode, error) { return names.Parse(s, "mode", Modes...) }
 
 // Order is how devices of several GPUs are ordered inside one ResourceSlice.
 // The allocator takes the first device that fits, in slice order; the
@@ -144,7 +134,7 @@ const (
 var Orders = []Order{OrderBinpack, OrderSpread, OrderProfile}
 
 // ParseOrder checks an order name.
-func ParseOrder(s string) (Order, error) { return parseName(s, "order", Orders) }
+func ParseOrder(s string) (Order, error) { return names.Parse(s, "order", Orders...) }
 
 // Kind is what a device is.
 type Kind string

@@ -1,9 +1,15 @@
 // Package names is the one home of the words Facet publishes and records:
 // the driver name, the device kinds, and the attribute, capacity and
 // counter names of its ResourceSlices. Every other package imports them
-// from here. It imports nothing, so any package (the API types included)
-// can use it.
+// from here, and parses Facet's string enumerations (Parse). It imports
+// only the standard library, so any package (the API types included) can
+// use it.
 package names
+
+import (
+	"fmt"
+	"strings"
+)
 
 // Driver is Facet's DRA driver name. It is also the domain of every
 // attribute and capacity Facet publishes, the API group of its opaque
@@ -127,3 +133,18 @@ const (
 	TaintUnhealthy    = Driver + "/unhealthy"
 	AnnotationRecover = Driver + "/recover"
 )
+
+// Parse returns the element of known that is s, or an error naming what s
+// should be and listing known: `unknown mode "turbo" (known: auto,
+// exclusive, ...)`. It is the one parser of Facet's string enumerations
+// (modes, orders, the webhook's and the preemptor's settings).
+func Parse[T ~string](s, what string, known ...T) (T, error) {
+	names := make([]string, len(known))
+	for i, k := range known {
+		if string(k) == s {
+			return k, nil
+		}
+		names[i] = string(k)
+	}
+	return "", fmt.Errorf("unknown %s %q (known: %s)", what, s, strings.Join(names, ", "))
+}

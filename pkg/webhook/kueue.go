@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/facet-gpu/facet/pkg/classes"
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // KueueMode says whether the pod mutator writes templates for Kueue.
@@ -43,11 +44,7 @@ const KueueGroup = "kueue.x-k8s.io"
 
 // ParseKueueMode parses --kueue.
 func ParseKueueMode(s string) (KueueMode, error) {
-	switch m := KueueMode(s); m {
-	case KueueAuto, KueueOn, KueueOff:
-		return m, nil
-	}
-	return "", fmt.Errorf("%q is not one of auto, on, off", s)
+	return names.Parse(s, "Kueue mode", KueueAuto, KueueOn, KueueOff)
 }
 
 // sizedKinds are the general vGPU classes of the extended resource map

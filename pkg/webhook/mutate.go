@@ -89,11 +89,7 @@ const (
 
 // ParseMode parses --mutate-extended-resources.
 func ParseMode(s string) (Mode, error) {
-	switch m := Mode(s); m {
-	case ModeAuto, ModeAlways, ModeNever:
-		return m, nil
-	}
-	return "", fmt.Errorf("%q is not one of auto, always, never", s)
+	return names.Parse(s, "mode", ModeAuto, ModeAlways, ModeNever)
 }
 
 // MutatorOptions configures NewMutator.

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/facet-gpu/facet/pkg/names"
 )
 
 // SchedulerPreemptionGates are the feature gates that, on, give the
@@ -35,11 +37,7 @@ const (
 
 // ParseSchedulerMode parses auto, true or false.
 func ParseSchedulerMode(s string) (SchedulerMode, error) {
-	switch m := SchedulerMode(s); m {
-	case SchedulerAuto, SchedulerYes, SchedulerNo:
-		return m, nil
-	}
-	return "", fmt.Errorf("--scheduler-preempts-claims=%q: want auto, true or false", s)
+	return names.Parse(s, "--scheduler-preempts-claims value", SchedulerAuto, SchedulerYes, SchedulerNo)
 }
 
 // SchedulerRecheck is how often, with --scheduler-preempts-claims=auto,
