@@ -77,7 +77,8 @@ const MPSContextBaseBytes int64 = 30 << 20
 // Facet's own prepare (facetctl node-check), HAMi-core charged 122 MiB of a
 // 2000 MiB share at 20 % (this gives 127 MiB), 144 MiB of a slot at 25 %
 // (152) and 274 MiB of shares at 50 % (274). The MPS server's own memory is
-// not a client's: see MPSServerBytes.
+// not a client's: see MPSServerBytes. An H100 80GB HBM3 (132 SMs, the same
+// driver) gave the same client and server figures to the MiB.
 func MPSContextChargeBytes(pct int64) int64 {
 	if pct <= 0 || pct > 100 {
 		pct = 100
@@ -86,7 +87,7 @@ func MPSContextChargeBytes(pct int64) int64 {
 }
 
 // MPSServerBytes is the GPU memory of one MPS server, which no share's
-// limit counts: 66 MiB on the H200 of MPSContextChargeBytes's source,
+// limit counts: 66 MiB on the H200 and the H100 of MPSContextChargeBytes's source,
 // whatever the number (1 to 8) and percentage of its clients. MPS runs one
 // server per GPU at a time (clients of another Unix user wait for it to
 // end), so the plugin keeps this much of an MPS-partitioned GPU out of the

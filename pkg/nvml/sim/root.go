@@ -98,7 +98,7 @@ func migMinorsFile() []byte {
 
 // procDevicesFile returns the simulated /proc/devices: the character drivers
 // a node with the NVIDIA driver lists, as a real H200 with driver 580.159.04
-// listed them (docs/measurements/2026-11-27-h200-mps.log is its run; the
+// listed them (docs/measurements/2026-11-27-h200-h100-mps.log is its run; the
 // lines were read on 2026-11-27), nvidia-caps at simCapsMajor and, next to
 // it, nvidia-caps-imex-channels, a name a loose reader would take for it.
 func procDevicesFile() []byte {
