@@ -725,4 +725,25 @@ func TestCheckRoot(t *testing.T) {
 	if err := CheckRoot(script, "/usr/bin/"+ControlName); err == nil || !strings.Contains(err.Error(), "interpreter /bin/sh is not in it") {
 		t.Errorf("a script without its shell: %v", err)
 	}
+
+	// An interpreter reached through an absolute link, as Debian's
+	// /lib64/ld-linux-x86-64.so.2: resolved in the root, not on this host.
+	if err := os.MkdirAll(filepath.Join(script, "lib64"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/usr/facet-test-loader", filepath.Join(script, "lib64", "loader")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(script, "usr/bin", ControlName), []byte("#!/lib64/loader\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckRoot(script, "/usr/bin/"+ControlName); err == nil || !strings.Contains(err.Error(), "interpreter /lib64/loader is not in it") {
+		t.Errorf("a link to a loader the root lacks: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(script, "usr", "facet-test-loader"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckRoot(script, "/usr/bin/"+ControlName); err != nil {
+		t.Errorf("a link to a loader the root has (and this host does not): %v", err)
+	}
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	securejoin "github.com/cyphar/filepath-securejoin"
 )
 
 // controlDirs are where driver installations put nvidia-cuda-mps-control,
@@ -56,7 +58,15 @@ func CheckRoot(driverRoot, control string) error {
 		return fmt.Errorf("driver root %s: read %s: %w", driverRoot, control, err)
 	}
 	if interp != "" {
-		if _, err := os.Stat(filepath.Join(driverRoot, interp)); err != nil {
+		// Resolved inside the root, as the chrooted exec will: a
+		// loader reached through an absolute link (Debian's
+		// /lib64/ld-linux-x86-64.so.2) must not be looked for in this
+		// process's own root, the image's.
+		p, err := securejoin.SecureJoin(driverRoot, interp)
+		if err == nil {
+			_, err = os.Stat(p)
+		}
+		if err != nil {
 			missing = append(missing, fmt.Sprintf("%s's interpreter %s is not in it", ControlName, interp))
 		}
 	}
