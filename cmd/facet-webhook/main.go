@@ -30,7 +30,7 @@ import (
 
 func main() {
 	var opts webhook.ServerOptions
-	var mutatePods bool
+	var mutatePods, preferMIG bool
 	var kubeconfig, mapFile, mode, kueue string
 	var recheck time.Duration
 	fs := flag.NewFlagSet("facet-webhook", flag.ExitOnError)
@@ -43,6 +43,7 @@ func main() {
 		"when "+webhook.MutatePath+" rewrites pods: auto (per resource: those no DeviceClass maps in spec.extendedResourceName, which the API server keeps only with DRAExtendedResource; so every mapped one where the gate is off, and vGPU sizes where it is on), always, never")
 	fs.StringVar(&kueue, "kueue", string(webhook.KueueOff),
 		"write claims Kueue's deviceClassMappings can count (docs/kueue.md): on (vGPU sizes become claims of the sized DeviceClasses of facetctl classes, with no CEL and no config, and pods are rewritten whatever DRAExtendedResource), off, or auto (on while the API server serves kueue.x-k8s.io)")
+	fs.BoolVar(&preferMIG, "prefer-existing-mig", true, "write a MIG claim as a prioritized list: an instance that exists (static-mig), then a carve on a GPU already in MIG use, then any carve (needs DRAPrioritizedList, on by default from Kubernetes 1.34; not in Kueue mode)")
 	fs.StringVar(&mapFile, "extended-resource-map", "", "YAML or JSON file of the extended resources to rewrite and their DeviceClasses; default: the built-in table (see pkg/webhook DefaultExtendedResourceMap)")
 	fs.DurationVar(&recheck, "extended-resource-recheck-interval", time.Minute, "how often to re-check, and log a change of, whether pods are rewritten")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --mutate-pods; default: the in-cluster service account")
@@ -53,7 +54,7 @@ func main() {
 	logger := klog.Background()
 	ctx = klog.NewContext(ctx, logger)
 	// No defer: os.Exit would skip it.
-	err := run(ctx, opts, mutatePods, kubeconfig, mapFile, mode, kueue, recheck)
+	err := run(ctx, opts, mutatePods, preferMIG, kubeconfig, mapFile, mode, kueue, recheck)
 	cancel()
 	if err != nil {
 		logger.Error(err, "facet-webhook failed")
@@ -63,7 +64,7 @@ func main() {
 	klog.Flush()
 }
 
-func run(ctx context.Context, opts webhook.ServerOptions, mutatePods bool, kubeconfig, mapFile, mode, kueue string, recheck time.Duration) error {
+func run(ctx context.Context, opts webhook.ServerOptions, mutatePods, preferMIG bool, kubeconfig, mapFile, mode, kueue string, recheck time.Duration) error {
 	if !mutatePods {
 		return webhook.Serve(ctx, opts)
 	}
@@ -115,7 +116,7 @@ func run(ctx context.Context, opts webhook.ServerOptions, mutatePods bool, kubec
 	}
 
 	mutator, err := webhook.NewMutator(logger.WithName("mutate-pods"), webhook.MutatorOptions{
-		Map: table, Mode: m, Classes: lister, Client: client, Kueue: km,
+		Map: table, Mode: m, Classes: lister, Client: client, Kueue: km, PreferExistingMIG: preferMIG,
 	})
 	if err != nil {
 		return err

@@ -34,7 +34,7 @@ func TestRunRefusesBadPodMutatorSettings(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			err := run(ctx, webhook.ServerOptions{}, true, tc.kubeconfig, tc.mapFile, tc.mode, tc.kueue, time.Minute)
+			err := run(ctx, webhook.ServerOptions{}, true, true, tc.kubeconfig, tc.mapFile, tc.mode, tc.kueue, time.Minute)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want an error containing %q", err, tc.want)
 			}

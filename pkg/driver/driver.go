@@ -78,6 +78,10 @@ type Driver struct {
 	// admission: NVML calls happen outside it, so claims on other GPUs
 	// never wait for them.
 	occ reservations
+	// migUseSeen is the MIGInUse last signalled on migUseCh (one pending
+	// signal, coalesced).
+	migUseSeen map[string]bool
+	migUseCh   chan struct{}
 	// busy marks claims being prepared or unprepared, so two calls for one
 	// claim never interleave.
 	busy map[types.UID]bool
@@ -200,6 +204,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		unusable:       map[string]string{},
 		faults:         map[string]gpuhealth.Fault{},
 		healthSubs:     map[chan struct{}]struct{}{},
+		migUseCh:       make(chan struct{}, 1),
 	}
 	for _, g := range o.Inventory.GPUs {
 		d.gpus[g.UUID] = g

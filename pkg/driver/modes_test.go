@@ -390,3 +390,55 @@ func TestWholeGPUAfterMIG(t *testing.T) {
 		t.Fatal("refused claim left a spec")
 	}
 }
+
+// TestMIGInUse: MIGInUse follows the reservations of carved instances, on
+// the GPU that holds them only, and MIGUseChanges signals each change once
+// (coalesced), never for a prepare that does not change the set.
+func TestMIGInUse(t *testing.T) {
+	needMIGEdits(t)
+	r := newRigMode(t, inventory.Config{DefaultMode: inventory.ModeMIG})
+	gpu0 := r.inv.GPUs[0].UUID
+	signalled := func() bool {
+		select {
+		case <-r.d.MIGUseChanges():
+			return true
+		default:
+			return false
+		}
+	}
+	signalled() // what the start may have left
+	if got := r.d.MIGInUse(); len(got) != 0 {
+		t.Fatalf("MIGInUse before any claim: %v", got)
+	}
+
+	a := claim("a", r.migDevice(0, "1g.10gb", 6))
+	if err := r.prepare(a)[a.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	if got := r.d.MIGInUse(); len(got) != 1 || !got[gpu0] {
+		t.Fatalf("MIGInUse with a carved instance on GPU 0: %v", got)
+	}
+	if !signalled() {
+		t.Fatal("no signal when GPU 0 came into MIG use")
+	}
+	b := claim("b", r.migDevice(0, "1g.10gb", 5))
+	whole := claim("whole", "gpu-1")
+	if err := r.prepare(b, whole)[b.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	if signalled() {
+		t.Fatal("a signal for a second instance on a GPU already in MIG use, or a whole GPU")
+	}
+	if err := r.unprepare(a.UID)[a.UID]; err != nil {
+		t.Fatal(err)
+	}
+	if signalled() || !r.d.MIGInUse()[gpu0] {
+		t.Fatal("GPU 0 left MIG use while claim b holds an instance there")
+	}
+	if err := r.unprepare(b.UID)[b.UID]; err != nil {
+		t.Fatal(err)
+	}
+	if !signalled() || len(r.d.MIGInUse()) != 0 {
+		t.Fatalf("after the last instance: signalled no change, or MIGInUse %v", r.d.MIGInUse())
+	}
+}

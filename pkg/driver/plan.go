@@ -152,6 +152,7 @@ func (d *Driver) admit(ref claimRef, devices []checkpoint.Device) error {
 			return fmt.Errorf("device %s: %w", dev.Device, err)
 		}
 	}
+	d.noteMIGUseLocked()
 	return nil
 }
 
@@ -193,4 +194,5 @@ func (d *Driver) release(ref claimRef) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.occ.release(ref)
+	d.noteMIGUseLocked()
 }

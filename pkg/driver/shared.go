@@ -131,6 +131,7 @@ func (d *Driver) reloadReservations(ctx context.Context) error {
 	for _, c := range claims {
 		d.restoreUses(ctx, claimRef{c.UID, c.Namespace, c.Name}, c, owned)
 	}
+	d.noteMIGUseLocked()
 	d.mu.Unlock()
 	// The other process may have started or stopped MPS daemons for its
 	// claims: the checkpoint says who holds which.

@@ -51,6 +51,11 @@ type Cluster struct {
 	// informer cache, whose List walks a Go map (client-go tools/cache
 	// threadSafeMap.List, reached through resourceslice/tracker
 	// ListPatchedResourceSlices). Without it they come in Slices' order.
+	// It also gives each slice a random name, as the API server gives the
+	// slices that Facet's ResourceSlice controller (k8s.io/dynamic-resource-
+	// allocation v0.35: GenerateName "<node>-<driver>-") creates: from
+	// v0.36 the allocator sorts a pool's slices by name, which is then as
+	// random as the informer's order.
 	Shuffle *rand.Rand
 	// Features, when set, replaces the package's Features: StockFeatures
 	// runs the allocator as a stock 1.35 scheduler does.
@@ -123,7 +128,12 @@ func (c *Cluster) AllocateTogether(ctx context.Context, node string, claims ...*
 func (c *Cluster) Try(ctx context.Context, node string, claims ...*resourceapi.ResourceClaim) ([]resourceapi.AllocationResult, error) {
 	slices := c.Slices
 	if c.Shuffle != nil {
-		slices = append([]*resourceapi.ResourceSlice(nil), c.Slices...)
+		slices = make([]*resourceapi.ResourceSlice, len(c.Slices))
+		for i, s := range c.Slices {
+			named := *s
+			named.Name = fmt.Sprintf("%s-%s-%08x", s.Spec.Pool.Name, s.Spec.Driver, c.Shuffle.Uint32())
+			slices[i] = &named
+		}
 		c.Shuffle.Shuffle(len(slices), func(i, j int) { slices[i], slices[j] = slices[j], slices[i] })
 	}
 	features := Features

@@ -228,7 +228,12 @@ type Inventory struct {
 	// computePartitioning attribute; empty: not published. The plugin
 	// sets it once it knows whether MPS runs.
 	ComputePartitioning string
-	byName              map[string]*Device
+	// MIGInUse are the GPUs, by UUID, where a prepared claim holds a MIG
+	// instance carved at prepare (driver.Driver.MIGInUse); published as
+	// the migInUse attribute of GPUs in mig and dynamic mode. Set with
+	// WithMIGInUse.
+	MIGInUse map[string]bool
+	byName   map[string]*Device
 }
 
 // Config chooses each GPU's mode.
@@ -679,6 +684,14 @@ func PlacementOrder(placements []nvml.Placement) []nvml.Placement {
 	out := append([]nvml.Placement(nil), placements...)
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Start > out[j].Start })
 	return out
+}
+
+// WithMIGInUse returns a copy of inv whose MIGInUse is inUse (by GPU
+// UUID); the GPUs and devices are shared.
+func (inv *Inventory) WithMIGInUse(inUse map[string]bool) *Inventory {
+	out := *inv
+	out.MIGInUse = inUse
+	return &out
 }
 
 // Without is the inventory less the GPUs with these UUIDs, for publishing:

@@ -58,6 +58,11 @@ const (
 	AttrPlacementStart = "placementStart"
 	// AttrMIGUUID is a static MIG instance's own UUID.
 	AttrMIGUUID = "migUUID"
+	// AttrMIGInUse is set on every device of a GPU in mig or dynamic mode:
+	// true while a prepared claim holds a MIG instance carved there. A
+	// claim's prioritized list can prefer such a GPU to an untouched one
+	// (demo/mig/prefer-existing.yaml).
+	AttrMIGInUse = "migInUse"
 	// AttrSlot is a vGPU slot's number on its GPU.
 	AttrSlot = "slot"
 	// AttrComputePartitioning, on vGPU shares (shareable gpu-<i>) and

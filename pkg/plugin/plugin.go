@@ -303,7 +303,7 @@ func Run(ctx context.Context, f Config) error {
 	}
 	pub := publisher.New(publisher.Options{
 		Sink: helper, Inventory: inv, Unusable: unusable, Gates: gates, Node: f.NodeName,
-		Faults: drv, Monitor: mon, Events: ev, Metrics: m,
+		Faults: drv, Monitor: mon, Events: ev, Metrics: m, MIGUse: drv,
 	})
 	want, err := pub.Publish(ctx)
 	if err != nil {
@@ -315,6 +315,7 @@ func Run(ctx context.Context, f Config) error {
 	for _, c := range opened {
 		pub.Changed(ctx, c)
 	}
+	go pub.WatchMIGUse(ctx, drv.MIGUseChanges())
 	if f.HealthProbe > 0 {
 		go pub.WatchHealth(ctx, lib, f.HealthProbe)
 		go pub.WatchRecoverRequests(ctx, client, lib)

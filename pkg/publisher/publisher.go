@@ -51,6 +51,12 @@ type FaultSink interface {
 	SetFaults(faults map[string]gpuhealth.Fault)
 }
 
+// MIGUse says which GPUs hold MIG instances carved at prepare
+// (driver.Driver.MIGInUse), published as their migInUse attribute.
+type MIGUse interface {
+	MIGInUse() map[string]bool
+}
+
 // Events records Events on the Node (nodeevents.Recorder).
 type Events interface {
 	Normal(reason, msg string)
@@ -84,6 +90,9 @@ type Options struct {
 	Events  Events
 	// Metrics, when set, counts the published slices and devices.
 	Metrics *metrics.Metrics
+	// MIGUse, when set, is read on every publish; without it every GPU
+	// in mig or dynamic mode is published with migInUse false.
+	MIGUse MIGUse
 }
 
 // Publisher publishes the node's ResourceSlices from the inventory, less
@@ -100,6 +109,7 @@ type Publisher struct {
 	mon      *gpuhealth.Monitor
 	ev       Events
 	metrics  *metrics.Metrics
+	migUse   MIGUse
 
 	mu sync.Mutex
 }
@@ -108,7 +118,7 @@ type Publisher struct {
 func New(o Options) *Publisher {
 	return &Publisher{
 		helper: o.Sink, inv: o.Inventory, unusable: o.Unusable, gates: o.Gates, node: o.Node,
-		drv: o.Faults, mon: o.Monitor, ev: o.Events, metrics: o.Metrics,
+		drv: o.Faults, mon: o.Monitor, ev: o.Events, metrics: o.Metrics, migUse: o.MIGUse,
 	}
 }
 
@@ -120,6 +130,10 @@ func (p *Publisher) Publish(ctx context.Context) (int, error) {
 	defer p.mu.Unlock()
 	faults := p.mon.Faults()
 	p.drv.SetFaults(faults)
+	inv := p.inv
+	if p.migUse != nil {
+		inv = inv.WithMIGInUse(p.migUse.MIGInUse())
+	}
 	// One slice build per publish: taints where the cluster enforces them,
 	// else the faulted GPUs left out like the unusable ones.
 	var res resourceslice.DriverResources
@@ -129,13 +143,13 @@ func (p *Publisher) Publish(ctx context.Context) (int, error) {
 			t := metav1.NewTime(f.Since)
 			taints[uuid] = resourceapi.DeviceTaint{Key: names.TaintUnhealthy, Value: f.Reason, Effect: f.Effect(), TimeAdded: &t}
 		}
-		res = resourceslices.TaintedResources(p.inv.Without(p.unusable), p.node, taints)
+		res = resourceslices.TaintedResources(inv.Without(p.unusable), p.node, taints)
 	} else {
 		drop := maps.Clone(p.unusable)
 		for uuid, f := range faults {
 			drop[uuid] = f.String()
 		}
-		res = resourceslices.Resources(p.inv.Without(drop), p.node)
+		res = resourceslices.Resources(inv.Without(drop), p.node)
 	}
 	if errs := resourceslices.Dropped(resourceslices.Objects(res, p.node), p.gates); len(errs) > 0 {
 		// Guard against a mode that slipped past inventory.Build's check.
@@ -175,6 +189,22 @@ func (p *Publisher) Changed(ctx context.Context, c gpuhealth.Change) {
 	}
 	if _, err := p.Publish(ctx); err != nil {
 		logger.Error(err, "Republishing after a health change failed; the helper retries on its next sync")
+	}
+}
+
+// WatchMIGUse republishes on every signal of changes (the driver's
+// MIGUseChanges) until ctx ends, so the migInUse attributes follow the
+// prepared claims. A failed republish is logged: the helper retries.
+func (p *Publisher) WatchMIGUse(ctx context.Context, changes <-chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changes:
+			if _, err := p.Publish(ctx); err != nil {
+				klog.FromContext(ctx).Error(err, "Republishing after a change of the GPUs in MIG use failed; the helper retries on its next sync")
+			}
+		}
 	}
 }
 

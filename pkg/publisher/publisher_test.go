@@ -3,7 +3,10 @@ package publisher
 import (
 	"context"
 	"errors"
+	"maps"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -279,5 +282,97 @@ func TestRecoverRequests(t *testing.T) {
 	r.p.handleRecoverRequests(ctx, lib, value, done)
 	if r.sink.calls != calls || len(r.ev.got) != 2 {
 		t.Error("the same request was acted on twice")
+	}
+}
+
+type migUse struct {
+	mu  sync.Mutex
+	set map[string]bool
+}
+
+func (m *migUse) MIGInUse() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.set)
+}
+
+type lockedSink struct {
+	mu   sync.Mutex
+	last *resourceslice.DriverResources
+}
+
+func (s *lockedSink) PublishResources(_ context.Context, res resourceslice.DriverResources) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last = &res
+	return nil
+}
+
+// inUse returns each published device's migInUse by GPU index ("-" where
+// the device has none).
+func (s *lockedSink) inUse() map[int64]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[int64]string{}
+	for _, sl := range s.last.Pools["node-a"].Slices {
+		for _, d := range sl.Devices {
+			v := "-"
+			if a, ok := d.Attributes[names.AttrMIGInUse]; ok {
+				v = strconv.FormatBool(*a.BoolValue)
+			}
+			i := *d.Attributes[names.AttrIndex].IntValue
+			if prev, ok := out[i]; ok && prev != v {
+				v = "mixed"
+			}
+			out[i] = v
+		}
+	}
+	return out
+}
+
+// TestWatchMIGUse: every device of a GPU in mig mode carries migInUse, true
+// exactly on the GPUs the driver says hold carved instances, and a signal
+// on the driver's channel republishes with the new set. GPUs in other
+// modes carry none.
+func TestWatchMIGUse(t *testing.T) {
+	node, err := sim.DiscoverMachine("../../demo/machines/dgx-h100.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := inventory.Build(node, inventory.Config{DefaultMode: inventory.ModeMIG, PerGPU: map[int]inventory.Mode{7: inventory.ModeExclusive}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon, _, err := gpuhealth.Open(gpuhealth.Options{QuietPeriod: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	use := &migUse{set: map[string]bool{}}
+	s := &lockedSink{}
+	p := New(Options{Sink: s, Inventory: inv, Gates: features.Stock("test"), Node: "node-a", Faults: &faultSink{}, Monitor: mon, Events: &events{}, MIGUse: use})
+	p.gates.Enabled[features.PartitionableDevices] = true
+	if _, err := p.Publish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := map[int64]string{0: "false", 1: "false", 2: "false", 3: "false", 4: "false", 5: "false", 6: "false", 7: "-"}
+	if got := s.inUse(); !maps.Equal(got, want) {
+		t.Fatalf("migInUse by GPU %v, want %v", got, want)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	changes := make(chan struct{}, 1)
+	go p.WatchMIGUse(ctx, changes)
+	use.mu.Lock()
+	use.set[inv.GPUs[2].UUID] = true
+	use.mu.Unlock()
+	changes <- struct{}{}
+	want[2] = "true"
+	deadline := time.Now().Add(10 * time.Second)
+	for got := s.inUse(); !maps.Equal(got, want); got = s.inUse() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the signal: migInUse by GPU %v, want %v", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -259,6 +259,11 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 	if g.NUMANode >= 0 {
 		attrs[names.AttrNUMANode] = intAttr(g.NUMANode)
 	}
+	if g.Mode == inventory.ModeMIG || g.Mode == inventory.ModeDynamic {
+		// Always present on these GPUs, so a selector that reads it never
+		// meets a missing key (a CEL error, not false).
+		attrs[names.AttrMIGInUse] = resourceapi.DeviceAttribute{BoolValue: ptr.To(inv.MIGInUse[g.UUID])}
+	}
 	standardAttributes(attrs, &g.GPU)
 	out := resourceapi.Device{Name: d.Name, Attributes: attrs}
 	if inv.ComputePartitioning != "" && (d.Shareable || d.Kind == inventory.KindSlot) {

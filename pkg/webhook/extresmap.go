@@ -276,6 +276,9 @@ type shape struct {
 	memoryMiB, cores int64
 	// capacity is what a vGPU share's claim asks for (Kueue mode).
 	capacity *resourceapi.CapacityRequirements
+	// preferExisting writes the claim as MIG's prioritized list
+	// (MutatorOptions.PreferExistingMIG).
+	preferExisting bool
 }
 
 // containerError is a refusal that names the container and the resource.

@@ -104,6 +104,13 @@ type MutatorOptions struct {
 	Client kubernetes.Interface
 	// Kueue writes templates Kueue can count (kueue.go); default off.
 	Kueue KueueMode
+	// PreferExistingMIG writes a MIG claim as a prioritized list
+	// (firstAvailable, DRAPrioritizedList: on by default from Kubernetes
+	// 1.34): an instance that exists (static-mig), then a carve on a GPU
+	// already in MIG use (migInUse), then any carve
+	// (demo/mig/prefer-existing.yaml). Not while Kueue mode is on: Kueue
+	// counts a claim's `exactly` requests by DeviceClass.
+	PreferExistingMIG bool
 }
 
 // Mutator is the HTTP handler of MutatePath.
@@ -351,8 +358,12 @@ func (m *Mutator) plan(pod *corev1.Pod, served map[corev1.ResourceName]string) (
 				continue
 			}
 			shapes, err := m.opts.Map.shapes(c.Name, c.Resources)
-			if err == nil && m.kueue() {
+			kueue := err == nil && m.kueue()
+			if kueue {
 				shapes, err = m.kueueShapes(c.Name, shapes)
+			}
+			for j := range shapes {
+				shapes[j].preferExisting = m.opts.PreferExistingMIG && !kueue && isMIGClass(shapes[j].class)
 			}
 			if err != nil {
 				errs = append(errs, err)
@@ -403,10 +414,24 @@ func templateFor(s shape) *resourceapi.ResourceClaimTemplate {
 	for _, sel := range s.selectors {
 		req.Selectors = append(req.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: sel}})
 	}
+	request := resourceapi.DeviceRequest{Name: templateRequest, Exactly: &req}
+	if s.preferExisting {
+		request = resourceapi.DeviceRequest{Name: templateRequest}
+		for _, p := range migPreferences {
+			sels := slices.Clone(req.Selectors)
+			if p.cel != "" {
+				sels = append(sels, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: p.cel}})
+			}
+			request.FirstAvailable = append(request.FirstAvailable, resourceapi.DeviceSubRequest{
+				Name: p.name, DeviceClassName: req.DeviceClassName,
+				AllocationMode: req.AllocationMode, Count: req.Count, Selectors: sels,
+			})
+		}
+	}
 	spec := resourceapi.ResourceClaimTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{ManagedByLabel: ManagedByValue}},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: templateRequest, Exactly: &req}},
+			Requests: []resourceapi.DeviceRequest{request},
 		}},
 	}
 	if cfg := s.vgpuConfig(); cfg != nil {
@@ -431,6 +456,21 @@ func templateFor(s shape) *resourceapi.ResourceClaimTemplate {
 
 // vgpuConfig is the VgpuConfig (JSON) that lowers a vGPU slot's HAMi-core
 // limits to the size the pod asked for; nil when it asked for no size.
+// migPreferences are the subrequests of a MIG claim with PreferExistingMIG,
+// in order, as demo/mig/prefer-existing.yaml writes them: each adds its
+// CEL to the shape's selectors (none for the last).
+var migPreferences = []struct{ name, cel string }{
+	{"existing", `device.attributes["` + names.Driver + `"].mode == "static-mig"`},
+	{"split", `device.attributes["` + names.Driver + `"].mode in ["mig", "dynamic"] && device.attributes["` + names.Driver + `"].migInUse`},
+	{"carved", ""},
+}
+
+// isMIGClass says whether a DeviceClass name is one of Facet's MIG classes:
+// mig.facet.dev or mig-<profile>.facet.dev (deployments/deviceclasses.yaml).
+func isMIGClass(class string) bool {
+	return class == "mig.facet.dev" || (strings.HasPrefix(class, "mig-") && strings.HasSuffix(class, ".facet.dev"))
+}
+
 func (s shape) vgpuConfig() []byte {
 	if s.memoryMiB == 0 && s.cores == 0 {
 		return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -747,5 +748,64 @@ func TestMutatorLogsDecisionChanges(t *testing.T) {
 		if !strings.Contains(log, want) {
 			t.Errorf("log does not say %q:\n%s", want, log)
 		}
+	}
+}
+
+// TestMutatePreferExistingMIG: with PreferExistingMIG, a MIG resource
+// becomes one request with the three subrequests of
+// demo/mig/prefer-existing.yaml (the class and count in each, the profile's
+// class kept); whole GPUs stay `exactly`; Kueue mode keeps MIG `exactly`,
+// which Kueue counts.
+func TestMutatePreferExistingMIG(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		kueue bool
+		res   string
+		want  []string // "sub:class:count:extra CEL" per subrequest, or "exactly:class:count"
+	}{
+		{"a MIG profile", false, "nvidia.com/mig-1g.10gb=2", []string{
+			`existing:mig-1g.10gb.facet.dev:2:device.attributes["gpu.facet.dev"].mode == "static-mig"`,
+			`split:mig-1g.10gb.facet.dev:2:device.attributes["gpu.facet.dev"].mode in ["mig", "dynamic"] && device.attributes["gpu.facet.dev"].migInUse`,
+			`carved:mig-1g.10gb.facet.dev:2:`,
+		}},
+		{"whole GPUs", false, "nvidia.com/gpu=1", []string{"exactly:gpu.facet.dev:1"}},
+		{"a MIG profile in Kueue mode", true, "nvidia.com/mig-1g.10gb=1", []string{"exactly:mig-1g.10gb.facet.dev:1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, client := newTestMutator(t, ModeAlways, stock())
+			m.opts.PreferExistingMIG = true
+			if tc.kueue {
+				m.opts.Kueue = KueueOn
+			}
+			pod := testPod(ctr("cuda", res(tc.res)))
+			resp := m.Review(context.Background(), podRequest(t, pod, admissionv1.Create))
+			if !resp.Allowed {
+				t.Fatalf("denied: %s", resp.Result.Message)
+			}
+			patched := applyPatch(t, pod, resp)
+			name := *patched.Spec.ResourceClaims[0].ResourceClaimTemplateName
+			tmpl, err := client.ResourceV1().ResourceClaimTemplates("ns").Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			reqs := tmpl.Spec.Spec.Devices.Requests
+			if len(reqs) != 1 {
+				t.Fatalf("requests %+v", reqs)
+			}
+			var got []string
+			if ex := reqs[0].Exactly; ex != nil {
+				got = append(got, fmt.Sprintf("exactly:%s:%d", ex.DeviceClassName, ex.Count))
+			}
+			for _, sub := range reqs[0].FirstAvailable {
+				var extra []string
+				for _, s := range sub.Selectors {
+					extra = append(extra, s.CEL.Expression)
+				}
+				got = append(got, fmt.Sprintf("%s:%s:%d:%s", sub.Name, sub.DeviceClassName, sub.Count, strings.Join(extra, " && ")))
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("request %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -330,3 +330,82 @@ func TestMIGProfileOrderPacks(t *testing.T) {
 		t.Errorf("best fit across profiles held in every slice order; the trade-off documented for --gpu-order profile on 1.35 is gone")
 	}
 }
+
+// TestMIGPreferExisting: GPUs 0-1 hold static instances (mig-parted's
+// all-balanced: 2×1g.10gb, 2g.20gb, 3g.40gb each), GPUs 2-7 carve at
+// prepare (mig). The node's slices reach the allocator in random order, so
+// a plain claim for 3 GiB may carve a new instance on an untouched GPU
+// while static ones are free. demo/mig/prefer-existing.yaml, in every slice
+// order: takes all eight static instances first (`existing`); then carves
+// on an untouched GPU (`carved`); and once the plugin has published that
+// GPU's migInUse, carves the next ones there (`split`), not on another
+// untouched GPU.
+func TestMIGPreferExisting(t *testing.T) {
+	sl := nodeSlices(t, "dgx-h100", "node-a", "--gpu-modes", "0-1=static-mig,2-7=mig", "--mig-layouts", "0-1=all-balanced")
+	static := func(name string) bool {
+		d := device(sl, name)
+		return d != nil && *d.Attributes["mode"].StringValue == "static-mig"
+	}
+	// setInUse publishes migInUse for one GPU, as the plugin does when a
+	// claim holds a carved instance there.
+	setInUse := func(gpu int, inUse bool) {
+		for _, s := range sl {
+			for _, d := range s.Spec.Devices {
+				if a, ok := d.Attributes["migInUse"]; ok && int(*d.Attributes["index"].IntValue) == gpu {
+					*a.BoolValue = inUse
+				}
+			}
+		}
+	}
+	allocate := func(c *Cluster, name string) (device, request string) {
+		t.Helper()
+		cl := demoClaim(t, "mig/prefer-existing.yaml")
+		cl.Name = name
+		res, err := c.Allocate(context.Background(), "node-a", cl)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(res.Devices.Results) != 1 {
+			t.Fatalf("%s: allocated %v", name, Devices(res))
+		}
+		return res.Devices.Results[0].Device, res.Devices.Results[0].Request
+	}
+	plainCarved := 0
+	for trial := 0; trial < 20; trial++ {
+		c := NewCluster(sl, deviceClasses(t))
+		c.Shuffle = rand.New(rand.NewSource(int64(trial)))
+		res, err := c.Allocate(context.Background(), "node-a", migClaim("plain", memAtLeast("3Gi")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Devices(res); len(got) != 1 || !static(got[0]) {
+			plainCarved++
+		}
+
+		c = NewCluster(sl, deviceClasses(t))
+		c.Shuffle = rand.New(rand.NewSource(int64(trial)))
+		for i := 0; i < 8; i++ {
+			if dev, req := allocate(c, fmt.Sprintf("existing-%d", i)); !static(dev) || req != "mig/existing" {
+				t.Fatalf("trial %d, claim %d: allocated %s through %s, want a static instance through mig/existing", trial, i, dev, req)
+			}
+		}
+		first, req := allocate(c, "first-carved")
+		if static(first) || req != "mig/carved" {
+			t.Fatalf("trial %d: allocated %s through %s with every static instance held, want a carve through mig/carved", trial, first, req)
+		}
+		gpu := gpuIndex(sl, first)
+		setInUse(gpu, true)
+		for i := 0; i < 3; i++ {
+			dev, req := allocate(c, fmt.Sprintf("split-%d", i))
+			if gpuIndex(sl, dev) != gpu || req != "mig/split" {
+				t.Fatalf("trial %d, claim %d: allocated %s through %s, want a carve on gpu-%d, in MIG use, through mig/split", trial, i, dev, req, gpu)
+			}
+		}
+		setInUse(gpu, false)
+	}
+	// The counterfactual: without the list the preference is the draw's.
+	if plainCarved == 0 {
+		t.Errorf("a plain claim took a static instance in every slice order: the test no longer shows why the list is needed")
+	}
+	t.Logf("a plain claim carved on an untouched GPU in %d of 20 slice orders", plainCarved)
+}

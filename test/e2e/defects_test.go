@@ -1,12 +1,18 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 
+	"github.com/facet-gpu/facet/internal/testenv"
 	"github.com/facet-gpu/facet/pkg/features"
 )
 
@@ -75,4 +81,139 @@ func TestAllocatorDefects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDynamicBurst is the load that met kubernetes#139034 live on 1.35.4:
+// 8 whole-GPU, 7 MIG 1g.10gb and 4 vGPU-share pods created at once on an
+// 8×H100 node in dynamic mode, where every GPU can serve any of the three.
+// On a cluster whose allocator is past the fix, no GPU is held by two
+// uses (a whole GPU alone; MIG instances never beside shares), every pod
+// the scheduler binds runs, and Facet's prepare-time guard never has to
+// refuse a claim (no FailedPrepareDynamicResources). The pods that do not
+// fit stay Pending, unschedulable. Before the fix the plugin refuses
+// dynamic mode (TestAllocatorDefects), so there is nothing to burst.
+func TestDynamicBurst(t *testing.T) {
+	needGates(t, features.PartitionableDevices, features.ConsumableCapacity)
+	if !utilversion.MustParseGeneric(e.gates.ServerVersion).AtLeast(utilversion.MustParseGeneric("1.36.2")) {
+		t.Skipf("dynamic mode is refused on Kubernetes %s (kubernetes#139034; TestAllocatorDefects)", e.gates.ServerVersion)
+	}
+	setupNamespace(t)
+	p := startPlugin(t, "dgx-h100", "--gpu-modes", "0-7=dynamic")
+	t.Cleanup(resetSimulatedGPUs(t, p))
+	deleteNamespaceAtEnd(t)
+	waitModes(t, func(int64) string { return "dynamic" })
+
+	templates := map[string]string{
+		"whole": `{name: req, exactly: {deviceClassName: gpu.facet.dev}}`,
+		"mig":   `{name: req, exactly: {deviceClassName: mig-1g.10gb.facet.dev}}`,
+		"share": `{name: req, exactly: {deviceClassName: vgpu.facet.dev, capacity: {requests: {memory: 8Gi, cores: "25"}}}}`,
+	}
+	counts := map[string]int{"whole": 8, "mig": 7, "share": 4}
+	var docs []string
+	for use, req := range templates {
+		docs = append(docs, strings.NewReplacer("NAME", "burst-"+use, "REQUEST", req).Replace(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: NAME, namespace: facet-demo}
+spec: {spec: {devices: {requests: [REQUEST]}}}
+`))
+	}
+	// Interleaved, as a mixed workload arrives: the scheduler's queue takes
+	// pods of one priority in the order they were added.
+	var pods []string
+	for i := 1; i <= 8; i++ {
+		for _, use := range []string{"whole", "mig", "share"} {
+			if i > counts[use] {
+				continue
+			}
+			name := fmt.Sprintf("burst-%s-%d", use, i)
+			pods = append(pods, name)
+			docs = append(docs, testenv.ClaimPod(name, namespace, "req", "burst-"+use))
+		}
+	}
+	start := time.Now()
+	applyYAML(t, strings.Join(docs, "---\n"))
+
+	// Settled: every pod bound to the node runs, every other one has been
+	// found unschedulable. A pod bound but not running after 3 minutes is
+	// what the defect left: stuck in ContainerCreating.
+	ctx := context.Background()
+	var list *corev1.PodList
+	waitFor(t, "every burst pod running or unschedulable", 3*time.Minute, func() (bool, error) {
+		var err error
+		list, err = e.client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		if len(list.Items) != len(pods) {
+			return false, fmt.Errorf("%d pods", len(list.Items))
+		}
+		for _, pod := range list.Items {
+			if pod.Spec.NodeName != "" {
+				if pod.Status.Phase != corev1.PodRunning {
+					return false, fmt.Errorf("%s bound but %s", pod.Name, pod.Status.Phase)
+				}
+				continue
+			}
+			if !unschedulable(&pod) {
+				return false, fmt.Errorf("%s not yet tried", pod.Name)
+			}
+		}
+		return true, nil
+	})
+	t.Logf("settled in %s", time.Since(start).Round(time.Second))
+
+	// Which uses hold each GPU, from the allocations of the running pods.
+	gpuOf := regexp.MustCompile(`^gpu-(\d+)`)
+	uses := map[string]map[string]int{}
+	running := map[string]int{}
+	for i := range list.Items {
+		pod := &list.Items[i]
+		if pod.Status.Phase != corev1.PodRunning {
+			continue
+		}
+		use := strings.Split(pod.Name, "-")[1]
+		running[use]++
+		for _, c := range podClaims(t, pod) {
+			for _, r := range c.Status.Allocation.Devices.Results {
+				m := gpuOf.FindStringSubmatch(r.Device)
+				if m == nil {
+					t.Fatalf("%s: allocated %q, not a device of a GPU", pod.Name, r.Device)
+				}
+				if uses[m[1]] == nil {
+					uses[m[1]] = map[string]int{}
+				}
+				uses[m[1]][use]++
+			}
+		}
+	}
+	t.Logf("running: %v; GPU uses: %v", running, uses)
+	if len(uses) != 8 {
+		t.Errorf("%d of 8 GPUs in use with %v pods running: the rest waits on a GPU that is free", len(uses), running)
+	}
+	for gpu, u := range uses {
+		if u["whole"] > 0 && (u["whole"] > 1 || len(u) > 1) {
+			t.Errorf("GPU %s held whole and by more: %v", gpu, u)
+		}
+		if u["mig"] > 0 && u["share"] > 0 {
+			t.Errorf("GPU %s holds MIG instances beside vGPU shares: %v", gpu, u)
+		}
+	}
+	evs, err := e.client.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=FailedPrepareDynamicResources"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range evs.Items {
+		t.Errorf("prepare refused a claim the scheduler allocated (double-booked?): %s: %s", ev.InvolvedObject.Name, ev.Message)
+	}
+}
+
+// unschedulable says whether the scheduler has tried pod and found no
+// node for it.
+func unschedulable(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return true
+		}
+	}
+	return false
 }

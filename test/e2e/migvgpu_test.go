@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/facet-gpu/facet/pkg/features"
 )
@@ -279,5 +281,106 @@ func TestMIGAndShares(t *testing.T) {
 		if n := len(simInstances(t)); n != 0 {
 			t.Fatalf("%d instances after the pod went", n)
 		}
+	})
+}
+
+// TestMIGPreferExisting: GPUs 0-1 hold static instances (all-balanced), the
+// others carve at prepare (on Kubernetes 1.37 auto gives them mig; before
+// it they are named). demo/mig/prefer-existing.yaml asks for 3 GiB with the
+// existing instances listed first: the pod gets one of GPUs 0-1's
+// instances through the `existing` subrequest, and nothing is carved.
+func TestMIGPreferExisting(t *testing.T) {
+	needGates(t, features.PartitionableDevices)
+	setupNamespace(t)
+	modes := "0-1=static-mig"
+	if !utilversion.MustParseGeneric(e.gates.ServerVersion).AtLeast(utilversion.MustParseGeneric("1.37.0")) {
+		modes += ",2-7=mig"
+	}
+	p := startPlugin(t, "dgx-h100", "--gpu-modes", modes, "--mig-layouts", "0-1=all-balanced")
+	t.Cleanup(resetSimulatedGPUs(t, p))
+	deleteNamespaceAtEnd(t)
+	waitFor(t, "GPUs 0-1 static-mig, 2-7 mig", time.Minute, func() (bool, error) {
+		modes := map[int64]map[string]bool{}
+		for _, s := range ourSlices(t) {
+			for _, d := range s.Spec.Devices {
+				i := *d.Attributes["index"].IntValue
+				if modes[i] == nil {
+					modes[i] = map[string]bool{}
+				}
+				modes[i][*d.Attributes["mode"].StringValue] = true
+			}
+		}
+		for i := int64(0); i < 8; i++ {
+			want := "mig"
+			if i < 2 {
+				want = "static-mig"
+			}
+			if len(modes[i]) != 1 || !modes[i][want] {
+				return false, fmt.Errorf("GPU %d in modes %v, want %s", i, modes[i], want)
+			}
+		}
+		return true, nil
+	})
+	before := simInstances(t)
+	if len(before) != 8 {
+		t.Fatalf("%d MIG instances after the layouts, want 8: %v", len(before), before)
+	}
+
+	kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "mig", "prefer-existing.yaml"))
+	pod := waitPodRunning(t, "prefer-existing")
+	modeOf := map[string]string{}
+	for _, s := range ourSlices(t) {
+		for _, d := range s.Spec.Devices {
+			modeOf[d.Name] = *d.Attributes["mode"].StringValue
+		}
+	}
+	for _, c := range podClaims(t, pod) {
+		r := c.Status.Allocation.Devices.Results[0]
+		if r.Request != "mig/existing" || modeOf[r.Device] != "static-mig" {
+			t.Errorf("allocated %s (mode %s) through %s, want a static instance through mig/existing", r.Device, modeOf[r.Device], r.Request)
+		}
+		t.Logf("allocated %s through %s", r.Device, r.Request)
+	}
+	if after := simInstances(t); !maps.Equal(after, before) {
+		t.Errorf("MIG instances %v after the claim, want the layouts' %v: nothing carved", after, before)
+	}
+
+	// The second preference: a GPU where a claim already holds a carved
+	// instance. A 1g.10gb carved on GPU 4 brings GPU 4 into MIG use; the
+	// plugin republishes its migInUse; a claim with the demo's split and
+	// carved subrequests then lands there, through split.
+	applyYAML(t, claimPod("carve-on-4", `{name: mig, exactly: {deviceClassName: mig-1g.10gb.facet.dev, selectors: [{cel: {expression: 'device.attributes["gpu.facet.dev"].index == 4'}}]}}`))
+	waitPodRunning(t, "carve-on-4")
+	waitMIGInUse(t, map[int64]bool{4: true})
+	applyYAML(t, claimPod("split", `{name: mig, firstAvailable: [`+
+		`{name: split, deviceClassName: mig.facet.dev, selectors: [{cel: {expression: 'device.attributes["gpu.facet.dev"].mode in ["mig", "dynamic"] && device.attributes["gpu.facet.dev"].migInUse'}}]}, `+
+		`{name: carved, deviceClassName: mig.facet.dev}]}`))
+	for _, c := range podClaims(t, waitPodRunning(t, "split")) {
+		r := c.Status.Allocation.Devices.Results[0]
+		if r.Request != "mig/split" || !strings.HasPrefix(r.Device, "gpu-4-") {
+			t.Errorf("allocated %s through %s, want a carve on gpu-4 through mig/split", r.Device, r.Request)
+		}
+	}
+	kubectl(t, "delete", "pod", "-n", namespace, "carve-on-4", "split", "--wait=true", "--timeout=120s")
+	waitMIGInUse(t, map[int64]bool{})
+}
+
+// waitMIGInUse waits until the published migInUse is true on exactly the
+// GPUs of want (by index) among those that carry it.
+func waitMIGInUse(t testing.TB, want map[int64]bool) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("migInUse on GPUs %v", want), time.Minute, func() (bool, error) {
+		got := map[int64]bool{}
+		for _, s := range ourSlices(t) {
+			for _, d := range s.Spec.Devices {
+				if a, ok := d.Attributes["migInUse"]; ok && *a.BoolValue {
+					got[*d.Attributes["index"].IntValue] = true
+				}
+			}
+		}
+		if !maps.Equal(got, want) {
+			return false, fmt.Errorf("true on %v", got)
+		}
+		return true, nil
 	})
 }
