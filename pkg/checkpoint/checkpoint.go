@@ -117,11 +117,25 @@ type Device struct {
 // MIG records a MIG device's intent (profile and placement, written before
 // any NVML call) and, once created, its instance IDs.
 type MIG struct {
-	Profile     string `json:"profile"`
-	GIProfileID int    `json:"giProfileID"`
-	CIProfileID int    `json:"ciProfileID"`
-	Start       int    `json:"start"`
-	Size        int    `json:"size"`
+	Profile string `json:"profile"`
+	// GIProfileID is NVML's GPU instance profile index
+	// (nvml.MIGProfile.GIProfileID, 0 for a 1g.10gb), what CreateMIG takes.
+	GIProfileID int `json:"giProfileID"`
+	// GIProfileInfoID is the profile's ID as nvidia-smi shows it
+	// (nvml.MIGProfile.GIProfileInfoID, 19 for a 1g.10gb), for people
+	// reading the record; nothing Facet does depends on it. Nil in records
+	// written before it existed.
+	//
+	// It is an optional field of format 1 rather than a new format: no
+	// release has written format 1 without it (0.1.0 is the first release
+	// with a checkpoint, docs/release-notes.md), so every release that
+	// reads format 1 knows it, and a rollback of one minor version reads
+	// it. Only a development build from before it refuses a record with
+	// it, as one with an unknown field.
+	GIProfileInfoID *int `json:"giProfileInfoID,omitempty"`
+	CIProfileID     int  `json:"ciProfileID"`
+	Start           int  `json:"start"`
+	Size            int  `json:"size"`
 	// Created is set once the GPU and compute instances exist; until then
 	// GIID, CIID and UUID are unknown, and a rollback looks the instance up
 	// by profile and placement.

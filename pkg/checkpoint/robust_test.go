@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -176,5 +177,46 @@ func TestRollback(t *testing.T) {
 	var env envelope
 	if err := json.Unmarshal(data, &env); err != nil || env.Version != Version || env.MinReader != MinReader {
 		t.Fatalf("written envelope %+v (%v), want version %d, minReader %d", env, err, Version, MinReader)
+	}
+}
+
+// TestMIGProfileInfoIDIsOptional: a format-1 record carries the GI profile
+// ID nvidia-smi shows beside NVML's index, and reads back with it; one
+// written before the field existed reads too, without it, not as profile
+// ID 0 (a 7g).
+func TestMIGProfileInfoIDIsOptional(t *testing.T) {
+	nineteen := 19
+	for _, tc := range []struct {
+		name string
+		mig  string
+		want *int
+	}{
+		{"with the nvidia-smi ID", `{"profile":"1g.10gb","giProfileID":0,"giProfileInfoID":19,"ciProfileID":0,"start":6,"size":1,"created":false,"giID":0,"ciID":0}`, &nineteen},
+		{"from before it", `{"profile":"1g.10gb","giProfileID":0,"ciProfileID":0,"start":6,"size":1,"created":false,"giID":0,"ciID":0}`, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := Open(t.TempDir())
+			body := []byte(`{"uid":"a","namespace":"ns","name":"a","state":"Preparing","devices":[{"requests":["r"],"pool":"p","device":"gpu-0-mig-1g10gb-6","gpuUUID":"GPU-a","cdiDeviceIDs":[],"kind":"mig","mig":` + tc.mig + `}]}`)
+			data, _ := json.Marshal(envelope{Version: Version, MinReader: MinReader, Checksum: checksum(body), Claim: body})
+			if err := os.WriteFile(filepath.Join(s.Dir(), "a.json"), data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, err := s.Get("a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := got.Devices[0].MIG
+			if (m.GIProfileInfoID == nil) != (tc.want == nil) || (tc.want != nil && *m.GIProfileInfoID != *tc.want) || m.GIProfileID != 0 {
+				t.Fatalf("read GI profile index %d, ID %v; want 0, %v", m.GIProfileID, m.GIProfileInfoID, tc.want)
+			}
+			// Written again, it keeps what it had.
+			if err := s.Put(got); err != nil {
+				t.Fatal(err)
+			}
+			again, err := s.Get("a")
+			if err != nil || !reflect.DeepEqual(again.Devices[0].MIG, m) {
+				t.Fatalf("after Put: %+v, %v; want %+v", again.Devices[0].MIG, err, m)
+			}
+		})
 	}
 }

@@ -72,7 +72,7 @@ func TestUnitOneLogLinePerClaim(t *testing.T) {
 			want: func(u *unit) map[string][]string {
 				g := u.inv.GPUs[0].UUID
 				return map[string][]string{"claim": {"ns/small"}, "uid": {"uid-small"},
-					"devices": {u.migDevice(0, "1g.10gb", 6) + " (mig 1g.10gb, memory slices 6-6, GI 1, CI 0, MIG-fake-" + g + "-1 on " + g + ")"}}
+					"devices": {u.migDevice(0, "1g.10gb", 6) + " (mig 1g.10gb (GI profile ID 19, NVML index 0), memory slices 6-6, GI 1, CI 0, MIG-fake-" + g + "-1 on " + g + ")"}}
 			},
 		},
 		{
@@ -144,7 +144,7 @@ func TestUnitOneLogLinePerClaim(t *testing.T) {
 			want: func(u *unit) map[string][]string {
 				// The instance as it was, though the unprepare destroyed it.
 				return map[string][]string{"claim": {"ns/small"}, "uid": {"uid-small"}, "outcome": {"unprepared"},
-					"devices": {"(mig 1g.10gb, memory slices 6-6, GI 1, CI 0, MIG-fake-"}}
+					"devices": {"(mig 1g.10gb (GI profile ID 19, NVML index 0), memory slices 6-6, GI 1, CI 0, MIG-fake-"}}
 			},
 		},
 		{
@@ -255,19 +255,21 @@ func TestUnitOneLogLinePerClaim(t *testing.T) {
 
 // TestDescribeDevices: the log's description of each kind of device,
 // including a MIG device whose instance does not exist (a prepare that
-// failed and was rolled back) and a static MIG instance.
+// failed and was rolled back) and a static MIG instance whose record
+// predates the nvidia-smi profile ID.
 func TestDescribeDevices(t *testing.T) {
 	t.Parallel()
 	shareID := types.UID("s-1")
+	nine := 9
 	got := describeDevices([]checkpoint.Device{
 		{Device: "gpu-0", Kind: kindWhole, GPUUUID: "GPU-a"},
-		{Device: "gpu-1-mig-3g40gb-4", Kind: kindMIG, GPUUUID: "GPU-b", MIG: &checkpoint.MIG{Profile: "3g.40gb", Start: 4, Size: 4}},
+		{Device: "gpu-1-mig-3g40gb-4", Kind: kindMIG, GPUUUID: "GPU-b", MIG: &checkpoint.MIG{Profile: "3g.40gb", GIProfileID: 2, GIProfileInfoID: &nine, Start: 4, Size: 4}},
 		{Device: "gpu-2-mig-1g10gb-0", Kind: kindStaticMIG, GPUUUID: "GPU-c", MIG: &checkpoint.MIG{Profile: "1g.10gb", Start: 0, Size: 1, GIID: 9, CIID: 0, UUID: "MIG-c9"}},
 		{Device: "gpu-4", Kind: kindShare, GPUUUID: "GPU-d", ShareID: &shareID, Share: &checkpoint.Share{MemoryBytes: 85899345920, Cores: 100}},
 	})
 	want := []string{
 		"gpu-0 (gpu GPU-a)",
-		"gpu-1-mig-3g40gb-4 (mig 3g.40gb, memory slices 4-7, no instance on GPU-b)",
+		"gpu-1-mig-3g40gb-4 (mig 3g.40gb (GI profile ID 9, NVML index 2), memory slices 4-7, no instance on GPU-b)",
 		"gpu-2-mig-1g10gb-0 (mig-static 1g.10gb, memory slices 0-0, GI 9, CI 0, MIG-c9 on GPU-c)",
 		"gpu-4 (share of GPU-d, memory 85899345920 bytes, SM 100%, not enforced, share s-1)",
 	}

@@ -49,14 +49,16 @@ func (d *Driver) plan(claim *resourceapi.ResourceClaim) (*plan, error) {
 		}
 		switch {
 		case dev.Kind == inventory.KindMIG && dev.Instance != nil:
+			profileID := dev.MIG.GIProfileInfoID
 			// static-mig: the instance exists; prepare only hands it out.
 			in := dev.Instance
 			rec.Kind = kindStaticMIG
-			rec.MIG = &checkpoint.MIG{Profile: dev.MIG.Name, GIProfileID: dev.MIG.GIProfileID, CIProfileID: dev.MIG.CIProfileID, Start: dev.Placement.Start, Size: dev.Placement.Size,
+			rec.MIG = &checkpoint.MIG{Profile: dev.MIG.Name, GIProfileID: dev.MIG.GIProfileID, GIProfileInfoID: &profileID, CIProfileID: dev.MIG.CIProfileID, Start: dev.Placement.Start, Size: dev.Placement.Size,
 				GIID: in.GIID, CIID: in.CIID, UUID: in.UUID}
 		case dev.Kind == inventory.KindMIG:
+			profileID := dev.MIG.GIProfileInfoID
 			rec.Kind = kindMIG
-			rec.MIG = &checkpoint.MIG{Profile: dev.MIG.Name, GIProfileID: dev.MIG.GIProfileID, CIProfileID: dev.MIG.CIProfileID, Start: dev.Placement.Start, Size: dev.Placement.Size}
+			rec.MIG = &checkpoint.MIG{Profile: dev.MIG.Name, GIProfileID: dev.MIG.GIProfileID, GIProfileInfoID: &profileID, CIProfileID: dev.MIG.CIProfileID, Start: dev.Placement.Start, Size: dev.Placement.Size}
 		case dev.Shareable || dev.Kind == inventory.KindSlot:
 			share, err := shareOf(r, dev)
 			if err != nil {

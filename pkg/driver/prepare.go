@@ -168,7 +168,12 @@ func describeDevices(devs []checkpoint.Device) []string {
 		switch {
 		case dev.MIG != nil:
 			m := dev.MIG
-			fmt.Fprintf(&b, " %s, memory slices %d-%d", m.Profile, m.Start, m.Start+m.Size-1)
+			fmt.Fprintf(&b, " %s", m.Profile)
+			if m.GIProfileInfoID != nil {
+				// nvidia-smi's number beside NVML's, which differ.
+				fmt.Fprintf(&b, " (GI profile ID %d, NVML index %d)", *m.GIProfileInfoID, m.GIProfileID)
+			}
+			fmt.Fprintf(&b, ", memory slices %d-%d", m.Start, m.Start+m.Size-1)
 			if m.UUID != "" {
 				fmt.Fprintf(&b, ", GI %d, CI %d, %s", m.GIID, m.CIID, m.UUID)
 			} else {

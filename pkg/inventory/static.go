@@ -39,7 +39,7 @@ func (gpu *GPU) buildStatic(instances []nvml.MIGInstance) (skipped []string, err
 		case perGI[in.GIID] > 1:
 			why = fmt.Sprintf("has %d compute instances; Facet publishes GPU instances with one compute instance spanning them", perGI[in.GIID])
 		case !known:
-			why = fmt.Sprintf("has GPU instance profile %d, which discovery does not list", in.GIProfileID)
+			why = fmt.Sprintf("has GPU instance profile ID %d (NVML index %d), which discovery does not list", in.GIProfileInfoID, in.GIProfileID)
 		case in.CIProfileID != gpu.MIGProfiles[rank].CIProfileID:
 			why = fmt.Sprintf("has a compute instance of profile %d that does not span the GPU instance", in.CIProfileID)
 		}

@@ -240,11 +240,12 @@ func discoverMIGProfiles(devlib nvdev.Interface, dev gonvml.Device, deviceMemory
 		}
 		named, err := devlib.NewMigProfile(id, ciProfile, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, info.MemorySizeMB, deviceMemory)
 		if err != nil {
-			return nil, fmt.Errorf("MIG profile %d: %w", id, err)
+			return nil, fmt.Errorf("MIG profile ID %d (NVML index %d): %w", info.Id, id, err)
 		}
 		p := MIGProfile{
 			Name:            named.String(),
 			GIProfileID:     id,
+			GIProfileInfoID: int(info.Id),
 			CIProfileID:     ciProfile,
 			SliceCount:      int(info.SliceCount),
 			MemoryBytes:     info.MemorySizeMB << 20,

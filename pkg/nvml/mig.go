@@ -9,6 +9,7 @@ import (
 
 	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/klog/v2"
 )
 
 // Dynamic MIG: Facet creates a GPU instance (GI) at the placement of the
@@ -27,9 +28,16 @@ type MIGInstance struct {
 	// Profile is the GPU instance profile's name as discovery names it
 	// (MIGProfile.Name), e.g. "1g.10gb".
 	Profile string
-	// GIProfileID and CIProfileID are the NVML profile IDs. CIProfileID is
+	// GIProfileID is NVML's GPU instance profile index, as in MIGProfile.
+	// CIProfileID is the compute instance's profile ID
+	// (ComputeInstanceInfo.ProfileId, equal to its
+	// COMPUTE_INSTANCE_PROFILE_* index on A100, A30, H100, H200 and B200),
 	// -1 for a GPU instance without compute instance.
 	GIProfileID, CIProfileID int
+	// GIProfileInfoID is the GPU instance profile's ID as nvidia-smi shows
+	// it (GpuInstanceInfo.ProfileId), as in MIGProfile: 19 for a 1g.10gb
+	// whose GIProfileID is 0.
+	GIProfileInfoID int
 	// Placement is the GPU instance's memory slices.
 	Placement Placement
 	// GIID and CIID are NVML's instance IDs; CIID is -1 for a GPU instance
@@ -40,8 +48,8 @@ type MIGInstance struct {
 	UUID string
 }
 
-// MIGPlacement names a GPU instance to create: a profile and the start of
-// one of its placements.
+// MIGPlacement names a GPU instance to create: a profile (by NVML index,
+// MIGProfile.GIProfileID) and the start of one of its placements.
 type MIGPlacement struct {
 	GIProfileID int
 	Start       int
@@ -84,7 +92,7 @@ type gpuState struct {
 	dev   gonvml.Device
 	index int
 	// profiles are the GPU's MIG profiles as discovery reports them, and
-	// infos NVML's profile infos by GI profile ID; nil until loaded.
+	// infos NVML's profile infos by GI profile index; nil until loaded.
 	profiles []MIGProfile
 	infos    map[int]gonvml.GpuInstanceProfileInfo
 }
@@ -175,7 +183,7 @@ func (l *Library) loadProfiles(g *gpuState) error {
 	return nil
 }
 
-// profile returns the GPU's MIG profile with this GI profile ID and the
+// profile returns the GPU's MIG profile with this GI profile index and the
 // placement starting at start.
 func (g *gpuState) profile(giProfileID, start int) (MIGProfile, Placement, error) {
 	for _, p := range g.profiles {
@@ -191,14 +199,14 @@ func (g *gpuState) profile(giProfileID, start int) (MIGProfile, Placement, error
 		for _, pl := range p.Placements {
 			starts = append(starts, fmt.Sprint(pl.Start))
 		}
-		return p, Placement{}, fmt.Errorf("%s: MIG %s (GI profile %d) has no placement starting at memory slice %d (starts: %s)",
-			g, p.Name, giProfileID, start, strings.Join(starts, ", "))
+		return p, Placement{}, fmt.Errorf("%s: MIG %s (%s) has no placement starting at memory slice %d (starts: %s)",
+			g, p.Name, p.describeIDs(), start, strings.Join(starts, ", "))
 	}
 	var known []string
 	for _, p := range g.profiles {
-		known = append(known, fmt.Sprintf("%d (%s)", p.GIProfileID, p.Name))
+		known = append(known, fmt.Sprintf("%d (%s, GI profile ID %d)", p.GIProfileID, p.Name, p.GIProfileInfoID))
 	}
-	return MIGProfile{}, Placement{}, fmt.Errorf("%s has no MIG profile with GI profile ID %d (known: %s)", g, giProfileID, strings.Join(known, ", "))
+	return MIGProfile{}, Placement{}, fmt.Errorf("%s has no MIG profile with NVML GI profile index %d (known: %s)", g, giProfileID, strings.Join(known, ", "))
 }
 
 // EnableMIG turns the GPU's MIG mode on if it is off, and reports whether
@@ -320,7 +328,7 @@ func (l *Library) CreateMIG(parentUUID string, giProfileID, placementStart int) 
 	if ret != gonvml.SUCCESS {
 		return MIGInstance{}, fmt.Errorf("create %s: %w", what, nvmlError("nvmlDeviceCreateGpuInstanceWithPlacement", ret))
 	}
-	inst, err := g.createCI(gi, p)
+	inst, err := l.createCI(g, gi, p)
 	if err != nil {
 		if ret := gi.Destroy(); ret != gonvml.SUCCESS {
 			err = errors.Join(err, fmt.Errorf("and destroying the GPU instance again failed, it is left behind: %w", nvmlError("nvmlGpuInstanceDestroy", ret)))
@@ -331,18 +339,26 @@ func (l *Library) CreateMIG(parentUUID string, giProfileID, placementStart int) 
 }
 
 // describeMIG names a MIG instance in errors, e.g. "MIG 1g.10gb (GI
-// profile 0) at placement 3:1 (memory slice 3) on GPU 2 (GPU-...)".
+// profile ID 19, NVML index 0) at placement 3:1 (memory slice 3) on GPU 2
+// (GPU-...)".
 func describeMIG(p MIGProfile, pl Placement, g *gpuState) string {
 	slices := fmt.Sprintf("memory slice %d", pl.Start)
 	if pl.Size > 1 {
 		slices = fmt.Sprintf("memory slices %d-%d", pl.Start, pl.Start+pl.Size-1)
 	}
-	return fmt.Sprintf("MIG %s (GI profile %d) at placement %d:%d (%s) on %s", p.Name, p.GIProfileID, pl.Start, pl.Size, slices, g)
+	return fmt.Sprintf("MIG %s (%s) at placement %d:%d (%s) on %s", p.Name, p.describeIDs(), pl.Start, pl.Size, slices, g)
+}
+
+// describeIDs gives both numbers of a GI profile, as people compare them
+// with `nvidia-smi mig -lgip` and with NVML code: "GI profile ID 19, NVML
+// index 0".
+func (p MIGProfile) describeIDs() string {
+	return fmt.Sprintf("GI profile ID %d, NVML index %d", p.GIProfileInfoID, p.GIProfileID)
 }
 
 // createCI creates the compute instance spanning gi and finds its MIG
 // device.
-func (g *gpuState) createCI(gi gonvml.GpuInstance, p MIGProfile) (MIGInstance, error) {
+func (l *Library) createCI(g *gpuState, gi gonvml.GpuInstance, p MIGProfile) (MIGInstance, error) {
 	giInfo, ret := gi.GetInfo()
 	if ret != gonvml.SUCCESS {
 		return MIGInstance{}, nvmlError("nvmlGpuInstanceGetInfo", ret)
@@ -359,16 +375,13 @@ func (g *gpuState) createCI(gi gonvml.GpuInstance, p MIGProfile) (MIGInstance, e
 	if ret == gonvml.SUCCESS {
 		inst := MIGInstance{
 			ParentUUID: g.uuid, ParentIndex: g.index, Profile: p.Name,
-			GIProfileID: p.GIProfileID, CIProfileID: int(ciInfo.ProfileId),
+			GIProfileID: p.GIProfileID, GIProfileInfoID: int(giInfo.ProfileId), CIProfileID: int(ciInfo.ProfileId),
 			Placement: Placement{Start: int(giInfo.Placement.Start), Size: int(giInfo.Placement.Size)},
 			GIID:      int(giInfo.Id), CIID: int(ciInfo.Id),
 		}
-		uuids, err := g.migUUIDs()
-		if err == nil {
-			if inst.UUID = uuids[[2]int{inst.GIID, inst.CIID}]; inst.UUID != "" {
-				return inst, nil
-			}
-			err = fmt.Errorf("no MIG device for GPU instance %d compute instance %d", inst.GIID, inst.CIID)
+		var err error
+		if inst.UUID, err = (&migUUIDs{l: l, g: g}).find(ciInfo.Device, inst.GIID, inst.CIID); err == nil {
+			return inst, nil
 		}
 		if ret := ci.Destroy(); ret != gonvml.SUCCESS {
 			err = errors.Join(err, nvmlError("nvmlComputeInstanceDestroy", ret))
@@ -382,9 +395,109 @@ func (g *gpuState) createCI(gi gonvml.GpuInstance, p MIGProfile) (MIGInstance, e
 	return MIGInstance{}, err
 }
 
-// migUUIDs maps (GI ID, CI ID) to MIG device UUID for every MIG device of
-// the GPU.
-func (g *gpuState) migUUIDs() (map[[2]int]string, error) {
+// migUUIDs finds the UUIDs of a GPU's MIG devices. Walking the GPU's MIG
+// device handles (nvmlDeviceGetMigDeviceHandleByIndex up to
+// nvmlDeviceGetMaxMigDeviceCount) costs an NVML call per possible MIG
+// device, each slow on a busy driver: NVIDIA's DRA driver measured O(10 s)
+// under load and reads the UUID from the compute instance instead
+// (dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/nvlib.go). So does find,
+// and it walks only when both direct ways fail, at most once per migUUIDs.
+// g.mu is held.
+type migUUIDs struct {
+	l *Library
+	g *gpuState
+	// walked maps (GI ID, CI ID) to UUID once walked.
+	walked map[[2]int]string
+}
+
+// find returns the UUID of the MIG device of compute instance ciID in GPU
+// instance giID, given the device its nvmlComputeInstanceGetInfo reported.
+// It tries, in order:
+//
+//  1. that device: NVIDIA's DRA driver takes it as the MIG device, but
+//     nvml.h documents it as the "Parent device", so it counts only if it
+//     is a MIG device handle with these GI and CI IDs;
+//  2. nvmlDeviceGetHandleByUUID("MIG-<parent UUID>/<GI ID>/<CI ID>"), the
+//     name NVML documents for a MIG device besides its UUID;
+//  3. the walk, once: later instances are looked up in what it found.
+func (m *migUUIDs) find(ciDevice gonvml.Device, giID, ciID int) (string, error) {
+	g := m.g
+	uuid, why := migDeviceUUID(ciDevice, giID, ciID)
+	if uuid != "" {
+		klog.V(4).InfoS("MIG device UUID from its compute instance's info", "gpu", g.uuid, "gi", giID, "ci", ciID, "uuid", uuid)
+		return uuid, nil
+	}
+	if m.walked != nil {
+		// This driver answered neither way for an earlier instance.
+		return m.fromWalk(giID, ciID)
+	}
+	name := fmt.Sprintf("MIG-%s/%d/%d", g.uuid, giID, ciID)
+	dev, ret := m.l.lib.DeviceGetHandleByUUID(name)
+	if ret != gonvml.SUCCESS {
+		why += "; " + nvmlError("nvmlDeviceGetHandleByUUID("+name+")", ret).Error()
+	} else if uuid, whyNot := migDeviceUUID(dev, giID, ciID); uuid != "" {
+		klog.V(4).InfoS("MIG device UUID by its GPU and instance IDs", "gpu", g.uuid, "gi", giID, "ci", ciID, "uuid", uuid, "computeInstanceDevice", why)
+		return uuid, nil
+	} else {
+		why += "; " + name + ": " + whyNot
+	}
+	klog.V(4).InfoS("Walking the GPU's MIG devices for a MIG device UUID", "gpu", g.uuid, "gi", giID, "ci", ciID, "why", why)
+	walked, err := g.walkMIGDevices()
+	if err != nil {
+		return "", err
+	}
+	m.walked = walked
+	return m.fromWalk(giID, ciID)
+}
+
+func (m *migUUIDs) fromWalk(giID, ciID int) (string, error) {
+	if uuid := m.walked[[2]int{giID, ciID}]; uuid != "" {
+		return uuid, nil
+	}
+	return "", fmt.Errorf("%w for GPU instance %d compute instance %d", errNoMIGDevice, giID, ciID)
+}
+
+// errNoMIGDevice is wrapped by migUUIDs.find when no way finds the compute
+// instance's MIG device.
+var errNoMIGDevice = errors.New("no MIG device")
+
+// migDeviceUUID returns dev's UUID if it is the MIG device of these GPU and
+// compute instances, or "" and why not.
+func migDeviceUUID(dev gonvml.Device, giID, ciID int) (uuid, why string) {
+	if dev == nil {
+		return "", "no device"
+	}
+	isMIG, ret := dev.IsMigDeviceHandle()
+	if ret != gonvml.SUCCESS {
+		return "", nvmlError("nvmlDeviceIsMigDeviceHandle", ret).Error()
+	}
+	if !isMIG {
+		return "", "not a MIG device handle"
+	}
+	gi, ret := dev.GetGpuInstanceId()
+	if ret != gonvml.SUCCESS {
+		return "", nvmlError("nvmlDeviceGetGpuInstanceId", ret).Error()
+	}
+	ci, ret := dev.GetComputeInstanceId()
+	if ret != gonvml.SUCCESS {
+		return "", nvmlError("nvmlDeviceGetComputeInstanceId", ret).Error()
+	}
+	if gi != giID || ci != ciID {
+		return "", fmt.Sprintf("the MIG device of GPU instance %d compute instance %d", gi, ci)
+	}
+	uuid, ret = dev.GetUUID()
+	if ret != gonvml.SUCCESS {
+		return "", nvmlError("nvmlDeviceGetUUID", ret).Error()
+	}
+	if uuid == "" {
+		return "", "empty UUID"
+	}
+	return uuid, ""
+}
+
+// walkMIGDevices maps (GI ID, CI ID) to MIG device UUID for every MIG device
+// of the GPU.
+func (g *gpuState) walkMIGDevices() (map[[2]int]string, error) {
 	count, ret := g.dev.GetMaxMigDeviceCount()
 	if ret != gonvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetMaxMigDeviceCount", ret)
@@ -515,10 +628,7 @@ func (l *Library) listGPU(uuid string) ([]MIGInstance, error) {
 	if err := l.loadProfiles(g); err != nil {
 		return nil, err
 	}
-	uuids, err := g.migUUIDs()
-	if err != nil {
-		return nil, fmt.Errorf("list MIG instances of %s: %w", g, err)
-	}
+	uuids := &migUUIDs{l: l, g: g}
 	var out []MIGInstance
 	for id := 0; id < gonvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
 		info, ret := g.dev.GetGpuInstanceProfileInfo(id)
@@ -539,13 +649,12 @@ func (l *Library) listGPU(uuid string) ([]MIGInstance, error) {
 			}
 		}
 		for _, gi := range gis {
-			insts, err := listGI(gi)
+			insts, err := listGI(gi, uuids)
 			if err != nil {
 				return nil, fmt.Errorf("list MIG instances of %s: %w", g, err)
 			}
 			for _, inst := range insts {
 				inst.ParentUUID, inst.ParentIndex, inst.Profile, inst.GIProfileID = g.uuid, g.index, name, id
-				inst.UUID = uuids[[2]int{inst.GIID, inst.CIID}]
 				out = append(out, inst)
 			}
 		}
@@ -559,17 +668,18 @@ func (l *Library) listGPU(uuid string) ([]MIGInstance, error) {
 	return out, nil
 }
 
-// listGI returns a GPU instance's compute instances, or the GPU instance
-// alone (CIID -1) when it has none.
-func listGI(gi gonvml.GpuInstance) ([]MIGInstance, error) {
+// listGI returns a GPU instance's compute instances, with their MIG devices'
+// UUIDs, or the GPU instance alone (CIID -1) when it has none.
+func listGI(gi gonvml.GpuInstance, uuids *migUUIDs) ([]MIGInstance, error) {
 	giInfo, ret := gi.GetInfo()
 	if ret != gonvml.SUCCESS {
 		return nil, nvmlError("nvmlGpuInstanceGetInfo", ret)
 	}
 	base := MIGInstance{
-		GIID:      int(giInfo.Id),
-		Placement: Placement{Start: int(giInfo.Placement.Start), Size: int(giInfo.Placement.Size)},
-		CIID:      -1, CIProfileID: -1,
+		GIProfileInfoID: int(giInfo.ProfileId),
+		GIID:            int(giInfo.Id),
+		Placement:       Placement{Start: int(giInfo.Placement.Start), Size: int(giInfo.Placement.Size)},
+		CIID:            -1, CIProfileID: -1,
 	}
 	var out []MIGInstance
 	for id := 0; id < gonvml.COMPUTE_INSTANCE_PROFILE_COUNT; id++ {
@@ -591,6 +701,11 @@ func listGI(gi gonvml.GpuInstance) ([]MIGInstance, error) {
 			}
 			inst := base
 			inst.CIID, inst.CIProfileID = int(ciInfo.Id), int(ciInfo.ProfileId)
+			uuid, err := uuids.find(ciInfo.Device, inst.GIID, inst.CIID)
+			if err != nil && !errors.Is(err, errNoMIGDevice) {
+				return nil, err
+			}
+			inst.UUID = uuid
 			out = append(out, inst)
 		}
 	}

@@ -99,10 +99,20 @@ const (
 type MIGProfile struct {
 	// Name in NVIDIA's notation, e.g. "1g.10gb", "1g.10gb+me", "4g.40gb".
 	Name string
-	// GIProfileID is the NVML GPU instance profile ID (GPU_INSTANCE_PROFILE_*).
+	// GIProfileID is NVML's GPU instance profile index, the
+	// GPU_INSTANCE_PROFILE_* constant nvmlDeviceGetGpuInstanceProfileInfo
+	// takes (0 for a 1g), as go-nvlib and mig-parted name it. CreateMIG
+	// and the checkpoint take this one.
 	GIProfileID int
-	// CIProfileID is the NVML compute instance profile ID that spans the
-	// whole GPU instance.
+	// GIProfileInfoID is the profile's ID as `nvidia-smi mig -lgip` shows
+	// it and -cgi takes, NVML's GpuInstanceProfileInfo.Id: 19 for a
+	// 1g.10gb on an H100, 9 for its 3g.40gb, 0 for 7g.80gb. For people and
+	// logs; the code looks profiles up by GIProfileID.
+	GIProfileInfoID int
+	// CIProfileID is the NVML compute instance profile index
+	// (COMPUTE_INSTANCE_PROFILE_*) that spans the whole GPU instance. On
+	// the GPUs Facet knows it equals the compute instance profile ID
+	// nvidia-smi shows.
 	CIProfileID int
 	// SliceCount is the number of compute slices ("1g" = 1).
 	SliceCount int

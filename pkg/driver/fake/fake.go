@@ -324,7 +324,7 @@ func (m *MIG) CreateMIG(parentUUID string, giProfileID, placementStart int) (nvm
 		}
 	}
 	if prof == nil {
-		return nvml.MIGInstance{}, fmt.Errorf("GPU %s: no GI profile %d", parentUUID, giProfileID)
+		return nvml.MIGInstance{}, fmt.Errorf("GPU %s: no GI profile with NVML index %d", parentUUID, giProfileID)
 	}
 	p := nvml.Placement{Start: placementStart, Size: prof.MemorySlices}
 	for _, in := range m.instances[parentUUID] {
@@ -332,7 +332,7 @@ func (m *MIG) CreateMIG(parentUUID string, giProfileID, placementStart int) (nvm
 			return nvml.MIGInstance{}, fmt.Errorf("GPU %s: placement %d overlaps GI %d (insufficient resources)", parentUUID, p.Start, in.GIID)
 		}
 	}
-	in := nvml.MIGInstance{ParentUUID: parentUUID, ParentIndex: g.Index, Profile: prof.Name, GIProfileID: giProfileID, CIProfileID: prof.CIProfileID,
+	in := nvml.MIGInstance{ParentUUID: parentUUID, ParentIndex: g.Index, Profile: prof.Name, GIProfileID: giProfileID, GIProfileInfoID: prof.GIProfileInfoID, CIProfileID: prof.CIProfileID,
 		Placement: p, GIID: m.nextID, CIID: 0, UUID: fmt.Sprintf("MIG-fake-%s-%d", parentUUID, m.nextID)}
 	m.nextID++
 	m.instances[parentUUID] = append(m.instances[parentUUID], in)

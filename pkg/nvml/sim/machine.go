@@ -31,6 +31,12 @@ type Machine struct {
 	CUDADriverVersion string `json:"cudaDriverVersion"`
 	// GPUs in NVML index order.
 	GPUs []MachineGPU `json:"gpus"`
+	// CIInfoParentDevice makes nvmlComputeInstanceGetInfo report the
+	// parent GPU as the compute instance's device, as nvml.h documents the
+	// field, instead of the MIG device, which is what the driver gives and
+	// NVIDIA's DRA driver reads the MIG device's UUID from. It is there to
+	// test Facet's fallback (nvml.Library.CreateMIG).
+	CIInfoParentDevice bool `json:"ciInfoParentDevice,omitempty"`
 }
 
 // MachineGPU is one simulated GPU.

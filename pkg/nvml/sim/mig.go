@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -40,7 +41,9 @@ import (
 //     (ERROR_IN_USE).
 //   - Every compute instance is a MIG device with a handle nvcdi can use:
 //     GetMaxMigDeviceCount, GetMigDeviceHandleByIndex, GetGpuInstanceById,
-//     GetComputeInstanceById, DeviceGetHandleByUUID("MIG-..."), and MIG
+//     GetComputeInstanceById, DeviceGetHandleByUUID("MIG-..." and
+//     "MIG-GPU-.../<GI ID>/<CI ID>"), ComputeInstance.GetInfo's Device
+//     (unless Machine.CIInfoParentDevice), and MIG
 //     handles answering GetUUID, GetGpuInstanceId, GetComputeInstanceId,
 //     GetDeviceHandleFromMigDeviceHandle, GetIndex and GetAttributes.
 //   - With a state file (WithStateFile), MIG mode and instances outlive the
@@ -56,6 +59,8 @@ type simNode struct {
 	migs sync.Map
 	// store persists the state; nil keeps it in memory only.
 	store *simStore
+	// ciInfoParent is Machine.CIInfoParentDevice.
+	ciInfoParent bool
 }
 
 // simGPU is one simulated GPU's MIG state.
@@ -64,7 +69,13 @@ type simGPU struct {
 	index int
 	model string
 	dev   *server.Device
-	cfg   gpus.MIGProfileConfig
+	// cfg's maps are keyed by NVML's profile index
+	// (GPU_INSTANCE_PROFILE_*), the argument of
+	// GetGpuInstanceProfileInfo; the infos it returns, which callers pass
+	// back, carry the profile ID nvidia-smi shows, which key maps back.
+	cfg gpus.MIGProfileConfig
+	// byID maps a GPU instance profile ID to its index.
+	byID map[uint32]int
 	// full is the profile spanning the whole GPU (the 7g, or 4g on an
 	// A30): its slice and engine counts are the GPU's totals.
 	full gonvml.GpuInstanceProfileInfo
@@ -121,6 +132,9 @@ func newSimNode(srv *server.Server, modelNames []string) *simNode {
 	}
 	byUUID := srv.DeviceGetHandleByUUIDFunc
 	srv.DeviceGetHandleByUUIDFunc = func(id string) (gonvml.Device, gonvml.Return) {
+		if strings.HasPrefix(id, "MIG-GPU-") {
+			return n.migByIDs(strings.TrimPrefix(id, "MIG-"))
+		}
 		if strings.HasPrefix(id, "MIG-") {
 			if ci, ok := n.migs.Load(id); ok {
 				return ci.(*simCI).mig, gonvml.SUCCESS
@@ -130,6 +144,36 @@ func newSimNode(srv *server.Server, modelNames []string) *simNode {
 		return byUUID(id)
 	}
 	return n
+}
+
+// migByIDs finds a MIG device by the name nvmlDeviceGetHandleByUUID takes
+// besides its UUID, "MIG-<parent UUID>/<GPU instance ID>/<compute instance
+// ID>" (the form MIG UUIDs had before R470, which later drivers accept;
+// NVML API reference, "Change log"), less the "MIG-".
+func (n *simNode) migByIDs(name string) (gonvml.Device, gonvml.Return) {
+	parts := strings.Split(name, "/")
+	if len(parts) != 3 {
+		return nil, gonvml.ERROR_INVALID_ARGUMENT
+	}
+	giID, err1 := strconv.Atoi(parts[1])
+	ciID, err2 := strconv.Atoi(parts[2])
+	if err1 != nil || err2 != nil {
+		return nil, gonvml.ERROR_INVALID_ARGUMENT
+	}
+	for _, g := range n.gpus {
+		if g.dev.UUID != parts[0] {
+			continue
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if gi, ok := g.gis[giID]; ok {
+			if ci, ok := gi.cis[ciID]; ok {
+				return ci.mig, gonvml.SUCCESS
+			}
+		}
+		return nil, gonvml.ERROR_NOT_FOUND
+	}
+	return nil, gonvml.ERROR_NOT_FOUND
 }
 
 // installNotSupported makes the MIG functions of a GPU without MIG fail the
@@ -163,12 +207,14 @@ func (g *simGPU) installNotSupported() {
 
 // install replaces the mock's MIG functions of a MIG-capable GPU.
 func (g *simGPU) install() {
-	for _, info := range g.cfg.GpuInstanceProfiles {
+	g.byID = map[uint32]int{}
+	for index, info := range g.cfg.GpuInstanceProfiles {
+		g.byID[info.Id] = index
 		if info.SliceCount > g.full.SliceCount {
 			g.full = info
 		}
 	}
-	for _, p := range g.cfg.GpuInstancePlacements[int(g.full.Id)] {
+	for _, p := range g.cfg.GpuInstancePlacements[g.key(g.full)] {
 		g.memSlices = max(g.memSlices, int(p.Start+p.Size))
 	}
 
@@ -222,7 +268,7 @@ func (g *simGPU) install() {
 		if info == nil {
 			return nil, gonvml.ERROR_INVALID_ARGUMENT
 		}
-		pl, ok := g.cfg.GpuInstancePlacements[int(info.Id)]
+		pl, ok := g.cfg.GpuInstancePlacements[g.key(*info)]
 		if !ok {
 			return nil, gonvml.ERROR_NOT_SUPPORTED
 		}
@@ -350,11 +396,20 @@ func (g *simGPU) profile(info *gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstanc
 	if info == nil {
 		return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
 	}
-	p, ok := g.cfg.GpuInstanceProfiles[int(info.Id)]
+	index, ok := g.byID[info.Id]
 	if !ok {
 		return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
 	}
-	return p, gonvml.SUCCESS
+	return g.cfg.GpuInstanceProfiles[index], gonvml.SUCCESS
+}
+
+// key returns the index under which g.cfg holds a profile, or -1 for an ID
+// the GPU does not have.
+func (g *simGPU) key(info gonvml.GpuInstanceProfileInfo) int {
+	if index, ok := g.byID[info.Id]; ok {
+		return index
+	}
+	return -1
 }
 
 // fits reports whether a GPU instance of profile can be created at
@@ -395,7 +450,7 @@ func (g *simGPU) fits(profile gonvml.GpuInstanceProfileInfo, p gonvml.GpuInstanc
 		return gonvml.ERROR_NOT_SUPPORTED
 	}
 	legal := false
-	for _, q := range g.cfg.GpuInstancePlacements[int(profile.Id)] {
+	for _, q := range g.cfg.GpuInstancePlacements[g.key(profile)] {
 		legal = legal || q == p
 	}
 	if !legal {
@@ -457,7 +512,7 @@ func (e engines) within(limit engines) bool {
 // the 3g on 0 and leave no room for the second 1g. g.mu is held.
 func (g *simGPU) bestFit(profile gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstancePlacement, bool) {
 	best, bestScore := gonvml.GpuInstancePlacement{}, -1
-	for _, p := range g.cfg.GpuInstancePlacements[int(profile.Id)] {
+	for _, p := range g.cfg.GpuInstancePlacements[g.key(profile)] {
 		if g.fits(profile, p) != gonvml.SUCCESS {
 			continue
 		}
@@ -579,7 +634,7 @@ func (gi *simGI) install() {
 		if engProfile != gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
 			return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
 		}
-		info, ok := g.cfg.ComputeInstanceProfiles[int(gi.profile.Id)][ciProfile]
+		info, ok := g.cfg.ComputeInstanceProfiles[g.key(gi.profile)][ciProfile]
 		if !ok {
 			return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
 		}
@@ -714,7 +769,7 @@ func (gi *simGI) ciProfile(info *gonvml.ComputeInstanceProfileInfo) (gonvml.Comp
 	if info == nil {
 		return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
 	}
-	p, ok := gi.gpu.cfg.ComputeInstanceProfiles[int(gi.profile.Id)][int(info.Id)]
+	p, ok := gi.gpu.cfg.ComputeInstanceProfiles[gi.gpu.key(gi.profile)][int(info.Id)]
 	if !ok {
 		return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
 	}
@@ -725,7 +780,7 @@ func (gi *simGI) ciProfile(info *gonvml.ComputeInstanceProfileInfo) (gonvml.Comp
 // profile may take inside the GPU instance: the table's, or where the table
 // has none (go-nvml's A100), every aligned range that fits.
 func (gi *simGI) ciPlacements(profile gonvml.ComputeInstanceProfileInfo) []gonvml.ComputeInstancePlacement {
-	if pl, ok := gi.gpu.cfg.ComputeInstancePlacements[int(gi.profile.Id)][int(profile.Id)]; ok && len(pl) > 0 {
+	if pl, ok := gi.gpu.cfg.ComputeInstancePlacements[gi.gpu.key(gi.profile)][int(profile.Id)]; ok && len(pl) > 0 {
 		return append([]gonvml.ComputeInstancePlacement(nil), pl...)
 	}
 	var out []gonvml.ComputeInstancePlacement
@@ -825,7 +880,15 @@ func (ci *simCI) install() {
 		if ci.destroyed {
 			return gonvml.ComputeInstanceInfo{}, gonvml.ERROR_INVALID_ARGUMENT
 		}
-		return gonvml.ComputeInstanceInfo{Device: g.dev, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: ci.profile.Id, Placement: ci.placement}, gonvml.SUCCESS
+		// nvml.h calls the device "Parent device", yet NVIDIA's DRA driver
+		// reads the MIG device's UUID from it (dra-driver-nvidia-gpu,
+		// cmd/gpu-kubelet-plugin/nvlib.go), so the driver must give the MIG
+		// device; a machine can ask for the documented parent instead.
+		dev := gonvml.Device(ci.mig)
+		if g.node.ciInfoParent {
+			dev = g.dev
+		}
+		return gonvml.ComputeInstanceInfo{Device: dev, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: ci.profile.Id, Placement: ci.placement}, gonvml.SUCCESS
 	}
 	h.DestroyFunc = func() gonvml.Return {
 		g.mu.Lock()

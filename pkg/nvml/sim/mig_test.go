@@ -100,7 +100,7 @@ func TestMIGEveryProfileEveryPlacement(t *testing.T) {
 					wantGI, _ := giIDForPlacement(m.memSlices, gonvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
 					want := nvml.MIGInstance{
 						ParentUUID: g.UUID, ParentIndex: 0, Profile: p.Name,
-						GIProfileID: p.GIProfileID, CIProfileID: p.CIProfileID,
+						GIProfileID: p.GIProfileID, GIProfileInfoID: p.GIProfileInfoID, CIProfileID: p.CIProfileID,
 						Placement: pl, GIID: wantGI, CIID: 0, UUID: inst.UUID,
 					}
 					if inst != want || !strings.HasPrefix(inst.UUID, "MIG-") {
@@ -312,7 +312,7 @@ func TestMIGOverlapAndMediaExtensions(t *testing.T) {
 			if _, err := lib.CreateMIG(g.UUID, full.GIProfileID, 1); err == nil || !strings.Contains(err.Error(), "no placement starting at memory slice 1") {
 				t.Errorf("illegal placement: error %v", err)
 			}
-			if _, err := lib.CreateMIG(g.UUID, 13, 0); err == nil || !strings.Contains(err.Error(), "no MIG profile with GI profile ID 13") {
+			if _, err := lib.CreateMIG(g.UUID, 13, 0); err == nil || !strings.Contains(err.Error(), "no MIG profile with NVML GI profile index 13") {
 				t.Errorf("unknown profile: error %v", err)
 			}
 		})

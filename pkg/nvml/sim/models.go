@@ -49,7 +49,10 @@ const (
 // (nvmlDeviceGetGpuInstanceProfileInfo) and where it may be placed
 // (nvmlDeviceGetGpuInstancePossiblePlacements).
 type giRow struct {
-	id                      int // NVML GPU_INSTANCE_PROFILE_* index
+	id int // NVML GPU_INSTANCE_PROFILE_* index
+	// profileID is GpuInstanceProfileInfo.Id, the ID `nvidia-smi mig
+	// -lgip` shows and -cgi takes (19 for a 1g on an eight-slice GPU).
+	profileID               int
 	memMiB                  uint64
 	instances, sms          uint32
 	ce, dec, jpeg, enc, ofa uint32
@@ -92,12 +95,13 @@ func starts(n ...uint32) []uint32 { return n }
 // would then fit, which the hardware refuses.
 func eightSlice(mem, sms, ce, dec, jpeg, enc, ofa [7]uint32) []giRow {
 	ids := [7]int{p1, p1me, p1x2, p2, p3, p4, p7}
+	profileIDs := [7]int{19, 20, 15, 14, 9, 5, 0}
 	inst := [7]uint32{7, 1, 4, 3, 2, 1, 1}
 	size := [7]uint32{1, 1, 2, 2, 4, 4, 8}
 	st := [7][]uint32{starts(0, 1, 2, 3, 4, 5, 6), starts(0, 1, 2, 3, 4, 5, 6), starts(0, 2, 4, 6), starts(0, 2, 4), starts(0, 4), starts(0), starts(0)}
 	rows := make([]giRow, 7)
 	for i := range rows {
-		rows[i] = giRow{id: ids[i], memMiB: uint64(mem[i]), instances: inst[i], sms: sms[i],
+		rows[i] = giRow{id: ids[i], profileID: profileIDs[i], memMiB: uint64(mem[i]), instances: inst[i], sms: sms[i],
 			ce: ce[i], dec: dec[i], jpeg: jpeg[i], enc: enc[i], ofa: ofa[i],
 			placementSize: size[i], placementStarts: st[i]}
 	}
@@ -155,14 +159,15 @@ var tables = map[string][]giRow{
 	"A100-SXM4-80GB": a100(80),
 	"A100-PCIE-80GB": a100(80),
 	// A30: four memory slices; 1g.6gb, 1g.6gb+me, 2g.12gb, 2g.12gb+me,
-	// 4g.24gb. Engines from the guide's A30 table; SMs 14 per slice and
-	// memory (the mock) and placements are go-nvml's mock's.
+	// 4g.24gb. Engines and profile IDs (14, 21, 5, 6, 0) from the guide's
+	// A30 table; SMs 14 per slice and memory (the mock) and placements are
+	// go-nvml's mock's.
 	"A30-PCIE-24GB": {
-		{id: p1, memMiB: 5836, instances: 4, sms: 14, ce: 1, placementSize: 1, placementStarts: starts(0, 1, 2, 3)},
-		{id: p1me, memMiB: 5836, instances: 1, sms: 14, ce: 1, dec: 1, jpeg: 1, ofa: 1, placementSize: 1, placementStarts: starts(0, 1, 2, 3)},
-		{id: p2, memMiB: 11672, instances: 2, sms: 28, ce: 2, dec: 2, placementSize: 2, placementStarts: starts(0, 2)},
-		{id: p2me, memMiB: 11672, instances: 1, sms: 28, ce: 2, dec: 2, jpeg: 1, ofa: 1, placementSize: 2, placementStarts: starts(0, 2)},
-		{id: p4, memMiB: 23344, instances: 1, sms: 56, ce: 4, dec: 4, jpeg: 1, ofa: 1, placementSize: 4, placementStarts: starts(0)},
+		{id: p1, profileID: 14, memMiB: 5836, instances: 4, sms: 14, ce: 1, placementSize: 1, placementStarts: starts(0, 1, 2, 3)},
+		{id: p1me, profileID: 21, memMiB: 5836, instances: 1, sms: 14, ce: 1, dec: 1, jpeg: 1, ofa: 1, placementSize: 1, placementStarts: starts(0, 1, 2, 3)},
+		{id: p2, profileID: 5, memMiB: 11672, instances: 2, sms: 28, ce: 2, dec: 2, placementSize: 2, placementStarts: starts(0, 2)},
+		{id: p2me, profileID: 6, memMiB: 11672, instances: 1, sms: 28, ce: 2, dec: 2, jpeg: 1, ofa: 1, placementSize: 2, placementStarts: starts(0, 2)},
+		{id: p4, profileID: 0, memMiB: 23344, instances: 1, sms: 56, ce: 4, dec: 4, jpeg: 1, ofa: 1, placementSize: 4, placementStarts: starts(0)},
 	},
 }
 
@@ -280,7 +285,9 @@ func applyTable(p gpus.MIGProfileConfig, rows []giRow) gpus.MIGProfileConfig {
 	}
 	for _, r := range rows {
 		info := p.GpuInstanceProfiles[r.id]
-		info.Id = uint32(r.id)
+		// NVML's profile info carries the ID nvidia-smi shows, not the
+		// index it was asked for; the mock's tables give the index.
+		info.Id = uint32(r.profileID)
 		info.SliceCount = sliceCount(r.id)
 		info.InstanceCount = r.instances
 		info.MultiprocessorCount = r.sms

@@ -67,6 +67,7 @@ func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, e
 	}
 	simulateDriverSymbols(srv, m.DriverVersion)
 	sim := newSimNode(srv, modelNames)
+	sim.ciInfoParent = m.CIInfoParentDevice
 	var faults *faultSource
 	if o.faultFile != "" {
 		var err error

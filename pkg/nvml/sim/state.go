@@ -56,9 +56,13 @@ type options struct {
 //	  ]
 //	}
 //
-// IDs, profile IDs and placements are NVML's (GpuInstanceInfo,
-// ComputeInstanceInfo; placements in memory slices for GPU instances, in
-// compute slices of the GPU instance for compute instances).
+// IDs and placements are NVML's (GpuInstanceInfo, ComputeInstanceInfo;
+// placements in memory slices for GPU instances, in compute slices of the
+// GPU instance for compute instances). A GPU instance's profileId is NVML's
+// profile index (GPU_INSTANCE_PROFILE_*, 0 for a 1g), not the ID nvidia-smi
+// shows (19): the files written before the simulated profile infos carried
+// that ID hold the index, and still load. A compute instance's is its
+// profile's ID, which equals its index on every simulated GPU.
 func WithStateFile(path string) Option {
 	return func(o *options) { o.stateFile = path }
 }
@@ -103,7 +107,7 @@ type simPlacement struct {
 func (g *simGPU) snapshot() simGPUState {
 	st := simGPUState{Index: g.index, UUID: g.dev.UUID, Model: g.model, MIGEnabled: g.migMode == gonvml.DEVICE_MIG_ENABLE}
 	for _, gi := range g.sortedGIs() {
-		gs := simGIState{ID: gi.id, ProfileID: int(gi.profile.Id), Placement: simPlacement{Start: int(gi.placement.Start), Size: int(gi.placement.Size)}}
+		gs := simGIState{ID: gi.id, ProfileID: g.key(gi.profile), Placement: simPlacement{Start: int(gi.placement.Start), Size: int(gi.placement.Size)}}
 		for _, ci := range gi.sortedCIs() {
 			gs.ComputeInstances = append(gs.ComputeInstances, simCIState{
 				ID: ci.id, ProfileID: int(ci.profile.Id), UUID: ci.uuid,
