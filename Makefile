@@ -140,7 +140,7 @@ allocator-matrix:
 # CHART_ONCE: the chart's live tests whose outcome does not depend on the
 # Kubernetes version (docs/contributing.md, "Which chart live tests run on
 # every round"): they run in the first round only.
-CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment)$$
+CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment|TestLiveChartWebhookDown)$$
 e2e: build
 	@failed=""; \
 	$(STAGE) "e2e 1.35.4, DRA alpha gates on" hack/e2e.sh || failed="$$failed, 1.35.4 gated"; \

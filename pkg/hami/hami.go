@@ -7,11 +7,15 @@
 package hami
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -127,6 +131,12 @@ type Options struct {
 	// StateDir is a host directory Facet owns: it holds the ld.so.preload
 	// file and one cache directory per claim.
 	StateDir string
+	// LibrarySHA256, when set, is the SHA-256 (64 hex digits) the library
+	// must have: the hash of the libvgpu.so an operator has vetted, since
+	// it is preloaded into every tenant's container. Checked once, in
+	// NewEditor: the file is written only by the DaemonSet's init
+	// container, before the plugin starts.
+	LibrarySHA256 string
 }
 
 // Editor builds and cleans up the HAMi-core part of claims' CDI specs.
@@ -141,6 +151,11 @@ type Editor struct {
 func NewEditor(opts Options) (*Editor, error) {
 	if st, err := os.Stat(opts.LibraryPath); err != nil || st.IsDir() {
 		return nil, fmt.Errorf("HAMi-core library %s: not a file (%v); vGPU shares cannot be enforced", opts.LibraryPath, err)
+	}
+	if opts.LibrarySHA256 != "" {
+		if err := checkSHA256(opts.LibraryPath, opts.LibrarySHA256); err != nil {
+			return nil, fmt.Errorf("HAMi-core library %s: %w; it is not the library this node was set to preload into tenants' containers, so vGPU shares cannot be enforced", opts.LibraryPath, err)
+		}
 	}
 	// The per-claim directories must be writable by any container user
 	// (0777), so nothing but root on the host may reach them: their
@@ -308,4 +323,27 @@ func (e *Editor) ClaimCaches() ([]types.UID, error) {
 		}
 	}
 	return uids, nil
+}
+
+// checkSHA256 compares a file's SHA-256 with want (hex, either case).
+func checkSHA256(path, want string) error {
+	if len(want) != sha256.Size*2 {
+		return fmt.Errorf("the expected SHA-256 %q is not %d hex digits", want, sha256.Size*2)
+	}
+	if _, err := hex.DecodeString(want); err != nil {
+		return fmt.Errorf("the expected SHA-256 %q is not hex", want)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return fmt.Errorf("hash: %w", err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, want) {
+		return fmt.Errorf("SHA-256 %s, want %s", got, strings.ToLower(want))
+	}
+	return nil
 }

@@ -137,6 +137,39 @@ func TestMissingLibraryIsAnError(t *testing.T) {
 	}
 }
 
+// TestLibrarySHA256: with LibrarySHA256 set, only a library of that hash
+// is served; another, or a malformed hash, is an error naming both.
+func TestLibrarySHA256(t *testing.T) {
+	lib := filepath.Join(t.TempDir(), "libvgpu.so")
+	if err := os.WriteFile(lib, []byte("libvgpu"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// sha256("libvgpu")
+	const good = "600b1db6d5cac9f1b6996fe9244bfbbc2de5b6e6bf07bd6c1d138cd4ee7c157f"
+	for _, tc := range []struct {
+		name, sha, want string
+	}{
+		{"unset", "", ""},
+		{"the library's", strings.ToUpper(good), ""},
+		{"another", strings.Repeat("ab", 32), "SHA-256 " + good + ", want " + strings.Repeat("ab", 32)},
+		{"too short", "abc", `the expected SHA-256 "abc" is not 64 hex digits`},
+		{"not hex", strings.Repeat("zz", 32), "is not hex"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := NewEditor(Options{LibraryPath: lib, LibrarySHA256: tc.sha, StateDir: t.TempDir()})
+			if tc.want == "" {
+				if err != nil || e == nil {
+					t.Fatalf("got %v, %v", e, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "vGPU shares cannot be enforced") {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
 func cacheDir(e *Editor, uid string) string {
 	dir, err := e.CacheDir(types.UID(uid))
 	if err != nil {

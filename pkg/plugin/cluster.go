@@ -27,6 +27,7 @@ const (
 	reasonAllocatorDefect = "FacetAllocatorDefect"
 	reasonLayout          = "FacetMIGLayout"
 	reasonGPUUnusable     = "FacetGPUUnusable"
+	reasonHAMiUnavailable = "FacetHAMiCoreUnavailable"
 )
 
 // clusterFeatures is what the cluster enforces: detected, then overridden

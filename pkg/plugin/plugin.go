@@ -67,7 +67,10 @@ type Config struct {
 	KubeAPIQPS          float64
 	KubeAPIBurst        int
 
-	HAMiLibrary       string
+	HAMiLibrary string
+	// HAMiLibrarySHA256, when set, is the SHA-256 HAMiLibrary must have
+	// (hami.Options.LibrarySHA256).
+	HAMiLibrarySHA256 string
 	DestroyUnownedMIG bool
 	MPS               MPSConfig
 
@@ -167,7 +170,7 @@ func Run(ctx context.Context, f Config) error {
 			break
 		}
 	}
-	vgpu, hamiErr := openHAMi(f.HAMiLibrary, filepath.Join(f.StateDir, "vgpu"))
+	vgpu, hamiErr := openHAMi(f.HAMiLibrary, f.HAMiLibrarySHA256, filepath.Join(f.StateDir, "vgpu"))
 	if hamiErr != nil {
 		logger.Error(hamiErr, "vGPU shares that need enforcement will fail to prepare; everything else is served")
 	}
@@ -203,6 +206,9 @@ func Run(ctx context.Context, f Config) error {
 	for _, w := range inv.Warnings {
 		logger.Info("Known allocator defect", "warning", w)
 		ev.Warning(reasonAllocatorDefect, w)
+	}
+	if hamiErr != nil {
+		ev.Warning(reasonHAMiUnavailable, hamiErr.Error()+"; vGPU shares that need enforcement fail to prepare, everything else is served")
 	}
 	logger.Info("Discovered node", "simulated", f.Machine != "", "gpus", len(inv.GPUs), "driverVersion", inv.DriverVersion, "cudaDriverVersion", inv.CUDADriverVersion)
 
@@ -405,11 +411,11 @@ func reportPublished(ctx context.Context, client kubernetes.Interface, node stri
 // openHAMi sets up HAMi-core. A missing or broken library is returned as
 // the reason share claims fail, not as an error that stops the plugin:
 // whole GPUs and MIG devices do not need it.
-func openHAMi(library, stateDir string) (*hami.Editor, error) {
+func openHAMi(library, sha256, stateDir string) (*hami.Editor, error) {
 	if library == "" {
 		return nil, nil
 	}
-	return hami.NewEditor(hami.Options{LibraryPath: library, StateDir: stateDir})
+	return hami.NewEditor(hami.Options{LibraryPath: library, LibrarySHA256: sha256, StateDir: stateDir})
 }
 
 func kubeClient(kubeconfig string, qps float64, burst int) (kubernetes.Interface, error) {

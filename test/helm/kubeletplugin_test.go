@@ -98,7 +98,7 @@ var (
 		"node-name": true, "kube-api-qps": true, "kube-api-burst": true, "destroy-unowned-mig": true,
 		"feature-gates": true, "mig-layouts": true, "feature-detection-interval": true,
 		"health-addr": true, "gpu-health-probe-interval": true, "gpu-health-quiet-period": true, "pod-uid": true, "probe": true,
-		"mps": true, "mps-wait": true, "mps-check-interval": true,
+		"mps": true, "mps-wait": true, "mps-check-interval": true, "hami-library-sha256": true,
 	}
 	forbiddenFlags = map[string]string{
 		"kubeconfig": "the plugin runs in-cluster",
@@ -586,6 +586,52 @@ kubeletPlugin:
 	}
 	if got := notes(t, "kubeletPlugin: {gpuNodeSelectorTerms: []}"); strings.Contains(got, "gpuNodeSelectorTerms") {
 		t.Errorf("NOTES.txt speaks of GPU labels without a GPU rule:\n%s", got)
+	}
+}
+
+// TestHAMiCorePinned: by default HAMi-core's image is pulled by tag and its
+// library not hashed, and NOTES.txt says so; with a digest and a SHA-256,
+// the init container pulls repository@digest and the plugin gets
+// --hami-library-sha256, and NOTES.txt says nothing.
+func TestHAMiCorePinned(t *testing.T) {
+	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	const sum = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
+	for _, tc := range []struct {
+		name, values, image, sha, notes string
+	}{
+		{"default", "", "projecthami/hami:v2.9.0", "", "pulled by tag (projecthami/hami:v2.9.0) and not checked by hash"},
+		{"digest only", "kubeletPlugin: {hamiCore: {image: {digest: " + digest + "}}}", "projecthami/hami@" + digest, "", "is not checked by hash"},
+		{"pinned", "kubeletPlugin: {hamiCore: {image: {digest: " + digest + "}, librarySHA256: " + sum + "}}", "projecthami/hami@" + digest, sum, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := renderErr(t, values(t, tc.values), releaseName, releaseNamespace)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var notes string
+			for f, s := range out {
+				if strings.HasSuffix(f, "NOTES.txt") {
+					notes = s
+				}
+			}
+			if tc.notes == "" && strings.Contains(notes, "Pin what you have vetted") {
+				t.Errorf("NOTES.txt asks to pin a pinned HAMi-core:\n%s", notes)
+			}
+			if tc.notes != "" && !strings.Contains(strings.Join(strings.Fields(notes), " "), tc.notes) {
+				t.Errorf("NOTES.txt lacks %q:\n%s", tc.notes, notes)
+			}
+			flags := pluginFlags(t)
+			for _, ds := range daemonSets(t, render(t, values(t, tc.values))) {
+				if c := container(t, &ds.Spec.Template.Spec, "install-hami-core", true); c.Image != tc.image {
+					t.Errorf("%s: install-hami-core image %s, want %s", ds.Name, c.Image, tc.image)
+				}
+				c := container(t, &ds.Spec.Template.Spec, "plugin", false)
+				got, _ := parsePluginArgs(t, flags, c.Args).value(flags, "hami-library-sha256")
+				if got != tc.sha {
+					t.Errorf("%s: --hami-library-sha256=%q, want %q", ds.Name, got, tc.sha)
+				}
+			}
+		})
 	}
 }
 

@@ -35,6 +35,8 @@ func TestValuesRejected(t *testing.T) {
 		{"zero QPS", "kubeletPlugin: {kubeAPI: {qps: 0}}", []string{"qps"}},
 		{"bad pull policy", "kubeletPlugin: {hamiCore: {image: {pullPolicy: Sometimes}}}", []string{"pullPolicy"}},
 		{"relative HAMi-core source", "kubeletPlugin: {hamiCore: {librarySource: libvgpu.so}}", []string{"librarySource"}},
+		{"HAMi-core digest without algorithm", "kubeletPlugin: {hamiCore: {image: {digest: 0123}}}", []string{"digest"}},
+		{"HAMi-core library hash not hex", "kubeletPlugin: {hamiCore: {librarySHA256: nothex}}", []string{"librarySHA256"}},
 		{"bad failure policy", "admission: {webhook: {failurePolicy: Maybe}}", []string{"failurePolicy"}},
 		{"unknown TLS mode", "admission: {webhook: {tls: {mode: helm}}}", []string{"tls/mode"}},
 		{"secret TLS without a Secret", "admission: {webhook: {tls: {mode: secret, secret: {caBundle: " + testCABundle + "}}}}", []string{"admission.webhook.tls.secret.name is required"}},

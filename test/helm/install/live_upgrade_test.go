@@ -224,11 +224,52 @@ spec:
 			t.Errorf("claim %s: %v", uid, err)
 		}
 	}
-	// The old pod's claims are unprepared through the new pod, the only
-	// instance left.
+	// `helm rollback` to the first revision while claims of both pods are
+	// prepared: two more claims prepared by the new pod, then the DaemonSet
+	// rolls back to the old tag. The rolled-back plugin reads every record
+	// (each written by this build's format: docs/guarantees.md, "Upgrade
+	// and downgrade", for records of the next minor), prepares a new claim, and
+	// unprepares the others below. One build tagged twice, so this shows the
+	// chart's path back down, not a format change; TestRollback (pkg/
+	// checkpoint) reads the next minor's records.
+	var after []types.UID
+	for i := range 2 {
+		name := fmt.Sprintf("after-%d", i)
+		r.must(t, gpuPod(name), "apply", "-f", "-")
+		if err := running(name, 2*time.Minute); err != nil {
+			t.Fatalf("%v\nplugin log:\n%s", err, r.pluginLog(cur.Name))
+		}
+		after = append(after, r.claimOf(t, upgradeNS, name).UID)
+	}
+	rb := action.NewRollback(r.cfg)
+	rb.Version, rb.Timeout, rb.Wait = 1, 3*time.Minute, false
+	rollbackStart := time.Now()
+	if err := rb.Run(chartRelease); err != nil {
+		t.Fatalf("helm rollback to revision 1: %v", err)
+	}
+	back := r.waitPlugin(t, r.tag, 3*time.Minute)
+	t.Logf("helm rollback: plugin pod %s (tag %s) Ready, %s after the rollback began, with %d claims prepared", back.Name, r.tag, time.Since(rollbackStart).Round(time.Millisecond), len(before)+len(after))
+	r.must(t, gpuPod("after-rollback"), "apply", "-f", "-")
+	if err := running("after-rollback", 2*time.Minute); err != nil {
+		t.Fatalf("a new claim after the rollback: %v\nplugin log:\n%s", err, r.pluginLog(back.Name))
+	}
+	rolledBack := append(append([]types.UID(nil), after...), r.claimOf(t, upgradeNS, "after-rollback").UID)
+	for i, name := range []string{"after-0", "after-1", "after-rollback"} {
+		r.must(t, "", "delete", "pod", "-n", upgradeNS, name, "--wait=true", "--timeout=90s")
+		uid := rolledBack[i]
+		testenv.WaitFor(t, "claim "+string(uid)+" unprepared by the rolled-back pod", time.Minute, func() (bool, error) {
+			c, e1 := r.record(uid)
+			_, e2 := os.Stat(r.specPath(uid))
+			return c == nil && e1 == nil && os.IsNotExist(e2), fmt.Errorf("record: %v (%v), spec: %v", c != nil, e1, e2)
+		})
+	}
+	cur = back
+
+	// The old pod's claims are unprepared through the rolled-back pod, the
+	// only instance left.
 	for i, uid := range before {
 		r.must(t, "", "delete", "pod", "-n", upgradeNS, fmt.Sprintf("before-%d", i), "--wait=true", "--timeout=90s")
-		testenv.WaitFor(t, "claim "+string(uid)+" unprepared by the new pod (record and CDI spec removed)", time.Minute, func() (bool, error) {
+		testenv.WaitFor(t, "claim "+string(uid)+" unprepared by the rolled-back pod (record and CDI spec removed)", time.Minute, func() (bool, error) {
 			c, e1 := r.record(uid)
 			_, e2 := os.Stat(r.specPath(uid))
 			return c == nil && e1 == nil && os.IsNotExist(e2), fmt.Errorf("record: %v (%v), spec: %v", c != nil, e1, e2)
@@ -236,8 +277,8 @@ spec:
 	}
 	newLog := r.pluginLog(cur.Name)
 	unprepared := strings.Count(newLog, `"Unprepared claim"`)
-	if unprepared < len(before) {
-		t.Errorf("the new pod logged %d unprepares, want at least the %d old claims'", unprepared, len(before))
+	if want := len(before) + len(rolledBack); unprepared < want {
+		t.Errorf("the rolled-back pod logged %d unprepares, want at least the %d claims'", unprepared, want)
 	}
 	evs, err := r.client.CoreV1().Events(upgradeNS).List(ctx, metav1.ListOptions{})
 	if err != nil {

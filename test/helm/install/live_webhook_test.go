@@ -13,6 +13,7 @@ import (
 	"github.com/facet-gpu/facet/internal/testenv"
 
 	"helm.sh/helm/v3/pkg/action"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -159,4 +160,88 @@ spec:
 			t.Errorf("the webhook pod's log lacks %s:\n%s", w, log)
 		}
 	}
+}
+
+// TestLiveChartWebhookDown: the chart's webhooks cannot stall scheduling.
+// With the plugin and the webhook installed, a claim with a Facet config is
+// admitted; then the webhook is scaled to zero. A new claim with a config
+// is refused (failurePolicy Fail: CREATE is validated), but the existing
+// claim's pod schedules and runs and, once deleted, the claim is
+// deallocated and removed: the scheduler's allocation, the finalizers,
+// reservedFor and the kubelet's status are UPDATEs, which the chart's
+// webhook does not see.
+func TestLiveChartWebhookDown(t *testing.T) {
+	r := newChartRig(t)
+	ctx := context.Background()
+	vals := r.values(t, r.tag, "mode: exclusive")
+	vals["admission"].(map[string]any)["webhook"] = values(t, fmt.Sprintf(`
+enabled: true
+replicas: 1
+hostNetwork: true
+port: 9443
+logVerbosity: 4
+namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
+`, chartNS))
+	r.install(t, vals)
+	plugin := r.waitPlugin(t, r.tag, 2*time.Minute)
+	t.Logf("plugin pod %s Ready (%s)", plugin.Name, r.since())
+	r.webhookServes(ctx, t, "down")
+
+	claim := func(name string) string {
+		return `apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: ` + name + `, namespace: ` + chartNS + `}
+spec:
+  devices:
+    requests:
+    - {name: gpu, exactly: {deviceClassName: gpu.facet.dev}}
+    config:
+    - opaque: {driver: gpu.facet.dev, parameters: {apiVersion: gpu.facet.dev/v1alpha1, kind: GpuConfig}}
+`
+	}
+	r.must(t, claim("held"), "apply", "-f", "-")
+	t.Cleanup(func() { _, _ = r.run("", "delete", "resourceclaim", "-n", chartNS, "held", "--wait=false") })
+
+	r.must(t, "", "scale", "deployment", "-n", chartNS, "facet-webhook", "--replicas=0")
+	testenv.WaitFor(t, "the webhook down: a new claim with a Facet config refused for want of it", 2*time.Minute, func() (bool, error) {
+		out, err := r.run(claim("while-down"), "create", "-f", "-")
+		if err == nil {
+			_, _ = r.run("", "delete", "resourceclaim", "-n", chartNS, "while-down")
+			return false, fmt.Errorf("admitted: %s", out)
+		}
+		return strings.Contains(out, "failed calling webhook"), fmt.Errorf("%v: %s", err, out)
+	})
+	t.Logf("webhook down (%s)", r.since())
+
+	pod := `apiVersion: v1
+kind: Pod
+metadata: {name: held, namespace: ` + chartNS + `}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: c, image: facet.local/busybox:1, imagePullPolicy: Never, command: [sleep, "86400"], resources: {claims: [{name: gpu}]}}
+  resourceClaims:
+  - {name: gpu, resourceClaimName: held}
+`
+	r.must(t, pod, "apply", "-f", "-")
+	testenv.WaitFor(t, "the pod of the configured claim Running with the webhook down", 2*time.Minute, func() (bool, error) {
+		p, err := r.client.CoreV1().Pods(chartNS).Get(ctx, "held", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return p.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s", p.Status.Phase)
+	})
+	t.Logf("pod Running with the webhook down (%s)", r.since())
+
+	r.must(t, "", "delete", "pod", "-n", chartNS, "held", "--wait=true", "--timeout=90s")
+	testenv.WaitFor(t, "the claim deallocated with the webhook down", 2*time.Minute, func() (bool, error) {
+		c, err := r.client.ResourceV1().ResourceClaims(chartNS).Get(ctx, "held", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return c.Status.Allocation == nil && len(c.Status.ReservedFor) == 0, fmt.Errorf("allocation %v, reservedFor %v", c.Status.Allocation != nil, c.Status.ReservedFor)
+	})
+	r.must(t, "", "delete", "resourceclaim", "-n", chartNS, "held", "--wait=true", "--timeout=60s")
+	t.Logf("claim deallocated and deleted with the webhook down (%s)", r.since())
 }

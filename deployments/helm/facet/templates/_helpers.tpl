@@ -34,7 +34,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 
 {{- define "facet.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+{{- end }}
+
+{{/* HAMi-core's image: by digest when one is set (docs/operations.md,
+"Pinning HAMi-core"). */}}
+{{- define "facet.hamiCoreImage" -}}
+{{- $i := .Values.kubeletPlugin.hamiCore.image -}}
+{{- if $i.digest -}}
+{{ $i.repository }}@{{ $i.digest }}
+{{- else -}}
+{{ $i.repository }}:{{ $i.tag }}
+{{- end }}
 {{- end }}
 
 {{- define "facet.pluginServiceAccount" -}}
