@@ -12,7 +12,7 @@ RUN_DIR ?= /tmp/facet-run
 all: build
 
 ## build: every binary for the demo and the end-to-end tests. -tags facetsim
-## links the simulator (pkg/nvml/sim) into facet-kubeletplugin, for --machine.
+## links the simulator (internal/nvml/sim) into facet-kubeletplugin, for --machine.
 build:
 	$(GO) build -tags facetsim -o $(BIN)/ ./cmd/...
 	# The plugin with test failpoints ($$FACET_FAILPOINT), for test/e2e
@@ -111,11 +111,11 @@ STAGE := hack/stage.sh
 unit:
 	$(STAGE) "unit: go vet" $(GO) vet ./...
 	$(STAGE) "unit: go vet -tags facetsim" $(GO) vet -tags facetsim ./cmd/...
-	# -timeout: go test's default is 10 minutes per package; pkg/driver
+	# -timeout: go test's default is 10 minutes per package; pkg/node/driver
 	# (its crash matrix) took over 10 minutes for -count=3 on 2 cores at
 	# load 35-50, which leaves one run little margin on a loaded machine.
 	# The bound only turns a hang into a failure.
-	$(STAGE) "unit: go test" $(GO) test -timeout 30m ./api/... ./pkg/... ./cmd/... ./test/allocator/... ./hack/kueue-webhooks/
+	$(STAGE) "unit: go test" $(GO) test -timeout 30m ./api/... ./pkg/... ./internal/... ./cmd/... ./test/allocator/... ./hack/kueue-webhooks/
 	# The Helm chart, rendered with Helm as a library (its own module, so
 	# Helm's dependencies stay out of Facet's go.mod).
 	cd test/helm && ../../$(STAGE) "unit: Helm chart" $(GO) test ./...
@@ -176,10 +176,10 @@ FUZZTIME ?= 60s
 FUZZFLAGS ?=
 FUZZ_TARGETS := \
 	./api/gpu.facet.dev/v1alpha1:FuzzDecode \
-	./pkg/checkpoint:FuzzDecode \
-	./pkg/nvml/sim:FuzzParseMachine \
-	./pkg/cdi:FuzzDeviceNames \
-	./pkg/claimuid:FuzzValidate
+	./pkg/node/checkpoint:FuzzDecode \
+	./internal/nvml/sim:FuzzParseMachine \
+	./pkg/node/cdi:FuzzDeviceNames \
+	./pkg/node/claimuid:FuzzValidate
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \
@@ -192,7 +192,7 @@ fuzz-smoke:
 	$(MAKE) fuzz FUZZTIME=5s
 
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./pkg/... ./test/allocator/...
+	$(GO) test -run '^$$' -bench . -benchmem ./pkg/... ./internal/... ./test/allocator/...
 
 ## bench-scale: scheduling throughput and latency through a real kube-apiserver
 ## and kube-scheduler with 100 and 500 bare Nodes of Facet's slices and of

@@ -21,7 +21,7 @@
 # it is static (hack/build-cdi-hook.sh). The webhook is static
 # (CGO_ENABLED=0; in the --sim image it is linked like the rest, below).
 # The plugin, facetctl and facet-preemptor (through
-# pkg/occupancy's MIG profile tables) link go-nvml, whose bindings dlopen
+# pkg/cluster/occupancy's MIG profile tables) link go-nvml, whose bindings dlopen
 # libnvidia-ml.so.1 through cgo: they are linked dynamically against glibc,
 # which must then be in the image, since a static glibc binary cannot safely
 # dlopen a library that needs the shared libc. The glibc is Debian 12's
@@ -103,7 +103,7 @@ glibc_root() {
 
 # dash_bin ARCH DIR: Debian's dash at DIR/bin/dash, from the .deb (downloaded
 # once into the cache). The simulated driver root's MPS stand-in
-# (pkg/mps/mpssim.WriteRoot, which the plugin's layout runs in the
+# (internal/mps/mpssim.WriteRoot, which the plugin's layout runs in the
 # container) copies a dynamically linked shell into the root, to run there
 # chrooted with the root's own loader and libc; the image's busybox is
 # static and its /bin/sh is busybox.
@@ -191,7 +191,7 @@ for platform in ${PLATFORMS}; do
     mkdir -p "${app}/bin"
     cp "${BUSYBOX_BIN:-/bin/busybox}" "${app}/bin/busybox"
     # The simulated driver root's nvidia-cuda-mps-control stand-in
-    # (pkg/mps/mpssim), which the plugin runs, needs the rest.
+    # (internal/mps/mpssim), which the plugin runs, needs the rest.
     for applet in sh cp chmod mv cmp cat date id kill mkdir mkfifo rm setsid sleep; do ln -sf busybox "${app}/bin/${applet}"; done
     dash_bin "${arch}" "${app}"
   fi

@@ -16,9 +16,9 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/facet-gpu/facet/pkg/healthz"
-	"github.com/facet-gpu/facet/pkg/names"
-	"github.com/facet-gpu/facet/pkg/plugin"
+	"github.com/facet-gpu/facet/pkg/model/names"
+	"github.com/facet-gpu/facet/pkg/node/healthz"
+	"github.com/facet-gpu/facet/pkg/node/plugin"
 )
 
 // flags is the command line: the plugin's configuration, and --probe,

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/model/inventory"
 )
 
 func TestParseFlags(t *testing.T) {

@@ -5,10 +5,10 @@ package main
 import (
 	"errors"
 
-	"github.com/facet-gpu/facet/pkg/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvml"
 )
 
-// The shipped build links neither the simulator (pkg/nvml/sim) nor
+// The shipped build links neither the simulator (internal/nvml/sim) nor
 // go-nvml's mock, so it cannot simulate a node.
 var errNoSimulator = errors.New("--machine: this facet-kubeletplugin is built without the simulator (build with -tags facetsim, as `make build` does)")
 

@@ -32,7 +32,7 @@ func TestShippedBuildLinksNoSimulator(t *testing.T) {
 		var sim []string
 		for _, pkg := range strings.Fields(string(out)) {
 			if strings.HasPrefix(pkg, "github.com/NVIDIA/go-nvml/pkg/nvml/mock") ||
-				pkg == "github.com/facet-gpu/facet/pkg/nvml/sim" || pkg == "github.com/facet-gpu/facet/pkg/mps/mpssim" {
+				pkg == "github.com/facet-gpu/facet/internal/nvml/sim" || pkg == "github.com/facet-gpu/facet/internal/mps/mpssim" {
 				sim = append(sim, pkg)
 			}
 		}

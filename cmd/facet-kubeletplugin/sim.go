@@ -5,8 +5,8 @@ package main
 import (
 	"path/filepath"
 
-	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/nvml"
 )
 
 // openMachine simulates the node of a machine file; its MIG state lives in

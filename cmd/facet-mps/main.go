@@ -1,7 +1,7 @@
 // Command facet-mps keeps a node's NVIDIA MPS control daemons, one per GPU
 // whose vGPU shares or slots MPS partitions, for the kubelet plugin, which
 // asks for them on a unix socket. It runs apart from the plugin so that the
-// daemons outlive the plugin's restarts and upgrades. See pkg/mps/service
+// daemons outlive the plugin's restarts and upgrades. See pkg/node/mps/service
 // and docs/mps.md.
 package main
 
@@ -14,7 +14,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/facet-gpu/facet/pkg/mps/service"
+	"github.com/facet-gpu/facet/pkg/node/mps/service"
 )
 
 func main() {

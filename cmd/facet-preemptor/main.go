@@ -1,7 +1,7 @@
 // Command facet-preemptor evicts lower-priority pods for pods whose
 // ResourceClaims for Facet's devices cannot be allocated, which the
 // kube-scheduler does not do for DRA claims through Kubernetes 1.37
-// (KEP-5690). See pkg/preempt and docs/preemption.md.
+// (KEP-5690). See pkg/cluster/preempt and docs/preemption.md.
 package main
 
 import (
@@ -13,7 +13,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/facet-gpu/facet/pkg/preempt/controller"
+	"github.com/facet-gpu/facet/pkg/cluster/preempt/controller"
 )
 
 func main() {

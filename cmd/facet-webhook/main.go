@@ -1,7 +1,7 @@
 // Command facet-webhook is Facet's admission webhook. It refuses
 // ResourceClaims, ResourceClaimTemplates and DeviceClasses whose opaque
 // config for gpu.facet.dev the kubelet plugin would refuse (see
-// pkg/webhook), and with --mutate-pods it rewrites pods that ask for
+// pkg/cluster/webhook), and with --mutate-pods it rewrites pods that ask for
 // extended resources (nvidia.com/gpu, nvidia.com/mig-<profile>, HAMi's and
 // Volcano's vGPUs) into DRA claims where the cluster does not map them
 // itself. It serves HTTPS only; the certificate and key files are re-read
@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
-	"github.com/facet-gpu/facet/pkg/webhook"
+	"github.com/facet-gpu/facet/pkg/cluster/webhook"
 )
 
 func main() {
@@ -44,7 +44,7 @@ func main() {
 	fs.StringVar(&kueue, "kueue", string(webhook.KueueOff),
 		"write claims Kueue's deviceClassMappings can count (docs/kueue.md): on (vGPU sizes become claims of the sized DeviceClasses of facetctl classes, with no CEL and no config, and pods are rewritten whatever DRAExtendedResource), off, or auto (on while the API server serves kueue.x-k8s.io)")
 	fs.BoolVar(&preferMIG, "prefer-existing-mig", true, "write a MIG claim as a prioritized list: an instance that exists (static-mig), then a carve on a GPU already in MIG use, then any carve (needs DRAPrioritizedList, on by default from Kubernetes 1.34; not in Kueue mode)")
-	fs.StringVar(&mapFile, "extended-resource-map", "", "YAML or JSON file of the extended resources to rewrite and their DeviceClasses; default: the built-in table (see pkg/webhook DefaultExtendedResourceMap)")
+	fs.StringVar(&mapFile, "extended-resource-map", "", "YAML or JSON file of the extended resources to rewrite and their DeviceClasses; default: the built-in table (see pkg/cluster/webhook DefaultExtendedResourceMap)")
 	fs.DurationVar(&recheck, "extended-resource-recheck-interval", time.Minute, "how often to re-check, and log a change of, whether pods are rewritten")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --mutate-pods; default: the in-cluster service account")
 	klog.InitFlags(fs)

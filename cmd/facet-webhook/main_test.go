@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/facet-gpu/facet/pkg/webhook"
+	"github.com/facet-gpu/facet/pkg/cluster/webhook"
 )
 
 // TestRunRefusesBadPodMutatorSettings: a bad setting stops the webhook at

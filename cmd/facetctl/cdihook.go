@@ -5,7 +5,7 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/facet-gpu/facet/pkg/cdihook"
+	"github.com/facet-gpu/facet/pkg/node/cdihook"
 )
 
 func runInstallCDIHook(args []string) error {

@@ -9,12 +9,12 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/facet-gpu/facet/pkg/classes"
-	"github.com/facet-gpu/facet/pkg/fit"
+	"github.com/facet-gpu/facet/pkg/cluster/classes"
+	"github.com/facet-gpu/facet/pkg/cluster/fit"
 )
 
 // runClasses prints the DeviceClasses a quota system such as Kueue counts
-// by name (pkg/classes), for the shapes the nodes publish.
+// by name (pkg/cluster/classes), for the shapes the nodes publish.
 func runClasses(args []string) error {
 	fs := flag.NewFlagSet("classes", flag.ExitOnError)
 	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster whose ResourceSlices to read (default $KUBECONFIG)")

@@ -9,8 +9,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/facet-gpu/facet/pkg/features"
-	"github.com/facet-gpu/facet/pkg/fit"
+	"github.com/facet-gpu/facet/pkg/cluster/fit"
+	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 func runFit(args []string) error {

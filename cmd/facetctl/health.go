@@ -13,9 +13,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/facet-gpu/facet/pkg/gpuhealth"
-	"github.com/facet-gpu/facet/pkg/names"
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/names"
+	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
 )
 
 // defaultStateDir is the demo node's plugin state directory:

@@ -16,12 +16,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/facet-gpu/facet/pkg/features"
-	"github.com/facet-gpu/facet/pkg/inventory"
-	"github.com/facet-gpu/facet/pkg/miglayout"
-	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/resourceslices"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/features"
+	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/miglayout"
+	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
 const usage = `facetctl: Facet's operator CLI

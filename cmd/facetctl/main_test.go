@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/nvml"
 )
 
 const machine = "../../demo/machines/dgx-h100.yaml"

@@ -15,11 +15,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
 
-	"github.com/facet-gpu/facet/pkg/inventory"
-	"github.com/facet-gpu/facet/pkg/nodecheck"
-	"github.com/facet-gpu/facet/pkg/nodecheck/probe"
-	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/node/nodecheck"
+	"github.com/facet-gpu/facet/pkg/node/nodecheck/probe"
 )
 
 // errNodeCheckFailed: the check ran and found a failure or a problem; its

@@ -9,7 +9,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/facet-gpu/facet/pkg/occupancy"
+	"github.com/facet-gpu/facet/pkg/cluster/occupancy"
 )
 
 func runOccupancy(args []string) error {

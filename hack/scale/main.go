@@ -19,7 +19,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/facet-gpu/facet/pkg/fit"
+	"github.com/facet-gpu/facet/pkg/cluster/fit"
 	"github.com/facet-gpu/facet/test/scale"
 )
 

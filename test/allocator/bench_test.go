@@ -11,9 +11,9 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/facet-gpu/facet/pkg/inventory"
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/resourceslices"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 	"github.com/facet-gpu/facet/test/scale"
 )
 

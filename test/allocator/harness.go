@@ -3,11 +3,11 @@
 // the same code the kube-scheduler runs, so that what the slice model claims
 // is checked against Kubernetes rather than against assumptions.
 //
-// The wrapper around the allocator lives in pkg/fit, which `facetctl fit`
+// The wrapper around the allocator lives in pkg/cluster/fit, which `facetctl fit`
 // also runs against a live cluster; these names keep the tests short.
 package allocator
 
-import "github.com/facet-gpu/facet/pkg/fit"
+import "github.com/facet-gpu/facet/pkg/cluster/fit"
 
 // Cluster is a set of nodes' slices, DeviceClasses and allocations so far.
 type Cluster = fit.Cluster

@@ -10,15 +10,15 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/nvml"
 )
 
 // The "iff" property: for every MIG-capable model, a set of MIG placements
 // on one GPU is allocated by the upstream allocator, fed Facet's slices, if
 // and only if the hardware can create those GPU instances together.
 //
-// "The hardware" is pkg/nvml's simulated NVML ((*nvml.Library)
+// "The hardware" is pkg/model/nvml's simulated NVML ((*nvml.Library)
 // CanCreateTogether), which refuses what NVML refuses: overlapping memory
 // slices, a profile's InstanceCount exceeded, more compute slices or engines
 // than the GPU has (which makes "+me" unique). refAllows below is an

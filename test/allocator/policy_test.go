@@ -18,7 +18,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
 )
 
 // The demo node's layout: MIG on GPUs 0-3, vGPU shares on 4-7.

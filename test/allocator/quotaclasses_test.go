@@ -10,10 +10,10 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/facet-gpu/facet/pkg/classes"
+	"github.com/facet-gpu/facet/pkg/cluster/classes"
 )
 
-// The classes of `facetctl classes` (pkg/classes) are what a quota system
+// The classes of `facetctl classes` (pkg/cluster/classes) are what a quota system
 // such as Kueue counts by name: a claim that names one of them and nothing
 // else must get exactly the shape the class stands for, as many times as
 // the node has it, and no other. Each class is tried on a fresh node until

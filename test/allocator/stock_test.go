@@ -8,12 +8,12 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/facet-gpu/facet/pkg/features"
-	"github.com/facet-gpu/facet/pkg/inventory"
-	"github.com/facet-gpu/facet/pkg/miglayout"
-	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/resourceslices"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/features"
+	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/miglayout"
+	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
 var stockGates = features.Stock("test")

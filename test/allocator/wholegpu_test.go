@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
 )
 
 var facetctl string

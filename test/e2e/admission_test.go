@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 // admissionNamespace is this test's own namespace, so that the other tests'

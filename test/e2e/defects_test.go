@@ -13,7 +13,7 @@ import (
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/facet-gpu/facet/internal/testenv"
-	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 // TestAllocatorDefects: the plugin knows the defects of the cluster's own

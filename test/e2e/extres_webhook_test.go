@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/facet-gpu/facet/internal/testenv"
-	"github.com/facet-gpu/facet/pkg/webhook"
+	"github.com/facet-gpu/facet/pkg/cluster/webhook"
 )
 
 // mutateLabel selects the pods this test's webhook configuration sends to

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/facet-gpu/facet/internal/testenv"
-	"github.com/facet-gpu/facet/pkg/features"
-	"github.com/facet-gpu/facet/pkg/mps/service"
+	"github.com/facet-gpu/facet/pkg/model/features"
+	"github.com/facet-gpu/facet/pkg/node/mps/service"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"

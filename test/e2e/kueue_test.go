@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/facet-gpu/facet/internal/testenv"
-	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 // TestKueue runs Kueue v0.17.0 (hack/kueue.sh, built by hack/build-kueue.sh)

@@ -13,8 +13,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/facet-gpu/facet/pkg/features"
-	"github.com/facet-gpu/facet/pkg/mps/mpssim"
+	"github.com/facet-gpu/facet/internal/mps/mpssim"
+	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 // TestMPS: two shares of one GPU (consumable capacity with the gates on,

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 // facetctlOut runs bin/facetctl against the node and returns its output

@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 // extendedResourcePod is a pod as written for NVIDIA's device plugin: no

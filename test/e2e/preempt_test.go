@@ -17,8 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/facet-gpu/facet/internal/testenv"
-	"github.com/facet-gpu/facet/pkg/features"
-	"github.com/facet-gpu/facet/pkg/preempt/controller"
+	"github.com/facet-gpu/facet/pkg/cluster/preempt/controller"
+	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 // The PriorityClasses of TestPreempt: batch work, more valued work, and

@@ -21,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/uuid"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 // draClient talks to the plugin's socket exactly as the kubelet does.

@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/facet-gpu/facet/pkg/features"
+	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 // stockModes are the GA shapes on the dgx-h100: GPUs 0-1 carved by Facet

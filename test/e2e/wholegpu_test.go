@@ -18,9 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/facet-gpu/facet/pkg/checkpoint"
-	"github.com/facet-gpu/facet/pkg/inventory"
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 )
 
 // gpuInfo is what the published slices say about each whole-GPU device.
@@ -57,7 +57,7 @@ func hasRecord(t *testing.T, uid types.UID) bool {
 	return c != nil
 }
 
-// autoModes is the mode the plugin's auto policy (pkg/inventory) gives
+// autoModes is the mode the plugin's auto policy (pkg/model/inventory) gives
 // each GPU of the machine file demo/machines/<machine>.yaml, without MIG
 // instances, on this node's cluster (e.gates, with its server version), by
 // NVML index.

@@ -21,8 +21,8 @@ import (
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
 
-	"github.com/facet-gpu/facet/pkg/inventory"
-	"github.com/facet-gpu/facet/pkg/names"
+	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/names"
 )
 
 // pluginFlag is one flag of cmd/facet-kubeletplugin, read from its source.

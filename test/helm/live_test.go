@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/facet-gpu/facet/internal/testenv"
-	"github.com/facet-gpu/facet/pkg/checkpoint"
-	"github.com/facet-gpu/facet/pkg/claimstatus"
-	"github.com/facet-gpu/facet/pkg/names"
+	"github.com/facet-gpu/facet/pkg/model/names"
+	"github.com/facet-gpu/facet/pkg/node/checkpoint"
+	"github.com/facet-gpu/facet/pkg/node/claimstatus"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"

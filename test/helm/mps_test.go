@@ -10,7 +10,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/facet-gpu/facet/pkg/mps/service"
+	"github.com/facet-gpu/facet/pkg/node/mps/service"
 )
 
 // TestMPSDaemonSet: facet-mps (templates/mps.yaml) runs beside each node

@@ -13,7 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
-	"github.com/facet-gpu/facet/pkg/webhook"
+	"github.com/facet-gpu/facet/pkg/cluster/webhook"
 )
 
 // TestPodMutatorOffByDefault: the pod mutator is opt-in; without it the

@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 
-	"github.com/facet-gpu/facet/pkg/preempt/controller"
+	"github.com/facet-gpu/facet/pkg/cluster/preempt/controller"
 )
 
 const preemptorName = releaseName + "-preemptor"

@@ -37,7 +37,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/facet-gpu/facet/internal/testenv"
-	"github.com/facet-gpu/facet/pkg/names"
+	"github.com/facet-gpu/facet/pkg/model/names"
 )
 
 // gpuNode is one node hack/multinode.sh adds: its name (the pool's), the

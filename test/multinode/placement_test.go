@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
-	"github.com/facet-gpu/facet/pkg/names"
+	"github.com/facet-gpu/facet/pkg/model/names"
 )
 
 // TestNodesPublish checks the cluster the other tests rely on: each GPU

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 )
 
 // TestPluginRestart restarts one node's plugin while pods start on the

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
-	"github.com/facet-gpu/facet/pkg/inventory"
+	"github.com/facet-gpu/facet/pkg/model/inventory"
 )
 
 // NVIDIA's DRA driver for GPUs (github.com/NVIDIA/k8s-dra-driver-gpu,
@@ -143,7 +143,7 @@ func nvidiaCommon(inv *inventory.Inventory, g *inventory.GPU) map[resourceapi.Qu
 }
 
 // nvidiaSlice is the one ResourceSlice of a node's pool, named as
-// pkg/resourceslices names Facet's.
+// pkg/model/resourceslices names Facet's.
 func nvidiaSlice(node string, devs []resourceapi.Device) []*resourceapi.ResourceSlice {
 	return []*resourceapi.ResourceSlice{{
 		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceSlice"},

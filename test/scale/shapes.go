@@ -14,12 +14,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/facet-gpu/facet/pkg/features"
-	"github.com/facet-gpu/facet/pkg/inventory"
-	"github.com/facet-gpu/facet/pkg/miglayout"
-	"github.com/facet-gpu/facet/pkg/nvml"
-	"github.com/facet-gpu/facet/pkg/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/resourceslices"
+	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/features"
+	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/miglayout"
+	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
 // domain is Facet's attribute and capacity domain.

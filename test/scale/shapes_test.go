@@ -5,8 +5,8 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/facet-gpu/facet/pkg/fit"
-	"github.com/facet-gpu/facet/pkg/resourceslices"
+	"github.com/facet-gpu/facet/pkg/cluster/fit"
+	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
 // TestShapes checks that every shape of the benchmark builds for the DGX

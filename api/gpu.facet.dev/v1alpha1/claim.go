@@ -8,7 +8,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 
-	"github.com/facet-gpu/facet/pkg/names"
+	"github.com/facet-gpu/facet/pkg/model/names"
 )
 
 // entry is one decoded opaque config of this driver.

@@ -4,7 +4,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/facet-gpu/facet/pkg/names"
+	"github.com/facet-gpu/facet/pkg/model/names"
 )
 
 const (

@@ -2,7 +2,7 @@
 // local node. A package of its own: Helm's action package links Go's
 // plugin package, which makes the test binary bind every symbol at load
 // time (BIND_NOW), and go-nvml's unresolved NVML symbols, which the chart
-// tests' imports of pkg/inventory bring, then fail to load.
+// tests' imports of pkg/model/inventory bring, then fail to load.
 package install
 
 import (
@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/facet-gpu/facet/internal/testenv"
-	"github.com/facet-gpu/facet/pkg/checkpoint"
+	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"

@@ -1,0 +1,316 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/facet-gpu/facet/pkg/cluster/fit"
+	"github.com/facet-gpu/facet/pkg/cluster/preempt"
+	"github.com/facet-gpu/facet/pkg/model/features"
+)
+
+// Config is facet-preemptor's command line.
+type Config struct {
+	// Kubeconfig; empty: the in-cluster service account.
+	Kubeconfig string
+	// FeatureGates override the DRA gates read from the API server, for a
+	// kube-scheduler that runs others (features.ParseOverrides syntax).
+	FeatureGates string
+	// SchedulerPreempts is auto, true or false (StepAside).
+	SchedulerPreempts SchedulerMode
+	// PreemptionGates are the gates that give the scheduler DRA preemption.
+	PreemptionGates []string
+	// LeaderElect: only the holder of the Lease LeaseNamespace/LeaseName
+	// preempts.
+	LeaderElect               bool
+	LeaseNamespace, LeaseName string
+	// MetricsAddr serves /metrics and /healthz; empty: not served.
+	MetricsAddr string
+	// CacheSyncTimeout: /healthz fails once the preemption controller
+	// has waited this long for its informers (missing list or watch
+	// rights, an API server that does not answer), so that the kubelet
+	// restarts the pod rather than leave a leader that never preempts.
+	CacheSyncTimeout time.Duration
+	// Timeout, Backoff, MaxBackoff, Resync: see Options.
+	Timeout, Backoff, MaxBackoff, Resync time.Duration
+	// ProtectedNamespaces: their pods are never evicted. Complete adds
+	// POD_NAMESPACE, where the preemptor (and Facet) runs; kube-system is
+	// always protected (preempt.Protection).
+	ProtectedNamespaces []string
+	// MaxEvictionsPerMinute: see Options; 0 is no cap.
+	MaxEvictionsPerMinute int
+	// ObserveOnly: see Options.
+	ObserveOnly bool
+
+	mode, gates, protected string
+}
+
+// AddFlags defines facet-preemptor's flags on fs; Complete checks them.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig; default: the in-cluster service account")
+	fs.StringVar(&c.FeatureGates, "feature-gates", "", "the kube-scheduler's DRA gates where they differ from the API server's (DRAPartitionableDevices=true,...); applied over what its /metrics says")
+	fs.StringVar(&c.mode, "scheduler-preempts-claims", string(SchedulerAuto), "auto (read the API server's feature gates), true (the kube-scheduler preempts for DRA claims: stay idle) or false (it does not: preempt)")
+	fs.StringVar(&c.gates, "scheduler-preemption-gates", strings.Join(SchedulerPreemptionGates, ","), "feature gates that give the kube-scheduler DRA preemption, for auto")
+	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "preempt only while holding the leader Lease (run several replicas)")
+	fs.StringVar(&c.LeaseNamespace, "leader-elect-namespace", envOr("POD_NAMESPACE", "default"), "namespace of the leader Lease")
+	fs.StringVar(&c.LeaseName, "leader-elect-name", "facet-preemptor", "name of the leader Lease")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address for /metrics and /healthz; empty: none")
+	fs.DurationVar(&c.CacheSyncTimeout, "cache-sync-timeout", 2*time.Minute, "/healthz fails once the preemption controller has waited this long for its informers to sync")
+	fs.DurationVar(&c.Timeout, "preemption-timeout", 2*time.Minute, "how long one preemption may take, from the evictions to the preemptor scheduled, before it is given up")
+	fs.DurationVar(&c.Backoff, "backoff", 10*time.Second, "first wait before preempting again for a pod whose preemption did not get it scheduled; doubles each time")
+	fs.DurationVar(&c.MaxBackoff, "max-backoff", 5*time.Minute, "longest such wait")
+	fs.DurationVar(&c.Resync, "resync", 10*time.Second, "how often every pending pod is looked at again")
+	fs.IntVar(&c.MaxEvictionsPerMinute, "max-evictions-per-minute", 10, "evictions the preemptor may make a minute, all preemptions together (up to this many at once, then refilled at this rate); a preemption whose victims do not fit waits; 0: no cap")
+	fs.BoolVar(&c.ObserveOnly, "observe-only", false, "decide and raise the Events (\"would evict\") and metrics, but evict nothing: to see what preemption would do before letting it")
+	fs.StringVar(&c.protected, "protected-namespaces", "", "comma-separated namespaces whose pods are never evicted, besides kube-system and the preemptor's own (POD_NAMESPACE), which always are")
+}
+
+// Complete checks the flags and fills what they imply.
+func (c *Config) Complete() error {
+	var err error
+	if c.SchedulerPreempts, err = ParseSchedulerMode(c.mode); err != nil {
+		return err
+	}
+	c.PreemptionGates = nil
+	for _, g := range strings.Split(c.gates, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			c.PreemptionGates = append(c.PreemptionGates, g)
+		}
+	}
+	if c.FeatureGates != "" {
+		if _, err := features.ParseOverrides(c.FeatureGates); err != nil {
+			return err
+		}
+	}
+	if c.MaxEvictionsPerMinute < 0 {
+		return fmt.Errorf("--max-evictions-per-minute=%d: must be 0 (no cap) or more", c.MaxEvictionsPerMinute)
+	}
+	c.ProtectedNamespaces = nil
+	// Facet's own pods (the kubelet plugin, the webhook, this preemptor)
+	// keep the GPUs usable at all: never trade them for one pod.
+	for _, ns := range append(strings.Split(c.protected, ","), os.Getenv("POD_NAMESPACE")) {
+		if ns = strings.TrimSpace(ns); ns != "" && !slices.Contains(c.ProtectedNamespaces, ns) {
+			if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+				return fmt.Errorf("--protected-namespaces: %q is no namespace name: %s", ns, strings.Join(errs, "; "))
+			}
+			c.ProtectedNamespaces = append(c.ProtectedNamespaces, ns)
+		}
+	}
+	for name, d := range map[string]time.Duration{"preemption-timeout": c.Timeout, "backoff": c.Backoff, "max-backoff": c.MaxBackoff, "resync": c.Resync} {
+		if d <= 0 {
+			return fmt.Errorf("--%s=%s: must be positive", name, d)
+		}
+	}
+	return nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Main runs facet-preemptor until ctx ends.
+func Main(ctx context.Context, cfg Config) error {
+	logger := klog.FromContext(ctx)
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("API client: %w", err)
+	}
+	rc.UserAgent = "facet-preemptor"
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	metrics := NewMetrics()
+	metrics.SetObserveOnly(cfg.ObserveOnly)
+	if cfg.ObserveOnly {
+		logger.Info("Observe-only: every decision is made and raised as Events, nothing is evicted", "flag", "--observe-only")
+	}
+	health := &cacheHealth{timeout: cfg.CacheSyncTimeout, now: time.Now}
+	if cfg.MetricsAddr != "" {
+		if err := serve(ctx, cfg.MetricsAddr, metrics, health.check); err != nil {
+			return err
+		}
+	}
+
+	protection := preempt.Protection{Namespaces: map[string]bool{}}
+	for _, ns := range cfg.ProtectedNamespaces {
+		protection.Namespaces[ns] = true
+	}
+	logger.Info("Pods never evicted", "namespaces", append([]string{metav1.NamespaceSystem}, cfg.ProtectedNamespaces...), "also", "DaemonSet pods, static pods")
+	var overrides features.Overrides
+	if cfg.FeatureGates != "" {
+		if overrides, err = features.ParseOverrides(cfg.FeatureGates); err != nil {
+			return err
+		}
+	}
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartStructuredLogging(0)
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	recorder := broadcaster.NewRecorder(scheme.Scheme, v1.EventSource{Component: "facet-preemptor"})
+
+	// act preempts with the gates of the read that decided it should:
+	// one read answers both questions, whether the scheduler preempts for
+	// claims and which DRA features the allocator runs with.
+	act := func(ctx context.Context, gates map[string]bool, gatesErr error) {
+		set := features.FromGates(gates, "API server /metrics")
+		if gatesErr != nil {
+			// Where the gates cannot be read, all on is right wherever the
+			// scheduler and the API server agree: the API server drops the
+			// fields of a gate that is off from slices and claims, and the
+			// allocator then has nothing gated to enforce.
+			set = features.AllOn("assumed: " + gatesErr.Error())
+		}
+		if cfg.FeatureGates != "" {
+			set = set.Apply(overrides)
+		}
+		logger.Info("Allocator features", "gates", set.String())
+		metrics.SetActive(true)
+		defer metrics.SetActive(false)
+		health.waiting()
+		defer health.stopped()
+		c := New(Options{
+			OnSynced: health.synced,
+			Client:   client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set), Protection: protection,
+			Timeout: cfg.Timeout, Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Resync: cfg.Resync,
+			MaxEvictionsPerMinute: cfg.MaxEvictionsPerMinute, ObserveOnly: cfg.ObserveOnly,
+		})
+		if err := c.Run(ctx); err != nil {
+			logger.Error(err, "Preemption controller failed")
+		}
+	}
+	read := func(ctx context.Context) (map[string]bool, error) { return features.ServerGates(ctx, client) }
+	run := func(ctx context.Context) {
+		Supervise(ctx, cfg.SchedulerPreempts, cfg.PreemptionGates, read, SchedulerRecheck, metrics, act)
+	}
+	if !cfg.LeaderElect {
+		run(ctx)
+		return nil
+	}
+	id, err := os.Hostname()
+	if err != nil {
+		return err
+	}
+	id += "_" + time.Now().Format("150405.000000")
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.LeaseNamespace, Name: cfg.LeaseName},
+		Client:     client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: id, EventRecorder: recorder},
+	}
+	lost := make(chan struct{})
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock: lock, ReleaseOnCancel: true, Name: cfg.LeaseName,
+		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: run,
+			OnStoppedLeading: func() { close(lost) },
+			OnNewLeader: func(identity string) {
+				if identity != id {
+					logger.Info("Another replica leads", "leader", identity, "lease", cfg.LeaseNamespace+"/"+cfg.LeaseName)
+				}
+			},
+		},
+	})
+	<-lost
+	if ctx.Err() != nil {
+		return nil
+	}
+	// A replica that lost its lease may hold stale in-flight state:
+	// exit, and let the Deployment restart it as a follower.
+	return errors.New("lost the leader lease " + cfg.LeaseNamespace + "/" + cfg.LeaseName)
+}
+
+// serve starts the metrics and health server; it stops with ctx.
+func serve(ctx context.Context, addr string, m *Metrics, healthy func() error) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	klog.FromContext(ctx).Info("Serving metrics and health", "addr", ln.Addr().String())
+	return nil
+}
+
+// cacheHealth is /healthz's view of the preemption controller: unhealthy
+// once it has waited longer than timeout for its informers. A replica that
+// does not lead, or whose controller is idle (the scheduler preempts), is
+// healthy.
+type cacheHealth struct {
+	timeout time.Duration
+	now     func() time.Time
+
+	mu    sync.Mutex
+	since time.Time // zero: not waiting
+}
+
+func (h *cacheHealth) waiting() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.since = h.now()
+}
+
+func (h *cacheHealth) synced() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.since = time.Time{}
+}
+
+func (h *cacheHealth) stopped() { h.synced() }
+
+func (h *cacheHealth) check() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.since.IsZero() || h.timeout <= 0 {
+		return nil
+	}
+	if waited := h.now().Sub(h.since); waited > h.timeout {
+		return fmt.Errorf("the preemption controller's informers have not synced in %s (--cache-sync-timeout %s): facet-preemptor needs list and watch on pods, nodes, resourceclaims, resourceslices and deviceclasses", waited.Round(time.Second), h.timeout)
+	}
+	return nil
+}

@@ -1,0 +1,356 @@
+// Package driver is the DRA driver behind Facet's kubelet plugin (package
+// plugin runs the process around it): it prepares and unprepares
+// ResourceClaims for the kubelet (k8s.io/dynamic-resource-allocation/kubeletplugin)
+// from the node's inventory: whole GPUs, MIG devices (carved at prepare,
+// destroyed at unprepare) and vGPU shares (enforced by HAMi-core). Each
+// claim gets one CDI spec, and every step is recorded in the checkpoint
+// first, so a crash at any point is repaired at the next start or retry.
+package driver
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/node/checkpoint"
+	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
+	"github.com/facet-gpu/facet/pkg/node/metrics"
+)
+
+// DefaultBootIDPath is where Linux publishes the current boot's ID.
+const DefaultBootIDPath = "/proc/sys/kernel/random/boot_id"
+
+// Driver implements kubeletplugin.DRAPlugin.
+type Driver struct {
+	nodeName string
+	inv      *inventory.Inventory
+	store    Store
+	cdi      SpecWriter
+	edits    EditSource
+	mig      MIGManager
+	hami     ShareEditor
+	// hamiErr says why hami is nil, for the claims that need it.
+	hamiErr error
+	// mps partitions shares' SMs with MPS; nil: shares are time-sliced.
+	mps Partitioner
+	// mpsErr says why mps is nil, for claims that ask for it.
+	mpsErr error
+	// pods reads the pods of a claim, for their UID; nil: none is known.
+	pods PodGetter
+	fail func(string)
+	// bootID is this boot's ID; "" if it could not be read, in which case
+	// records are verified, never judged to be from another boot.
+	bootID string
+	// destroyUnowned is --destroy-unowned-mig.
+	destroyUnowned bool
+
+	// metrics, events and status are optional (nil: none); observe.go.
+	metrics *metrics.Metrics
+	events  EventRecorder
+	status  ClaimStatus
+
+	// common edits are the same for every claim; computed once.
+	common *cdispec.ContainerEdits
+	// gpus finds an inventory GPU by UUID.
+	gpus map[string]*inventory.GPU
+	// gpuEdits caches each whole GPU's edits, which depend only on the
+	// GPU: nvcdi walks NVML and the driver root for them, which prepare
+	// need not repeat. Filled on first use, so one GPU nvcdi cannot
+	// describe fails only the claims on it. editsMu guards only the map:
+	// each GPU's entry has its own lock, so a GPU whose nvcdi call hangs
+	// holds up the claims on it alone.
+	editsMu  sync.Mutex
+	gpuEdits map[string]*gpuEditsEntry
+
+	mu sync.Mutex
+	// occ is what is prepared on each GPU. Held under mu only for
+	// admission: NVML calls happen outside it, so claims on other GPUs
+	// never wait for them.
+	occ reservations
+	// migUseSeen is the MIGInUse last signalled on migUseCh (one pending
+	// signal, coalesced).
+	migUseSeen map[string]bool
+	migUseCh   chan struct{}
+	// busy marks claims being prepared or unprepared, so two calls for one
+	// claim never interleave.
+	busy map[types.UID]bool
+	// unusable holds, by GPU UUID, why a GPU must not get new claims: a
+	// start-up problem confined to it (a rollback that failed, a
+	// half-made MIG instance, an NVML error).
+	unusable map[string]string
+	// faults are the GPUs' health faults (SetFaults), by GPU UUID.
+	faults map[string]gpuhealth.Fault
+	// healthSubs are the kubelet's NodeWatchResources streams, woken on
+	// every health change.
+	healthSubs map[chan struct{}]struct{}
+	drahealthv1alpha1.UnimplementedDRAResourceHealthServer
+	// nodeLock is Options.NodeLock's; nil without one.
+	nodeLock *nodeLock
+}
+
+type gpuEditsEntry struct {
+	mu    sync.Mutex
+	edits *cdispec.ContainerEdits
+}
+
+type claimRef struct {
+	uid       types.UID
+	namespace string
+	name      string
+}
+
+func (c claimRef) String() string { return c.namespace + "/" + c.name + " (" + string(c.uid) + ")" }
+
+// Options configure New.
+type Options struct {
+	NodeName  string
+	Inventory *inventory.Inventory
+	Store     Store
+	CDI       SpecWriter
+	Edits     EditSource
+	// MIG is required when the inventory publishes MIG devices.
+	MIG MIGManager
+	// HAMi enforces vGPU shares; without it a claim for an enforced share
+	// fails (a share that takes the whole GPU needs no HAMi-core).
+	// A nil *hami.Editor counts as none.
+	HAMi ShareEditor
+	// HAMiUnavailable, with HAMi nil, says why HAMi-core could not be set
+	// up; claims for enforced shares fail with it, and nothing else does.
+	HAMiUnavailable error
+	// MPS partitions enforced shares and slots with a per-GPU MPS control
+	// daemon (package mps), the default partitioning when set. Nil (a nil
+	// *mps.Manager counts as none): shares are time-sliced by HAMi-core,
+	// and a claim whose VgpuConfig asks for "mps" fails, with
+	// MPSUnavailable as the reason when it is set.
+	MPS            Partitioner
+	MPSUnavailable error
+	// Pods reads a claim's pods, for the Unix UID they run as: an MPS
+	// control daemon serves one UID at a time (mps.UserConflictError).
+	// Nil: no UID is known, and shares are time-sliced unless a claim
+	// asks for MPS (then it fails).
+	Pods PodGetter
+	// BootIDPath is read for the boot ID; DefaultBootIDPath when empty.
+	BootIDPath string
+	// Failpoint, when set, is called at named points of prepare and
+	// unprepare so tests can kill the plugin there ("after-mig-create":
+	// the instance exists but the checkpoint does not know its IDs yet).
+	// Only tests and binaries built with the facet_failpoints tag set it.
+	Failpoint func(name string)
+	// DestroyUnownedMIG destroys, at start, MIG instances that no prepared
+	// claim owns. Off by default: they are only reported, because someone
+	// else (an admin with nvidia-smi) may have made them.
+	DestroyUnownedMIG bool
+	// Metrics records prepare and unprepare latencies and errors.
+	Metrics *metrics.Metrics
+	// Events, when set, gets a Warning Event on the claim and its pods
+	// for each failed prepare.
+	Events EventRecorder
+	// Status, when set, is told of every prepared and unprepared claim, to
+	// write its status.devices.
+	Status ClaimStatus
+	// NodeLock is the path of a lock file shared with the other plugin
+	// processes on the node (a rolling update, where the kubelet may call
+	// two instances at once). With it, the restore at start and every
+	// prepare and unprepare run holding it, and the reservations are
+	// reloaded from the checkpoint after another process changed it (see
+	// nodeLock). Empty: this process is the node's only plugin.
+	NodeLock string
+}
+
+// New restores the prepared claims from the checkpoint, rolls back claims
+// whose preparation a crash interrupted (destroying the MIG instances
+// they own), removes Facet CDI specs and temp files that no record owns,
+// and reports MIG instances no claim owns.
+//
+// Problems are kept as small as they are: a record that cannot be read or
+// rolled back fails its claim and keeps its devices reserved, and a GPU
+// with an NVML error, a failed rollback or a half-made MIG instance is
+// marked unusable (UnusableGPUs). Only what every claim needs (the
+// driver's common CDI edits, the checkpoint directory) fails the start.
+func New(ctx context.Context, o Options) (*Driver, error) {
+	logger := klog.FromContext(ctx)
+	d := &Driver{
+		nodeName:       o.NodeName,
+		inv:            o.Inventory,
+		store:          o.Store,
+		cdi:            o.CDI,
+		edits:          o.Edits,
+		mig:            o.MIG,
+		hami:           shareEditor(o.HAMi),
+		hamiErr:        o.HAMiUnavailable,
+		mps:            partitioner(o.MPS),
+		mpsErr:         o.MPSUnavailable,
+		pods:           o.Pods,
+		fail:           o.Failpoint,
+		destroyUnowned: o.DestroyUnownedMIG,
+		metrics:        o.Metrics,
+		events:         o.Events,
+		status:         o.Status,
+		occ:            reservations{},
+		busy:           map[types.UID]bool{},
+		gpus:           map[string]*inventory.GPU{},
+		gpuEdits:       map[string]*gpuEditsEntry{},
+		unusable:       map[string]string{},
+		faults:         map[string]gpuhealth.Fault{},
+		healthSubs:     map[chan struct{}]struct{}{},
+		migUseCh:       make(chan struct{}, 1),
+	}
+	for _, g := range o.Inventory.GPUs {
+		d.gpus[g.UUID] = g
+	}
+	bootIDPath := o.BootIDPath
+	if bootIDPath == "" {
+		bootIDPath = DefaultBootIDPath
+	}
+	if b, err := os.ReadFile(bootIDPath); err != nil {
+		logger.Error(err, "Cannot read the boot ID; prepared claims are verified on re-prepare but a reboot cannot be recognised")
+	} else {
+		d.bootID = strings.TrimSpace(string(b))
+	}
+	common, err := o.Edits.CommonEdits()
+	if err != nil {
+		return nil, fmt.Errorf("NVIDIA driver CDI edits: %w", err)
+	}
+	d.common = common
+	if o.NodeLock != "" {
+		d.nodeLock = &nodeLock{path: o.NodeLock, reload: d.reloadReservations}
+		// An instance still serving may be mid-prepare: its Preparing
+		// records are not for this restore to roll back.
+		if err := d.nodeLock.acquire(ctx, true); err != nil {
+			return nil, err
+		}
+		defer d.nodeLock.release(ctx, true)
+	}
+	if err := d.restore(ctx); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// limits are a GPU's capacities; zero for a GPU the inventory lacks (a
+// record from before a GPU was removed), so nothing new fits on it.
+func (d *Driver) limits(gpuUUID string) gpuLimits {
+	if g := d.gpus[gpuUUID]; g != nil {
+		return gpuLimits{memory: g.ShareMemoryBytes}
+	}
+	return gpuLimits{}
+}
+
+// PrepareResourceClaims prepares each claim independently and concurrently:
+// one claim's failure is reported for that claim alone.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	if len(claims) == 0 {
+		// The health probe's call: no need to wait for the node lock.
+		return results, nil
+	}
+	if err := d.enter(ctx); err != nil {
+		for _, claim := range claims {
+			results[claim.UID] = kubeletplugin.PrepareResult{Err: err}
+		}
+		return results, nil
+	}
+	defer d.leave(ctx)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, claim := range claims {
+		wg.Go(func() {
+			devices, err := d.observedPrepare(ctx, claim)
+			if err != nil {
+				// prepareClaim logged it.
+				err = fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+			}
+			mu.Lock()
+			results[claim.UID] = kubeletplugin.PrepareResult{Devices: devices, Err: err}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return results, nil
+}
+
+// UnprepareResourceClaims undoes prepare; unknown claims succeed.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	results := make(map[types.UID]error, len(claims))
+	if len(claims) == 0 {
+		return results, nil
+	}
+	if err := d.enter(ctx); err != nil {
+		for _, claim := range claims {
+			results[claim.UID] = err
+		}
+		return results, nil
+	}
+	defer d.leave(ctx)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, claim := range claims {
+		wg.Go(func() {
+			err := d.observedUnprepare(ctx, claim)
+			if err != nil {
+				err = fmt.Errorf("claim %s: %w", claim.NamespacedName, err)
+			}
+			mu.Lock()
+			results[claim.UID] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return results, nil
+}
+
+// HandleError logs background errors (ResourceSlice publishing). None of
+// them is fatal: the slices are rebuilt from the inventory on every sync.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	utilruntime.HandleErrorWithContext(ctx, err, msg)
+}
+
+// lock marks a claim busy; a second call for the same claim fails fast and
+// the kubelet retries it.
+func (d *Driver) lock(uid types.UID) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.busy[uid] {
+		return fmt.Errorf("another prepare or unprepare of this claim is in progress")
+	}
+	d.busy[uid] = true
+	return nil
+}
+
+func (d *Driver) unlock(uid types.UID) {
+	d.mu.Lock()
+	delete(d.busy, uid)
+	d.mu.Unlock()
+}
+
+// failpoint lets a test stop the plugin at a named step (Options.Failpoint).
+func (d *Driver) failpoint(name string) {
+	if d.fail != nil {
+		d.fail(name)
+	}
+}
+
+func resultDevices(rec *checkpoint.Claim) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(rec.Devices))
+	for _, dev := range rec.Devices {
+		out = append(out, kubeletplugin.Device{
+			Requests:     dev.Requests,
+			PoolName:     dev.Pool,
+			DeviceName:   dev.Device,
+			CDIDeviceIDs: dev.CDIDeviceIDs,
+			ShareID:      dev.ShareID,
+		})
+	}
+	return out
+}

@@ -1,0 +1,368 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
+	"github.com/facet-gpu/facet/pkg/node/checkpoint"
+	"github.com/facet-gpu/facet/pkg/node/mps"
+)
+
+// Partitioner runs the MPS control daemons that partition GPUs' SMs among
+// the vGPU shares and slots on them (package mps). The driver tells it
+// which claims hold which GPU; it keeps one daemon per held GPU.
+type Partitioner interface {
+	// Acquire makes the claim, whose processes run as Unix UID user, a
+	// holder of the GPU's daemon, starting or adopting it; a
+	// *mps.UserConflictError when the daemon serves another UID.
+	Acquire(ctx context.Context, gpuUUID string, claim types.UID, user int64) error
+	// Release drops the claim from every GPU, stopping daemons left
+	// without holders.
+	Release(ctx context.Context, claim types.UID) error
+	// Edits are a share's CDI edits for the GPU's daemon, with its cores
+	// in percent (0: best effort, no partition).
+	Edits(gpuUUID string, cores int64) *cdispec.ContainerEdits
+	// Daemon is the GPU's live daemon, nil if none.
+	Daemon(gpuUUID string) *mps.Record
+	// Restore, at start, hands over the holders the checkpoint records
+	// (by GPU, each claim's UID), and returns the GPUs whose daemon had
+	// to be started again.
+	Restore(ctx context.Context, holders map[string]map[types.UID]int64) ([]string, error)
+	// Check restarts dead daemons and returns their holders by GPU; an
+	// error wrapping mps.ErrHoldersLost when the holders must be handed
+	// over again (Restore).
+	Check(ctx context.Context) (map[string][]types.UID, error)
+}
+
+var _ Partitioner = (*mps.Manager)(nil)
+
+// partitioner turns a nil *mps.Manager into a nil interface.
+func partitioner(p Partitioner) Partitioner {
+	if m, ok := p.(*mps.Manager); ok && m == nil {
+		return nil
+	}
+	return p
+}
+
+// ReasonMPSRestarted is the reason of the Warning Event a claim gets when
+// its GPU's MPS control daemon died and was started again: the claim's
+// running MPS clients lost their server.
+const ReasonMPSRestarted = "FacetMPSDaemonRestarted"
+
+// ReasonMPSNotApplied is the reason of the Normal Event a claim gets when
+// its shares default to MPS but are time-sliced instead (they span
+// several GPUs).
+const ReasonMPSNotApplied = "FacetMPSNotApplied"
+
+// MPSAvailable says whether this plugin partitions shares with MPS.
+func (d *Driver) MPSAvailable() bool { return d.mps != nil }
+
+// mpsGPU decides whether a claim's shares are MPS-partitioned and on which
+// GPU: "" for time-sliced. An explicit "mps" that cannot be honoured fails
+// the claim; the default falls back to time-slicing, with a reason.
+func (d *Driver) mpsGPU(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (gpu, fallback string, err error) {
+	if vgpu == nil || !vgpu.EnforcementEnabled() {
+		return "", "", nil
+	}
+	explicit := vgpu.Partitioning != nil
+	if vgpu.PartitioningFor(d.mps != nil) != configapi.PartitioningMPS {
+		return "", "", nil
+	}
+	if d.mps == nil {
+		why := "the plugin runs without MPS (--mps=false)"
+		if d.mpsErr != nil {
+			why = d.mpsErr.Error()
+		}
+		return "", "", fmt.Errorf("VgpuConfig partitioning %q: MPS is unavailable on this node: %s", configapi.PartitioningMPS, why)
+	}
+	for _, dev := range rec.Devices {
+		var why string
+		switch {
+		case dev.Share == nil || !dev.Share.Enforced:
+			why = fmt.Sprintf("device %s is not an enforced vGPU share or slot", dev.Device)
+		case gpu != "" && dev.GPUUUID != gpu:
+			why = fmt.Sprintf("its shares are on GPUs %s and %s, and a container joins one MPS daemon (one CUDA_MPS_PIPE_DIRECTORY)", gpu, dev.GPUUUID)
+		}
+		if why != "" {
+			if explicit {
+				return "", "", fmt.Errorf("VgpuConfig partitioning %q: %s", configapi.PartitioningMPS, why)
+			}
+			return "", "time-sliced by HAMi-core instead of MPS-partitioned: " + why, nil
+		}
+		gpu = dev.GPUUUID
+	}
+	return gpu, "", nil
+}
+
+// PodGetter reads a pod (client-go's Pods(namespace).Get in the plugin).
+type PodGetter func(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+
+// ReasonMPSUser is the reason of the Warning Event a claim and its pods
+// get when the claim's pods run as another Unix UID than the one its GPU's
+// MPS control daemon serves, and the claim asked for MPS: its prepare
+// fails rather than leave the pods' CUDA processes waiting, silently,
+// behind the other user's server.
+const ReasonMPSUser = "FacetMPSUserConflict"
+
+// claimUser is the Unix UID the claim's pods run as (mps.PodUser). An
+// error wrapping mps.ErrUserUnknown says why none can be known; any other
+// is the API server's, and the prepare is retried.
+func (d *Driver) claimUser(ctx context.Context, claim *resourceapi.ResourceClaim) (int64, error) {
+	if d.pods == nil {
+		return 0, fmt.Errorf("%w: the plugin reads no pods", mps.ErrUserUnknown)
+	}
+	user, pods := int64(-1), 0
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup != "" || r.Resource != "pods" {
+			continue
+		}
+		pod, err := d.pods(ctx, claim.Namespace, r.Name)
+		if err != nil {
+			return 0, fmt.Errorf("read pod %s/%s for the UID it runs as: %w", claim.Namespace, r.Name, err)
+		}
+		if pod.UID != r.UID {
+			return 0, fmt.Errorf("pod %s/%s is not the one the claim is reserved for (UID %s, not %s)", claim.Namespace, r.Name, pod.UID, r.UID)
+		}
+		u, err := mps.PodUser(pod, claim.Name)
+		if err != nil {
+			return 0, err
+		}
+		if user >= 0 && u != user {
+			return 0, fmt.Errorf("%w: the claim's pods run as UIDs %d and %d (pod %s), and an MPS control daemon serves one UID at a time", mps.ErrUserUnknown, user, u, r.Name)
+		}
+		user = u
+		pods++
+	}
+	if pods == 0 {
+		return 0, fmt.Errorf("%w: the claim is reserved for no pod", mps.ErrUserUnknown)
+	}
+	return user, nil
+}
+
+// joinMPS joins a claim to its GPU's daemon, as the UID its pods run as
+// (the one recorded, when a prepared claim is rebuilt), and returns the
+// spec's MPS edits, marking the claim's shares as MPS-partitioned in the
+// record. Where the claim cannot join (its UID unknown, or another than
+// the daemon serves), it returns why instead: the shares are then
+// time-sliced, or, when explicit (the claim's config asks for "mps"), the
+// prepare fails with the reason (an error).
+func (d *Driver) joinMPS(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, gpu string, explicit bool) (*cdispec.ContainerEdits, string, error) {
+	var user int64
+	var err error
+	if rec.MPSUser != nil {
+		user = *rec.MPSUser
+	} else {
+		user, err = d.claimUser(ctx, claim)
+	}
+	if err == nil {
+		err = d.mps.Acquire(ctx, gpu, rec.UID, user)
+	}
+	var conflict *mps.UserConflictError
+	isConflict := errors.As(err, &conflict)
+	if isConflict {
+		// Names a user can look up, not UIDs.
+		conflict.HolderNames = nil
+		for _, uid := range conflict.Holders {
+			name := string(uid)
+			if ref, ok := d.claimRefOf(uid); ok {
+				name = ref.namespace + "/" + ref.name
+			}
+			conflict.HolderNames = append(conflict.HolderNames, name)
+		}
+	}
+	switch {
+	case err == nil:
+	case !errors.Is(err, mps.ErrUserUnknown) && !isConflict:
+		return nil, "", err
+	case explicit:
+		err = fmt.Errorf("VgpuConfig partitioning %q: %w", configapi.PartitioningMPS, err)
+		if isConflict {
+			d.claimEvent(claim, corev1.EventTypeWarning, ReasonMPSUser, err.Error())
+		}
+		return nil, "", err
+	default:
+		return nil, "time-sliced by HAMi-core instead of MPS-partitioned: " + err.Error(), nil
+	}
+	rec.MPSUser = &user
+	d.failpoint("prepare/acquired-mps")
+	// The claim's shares on the GPU are one client's partition: their
+	// cores add up, and a best-effort share leaves it unpartitioned.
+	var cores int64
+	for i := range rec.Devices {
+		s := rec.Devices[i].Share
+		s.MPS = true
+		switch {
+		case cores < 0:
+		case s.Cores == 0:
+			cores = -1
+		default:
+			cores = min(100, cores+s.Cores)
+		}
+	}
+	if cores < 0 {
+		cores = 0
+	}
+	return d.mps.Edits(gpu, cores), "", nil
+}
+
+// mpsHolders are the GPUs that this boot's prepared records hold under MPS,
+// with the UID each claim runs as (mps.AnyUser where a record of an
+// earlier version has none).
+func mpsHolders(claims []*checkpoint.Claim, otherBoot func(*checkpoint.Claim) bool) map[string]map[types.UID]int64 {
+	holders := map[string]map[types.UID]int64{}
+	for _, c := range claims {
+		if c.State != checkpoint.StatePrepared || otherBoot(c) {
+			// A claim of the last boot joins again when it is rebuilt.
+			continue
+		}
+		seen := map[string]bool{}
+		for _, dev := range c.Devices {
+			if dev.Share != nil && dev.Share.MPS && !seen[dev.GPUUUID] {
+				seen[dev.GPUUUID] = true
+				if holders[dev.GPUUUID] == nil {
+					holders[dev.GPUUUID] = map[types.UID]int64{}
+				}
+				user := mps.AnyUser
+				if c.MPSUser != nil {
+					user = *c.MPSUser
+				}
+				holders[dev.GPUUUID][c.UID] = user
+			}
+		}
+	}
+	return holders
+}
+
+// restoreMPS hands the checkpoint's holders to the daemon manager: it
+// adopts their daemons, restarts dead ones (an Event on their claims), and
+// stops those no claim holds.
+func (d *Driver) restoreMPS(ctx context.Context) {
+	if d.mps == nil {
+		return
+	}
+	claims, _, err := d.store.List()
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Listing claims for their MPS daemons")
+		return
+	}
+	d.syncMPS(ctx, claims)
+}
+
+// syncMPS hands the records' MPS holders to the daemon manager.
+func (d *Driver) syncMPS(ctx context.Context, claims []*checkpoint.Claim) {
+	if d.mps == nil {
+		return
+	}
+	holders := mpsHolders(claims, d.fromOtherBoot)
+	restarted, err := d.mps.Restore(ctx, holders)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Restoring MPS control daemons; claims on them retry at their next prepare")
+	}
+	for _, gpu := range restarted {
+		claims := make([]types.UID, 0, len(holders[gpu]))
+		for uid := range holders[gpu] {
+			claims = append(claims, uid)
+		}
+		sort.Slice(claims, func(i, j int) bool { return claims[i] < claims[j] })
+		d.mpsRestarted(ctx, gpu, claims)
+	}
+}
+
+// CheckMPS restarts MPS control daemons that died and raises an Event on
+// each claim whose daemon was restarted.
+func (d *Driver) CheckMPS(ctx context.Context) {
+	if d.mps == nil {
+		return
+	}
+	restarted, err := d.mps.Check(ctx)
+	if errors.Is(err, mps.ErrHoldersLost) {
+		klog.FromContext(ctx).Info("Handing the prepared claims' MPS holders over again", "reason", err.Error())
+		d.restoreMPS(ctx)
+		return
+	}
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Restarting MPS control daemons")
+	}
+	for gpu, claims := range restarted {
+		d.mpsRestarted(ctx, gpu, claims)
+	}
+}
+
+// RunMPSWatch calls CheckMPS every interval until ctx ends.
+func (d *Driver) RunMPSWatch(ctx context.Context, interval time.Duration) {
+	if d.mps == nil {
+		return
+	}
+	_ = wait.PollUntilContextCancel(ctx, interval, false, func(ctx context.Context) (bool, error) {
+		d.CheckMPS(ctx)
+		return false, nil
+	})
+}
+
+func (d *Driver) mpsRestarted(ctx context.Context, gpu string, claims []types.UID) {
+	msg := fmt.Sprintf("the MPS control daemon of GPU %s had died and was started again; CUDA processes of this claim that were its clients lost their MPS server and must be restarted", gpu)
+	klog.FromContext(ctx).Error(nil, "MPS control daemon restarted", "gpu", gpu, "claims", claims)
+	if d.events == nil {
+		return
+	}
+	for _, uid := range claims {
+		ref, ok := d.claimRefOf(uid)
+		if !ok {
+			continue
+		}
+		d.events.Event(&corev1.ObjectReference{
+			APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
+			Namespace: ref.namespace, Name: ref.name, UID: ref.uid,
+		}, corev1.EventTypeWarning, ReasonMPSRestarted, msg)
+	}
+}
+
+// mpsNotApplied tells a claim and its pods why its shares are time-sliced.
+func (d *Driver) mpsNotApplied(claim *resourceapi.ResourceClaim, why string) {
+	d.claimEvent(claim, corev1.EventTypeNormal, ReasonMPSNotApplied, why)
+}
+
+// claimEvent raises an Event on the claim and on each pod it is reserved
+// for, where a user looks first.
+func (d *Driver) claimEvent(claim *resourceapi.ResourceClaim, eventType, reason, msg string) {
+	if d.events == nil {
+		return
+	}
+	d.events.Event(&corev1.ObjectReference{
+		APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
+		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID,
+	}, eventType, reason, msg)
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup != "" || r.Resource != "pods" {
+			continue
+		}
+		d.events.Event(&corev1.ObjectReference{
+			APIVersion: "v1", Kind: "Pod", Namespace: claim.Namespace, Name: r.Name, UID: r.UID,
+		}, eventType, reason, "ResourceClaim "+claim.Name+": "+msg)
+	}
+}
+
+// claimRefOf finds a prepared claim's name by UID in the reservations.
+func (d *Driver) claimRefOf(uid types.UID) (claimRef, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, uses := range d.occ {
+		for _, u := range uses {
+			if u.owner.uid == uid {
+				return u.owner, true
+			}
+		}
+	}
+	return claimRef{}, false
+}
