@@ -16,7 +16,7 @@ import (
 func runFit(args []string) error {
 	fs := flag.NewFlagSet("fit", flag.ExitOnError)
 	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster (default $KUBECONFIG)")
-	file := fs.String("f", "", "YAML file with a ResourceClaim, a ResourceClaimTemplate, or a Pod and its templates (required)")
+	file := fs.String("f", "", "YAML file with a ResourceClaim, a ResourceClaimTemplate, or a Pod and its templates, - for standard input (required)")
 	node := fs.String("node", "", "try only this node (default: every node with Facet GPUs)")
 	gates := fs.String("feature-gates", "", "the kube-scheduler's DRA gates where they differ from what the API server enforces (DRAPartitionableDevices=true,...); applied over detection")
 	fs.Parse(args)
@@ -24,11 +24,14 @@ func runFit(args []string) error {
 		return fmt.Errorf("-f is required")
 	}
 	ctx := context.Background()
-	data, err := os.Open(*file)
-	if err != nil {
-		return err
+	var err error
+	data := os.Stdin
+	if *file != "-" {
+		if data, err = os.Open(*file); err != nil {
+			return err
+		}
+		defer data.Close()
 	}
-	defer data.Close()
 	stream, err := fit.Decode(data)
 	if err != nil {
 		return fmt.Errorf("%s: %w", *file, err)

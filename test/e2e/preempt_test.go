@@ -525,4 +525,18 @@ func TestPreemptObserveOnly(t *testing.T) {
 	if v := obs.metric(t, "facet_preemptor_observed_victims_total"); v < 1 {
 		t.Errorf("facet_preemptor_observed_victims_total %v, want at least 1", v)
 	}
+
+	// Why a pod is Pending, where its user looks first: a claim for nine
+	// whole GPUs of an eight-GPU node fits nowhere, whatever is evicted.
+	// The scheduler's Event says only "cannot allocate all claims"; the
+	// preemptor (here observe-only) adds fit's reason on the pod.
+	applyYAML(t, `apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: nine, namespace: facet-demo}
+spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.facet.dev, allocationMode: ExactCount, count: 9}}]}}}
+`)
+	start := time.Now()
+	applyYAML(t, prioPod("nine", "facet-e2e-high", "urgent", "nine"))
+	waitEvent(t, "nine", controller.ReasonUnallocatable, "request gpu: only 8 device(s) on the node match DeviceClass gpu.facet.dev and the request's selectors, need 9")
+	t.Logf("FacetUnallocatable %s after the pod was created", time.Since(start).Round(100*time.Millisecond))
 }

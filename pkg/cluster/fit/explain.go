@@ -91,14 +91,22 @@ func (e explainer) request(ctx context.Context, node string, r request) (why []s
 		need = len(candidates)
 	}
 	need = max(need, 1)
+	if need > len(candidates) {
+		// No eviction or wait helps: say so before who holds what.
+		return []string{fmt.Sprintf("%s only %d device(s) on the node match DeviceClass %s and the request's selectors, need %d", prefix, len(candidates), class.Name, need)}, false, nil
+	}
 	nfree := 0
 	var reasons []string
 	seen := map[string]bool{}
+	tooSmall := 0
 	for _, d := range candidates {
-		reason := e.blocked(d, r.req)
+		reason, small := e.blocked(d, r.req)
 		if reason == "" {
 			nfree++
 			continue
+		}
+		if small {
+			tooSmall++
 		}
 		if !seen[reason] {
 			seen[reason] = true
@@ -111,6 +119,9 @@ func (e explainer) request(ctx context.Context, node string, r request) (why []s
 	head := fmt.Sprintf("%s %d of %d matching devices free, need %d", prefix, nfree, len(candidates), need)
 	if nfree == 0 {
 		head = fmt.Sprintf("%s none of the %d matching device(s) is free", prefix, len(candidates))
+		if tooSmall == len(candidates) {
+			head = fmt.Sprintf("%s none of the %d matching device(s) is large enough", prefix, len(candidates))
+		}
 	}
 	out := []string{head}
 	for _, reason := range reasons {
@@ -145,43 +156,43 @@ func (e explainer) matches(ctx context.Context, selectors []resourceapi.DeviceSe
 
 // blocked says why a candidate device cannot serve the request now, at the
 // level an operator acts on (the GPU, or the device where devices are held
-// one by one); "" when it is free.
-func (e explainer) blocked(d *occupancy.Device, req resourceapi.ExactDeviceRequest) string {
+// one by one); "" when it is free. tooSmall: it never can, however free.
+func (e explainer) blocked(d *occupancy.Device, req resourceapi.ExactDeviceRequest) (why string, tooSmall bool) {
 	g := d.GPU
 	gpu := g.Name()
 	switch d.Type {
 	case occupancy.TypeSlot:
 		if len(d.Holders) > 0 {
-			return fmt.Sprintf("%s: held by %s", d.Device.Name, d.Holders[0])
+			return fmt.Sprintf("%s: held by %s", d.Device.Name, d.Holders[0]), false
 		}
 	case occupancy.TypeMIG:
 		if g.Mode == "static-mig" {
 			if len(d.Holders) > 0 {
-				return fmt.Sprintf("%s: held by %s", d.Device.Name, d.Holders[0])
+				return fmt.Sprintf("%s: held by %s", d.Device.Name, d.Holders[0]), false
 			}
-			return ""
+			return "", false
 		}
-		return e.migBlocked(d)
+		return e.migBlocked(d), false
 	default:
 		if g.Whole != nil {
-			return fmt.Sprintf("%s: whole GPU held by %s", gpu, g.Whole)
+			return fmt.Sprintf("%s: whole GPU held by %s", gpu, g.Whole), false
 		}
 		if len(g.MIG) > 0 {
 			what := "the whole GPU needs every memory slice free"
 			if d.Device.AllowMultipleAllocations != nil && *d.Device.AllowMultipleAllocations {
 				what = "vGPU shares and MIG instances exclude each other on a GPU"
 			}
-			return fmt.Sprintf("%s: %d MIG instance(s) in use (%s); %s", gpu, len(g.MIG), claimList(g), what)
+			return fmt.Sprintf("%s: %d MIG instance(s) in use (%s); %s", gpu, len(g.MIG), claimList(g), what), false
 		}
 		if d.Device.AllowMultipleAllocations == nil || !*d.Device.AllowMultipleAllocations {
 			if len(d.Holders) > 0 {
-				return fmt.Sprintf("%s: whole GPU held by %s", gpu, d.Holders[0])
+				return fmt.Sprintf("%s: whole GPU held by %s", gpu, d.Holders[0]), false
 			}
-			return ""
+			return "", false
 		}
 		return shareBlocked(d, req)
 	}
-	return ""
+	return "", false
 }
 
 // migBlocked explains a dynamic MIG placement (mig and dynamic mode) that
@@ -247,7 +258,7 @@ func free(slices []string, from, to int) bool {
 
 // shareBlocked compares a share request with what is left of the GPU. A
 // request that names no capacity takes the device's default, all of it.
-func shareBlocked(d *occupancy.Device, req resourceapi.ExactDeviceRequest) string {
+func shareBlocked(d *occupancy.Device, req resourceapi.ExactDeviceRequest) (why string, tooSmall bool) {
 	g := d.GPU
 	needMem, needCores := g.Memory.Total, int64(100)
 	if req.Capacity != nil {
@@ -258,6 +269,14 @@ func shareBlocked(d *occupancy.Device, req resourceapi.ExactDeviceRequest) strin
 			needCores = q.Value()
 		}
 	}
+	// Too small is not "not free": no eviction or wait makes room, so it
+	// is said first and on its own.
+	if needMem > g.Memory.Total {
+		return fmt.Sprintf("%s: too small, %s of memory in all, need %s", g.Name(), gib(g.Memory.Total), gib(needMem)), true
+	}
+	if needCores > 100 {
+		return fmt.Sprintf("%s: %d%% SM asked for, more than a whole GPU", g.Name(), needCores), true
+	}
 	var parts []string
 	if needMem > g.Memory.Free() {
 		parts = append(parts, fmt.Sprintf("%s of %s memory free, need %s", gib(g.Memory.Free()), gib(g.Memory.Total), gib(needMem)))
@@ -266,9 +285,13 @@ func shareBlocked(d *occupancy.Device, req resourceapi.ExactDeviceRequest) strin
 		parts = append(parts, fmt.Sprintf("%d%% SM free, need %d%%", g.Cores.Free(), needCores))
 	}
 	if len(parts) == 0 {
-		return ""
+		return "", false
 	}
-	return fmt.Sprintf("%s: %s (held by %s)", g.Name(), strings.Join(parts, "; "), claimList(g))
+	out := fmt.Sprintf("%s: %s", g.Name(), strings.Join(parts, "; "))
+	if held := claimList(g); held != "" {
+		out += " (held by " + held + ")"
+	}
+	return out, false
 }
 
 func claimList(g *occupancy.GPU) string {

@@ -60,6 +60,8 @@ func TestCheck(t *testing.T) {
 		claim *resourceapi.ResourceClaim
 		fits  string // a device the allocation must hold; "" when it does not fit
 		why   []string
+		// never are words the explanation must not use.
+		never []string
 	}{{
 		name:  "MIG 3g.40gb: three slices free, four needed",
 		node:  occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 1, Modes: "0=mig"},
@@ -102,6 +104,24 @@ func TestCheck(t *testing.T) {
 		held:  []*resourceapi.ResourceClaim{held("ml/a", share("n1", "gpu-0", "s1", "70Gi", 30))},
 		claim: ask("vgpu.facet.dev", map[string]string{"memory": "20Gi", "cores": "20"}),
 		why:   []string{"gpu-0: 9.18Gi of 79.18Gi memory free, need 20Gi (held by ml/a)"}, // 81079 - 71680 of 81079 MiB
+	}, {
+		name:  "a share larger than the GPU is too small, not busy",
+		node:  occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 1, Modes: "0=shared"},
+		claim: ask("vgpu.facet.dev", map[string]string{"memory": "200Gi", "cores": "10"}),
+		why:   []string{"none of the 1 matching device(s) is large enough", "gpu-0: too small, 79.18Gi of memory in all, need 200Gi"},
+		never: []string{"held by", "memory free"},
+	}, {
+		name:  "a share on an idle GPU that lacks SM: no empty holder list",
+		node:  occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 1, Modes: "0=shared"},
+		claim: ask("vgpu.facet.dev", map[string]string{"memory": "1Gi", "cores": "101"}),
+		why:   []string{"gpu-0: 101% SM asked for, more than a whole GPU"},
+		never: []string{"held by ()"},
+	}, {
+		name:  "more devices than the node has",
+		node:  occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 2},
+		claim: func() *resourceapi.ResourceClaim { c := ask("gpu.facet.dev", nil); c.Spec.Devices.Requests[0].Exactly.Count = 3; return c }(),
+		why:   []string{"only 2 device(s) on the node match DeviceClass gpu.facet.dev and the request's selectors, need 3"},
+		never: []string{"held by", "free"},
 	}, {
 		name:  "a share that fits beside another",
 		node:  occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 1, Modes: "0=shared"},
@@ -164,6 +184,11 @@ func TestCheck(t *testing.T) {
 			for _, w := range tc.why {
 				if !strings.Contains(out.String(), w) {
 					t.Errorf("explanation lacks %q", w)
+				}
+			}
+			for _, w := range tc.never {
+				if strings.Contains(out.String(), w) {
+					t.Errorf("explanation says %q", w)
 				}
 			}
 		})

@@ -570,3 +570,63 @@ func earliestOfHighest(vs []*v1.Pod) time.Time {
 	}
 	return t
 }
+
+// maxUnfitLines bounds Unfit's answer, so that its Event stays readable
+// (and within an Event message's 1 KiB); facetctl fit gives all of it.
+const maxUnfitLines = 6
+
+// Unfit says why pod's claims fit on none of the nodes that admit it, in
+// fit.Check's words ("node n1: ml/big-x request gpu: none of the 8
+// matching device(s) is free", then one line per GPU), at most
+// maxUnfitLines lines. It is nil where they fit on some node as things
+// are (the scheduler places the pod), or where there is nothing to
+// explain: a claim not created yet, or one already allocated. An error is
+// the allocator's.
+func Unfit(ctx context.Context, s Snapshot, pod *v1.Pod) ([]string, error) {
+	claims, missing := PodClaims(pod, s.Claims)
+	if len(missing) > 0 || len(claims) == 0 {
+		return nil, nil
+	}
+	for _, c := range claims {
+		if c.Status.Allocation != nil {
+			return nil, nil
+		}
+	}
+	nodes := newDecider(s, claims).nodes(pod)
+	if len(nodes) == 0 {
+		return []string{"no node with " + names.Driver + " devices admits the pod (node selector, affinity, taints, cordon)"}, nil
+	}
+	admitted := map[string]bool{}
+	for _, n := range nodes {
+		admitted[n] = true
+	}
+	results, err := fit.Check(ctx, fit.Input{Slices: s.Slices, Classes: s.Classes, Claims: s.Claims, Features: s.Features}, "", claims)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	more := 0
+	for _, r := range results {
+		if !admitted[r.Node] {
+			continue
+		}
+		if r.Fits {
+			return nil, nil
+		}
+		for i, why := range r.Why {
+			line := strings.TrimSpace(why)
+			if i == 0 {
+				line = "node " + r.Node + ": " + line
+			}
+			if len(out) == maxUnfitLines {
+				more++
+				continue
+			}
+			out = append(out, line)
+		}
+	}
+	if more > 0 {
+		out = append(out, fmt.Sprintf("and %d more line(s): kubectl get pod -n %s %s -o yaml | facetctl fit -f - for all", more, pod.Namespace, pod.Name))
+	}
+	return out, nil
+}

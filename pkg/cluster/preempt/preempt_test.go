@@ -438,3 +438,64 @@ func TestDecideIneligible(t *testing.T) {
 		})
 	}
 }
+
+// TestUnfit: where a pod's claims fit on no admitted node, Unfit gives
+// fit's reasons per node (a GPU too small, every GPU held), bounded; where
+// they fit, or there is nothing to ask about, nil.
+func TestUnfit(t *testing.T) {
+	dgx := occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 8}
+	shared := occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 2, Modes: "0-1=shared"}
+	for _, tc := range []struct {
+		name    string
+		node    occtest.Node
+		running []running
+		reqs    []request
+		want    []string // parts of the lines, in order; nil: no lines
+		lines   int      // the number of lines, when want is set
+	}{{
+		name: "every GPU held", node: dgx, running: wholeGPUs("batch-", 8, 100, 0),
+		reqs:  []request{{class: "gpu.facet.dev"}},
+		want:  []string{"node n1: ml/urgent-c0 request gpu: none of the 8 matching device(s) is free", "gpu-0: whole GPU held by ml/batch-0-gpu", "gpu-4: whole GPU held by ml/batch-4-gpu"},
+		lines: maxUnfitLines + 1,
+	}, {
+		name: "a share larger than any GPU", node: shared,
+		reqs:  []request{{class: "vgpu.facet.dev", capacity: map[string]string{"memory": "200Gi", "cores": "10"}}},
+		want:  []string{"node n1: ml/urgent-c0 request gpu: none of the 2 matching device(s) is large enough", "gpu-0: too small, 79.18Gi of memory in all, need 200Gi", "gpu-1: too small"},
+		lines: 3,
+	}, {
+		name: "fits: nothing to say", node: dgx, running: wholeGPUs("batch-", 7, 100, 0),
+		reqs: []request{{class: "gpu.facet.dev"}},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := Snapshot{Classes: classes(t), Features: fit.FeaturesOf(features.AllOn("test")), Slices: occtest.Slices(t, tc.node)}
+			for _, r := range tc.running {
+				p, c := r.objects()
+				s.Pods, s.Claims = append(s.Pods, p), append(s.Claims, c)
+			}
+			pod, claims := preemptor(1000, tc.reqs...)
+			s.Claims = append(s.Claims, claims...)
+			got, err := Unfit(context.Background(), s, pod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == nil {
+				if got != nil {
+					t.Fatalf("lines %q, want none", got)
+				}
+				return
+			}
+			if len(got) != tc.lines {
+				t.Errorf("%d lines, want %d: %q", len(got), tc.lines, got)
+			}
+			all := strings.Join(got, "\n")
+			for _, w := range tc.want {
+				if !strings.Contains(all, w) {
+					t.Errorf("lines lack %q:\n%s", w, all)
+				}
+			}
+			if strings.Contains(all, "held by ()") {
+				t.Errorf("an empty holder list:\n%s", all)
+			}
+		})
+	}
+}

@@ -60,6 +60,10 @@ const (
 	// held back (the eviction budget is spent, or its node has another
 	// preemption in flight). Given once per reason.
 	ReasonWaiting = "FacetPreemptionWaiting"
+	// ReasonUnallocatable: on a pod the scheduler found unschedulable for
+	// its claims, why they fit on no node, in facetctl fit's words (also
+	// with --observe-only). Given once per distinct explanation.
+	ReasonUnallocatable = "FacetUnallocatable"
 )
 
 // unschedulableClaims is the kube-scheduler's DRA plugin's message for a
@@ -130,6 +134,10 @@ type Controller struct {
 	waiting  map[string]map[string]bool
 	backoffs map[types.UID]*backoff
 	told     map[types.UID]string
+	// toldUnfit is the last ReasonUnallocatable message per pod, kept
+	// apart from told so that the two Events do not undo each other's
+	// deduplication.
+	toldUnfit map[types.UID]string
 	// nominated are the nominatedNodeNames this preemptor set.
 	nominated map[types.UID]string
 	// observed is, in observe-only mode, the last decision raised for a
@@ -150,6 +158,7 @@ func New(opts Options) *Controller {
 		waiting:   map[string]map[string]bool{},
 		backoffs:  map[types.UID]*backoff{},
 		told:      map[types.UID]string{},
+		toldUnfit: map[types.UID]string{},
 		nominated: map[types.UID]string{},
 		observed:  map[types.UID]string{},
 		now:       time.Now,
@@ -334,6 +343,9 @@ func (c *Controller) sync(ctx context.Context, k string) (time.Duration, error) 
 		return 0, fmt.Errorf("deciding for pod %s: %w", k, err)
 	}
 	logger.V(2).Info("Preemption decision", "pod", klog.KObj(pod), "outcome", d.Outcome, "node", d.Node, "why", d.Why)
+	if d.Outcome == preempt.Ineligible || d.Outcome == preempt.NoCandidate {
+		c.explainUnfit(ctx, snap, pod)
+	}
 	switch d.Outcome {
 	case preempt.Ineligible, preempt.NoCandidate:
 		c.tell(pod, v1.EventTypeNormal, ReasonNotPreempting, "facet-preemptor evicts nothing for this pod: "+d.Why)
@@ -374,6 +386,28 @@ func (c *Controller) tell(pod *v1.Pod, eventType, reason, msg string) {
 	c.mu.Unlock()
 	if !same {
 		c.opts.Recorder.Event(pod, eventType, reason, msg)
+	}
+}
+
+// explainUnfit raises ReasonUnallocatable on pod with why its claims fit on
+// no node (preempt.Unfit), where the user looks first: the scheduler's own
+// Event says only that they cannot be allocated.
+func (c *Controller) explainUnfit(ctx context.Context, snap preempt.Snapshot, pod *v1.Pod) {
+	lines, err := preempt.Unfit(ctx, snap, pod)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Explaining why a pod's claims fit nowhere", "pod", klog.KObj(pod))
+		return
+	}
+	if len(lines) == 0 {
+		return
+	}
+	msg := "no node can allocate this pod's ResourceClaims now: " + strings.Join(lines, "; ")
+	c.mu.Lock()
+	same := c.toldUnfit[pod.UID] == msg
+	c.toldUnfit[pod.UID] = msg
+	c.mu.Unlock()
+	if !same {
+		c.opts.Recorder.Event(pod, v1.EventTypeWarning, ReasonUnallocatable, msg)
 	}
 }
 
@@ -730,6 +764,7 @@ func (c *Controller) forget(uid types.UID) {
 	c.endAttempt(uid)
 	delete(c.backoffs, uid)
 	delete(c.told, uid)
+	delete(c.toldUnfit, uid)
 	delete(c.nominated, uid)
 	delete(c.observed, uid)
 }
@@ -756,6 +791,11 @@ func (c *Controller) forgetGone() {
 	for uid := range c.told {
 		if !live[uid] {
 			delete(c.told, uid)
+		}
+	}
+	for uid := range c.toldUnfit {
+		if !live[uid] {
+			delete(c.toldUnfit, uid)
 		}
 	}
 	for uid := range c.nominated {

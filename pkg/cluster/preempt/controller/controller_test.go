@@ -238,6 +238,9 @@ func TestController(t *testing.T) {
 		name: "equal priority: nothing", prio: 100,
 		event: "Normal FacetNotPreempting facet-preemptor evicts nothing for this pod: evicting every pod of lower priority than 100",
 	}, {
+		name: "equal priority: and why its claims fit nowhere, on the pod", prio: 100,
+		event: "Warning FacetUnallocatable no node can allocate this pod's ResourceClaims now: node n1: ml/urgent-gpu request gpu: none of the 2 matching device(s) is free; gpu-0: whole GPU held by ml/low-0",
+	}, {
 		name: "preemptionPolicy Never: nothing", prio: 1000, never: true,
 		event: "Normal FacetNotPreempting facet-preemptor evicts nothing for this pod: its preemptionPolicy is Never",
 	}, {
