@@ -117,9 +117,13 @@ func TestCheck(t *testing.T) {
 		why:   []string{"gpu-0: 101% SM asked for, more than a whole GPU"},
 		never: []string{"held by ()"},
 	}, {
-		name:  "more devices than the node has",
-		node:  occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 2},
-		claim: func() *resourceapi.ResourceClaim { c := ask("gpu.facet.dev", nil); c.Spec.Devices.Requests[0].Exactly.Count = 3; return c }(),
+		name: "more devices than the node has",
+		node: occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 2},
+		claim: func() *resourceapi.ResourceClaim {
+			c := ask("gpu.facet.dev", nil)
+			c.Spec.Devices.Requests[0].Exactly.Count = 3
+			return c
+		}(),
 		why:   []string{"only 2 device(s) on the node match DeviceClass gpu.facet.dev and the request's selectors, need 3"},
 		never: []string{"held by", "free"},
 	}, {
