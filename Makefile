@@ -119,6 +119,9 @@ unit:
 	# The Helm chart, rendered with Helm as a library (its own module, so
 	# Helm's dependencies stay out of Facet's go.mod).
 	cd test/helm && ../../$(STAGE) "unit: Helm chart" $(GO) test ./...
+	# The chart's alerts and dashboard against Prometheus's parser and
+	# promtool (its own module, for Prometheus's dependencies).
+	cd test/promrules && ../../$(STAGE) "unit: alerts and dashboard" $(GO) test ./...
 
 ## allocator-matrix: test/allocator against the allocator of Kubernetes
 ## 1.36 and 1.37 too (unit runs it on 1.35, go.mod's); the bug tests expect

@@ -137,11 +137,24 @@ func TestLiveChartPodMutator(t *testing.T) {
 			t.Fatalf("%v: %d templates after dry runs", err, len(list.Items))
 		}
 		l.must(t, pod("real", nil, `{"nvidia.com/gpu": "1"}`), "create", "-f", "-")
+		// A MIG profile's claim is a prioritized list (preferExistingMIG,
+		// on by default), which this API server must admit.
+		l.must(t, pod("real-mig", nil, `{"nvidia.com/mig-1g.10gb": "1"}`), "create", "-f", "-")
 		list, err = l.client.ResourceV1().ResourceClaimTemplates(ns).List(ctx, metav1.ListOptions{
 			LabelSelector: webhook.ManagedByLabel + "=" + webhook.ManagedByValue,
 		})
-		if err != nil || len(list.Items) != 1 {
+		if err != nil || len(list.Items) != 2 {
 			t.Fatalf("%v: templates %+v", err, list)
+		}
+		for _, tpl := range list.Items {
+			req := tpl.Spec.Spec.Devices.Requests[0]
+			var subs []string
+			for _, sub := range req.FirstAvailable {
+				subs = append(subs, sub.Name)
+			}
+			if strings.HasPrefix(tpl.Name, "facet-mig-") && strings.Join(subs, ",") != "existing,split,carved" {
+				t.Errorf("template %s: subrequests %v, want existing, split, carved", tpl.Name, subs)
+			}
 		}
 	})
 }
