@@ -29,6 +29,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/miglayout"
 	"github.com/facet-gpu/facet/pkg/model/names"
+	"github.com/facet-gpu/facet/pkg/model/nodemodel"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/model/sharemem"
 	"github.com/facet-gpu/facet/pkg/node/cdi"
@@ -133,9 +134,9 @@ func Run(ctx context.Context, f Config) error {
 		return err
 	}
 	defer lib.Close()
-	node, err := lib.Discover()
+	node, err := nodemodel.Discover(lib)
 	if err != nil {
-		return fmt.Errorf("discover GPUs: %w", err)
+		return err
 	}
 	client, err := kubeClient(f.Kubeconfig, f.KubeAPIQPS, f.KubeAPIBurst)
 	if err != nil {
@@ -162,15 +163,6 @@ func Run(ctx context.Context, f Config) error {
 	if err := applyLayouts(ctx, lib, node, layouts, cfg, store, miglayout.NewStore(filepath.Join(f.StateDir, "mig-layouts.json")), ev); err != nil {
 		return err
 	}
-	for _, g := range node.GPUs {
-		if g.MIGCapable {
-			// What exists decides static-mig's devices and auto's choice.
-			if cfg.MIGInstances, err = lib.ListMIG(); err != nil {
-				return fmt.Errorf("list MIG instances: %w", err)
-			}
-			break
-		}
-	}
 	vgpu, hamiErr := openHAMi(f.HAMiLibrary, f.HAMiLibrarySHA256, filepath.Join(f.StateDir, "vgpu"))
 	if hamiErr != nil {
 		logger.Error(hamiErr, "vGPU shares that need enforcement will fail to prepare; everything else is served")
@@ -184,7 +176,8 @@ func Run(ctx context.Context, f Config) error {
 		// promised twice.
 		cfg.MPSReserveBytes = sharemem.MPSServerBytes
 	}
-	inv, err := inventory.Build(node, cfg)
+	// The layouts are carved by now: the instances listed are the node's.
+	inv, err := nodemodel.Build(node, cfg, nodemodel.Options{MIG: lib})
 	if err != nil {
 		reason := reasonModeFallback
 		if defect := (*inventory.DefectError)(nil); errors.As(err, &defect) {
