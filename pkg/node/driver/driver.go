@@ -20,7 +20,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
-	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
@@ -31,23 +30,22 @@ import (
 // DefaultBootIDPath is where Linux publishes the current boot's ID.
 const DefaultBootIDPath = "/proc/sys/kernel/random/boot_id"
 
-// Driver implements kubeletplugin.DRAPlugin.
+// Driver implements kubeletplugin.DRAPlugin. It admits claims onto the
+// node's devices and records them (this file, plan.go, reservations.go),
+// carves their MIG instances (mig.go), restores them at start
+// (restore.go), and composes what three smaller parts do: spec writing
+// (specs), MPS joining (mpsJoiner) and what the outside sees (observer).
 type Driver struct {
 	nodeName string
 	inv      *inventory.Inventory
 	store    Store
-	cdi      SpecWriter
-	edits    EditSource
 	mig      MIGManager
-	hami     ShareEditor
-	// hamiErr says why hami is nil, for the claims that need it.
-	hamiErr error
-	// mps partitions shares' SMs with MPS; nil: shares are time-sliced.
-	mps Partitioner
-	// mpsErr says why mps is nil, for claims that ask for it.
-	mpsErr error
-	// pods reads the pods of a claim, for their UID; nil: none is known.
-	pods PodGetter
+	spec     *specs
+	// mps runs the MPS daemons (restore, check, release); nil: shares
+	// are time-sliced. join decides which claims join them.
+	mps  Partitioner
+	join *mpsJoiner
+	obs  *observer
 	fail func(string)
 	// bootID is this boot's ID; "" if it could not be read, in which case
 	// records are verified, never judged to be from another boot.
@@ -55,23 +53,8 @@ type Driver struct {
 	// destroyUnowned is --destroy-unowned-mig.
 	destroyUnowned bool
 
-	// metrics, events and status are optional (nil: none); observe.go.
-	metrics *metrics.Metrics
-	events  EventRecorder
-	status  ClaimStatus
-
-	// common edits are the same for every claim; computed once.
-	common *cdispec.ContainerEdits
 	// gpus finds an inventory GPU by UUID.
 	gpus map[string]*inventory.GPU
-	// gpuEdits caches each whole GPU's edits, which depend only on the
-	// GPU: nvcdi walks NVML and the driver root for them, which prepare
-	// need not repeat. Filled on first use, so one GPU nvcdi cannot
-	// describe fails only the claims on it. editsMu guards only the map:
-	// each GPU's entry has its own lock, so a GPU whose nvcdi call hangs
-	// holds up the claims on it alone.
-	editsMu  sync.Mutex
-	gpuEdits map[string]*gpuEditsEntry
 
 	mu sync.Mutex
 	// occ is what is prepared on each GPU. Held under mu only for
@@ -97,11 +80,6 @@ type Driver struct {
 	drahealthv1alpha1.UnimplementedDRAResourceHealthServer
 	// nodeLock is Options.NodeLock's; nil without one.
 	nodeLock *nodeLock
-}
-
-type gpuEditsEntry struct {
-	mu    sync.Mutex
-	edits *cdispec.ContainerEdits
 }
 
 type claimRef struct {
@@ -181,31 +159,27 @@ type Options struct {
 func New(ctx context.Context, o Options) (*Driver, error) {
 	logger := klog.FromContext(ctx)
 	d := &Driver{
-		nodeName:       o.NodeName,
-		inv:            o.Inventory,
-		store:          o.Store,
-		cdi:            o.CDI,
-		edits:          o.Edits,
-		mig:            o.MIG,
-		hami:           shareEditor(o.HAMi),
-		hamiErr:        o.HAMiUnavailable,
+		nodeName: o.NodeName,
+		inv:      o.Inventory,
+		store:    o.Store,
+		mig:      o.MIG,
+		spec: &specs{
+			cdi: o.CDI, edits: o.Edits, hami: shareEditor(o.HAMi), hamiErr: o.HAMiUnavailable,
+			gpuEdits: map[string]*gpuEditsEntry{},
+		},
 		mps:            partitioner(o.MPS),
-		mpsErr:         o.MPSUnavailable,
-		pods:           o.Pods,
+		obs:            &observer{metrics: o.Metrics, events: o.Events, status: o.Status},
 		fail:           o.Failpoint,
 		destroyUnowned: o.DestroyUnownedMIG,
-		metrics:        o.Metrics,
-		events:         o.Events,
-		status:         o.Status,
 		occ:            reservations{},
 		busy:           map[types.UID]bool{},
 		gpus:           map[string]*inventory.GPU{},
-		gpuEdits:       map[string]*gpuEditsEntry{},
 		unusable:       map[string]string{},
 		faults:         map[string]gpuhealth.Fault{},
 		healthSubs:     map[chan struct{}]struct{}{},
 		migUseCh:       make(chan struct{}, 1),
 	}
+	d.join = &mpsJoiner{mps: d.mps, mpsErr: o.MPSUnavailable, pods: o.Pods, holder: d.claimRefOf, obs: d.obs, failpoint: d.failpoint}
 	for _, g := range o.Inventory.GPUs {
 		d.gpus[g.UUID] = g
 	}
@@ -222,7 +196,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("NVIDIA driver CDI edits: %w", err)
 	}
-	d.common = common
+	d.spec.common = common
 	if o.NodeLock != "" {
 		d.nodeLock = &nodeLock{path: o.NodeLock, reload: d.reloadReservations}
 		// An instance still serving may be mid-prepare: its Preparing

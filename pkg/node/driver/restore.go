@@ -19,7 +19,7 @@ import (
 // claim owns. Only an unreadable checkpoint directory fails it.
 func (d *Driver) restore(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	if removed, err := d.cdi.SweepTemp(); err != nil {
+	if removed, err := d.spec.cdi.SweepTemp(); err != nil {
 		logger.Error(err, "Sweeping temporary CDI spec files")
 	} else if len(removed) > 0 {
 		logger.Info("Removed temporary CDI spec files left by a crash", "files", removed)
@@ -62,8 +62,8 @@ func (d *Driver) restore(ctx context.Context) error {
 			}
 			// No process of the last boot uses its HAMi-core region;
 			// its accounting is stale, so the rebuild starts a fresh one.
-			if d.hami != nil {
-				if err := d.hami.Cleanup(c.UID); err != nil {
+			if d.spec.hami != nil {
+				if err := d.spec.hami.Cleanup(c.UID); err != nil {
 					logger.Error(err, "Removing a HAMi-core region of the last boot", "claim", ref)
 				}
 			}
@@ -85,26 +85,26 @@ func (d *Driver) restore(ctx context.Context) error {
 		d.restoreUses(ctx, ref, c, owned)
 		logger.V(2).Info("Restored prepared claim", "claim", ref, "devices", len(c.Devices))
 	}
-	if specs, err := d.cdi.ClaimSpecs(); err != nil {
+	if specs, err := d.spec.cdi.ClaimSpecs(); err != nil {
 		logger.Error(err, "Listing CDI specs for orphans")
 	} else {
 		for _, uid := range specs {
 			if !known[uid] {
 				logger.Info("Removing orphaned CDI spec", "claimUID", uid)
-				if err := d.cdi.RemoveClaim(uid); err != nil {
+				if err := d.spec.cdi.RemoveClaim(uid); err != nil {
 					logger.Error(err, "Removing orphaned CDI spec", "claimUID", uid)
 				}
 			}
 		}
 	}
-	if d.hami != nil {
-		if caches, err := d.hami.ClaimCaches(); err != nil {
+	if d.spec.hami != nil {
+		if caches, err := d.spec.hami.ClaimCaches(); err != nil {
 			logger.Error(err, "Listing HAMi-core accounting regions for orphans")
 		} else {
 			for _, uid := range caches {
 				if !known[uid] {
 					logger.Info("Removing orphaned HAMi-core accounting region", "claimUID", uid)
-					if err := d.hami.Cleanup(uid); err != nil {
+					if err := d.spec.hami.Cleanup(uid); err != nil {
 						logger.Error(err, "Removing orphaned HAMi-core accounting region", "claimUID", uid)
 					}
 				}
