@@ -58,22 +58,8 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 		return nil, "", err
 	}
 	if rec != nil && rec.State == checkpoint.StatePrepared {
-		// Idempotent: the kubelet asks again after its own restarts. But
-		// what the record points at may be gone (a reboot, a lost or
-		// truncated spec, a destroyed MIG instance): then it is rebuilt,
-		// never handed out stale. Nor on a GPU with a fatal fault: a new
-		// pod on an old claim would land on a broken GPU.
-		if err := d.checkUsable(rec.Devices); err != nil {
-			return rec, "", err
-		}
-		stale := d.staleness(rec)
-		if stale == "" {
-			return rec, "already prepared", nil
-		}
-		if err := d.rebuild(ctx, claim, rec); err != nil {
-			return rec, "", fmt.Errorf("rebuild (%s): %w", stale, err)
-		}
-		return rec, "rebuilt: " + stale, nil
+		outcome, err := d.reprepare(ctx, claim, rec)
+		return rec, outcome, err
 	}
 	if rec != nil {
 		if err := d.rollback(ctx, claim.UID, rec); err != nil {
@@ -125,6 +111,26 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 	}
 	d.failpoint("prepare/recorded-prepared")
 	return rec, "prepared", nil
+}
+
+// reprepare answers a prepare of a claim already prepared: idempotent,
+// as the kubelet asks again after its own restarts. But what the record
+// points at may be gone (a reboot, a lost or truncated spec, a destroyed
+// MIG instance): then it is rebuilt, never handed out stale. Nor on a
+// GPU with a fatal fault: a new pod on an old claim would land on a
+// broken GPU. The outcome is prepareRecord's.
+func (d *Driver) reprepare(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim) (string, error) {
+	if err := d.checkUsable(rec.Devices); err != nil {
+		return "", err
+	}
+	stale := d.staleness(rec)
+	if stale == "" {
+		return "already prepared", nil
+	}
+	if err := d.rebuild(ctx, claim, rec); err != nil {
+		return "", fmt.Errorf("rebuild (%s): %w", stale, err)
+	}
+	return "rebuilt: " + stale, nil
 }
 
 // carves says whether preparing rec creates MIG instances (dynamic MIG).
