@@ -23,6 +23,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
+	"github.com/facet-gpu/facet/pkg/node/claimuid"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/node/metrics"
 )
@@ -224,64 +225,61 @@ func (d *Driver) limits(gpuUUID string) gpuLimits {
 // PrepareResourceClaims prepares each claim independently and concurrently:
 // one claim's failure is reported for that claim alone.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
-	if len(claims) == 0 {
-		// The health probe's call: no need to wait for the node lock.
-		return results, nil
-	}
-	if err := d.enter(ctx); err != nil {
-		for _, claim := range claims {
-			results[claim.UID] = kubeletplugin.PrepareResult{Err: err}
-		}
-		return results, nil
-	}
-	defer d.leave(ctx)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, claim := range claims {
-		wg.Go(func() {
+	return eachClaim(ctx, d, claims,
+		func(claim *resourceapi.ResourceClaim) types.UID { return claim.UID },
+		func(err error) kubeletplugin.PrepareResult { return kubeletplugin.PrepareResult{Err: err} },
+		func(claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {
 			devices, err := d.observedPrepare(ctx, claim)
 			if err != nil {
 				// prepareClaim logged it.
 				err = fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 			}
-			mu.Lock()
-			results[claim.UID] = kubeletplugin.PrepareResult{Devices: devices, Err: err}
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return results, nil
+			return kubeletplugin.PrepareResult{Devices: devices, Err: err}
+		}), nil
 }
 
 // UnprepareResourceClaims undoes prepare; unknown claims succeed.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	results := make(map[types.UID]error, len(claims))
+	return eachClaim(ctx, d, claims,
+		func(claim kubeletplugin.NamespacedObject) types.UID { return claim.UID },
+		func(err error) error { return err },
+		func(claim kubeletplugin.NamespacedObject) error {
+			err := d.observedUnprepare(ctx, claim)
+			if err != nil {
+				err = fmt.Errorf("claim %s: %w", claim.NamespacedName, err)
+			}
+			return err
+		}), nil
+}
+
+// eachClaim runs do for every claim at once, under the node lock, and
+// returns each claim's result by UID; every claim gets refused(err) where
+// the node lock cannot be had. No claims (the kubelet's health probe):
+// an empty map at once, without waiting for the node lock.
+func eachClaim[C, R any](ctx context.Context, d *Driver, claims []C, uid func(C) types.UID, refused func(error) R, do func(C) R) map[types.UID]R {
+	results := make(map[types.UID]R, len(claims))
 	if len(claims) == 0 {
-		return results, nil
+		return results
 	}
 	if err := d.enter(ctx); err != nil {
 		for _, claim := range claims {
-			results[claim.UID] = err
+			results[uid(claim)] = refused(err)
 		}
-		return results, nil
+		return results
 	}
 	defer d.leave(ctx)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, claim := range claims {
 		wg.Go(func() {
-			err := d.observedUnprepare(ctx, claim)
-			if err != nil {
-				err = fmt.Errorf("claim %s: %w", claim.NamespacedName, err)
-			}
+			r := do(claim)
 			mu.Lock()
-			results[claim.UID] = err
+			results[uid(claim)] = r
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	return results, nil
+	return results
 }
 
 // HandleError logs background errors (ResourceSlice publishing). None of
@@ -291,8 +289,12 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 }
 
 // lock marks a claim busy; a second call for the same claim fails fast and
-// the kubelet retries it.
+// the kubelet retries it. A UID that cannot name the claim's files
+// (claimuid.Validate) is refused first.
 func (d *Driver) lock(uid types.UID) error {
+	if err := claimuid.Validate(uid); err != nil {
+		return err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.busy[uid] {

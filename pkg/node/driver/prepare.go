@@ -16,7 +16,6 @@ import (
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
-	"github.com/facet-gpu/facet/pkg/node/claimuid"
 	"github.com/facet-gpu/facet/pkg/node/hami"
 )
 
@@ -45,9 +44,6 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 // and how it came to be ("prepared", "already prepared", or "rebuilt: "
 // and why); on failure, the record as far as it got (nil before the plan).
 func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, string, error) {
-	if err := claimuid.Validate(claim.UID); err != nil {
-		return nil, "", err
-	}
 	if err := d.lock(claim.UID); err != nil {
 		return nil, "", err
 	}
@@ -505,9 +501,6 @@ const nothingRecorded = "nothing recorded"
 // for a corrupt record, "record corrupt (...), salvaged" or "..., nothing
 // salvaged".
 func (d *Driver) unprepareRecord(ctx context.Context, claim kubeletplugin.NamespacedObject) (*checkpoint.Claim, string, error) {
-	if err := claimuid.Validate(claim.UID); err != nil {
-		return nil, "", err
-	}
 	if err := d.lock(claim.UID); err != nil {
 		return nil, "", err
 	}
