@@ -19,7 +19,7 @@ import (
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
-	"github.com/facet-gpu/facet/pkg/model/miglayout"
+	"github.com/facet-gpu/facet/pkg/model/nodemodel"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
@@ -153,35 +153,11 @@ func runSlices(args []string) error {
 		return err
 	}
 	defer lib.Close()
-	discovered, err := lib.Discover()
-	if err != nil {
-		return err
-	}
-	if cfg.MIGInstances, err = lib.ListMIG(); err != nil {
-		return err
-	}
 	perGPU, err := inventory.ParsePerGPU(*layouts, "layout", func(s string) (string, error) { return s, nil })
 	if err != nil {
 		return fmt.Errorf("--mig-layouts: %w", err)
 	}
-	for idx, layout := range perGPU {
-		if idx >= len(discovered.GPUs) {
-			return fmt.Errorf("--mig-layouts: GPU %d, but the node has GPUs 0-%d", idx, len(discovered.GPUs)-1)
-		}
-		g := discovered.GPUs[idx]
-		plan, err := miglayout.Plan(layout, g.MIGProfiles)
-		if err != nil {
-			return fmt.Errorf("GPU %d: %w", idx, err)
-		}
-		var kept []nvml.MIGInstance
-		for _, in := range cfg.MIGInstances {
-			if in.ParentUUID != g.UUID {
-				kept = append(kept, in)
-			}
-		}
-		cfg.MIGInstances = append(kept, miglayout.Preview(g, plan)...) //nolint:gocritic // kept is a new slice: this GPU's instances replaced
-	}
-	inv, err := inventory.Build(discovered, cfg)
+	_, inv, err := nodemodel.Assemble(lib, cfg, perGPU)
 	if err != nil {
 		return err
 	}
@@ -269,7 +245,7 @@ func layoutSimulatedRoot(machine, root string) (string, int, error) {
 		return "", 0, err
 	}
 	defer lib.Close()
-	node, err := lib.Discover()
+	node, err := nodemodel.Discover(lib)
 	if err != nil {
 		return "", 0, err
 	}

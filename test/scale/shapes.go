@@ -17,7 +17,7 @@ import (
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
-	"github.com/facet-gpu/facet/pkg/model/miglayout"
+	"github.com/facet-gpu/facet/pkg/model/nodemodel"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
@@ -61,33 +61,31 @@ func Shapes(machine string) ([]Shape, error) {
 		return nil, err
 	}
 	stock, on := features.Stock("scale"), features.AllOn("scale")
-	build := func(cfg inventory.Config) (*inventory.Inventory, error) { return inventory.Build(node, cfg) }
+	build := func(cfg inventory.Config, layouts map[int]string) (*inventory.Inventory, error) {
+		return nodemodel.Build(node, cfg, nodemodel.Options{Layouts: layouts})
+	}
 
-	excl, err := build(inventory.Config{DefaultMode: inventory.ModeExclusive, Features: &stock})
+	excl, err := build(inventory.Config{DefaultMode: inventory.ModeExclusive, Features: &stock}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("exclusive: %w", err)
 	}
-	var instances []nvml.MIGInstance
+	allSmall := make(map[int]string, len(node.GPUs))
 	for _, g := range node.GPUs {
-		plan, err := miglayout.Plan("all-1g.10gb", g.MIGProfiles)
-		if err != nil {
-			return nil, fmt.Errorf("static-mig: gpu %d: %w", g.Index, err)
-		}
-		instances = append(instances, miglayout.Preview(g, plan)...)
+		allSmall[g.Index] = "all-1g.10gb"
 	}
-	static, err := build(inventory.Config{DefaultMode: inventory.ModeStaticMIG, Features: &stock, MIGInstances: instances})
+	static, err := build(inventory.Config{DefaultMode: inventory.ModeStaticMIG, Features: &stock}, allSmall)
 	if err != nil {
 		return nil, fmt.Errorf("static-mig: %w", err)
 	}
-	mig, err := build(inventory.Config{DefaultMode: inventory.ModeMIG, Features: &on})
+	mig, err := build(inventory.Config{DefaultMode: inventory.ModeMIG, Features: &on}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("mig: %w", err)
 	}
-	shared, err := build(inventory.Config{DefaultMode: inventory.ModeShared, Features: &on})
+	shared, err := build(inventory.Config{DefaultMode: inventory.ModeShared, Features: &on}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("shared: %w", err)
 	}
-	slots, err := build(inventory.Config{DefaultMode: inventory.ModeSlots, Features: &stock})
+	slots, err := build(inventory.Config{DefaultMode: inventory.ModeSlots, Features: &stock}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("slots: %w", err)
 	}

@@ -17,8 +17,8 @@ import (
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
-	"github.com/facet-gpu/facet/pkg/model/miglayout"
 	"github.com/facet-gpu/facet/pkg/model/names"
+	"github.com/facet-gpu/facet/pkg/model/nodemodel"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
@@ -57,21 +57,13 @@ func Slices(t testing.TB, n Node) []*resourceapi.ResourceSlice {
 			t.Fatal(err)
 		}
 	}
+	var layouts map[int]string
 	if n.Layout != "" {
-		perGPU, err := inventory.ParsePerGPU(n.Layout, "layout", func(s string) (string, error) { return s, nil })
-		if err != nil {
+		if layouts, err = inventory.ParsePerGPU(n.Layout, "layout", func(s string) (string, error) { return s, nil }); err != nil {
 			t.Fatal(err)
 		}
-		for idx, layout := range perGPU {
-			g := node.GPUs[idx]
-			plan, err := miglayout.Plan(layout, g.MIGProfiles)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg.MIGInstances = append(cfg.MIGInstances, miglayout.Preview(g, plan)...)
-		}
 	}
-	inv, err := inventory.Build(node, cfg)
+	inv, err := nodemodel.Build(node, cfg, nodemodel.Options{Layouts: layouts})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,10 +20,10 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
-	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
+	"github.com/facet-gpu/facet/pkg/node/claimuid"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/node/metrics"
 )
@@ -31,23 +31,22 @@ import (
 // DefaultBootIDPath is where Linux publishes the current boot's ID.
 const DefaultBootIDPath = "/proc/sys/kernel/random/boot_id"
 
-// Driver implements kubeletplugin.DRAPlugin.
+// Driver implements kubeletplugin.DRAPlugin. It admits claims onto the
+// node's devices and records them (this file, plan.go, reservations.go),
+// carves their MIG instances (mig.go), restores them at start
+// (restore.go), and composes what three smaller parts do: spec writing
+// (specs), MPS joining (mpsJoiner) and what the outside sees (observer).
 type Driver struct {
 	nodeName string
 	inv      *inventory.Inventory
 	store    Store
-	cdi      SpecWriter
-	edits    EditSource
 	mig      MIGManager
-	hami     ShareEditor
-	// hamiErr says why hami is nil, for the claims that need it.
-	hamiErr error
-	// mps partitions shares' SMs with MPS; nil: shares are time-sliced.
-	mps Partitioner
-	// mpsErr says why mps is nil, for claims that ask for it.
-	mpsErr error
-	// pods reads the pods of a claim, for their UID; nil: none is known.
-	pods PodGetter
+	spec     *specs
+	// mps runs the MPS daemons (restore, check, release); nil: shares
+	// are time-sliced. join decides which claims join them.
+	mps  Partitioner
+	join *mpsJoiner
+	obs  *observer
 	fail func(string)
 	// bootID is this boot's ID; "" if it could not be read, in which case
 	// records are verified, never judged to be from another boot.
@@ -55,23 +54,8 @@ type Driver struct {
 	// destroyUnowned is --destroy-unowned-mig.
 	destroyUnowned bool
 
-	// metrics, events and status are optional (nil: none); observe.go.
-	metrics *metrics.Metrics
-	events  EventRecorder
-	status  ClaimStatus
-
-	// common edits are the same for every claim; computed once.
-	common *cdispec.ContainerEdits
 	// gpus finds an inventory GPU by UUID.
 	gpus map[string]*inventory.GPU
-	// gpuEdits caches each whole GPU's edits, which depend only on the
-	// GPU: nvcdi walks NVML and the driver root for them, which prepare
-	// need not repeat. Filled on first use, so one GPU nvcdi cannot
-	// describe fails only the claims on it. editsMu guards only the map:
-	// each GPU's entry has its own lock, so a GPU whose nvcdi call hangs
-	// holds up the claims on it alone.
-	editsMu  sync.Mutex
-	gpuEdits map[string]*gpuEditsEntry
 
 	mu sync.Mutex
 	// occ is what is prepared on each GPU. Held under mu only for
@@ -97,11 +81,6 @@ type Driver struct {
 	drahealthv1alpha1.UnimplementedDRAResourceHealthServer
 	// nodeLock is Options.NodeLock's; nil without one.
 	nodeLock *nodeLock
-}
-
-type gpuEditsEntry struct {
-	mu    sync.Mutex
-	edits *cdispec.ContainerEdits
 }
 
 type claimRef struct {
@@ -181,31 +160,27 @@ type Options struct {
 func New(ctx context.Context, o Options) (*Driver, error) {
 	logger := klog.FromContext(ctx)
 	d := &Driver{
-		nodeName:       o.NodeName,
-		inv:            o.Inventory,
-		store:          o.Store,
-		cdi:            o.CDI,
-		edits:          o.Edits,
-		mig:            o.MIG,
-		hami:           shareEditor(o.HAMi),
-		hamiErr:        o.HAMiUnavailable,
+		nodeName: o.NodeName,
+		inv:      o.Inventory,
+		store:    o.Store,
+		mig:      o.MIG,
+		spec: &specs{
+			cdi: o.CDI, edits: o.Edits, hami: shareEditor(o.HAMi), hamiErr: o.HAMiUnavailable,
+			gpuEdits: map[string]*gpuEditsEntry{},
+		},
 		mps:            partitioner(o.MPS),
-		mpsErr:         o.MPSUnavailable,
-		pods:           o.Pods,
+		obs:            &observer{metrics: o.Metrics, events: o.Events, status: o.Status},
 		fail:           o.Failpoint,
 		destroyUnowned: o.DestroyUnownedMIG,
-		metrics:        o.Metrics,
-		events:         o.Events,
-		status:         o.Status,
 		occ:            reservations{},
 		busy:           map[types.UID]bool{},
 		gpus:           map[string]*inventory.GPU{},
-		gpuEdits:       map[string]*gpuEditsEntry{},
 		unusable:       map[string]string{},
 		faults:         map[string]gpuhealth.Fault{},
 		healthSubs:     map[chan struct{}]struct{}{},
 		migUseCh:       make(chan struct{}, 1),
 	}
+	d.join = &mpsJoiner{mps: d.mps, mpsErr: o.MPSUnavailable, pods: o.Pods, holder: d.claimRefOf, obs: d.obs, failpoint: d.failpoint}
 	for _, g := range o.Inventory.GPUs {
 		d.gpus[g.UUID] = g
 	}
@@ -222,7 +197,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("NVIDIA driver CDI edits: %w", err)
 	}
-	d.common = common
+	d.spec.common = common
 	if o.NodeLock != "" {
 		d.nodeLock = &nodeLock{path: o.NodeLock, reload: d.reloadReservations}
 		// An instance still serving may be mid-prepare: its Preparing
@@ -250,64 +225,61 @@ func (d *Driver) limits(gpuUUID string) gpuLimits {
 // PrepareResourceClaims prepares each claim independently and concurrently:
 // one claim's failure is reported for that claim alone.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
-	if len(claims) == 0 {
-		// The health probe's call: no need to wait for the node lock.
-		return results, nil
-	}
-	if err := d.enter(ctx); err != nil {
-		for _, claim := range claims {
-			results[claim.UID] = kubeletplugin.PrepareResult{Err: err}
-		}
-		return results, nil
-	}
-	defer d.leave(ctx)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, claim := range claims {
-		wg.Go(func() {
+	return eachClaim(ctx, d, claims,
+		func(claim *resourceapi.ResourceClaim) types.UID { return claim.UID },
+		func(err error) kubeletplugin.PrepareResult { return kubeletplugin.PrepareResult{Err: err} },
+		func(claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {
 			devices, err := d.observedPrepare(ctx, claim)
 			if err != nil {
 				// prepareClaim logged it.
 				err = fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 			}
-			mu.Lock()
-			results[claim.UID] = kubeletplugin.PrepareResult{Devices: devices, Err: err}
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return results, nil
+			return kubeletplugin.PrepareResult{Devices: devices, Err: err}
+		}), nil
 }
 
 // UnprepareResourceClaims undoes prepare; unknown claims succeed.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	results := make(map[types.UID]error, len(claims))
+	return eachClaim(ctx, d, claims,
+		func(claim kubeletplugin.NamespacedObject) types.UID { return claim.UID },
+		func(err error) error { return err },
+		func(claim kubeletplugin.NamespacedObject) error {
+			err := d.observedUnprepare(ctx, claim)
+			if err != nil {
+				err = fmt.Errorf("claim %s: %w", claim.NamespacedName, err)
+			}
+			return err
+		}), nil
+}
+
+// eachClaim runs do for every claim at once, under the node lock, and
+// returns each claim's result by UID; every claim gets refused(err) where
+// the node lock cannot be had. No claims (the kubelet's health probe):
+// an empty map at once, without waiting for the node lock.
+func eachClaim[C, R any](ctx context.Context, d *Driver, claims []C, uid func(C) types.UID, refused func(error) R, do func(C) R) map[types.UID]R {
+	results := make(map[types.UID]R, len(claims))
 	if len(claims) == 0 {
-		return results, nil
+		return results
 	}
 	if err := d.enter(ctx); err != nil {
 		for _, claim := range claims {
-			results[claim.UID] = err
+			results[uid(claim)] = refused(err)
 		}
-		return results, nil
+		return results
 	}
 	defer d.leave(ctx)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, claim := range claims {
 		wg.Go(func() {
-			err := d.observedUnprepare(ctx, claim)
-			if err != nil {
-				err = fmt.Errorf("claim %s: %w", claim.NamespacedName, err)
-			}
+			r := do(claim)
 			mu.Lock()
-			results[claim.UID] = err
+			results[uid(claim)] = r
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	return results, nil
+	return results
 }
 
 // HandleError logs background errors (ResourceSlice publishing). None of
@@ -317,8 +289,12 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 }
 
 // lock marks a claim busy; a second call for the same claim fails fast and
-// the kubelet retries it.
+// the kubelet retries it. A UID that cannot name the claim's files
+// (claimuid.Validate) is refused first.
 func (d *Driver) lock(uid types.UID) error {
+	if err := claimuid.Validate(uid); err != nil {
+		return err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.busy[uid] {

@@ -68,21 +68,73 @@ const ReasonMPSNotApplied = "FacetMPSNotApplied"
 // MPSAvailable says whether this plugin partitions shares with MPS.
 func (d *Driver) MPSAvailable() bool { return d.mps != nil }
 
-// mpsGPU decides whether a claim's shares are MPS-partitioned and on which
+// mpsJoiner is the driver's MPS joining: which GPU's daemon a claim's
+// shares join, as which Unix UID, and why they are time-sliced instead.
+// The daemons' lifecycle (restore, check, release) is the Driver's.
+type mpsJoiner struct {
+	// mps partitions shares' SMs with MPS; nil: shares are time-sliced.
+	mps Partitioner
+	// mpsErr says why mps is nil, for claims that ask for it.
+	mpsErr error
+	// pods reads the pods of a claim, for their UID; nil: none is known.
+	pods PodGetter
+	// holder names a claim that holds a daemon, for a conflict's message.
+	holder func(types.UID) (claimRef, bool)
+	obs    *observer
+	// failpoint is Driver.failpoint, which reads its hook at each call.
+	failpoint func(string)
+}
+
+// partition decides and joins the MPS partition of a claim's enforced
+// shares (vgpu nil or unenforced: none), and returns the spec's MPS
+// edits; nil where the shares are time-sliced, the claim then told why
+// (an Event). It first clears the record's MPS state: decided afresh at
+// each (re)build, except for the UID a rebuilt claim joined its daemon as.
+func (j *mpsJoiner) partition(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (*cdispec.ContainerEdits, error) {
+	recordedUser := rec.MPSUser
+	rec.MPSUser = nil
+	for i := range rec.Devices {
+		if s := rec.Devices[i].Share; s != nil {
+			s.MPS = false
+		}
+	}
+	if vgpu == nil || !vgpu.EnforcementEnabled() {
+		return nil, nil
+	}
+	gpu, fallback, err := j.pick(rec, vgpu)
+	if err != nil {
+		return nil, err
+	}
+	var edits *cdispec.ContainerEdits
+	if gpu != "" {
+		rec.MPSUser = recordedUser
+		edits, fallback, err = j.join(ctx, claim, rec, gpu, vgpu.Partitioning != nil)
+		if err != nil {
+			return nil, err
+		}
+	}
+	if fallback != "" {
+		klog.FromContext(ctx).Info("Shares not MPS-partitioned", "claim", klog.KRef(rec.Namespace, rec.Name), "why", fallback)
+		j.obs.mpsNotApplied(claim, fallback)
+	}
+	return edits, nil
+}
+
+// pick decides whether a claim's shares are MPS-partitioned and on which
 // GPU: "" for time-sliced. An explicit "mps" that cannot be honoured fails
 // the claim; the default falls back to time-slicing, with a reason.
-func (d *Driver) mpsGPU(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (gpu, fallback string, err error) {
+func (j *mpsJoiner) pick(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (gpu, fallback string, err error) {
 	if vgpu == nil || !vgpu.EnforcementEnabled() {
 		return "", "", nil
 	}
 	explicit := vgpu.Partitioning != nil
-	if vgpu.PartitioningFor(d.mps != nil) != configapi.PartitioningMPS {
+	if vgpu.PartitioningFor(j.mps != nil) != configapi.PartitioningMPS {
 		return "", "", nil
 	}
-	if d.mps == nil {
+	if j.mps == nil {
 		why := "the plugin runs without MPS (--mps=false)"
-		if d.mpsErr != nil {
-			why = d.mpsErr.Error()
+		if j.mpsErr != nil {
+			why = j.mpsErr.Error()
 		}
 		return "", "", fmt.Errorf("VgpuConfig partitioning %q: MPS is unavailable on this node: %s", configapi.PartitioningMPS, why)
 	}
@@ -118,8 +170,8 @@ const ReasonMPSUser = "FacetMPSUserConflict"
 // claimUser is the Unix UID the claim's pods run as (mps.PodUser). An
 // error wrapping mps.ErrUserUnknown says why none can be known; any other
 // is the API server's, and the prepare is retried.
-func (d *Driver) claimUser(ctx context.Context, claim *resourceapi.ResourceClaim) (int64, error) {
-	if d.pods == nil {
+func (j *mpsJoiner) claimUser(ctx context.Context, claim *resourceapi.ResourceClaim) (int64, error) {
+	if j.pods == nil {
 		return 0, fmt.Errorf("%w: the plugin reads no pods", mps.ErrUserUnknown)
 	}
 	user, pods := int64(-1), 0
@@ -127,7 +179,7 @@ func (d *Driver) claimUser(ctx context.Context, claim *resourceapi.ResourceClaim
 		if r.APIGroup != "" || r.Resource != "pods" {
 			continue
 		}
-		pod, err := d.pods(ctx, claim.Namespace, r.Name)
+		pod, err := j.pods(ctx, claim.Namespace, r.Name)
 		if err != nil {
 			return 0, fmt.Errorf("read pod %s/%s for the UID it runs as: %w", claim.Namespace, r.Name, err)
 		}
@@ -150,23 +202,23 @@ func (d *Driver) claimUser(ctx context.Context, claim *resourceapi.ResourceClaim
 	return user, nil
 }
 
-// joinMPS joins a claim to its GPU's daemon, as the UID its pods run as
+// join joins a claim to its GPU's daemon, as the UID its pods run as
 // (the one recorded, when a prepared claim is rebuilt), and returns the
 // spec's MPS edits, marking the claim's shares as MPS-partitioned in the
 // record. Where the claim cannot join (its UID unknown, or another than
 // the daemon serves), it returns why instead: the shares are then
 // time-sliced, or, when explicit (the claim's config asks for "mps"), the
 // prepare fails with the reason (an error).
-func (d *Driver) joinMPS(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, gpu string, explicit bool) (*cdispec.ContainerEdits, string, error) {
+func (j *mpsJoiner) join(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, gpu string, explicit bool) (*cdispec.ContainerEdits, string, error) {
 	var user int64
 	var err error
 	if rec.MPSUser != nil {
 		user = *rec.MPSUser
 	} else {
-		user, err = d.claimUser(ctx, claim)
+		user, err = j.claimUser(ctx, claim)
 	}
 	if err == nil {
-		err = d.mps.Acquire(ctx, gpu, rec.UID, user)
+		err = j.mps.Acquire(ctx, gpu, rec.UID, user)
 	}
 	var conflict *mps.UserConflictError
 	isConflict := errors.As(err, &conflict)
@@ -175,7 +227,7 @@ func (d *Driver) joinMPS(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		conflict.HolderNames = nil
 		for _, uid := range conflict.Holders {
 			name := string(uid)
-			if ref, ok := d.claimRefOf(uid); ok {
+			if ref, ok := j.holder(uid); ok {
 				name = ref.namespace + "/" + ref.name
 			}
 			conflict.HolderNames = append(conflict.HolderNames, name)
@@ -188,14 +240,14 @@ func (d *Driver) joinMPS(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	case explicit:
 		err = fmt.Errorf("VgpuConfig partitioning %q: %w", configapi.PartitioningMPS, err)
 		if isConflict {
-			d.claimEvent(claim, corev1.EventTypeWarning, ReasonMPSUser, err.Error())
+			j.obs.claimEvent(claim, corev1.EventTypeWarning, ReasonMPSUser, err.Error())
 		}
 		return nil, "", err
 	default:
 		return nil, "time-sliced by HAMi-core instead of MPS-partitioned: " + err.Error(), nil
 	}
 	rec.MPSUser = &user
-	d.failpoint("prepare/acquired-mps")
+	j.failpoint("prepare/acquired-mps")
 	// The claim's shares on the GPU are one client's partition: their
 	// cores add up, and a best-effort share leaves it unpartitioned.
 	var cores int64
@@ -213,7 +265,7 @@ func (d *Driver) joinMPS(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	if cores < 0 {
 		cores = 0
 	}
-	return d.mps.Edits(gpu, cores), "", nil
+	return j.mps.Edits(gpu, cores), "", nil
 }
 
 // mpsHolders are the GPUs that this boot's prepared records hold under MPS,
@@ -313,7 +365,7 @@ func (d *Driver) RunMPSWatch(ctx context.Context, interval time.Duration) {
 func (d *Driver) mpsRestarted(ctx context.Context, gpu string, claims []types.UID) {
 	msg := fmt.Sprintf("the MPS control daemon of GPU %s had died and was started again; CUDA processes of this claim that were its clients lost their MPS server and must be restarted", gpu)
 	klog.FromContext(ctx).Error(nil, "MPS control daemon restarted", "gpu", gpu, "claims", claims)
-	if d.events == nil {
+	if d.obs.events == nil {
 		return
 	}
 	for _, uid := range claims {
@@ -321,7 +373,7 @@ func (d *Driver) mpsRestarted(ctx context.Context, gpu string, claims []types.UI
 		if !ok {
 			continue
 		}
-		d.events.Event(&corev1.ObjectReference{
+		d.obs.events.Event(&corev1.ObjectReference{
 			APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
 			Namespace: ref.namespace, Name: ref.name, UID: ref.uid,
 		}, corev1.EventTypeWarning, ReasonMPSRestarted, msg)
@@ -329,17 +381,17 @@ func (d *Driver) mpsRestarted(ctx context.Context, gpu string, claims []types.UI
 }
 
 // mpsNotApplied tells a claim and its pods why its shares are time-sliced.
-func (d *Driver) mpsNotApplied(claim *resourceapi.ResourceClaim, why string) {
-	d.claimEvent(claim, corev1.EventTypeNormal, ReasonMPSNotApplied, why)
+func (o *observer) mpsNotApplied(claim *resourceapi.ResourceClaim, why string) {
+	o.claimEvent(claim, corev1.EventTypeNormal, ReasonMPSNotApplied, why)
 }
 
 // claimEvent raises an Event on the claim and on each pod it is reserved
 // for, where a user looks first.
-func (d *Driver) claimEvent(claim *resourceapi.ResourceClaim, eventType, reason, msg string) {
-	if d.events == nil {
+func (o *observer) claimEvent(claim *resourceapi.ResourceClaim, eventType, reason, msg string) {
+	if o.events == nil {
 		return
 	}
-	d.events.Event(&corev1.ObjectReference{
+	o.events.Event(&corev1.ObjectReference{
 		APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
 		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID,
 	}, eventType, reason, msg)
@@ -347,7 +399,7 @@ func (d *Driver) claimEvent(claim *resourceapi.ResourceClaim, eventType, reason,
 		if r.APIGroup != "" || r.Resource != "pods" {
 			continue
 		}
-		d.events.Event(&corev1.ObjectReference{
+		o.events.Event(&corev1.ObjectReference{
 			APIVersion: "v1", Kind: "Pod", Namespace: claim.Namespace, Name: r.Name, UID: r.UID,
 		}, eventType, reason, "ResourceClaim "+claim.Name+": "+msg)
 	}

@@ -268,7 +268,7 @@ func TestMPSChoice(t *testing.T) {
 				prepared = append(prepared, tc.before)
 			}
 			events := record.NewFakeRecorder(10)
-			r.d.events = events
+			r.d.obs.events = events
 			_, err := r.prepareOne(tc.claim)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -352,7 +352,7 @@ func TestMPSPluginRestartAndDaemonDeath(t *testing.T) {
 	}
 
 	events := record.NewFakeRecorder(10)
-	r.d.events = events
+	r.d.obs.events = events
 	r.killDaemon(gpu)
 	_, ctx := ktesting.NewTestContext(t)
 	r.d.CheckMPS(ctx)

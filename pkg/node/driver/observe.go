@@ -19,6 +19,14 @@ import (
 // (package metrics), Events on claims and pods, and claims' status.devices
 // (package claimstatus). None of it may fail or slow down a prepare.
 
+// observer is what the driver tells outside the node: metrics, Events
+// and the status writer, each optional (nil: none).
+type observer struct {
+	metrics *metrics.Metrics
+	events  EventRecorder
+	status  ClaimStatus
+}
+
 // ReasonPrepareFailed is the reason of the Warning Event a failed prepare
 // raises on its claim and on the claim's pods.
 const ReasonPrepareFailed = "FacetPrepareFailed"
@@ -41,29 +49,14 @@ type ClaimStatus interface {
 // or the conflicting holder. The kubelet retries failed prepares; the
 // broadcaster's correlator aggregates the repeats into one Event with a
 // count.
-func (d *Driver) prepareFailed(claim *resourceapi.ResourceClaim, err error) {
-	if d.events == nil {
-		return
-	}
-	msg := err.Error()
-	d.events.Event(&corev1.ObjectReference{
-		APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
-		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID,
-	}, corev1.EventTypeWarning, ReasonPrepareFailed, msg)
-	for _, r := range claim.Status.ReservedFor {
-		if r.APIGroup != "" || r.Resource != "pods" {
-			continue
-		}
-		d.events.Event(&corev1.ObjectReference{
-			APIVersion: "v1", Kind: "Pod", Namespace: claim.Namespace, Name: r.Name, UID: r.UID,
-		}, corev1.EventTypeWarning, ReasonPrepareFailed, "ResourceClaim "+claim.Name+": "+msg)
-	}
+func (o *observer) prepareFailed(claim *resourceapi.ResourceClaim, err error) {
+	o.claimEvent(claim, corev1.EventTypeWarning, ReasonPrepareFailed, err.Error())
 }
 
 // statusChanged tells the status writer, if any.
-func (d *Driver) statusChanged(namespace, name string, uid types.UID) {
-	if d.status != nil {
-		d.status.Changed(namespace, name, uid)
+func (o *observer) statusChanged(namespace, name string, uid types.UID) {
+	if o.status != nil {
+		o.status.Changed(namespace, name, uid)
 	}
 }
 
@@ -137,11 +130,11 @@ func (d *Driver) heldKind(uid types.UID) string {
 func (d *Driver) observedPrepare(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	start := time.Now()
 	devices, err := d.prepareClaim(ctx, claim)
-	d.metrics.ObservePrepare(d.claimKind(claim), time.Since(start), err)
+	d.obs.metrics.ObservePrepare(d.claimKind(claim), time.Since(start), err)
 	if err != nil {
-		d.prepareFailed(claim, err)
+		d.obs.prepareFailed(claim, err)
 	} else {
-		d.statusChanged(claim.Namespace, claim.Name, claim.UID)
+		d.obs.statusChanged(claim.Namespace, claim.Name, claim.UID)
 	}
 	return devices, err
 }
@@ -152,9 +145,9 @@ func (d *Driver) observedUnprepare(ctx context.Context, claim kubeletplugin.Name
 	kind := d.heldKind(claim.UID)
 	start := time.Now()
 	err := d.unprepareClaim(ctx, claim)
-	d.metrics.ObserveUnprepare(kind, time.Since(start), err)
+	d.obs.metrics.ObserveUnprepare(kind, time.Since(start), err)
 	if err == nil {
-		d.statusChanged(claim.Namespace, claim.Name, claim.UID)
+		d.obs.statusChanged(claim.Namespace, claim.Name, claim.UID)
 	}
 	return err
 }

@@ -12,13 +12,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
-	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	"github.com/facet-gpu/facet/pkg/model/names"
-	"github.com/facet-gpu/facet/pkg/node/cdi"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
-	"github.com/facet-gpu/facet/pkg/node/claimuid"
 	"github.com/facet-gpu/facet/pkg/node/hami"
 )
 
@@ -47,9 +44,6 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 // and how it came to be ("prepared", "already prepared", or "rebuilt: "
 // and why); on failure, the record as far as it got (nil before the plan).
 func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceClaim) (*checkpoint.Claim, string, error) {
-	if err := claimuid.Validate(claim.UID); err != nil {
-		return nil, "", err
-	}
 	if err := d.lock(claim.UID); err != nil {
 		return nil, "", err
 	}
@@ -60,22 +54,8 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 		return nil, "", err
 	}
 	if rec != nil && rec.State == checkpoint.StatePrepared {
-		// Idempotent: the kubelet asks again after its own restarts. But
-		// what the record points at may be gone (a reboot, a lost or
-		// truncated spec, a destroyed MIG instance): then it is rebuilt,
-		// never handed out stale. Nor on a GPU with a fatal fault: a new
-		// pod on an old claim would land on a broken GPU.
-		if err := d.checkUsable(rec.Devices); err != nil {
-			return rec, "", err
-		}
-		stale := d.staleness(rec)
-		if stale == "" {
-			return rec, "already prepared", nil
-		}
-		if err := d.rebuild(ctx, claim, rec); err != nil {
-			return rec, "", fmt.Errorf("rebuild (%s): %w", stale, err)
-		}
-		return rec, "rebuilt: " + stale, nil
+		outcome, err := d.reprepare(ctx, claim, rec)
+		return rec, outcome, err
 	}
 	if rec != nil {
 		if err := d.rollback(ctx, claim.UID, rec); err != nil {
@@ -117,7 +97,7 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	d.failpoint("prepare/left-mig")
-	if err := d.writeSpec(ctx, claim, rec, p.vgpu, false); err != nil {
+	if err := d.buildSpec(ctx, claim, rec, p.vgpu, false); err != nil {
 		return rec, "", errors.Join(err, d.rollback(ctx, claim.UID, rec))
 	}
 	d.failpoint("prepare/wrote-spec")
@@ -127,6 +107,26 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 	}
 	d.failpoint("prepare/recorded-prepared")
 	return rec, "prepared", nil
+}
+
+// reprepare answers a prepare of a claim already prepared: idempotent,
+// as the kubelet asks again after its own restarts. But what the record
+// points at may be gone (a reboot, a lost or truncated spec, a destroyed
+// MIG instance): then it is rebuilt, never handed out stale. Nor on a
+// GPU with a fatal fault: a new pod on an old claim would land on a
+// broken GPU. The outcome is prepareRecord's.
+func (d *Driver) reprepare(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim) (string, error) {
+	if err := d.checkUsable(rec.Devices); err != nil {
+		return "", err
+	}
+	stale := d.staleness(rec)
+	if stale == "" {
+		return "already prepared", nil
+	}
+	if err := d.rebuild(ctx, claim, rec); err != nil {
+		return "", fmt.Errorf("rebuild (%s): %w", stale, err)
+	}
+	return "rebuilt: " + stale, nil
 }
 
 // carves says whether preparing rec creates MIG instances (dynamic MIG).
@@ -217,10 +217,10 @@ func (d *Driver) staleness(rec *checkpoint.Claim) string {
 		return "the node rebooted since it was prepared"
 	}
 	if rec.CDISpecHash != "" {
-		if err := d.cdi.Verify(rec.UID, rec.CDISpecHash); err != nil {
+		if err := d.spec.cdi.Verify(rec.UID, rec.CDISpecHash); err != nil {
 			return err.Error()
 		}
-	} else if _, err := os.Stat(filepath.Join(d.cdi.Dir(), rec.CDISpec)); rec.CDISpec == "" || err != nil {
+	} else if _, err := os.Stat(filepath.Join(d.spec.cdi.Dir(), rec.CDISpec)); rec.CDISpec == "" || err != nil {
 		return fmt.Sprintf("CDI spec %q is missing", rec.CDISpec)
 	}
 	for _, dev := range rec.Devices {
@@ -246,8 +246,8 @@ func (d *Driver) staleness(rec *checkpoint.Claim) string {
 			return fmt.Sprintf("device %s: the MPS control daemon of its GPU is not running", dev.Device)
 		}
 	}
-	if d.hami != nil && enforcedShares(rec) {
-		if dir, err := d.hami.CacheDir(rec.UID); err != nil {
+	if d.spec.hami != nil && enforcedShares(rec) {
+		if dir, err := d.spec.hami.CacheDir(rec.UID); err != nil {
 			return err.Error()
 		} else if _, err := os.Stat(dir); err != nil {
 			return "its HAMi-core accounting region is missing"
@@ -323,7 +323,7 @@ func (d *Driver) rebuild(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		return err
 	}
 	// After a reboot no container uses the old accounting region.
-	if err := d.writeSpec(ctx, claim, rec, p.vgpu, !rebooted); err != nil {
+	if err := d.buildSpec(ctx, claim, rec, p.vgpu, !rebooted); err != nil {
 		return err
 	}
 	rec.BootID = d.bootID
@@ -334,108 +334,24 @@ func (d *Driver) rebuild(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	return nil
 }
 
-// wholeGPUEdits returns a whole GPU's edits, asking nvcdi only once per GPU
-// (and again after a failure).
-func (d *Driver) wholeGPUEdits(gpuUUID string) (*cdispec.ContainerEdits, error) {
-	d.editsMu.Lock()
-	entry, ok := d.gpuEdits[gpuUUID]
-	if !ok {
-		entry = &gpuEditsEntry{}
-		d.gpuEdits[gpuUUID] = entry
-	}
-	d.editsMu.Unlock()
-	entry.mu.Lock()
-	defer entry.mu.Unlock()
-	if entry.edits != nil {
-		return entry.edits, nil
-	}
-	e, err := d.edits.GPUEdits(gpuUUID)
+// buildSpec composes and writes the claim's CDI spec: its devices'
+// edits, the claim-wide environment, the MPS partition its shares join
+// and HAMi-core's limits. keepRegion rebuilds a prepared claim's spec
+// without resetting the HAMi-core region its containers use.
+func (d *Driver) buildSpec(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, vgpu *configapi.VgpuConfig, keepRegion bool) error {
+	devs, err := d.spec.deviceEdits(rec)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	entry.edits = e
-	return e, nil
-}
-
-// writeSpec writes the claim's CDI spec. keepRegion rebuilds a prepared
-// claim's spec without resetting the HAMi-core region its containers use.
-func (d *Driver) writeSpec(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, vgpu *configapi.VgpuConfig, keepRegion bool) error {
-	devices := make([]cdi.Device, 0, len(rec.Devices))
-	var names, uuids []string
-	var shares []hami.Share
-	seen := map[string]bool{}
-	for _, dev := range rec.Devices {
-		var edits *cdispec.ContainerEdits
-		var err error
-		switch {
-		case seen[dev.Device]:
-			// A second share of a GPU in this claim: the container
-			// already gets the GPU's device node from the first, and
-			// one node injected twice can fail the container's start.
-			// A CDI device needs some edit; this one names the share.
-			edits = &cdispec.ContainerEdits{Env: []string{fmt.Sprintf("FACET_SHARE_%d=%s", len(devices), dev.Device)}}
-		case dev.MIG != nil:
-			edits, err = d.edits.MIGEdits(dev.GPUUUID, dev.MIG.GIID, dev.MIG.CIID)
-			uuids = append(uuids, dev.MIG.UUID)
-		default:
-			edits, err = d.wholeGPUEdits(dev.GPUUUID)
-			uuids = append(uuids, dev.GPUUUID)
-		}
-		if err != nil {
-			return fmt.Errorf("device %s: %w", dev.Device, err)
-		}
-		seen[dev.Device] = true
-		devices = append(devices, cdi.Device{Name: dev.Device, Edits: edits})
-		names = append(names, dev.Device)
-		if dev.Share != nil || vgpu != nil {
-			// Every GPU the container sees needs a HAMi-core limit, a
-			// whole GPU's being all of it (unset means 0 to HAMi-core).
-			s := hami.Share{Device: dev.Device, PCIBusID: d.gpus[dev.GPUUUID].PCIBusID, MemoryBytes: d.limits(dev.GPUUUID).memory, Cores: 100}
-			if dev.Share != nil {
-				s.MemoryBytes, s.Cores = dev.Share.MemoryBytes, dev.Share.Cores
-			}
-			shares = append(shares, s)
-		}
-	}
-	common := *d.common
-	// Claim-wide environment: which devices the container got, readable
-	// by the workload and by an operator with kubectl exec. Not
-	// NVIDIA_VISIBLE_DEVICES: nvcdi sets it to "void" to tell NVIDIA's
-	// legacy hook that CDI did the work.
-	common.Env = append(append([]string(nil), common.Env...),
-		"FACET_CLAIM="+rec.Namespace+"/"+rec.Name,
-		"FACET_DEVICES="+strings.Join(names, ","),
-		"FACET_GPU_UUIDS="+strings.Join(uuids, ","),
-	)
-	// Decided afresh at each (re)build; a rebuilt claim keeps the UID it
-	// joined its daemon as.
-	recordedUser := rec.MPSUser
-	rec.MPSUser = nil
-	for i := range rec.Devices {
-		if s := rec.Devices[i].Share; s != nil {
-			s.MPS = false
-		}
+	common := d.spec.claimCommon(rec, devs)
+	mpsEdits, err := d.join.partition(ctx, claim, rec, vgpu)
+	if err != nil {
+		return err
 	}
 	if vgpu != nil && vgpu.EnforcementEnabled() {
-		mpsGPU, fallback, err := d.mpsGPU(rec, vgpu)
-		if err != nil {
-			return err
-		}
-		var mpsEdits *cdispec.ContainerEdits
-		if mpsGPU != "" {
-			rec.MPSUser = recordedUser
-			mpsEdits, fallback, err = d.joinMPS(ctx, claim, rec, mpsGPU, vgpu.Partitioning != nil)
-			if err != nil {
-				return err
-			}
-		}
-		if fallback != "" {
-			klog.FromContext(ctx).Info("Shares not MPS-partitioned", "claim", klog.KRef(rec.Namespace, rec.Name), "why", fallback)
-			d.mpsNotApplied(claim, fallback)
-		}
+		shares := d.hamiShares(rec, vgpu)
 		if mpsEdits != nil {
-			common.Env = append(common.Env, mpsEdits.Env...)
-			common.Mounts = append(append([]*cdispec.Mount(nil), common.Mounts...), mpsEdits.Mounts...)
+			addEdits(&common, mpsEdits)
 			// MPS holds the SM share; HAMi-core's token bucket would
 			// only add its stalls on top (docs/mps.md), so it is off
 			// (0: no throttle) and HAMi-core keeps the memory limit.
@@ -443,32 +359,32 @@ func (d *Driver) writeSpec(ctx context.Context, claim *resourceapi.ResourceClaim
 				shares[i].Cores = 0
 			}
 		}
-		if d.hami == nil {
-			if d.hamiErr != nil {
-				return fmt.Errorf("vGPU shares need HAMi-core, which is unavailable: %w", d.hamiErr)
-			}
-			return fmt.Errorf("vGPU shares need HAMi-core, but the plugin runs without --hami-library")
-		}
-		editsFor := d.hami.Edits
-		if keepRegion {
-			editsFor = d.hami.RebuildEdits
-		}
-		edits, err := editsFor(rec.UID, shares, vgpu)
+		edits, err := d.spec.hamiEdits(rec.UID, shares, vgpu, keepRegion)
 		if err != nil {
 			return err
 		}
-		common.Env = append(common.Env, edits.Env...)
-		common.Mounts = append(append([]*cdispec.Mount(nil), common.Mounts...), edits.Mounts...)
+		addEdits(&common, edits)
 	}
-	specName, ids, hash, err := d.cdi.WriteClaim(rec.UID, &common, devices)
-	if err != nil {
-		return err
+	return d.spec.writeSpec(rec, &common, devs.devices)
+}
+
+// hamiShares are the HAMi-core limits of a claim's devices: a share's
+// memory (bytes) and cores (percent); with a VgpuConfig, a whole GPU's
+// too, being all of it, as every GPU the container sees needs a limit
+// (unset means 0 to HAMi-core).
+func (d *Driver) hamiShares(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) []hami.Share {
+	var shares []hami.Share
+	for _, dev := range rec.Devices {
+		if dev.Share == nil && vgpu == nil {
+			continue
+		}
+		s := hami.Share{Device: dev.Device, PCIBusID: d.gpus[dev.GPUUUID].PCIBusID, MemoryBytes: d.limits(dev.GPUUUID).memory, Cores: 100}
+		if dev.Share != nil {
+			s.MemoryBytes, s.Cores = dev.Share.MemoryBytes, dev.Share.Cores
+		}
+		shares = append(shares, s)
 	}
-	rec.CDISpec, rec.CDISpecHash = specName, hash
-	for i := range rec.Devices {
-		rec.Devices[i].CDIDeviceIDs = []string{ids[i]}
-	}
-	return nil
+	return shares
 }
 
 // rollback removes whatever a claim's preparation left: MIG instances it
@@ -507,12 +423,12 @@ func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Cl
 			d.failpoint("rollback/recorded-mig-gone")
 		}
 	}
-	if err := d.cdi.RemoveClaim(uid); err != nil {
+	if err := d.spec.cdi.RemoveClaim(uid); err != nil {
 		return err
 	}
 	d.failpoint("rollback/removed-spec")
-	if d.hami != nil {
-		if err := d.hami.Cleanup(uid); err != nil {
+	if d.spec.hami != nil {
+		if err := d.spec.hami.Cleanup(uid); err != nil {
 			return err
 		}
 	}
@@ -585,9 +501,6 @@ const nothingRecorded = "nothing recorded"
 // for a corrupt record, "record corrupt (...), salvaged" or "..., nothing
 // salvaged".
 func (d *Driver) unprepareRecord(ctx context.Context, claim kubeletplugin.NamespacedObject) (*checkpoint.Claim, string, error) {
-	if err := claimuid.Validate(claim.UID); err != nil {
-		return nil, "", err
-	}
 	if err := d.lock(claim.UID); err != nil {
 		return nil, "", err
 	}

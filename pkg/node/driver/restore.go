@@ -19,7 +19,7 @@ import (
 // claim owns. Only an unreadable checkpoint directory fails it.
 func (d *Driver) restore(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	if removed, err := d.cdi.SweepTemp(); err != nil {
+	if removed, err := d.spec.cdi.SweepTemp(); err != nil {
 		logger.Error(err, "Sweeping temporary CDI spec files")
 	} else if len(removed) > 0 {
 		logger.Info("Removed temporary CDI spec files left by a crash", "files", removed)
@@ -36,80 +36,17 @@ func (d *Driver) restore(ctx context.Context) error {
 	unknownDevices := false
 	for uid, err := range corrupt {
 		known[uid] = true
-		rec, serr := d.store.Salvage(uid)
-		if serr != nil {
+		if !d.restoreCorrupt(ctx, uid, err, owned) {
 			unknownDevices = true
-			logger.Error(err, "Checkpoint record unreadable and its devices unknown; its claim fails to prepare until it is unprepared or the record is removed", "claimUID", uid)
-			continue
 		}
-		// Fail closed: what the record names stays reserved, so no other
-		// claim is prepared on it, and its MIG instances are not
-		// destroyed as unowned.
-		logger.Error(err, "Checkpoint record unreadable; its claim fails to prepare until it is unprepared, and the devices it names stay reserved", "claimUID", uid, "devices", deviceNames(rec))
-		d.restoreUses(ctx, claimRef{uid, rec.Namespace, rec.Name}, rec, owned)
 	}
 	for _, c := range claims {
 		known[c.UID] = true
-		ref := claimRef{c.UID, c.Namespace, c.Name}
-		if d.fromOtherBoot(c) {
-			// The reboot took the MIG instances: their IDs are void, and
-			// NVML may reuse them for instances that are not this
-			// claim's. Forgotten durably, so no later step trusts them.
-			if voidMIG(c) {
-				if err := d.store.Put(c); err != nil {
-					logger.Error(err, "Cannot record that a claim's MIG instances are gone after a reboot", "claim", ref)
-				}
-			}
-			// No process of the last boot uses its HAMi-core region;
-			// its accounting is stale, so the rebuild starts a fresh one.
-			if d.hami != nil {
-				if err := d.hami.Cleanup(c.UID); err != nil {
-					logger.Error(err, "Removing a HAMi-core region of the last boot", "claim", ref)
-				}
-			}
-		}
-		if c.State != checkpoint.StatePrepared {
-			logger.Info("Rolling back a claim whose preparation was interrupted", "claim", ref)
-			if err := d.rollback(ctx, c.UID, c); err != nil {
-				// Fail closed: the claim keeps its devices and record,
-				// and its GPUs take no new claims until an operator or
-				// a later unprepare has cleaned up.
-				logger.Error(err, "Rolling back an interrupted prepare failed; its GPUs take no new claims", "claim", ref)
-				d.restoreUses(ctx, ref, c, owned)
-				for _, dev := range c.Devices {
-					d.markUnusable(ctx, dev.GPUUUID, fmt.Sprintf("rolling back the interrupted prepare of claim %s failed: %v", ref, err))
-				}
-			}
-			continue
-		}
-		d.restoreUses(ctx, ref, c, owned)
-		logger.V(2).Info("Restored prepared claim", "claim", ref, "devices", len(c.Devices))
+		d.restoreClaim(ctx, c, owned)
 	}
-	if specs, err := d.cdi.ClaimSpecs(); err != nil {
-		logger.Error(err, "Listing CDI specs for orphans")
-	} else {
-		for _, uid := range specs {
-			if !known[uid] {
-				logger.Info("Removing orphaned CDI spec", "claimUID", uid)
-				if err := d.cdi.RemoveClaim(uid); err != nil {
-					logger.Error(err, "Removing orphaned CDI spec", "claimUID", uid)
-				}
-			}
-		}
-	}
-	if d.hami != nil {
-		if caches, err := d.hami.ClaimCaches(); err != nil {
-			logger.Error(err, "Listing HAMi-core accounting regions for orphans")
-		} else {
-			for _, uid := range caches {
-				if !known[uid] {
-					logger.Info("Removing orphaned HAMi-core accounting region", "claimUID", uid)
-					if err := d.hami.Cleanup(uid); err != nil {
-						logger.Error(err, "Removing orphaned HAMi-core accounting region", "claimUID", uid)
-					}
-				}
-			}
-		}
+	d.removeOrphans(ctx, "CDI spec", d.spec.cdi.ClaimSpecs, d.spec.cdi.RemoveClaim, known)
+	if d.spec.hami != nil {
+		d.removeOrphans(ctx, "HAMi-core accounting region", d.spec.hami.ClaimCaches, d.spec.hami.Cleanup, known)
 	}
 	if d.mig != nil && anyMIGCapable(d.inv) {
 		destroy := d.destroyUnowned
@@ -121,6 +58,87 @@ func (d *Driver) restore(ctx context.Context) error {
 	}
 	d.restoreMPS(ctx)
 	return nil
+}
+
+// restoreCorrupt keeps what an unreadable record still names reserved
+// (readErr is why it is unreadable), and says whether anything of it
+// could be salvaged: false, and its devices are unknown.
+func (d *Driver) restoreCorrupt(ctx context.Context, uid types.UID, readErr error, owned map[string]bool) bool {
+	logger := klog.FromContext(ctx)
+	rec, serr := d.store.Salvage(uid)
+	if serr != nil {
+		logger.Error(readErr, "Checkpoint record unreadable and its devices unknown; its claim fails to prepare until it is unprepared or the record is removed", "claimUID", uid)
+		return false
+	}
+	// Fail closed: what the record names stays reserved, so no other
+	// claim is prepared on it, and its MIG instances are not
+	// destroyed as unowned.
+	logger.Error(readErr, "Checkpoint record unreadable; its claim fails to prepare until it is unprepared, and the devices it names stay reserved", "claimUID", uid, "devices", deviceNames(rec))
+	d.restoreUses(ctx, claimRef{uid, rec.Namespace, rec.Name}, rec, owned)
+	return true
+}
+
+// restoreClaim reserves a prepared record's devices again, and rolls
+// back one whose preparation a crash interrupted. A record of the last
+// boot loses its MIG instances' IDs and HAMi-core region first: the
+// reboot took both.
+func (d *Driver) restoreClaim(ctx context.Context, c *checkpoint.Claim, owned map[string]bool) {
+	logger := klog.FromContext(ctx)
+	ref := claimRef{c.UID, c.Namespace, c.Name}
+	if d.fromOtherBoot(c) {
+		// The reboot took the MIG instances: their IDs are void, and
+		// NVML may reuse them for instances that are not this
+		// claim's. Forgotten durably, so no later step trusts them.
+		if voidMIG(c) {
+			if err := d.store.Put(c); err != nil {
+				logger.Error(err, "Cannot record that a claim's MIG instances are gone after a reboot", "claim", ref)
+			}
+		}
+		// No process of the last boot uses its HAMi-core region;
+		// its accounting is stale, so the rebuild starts a fresh one.
+		if d.spec.hami != nil {
+			if err := d.spec.hami.Cleanup(c.UID); err != nil {
+				logger.Error(err, "Removing a HAMi-core region of the last boot", "claim", ref)
+			}
+		}
+	}
+	if c.State != checkpoint.StatePrepared {
+		logger.Info("Rolling back a claim whose preparation was interrupted", "claim", ref)
+		if err := d.rollback(ctx, c.UID, c); err != nil {
+			// Fail closed: the claim keeps its devices and record,
+			// and its GPUs take no new claims until an operator or
+			// a later unprepare has cleaned up.
+			logger.Error(err, "Rolling back an interrupted prepare failed; its GPUs take no new claims", "claim", ref)
+			d.restoreUses(ctx, ref, c, owned)
+			for _, dev := range c.Devices {
+				d.markUnusable(ctx, dev.GPUUUID, fmt.Sprintf("rolling back the interrupted prepare of claim %s failed: %v", ref, err))
+			}
+		}
+		return
+	}
+	d.restoreUses(ctx, ref, c, owned)
+	logger.V(2).Info("Restored prepared claim", "claim", ref, "devices", len(c.Devices))
+}
+
+// removeOrphans removes what (a CDI spec, a HAMi-core region) each claim
+// that list names has, unless the checkpoint knows the claim: a crash
+// between writing it and recording the claim left it. Errors are logged:
+// an orphan harms no claim.
+func (d *Driver) removeOrphans(ctx context.Context, what string, list func() ([]types.UID, error), remove func(types.UID) error, known map[types.UID]bool) {
+	logger := klog.FromContext(ctx)
+	uids, err := list()
+	if err != nil {
+		logger.Error(err, "Listing "+what+"s for orphans")
+		return
+	}
+	for _, uid := range uids {
+		if !known[uid] {
+			logger.Info("Removing orphaned "+what, "claimUID", uid)
+			if err := remove(uid); err != nil {
+				logger.Error(err, "Removing orphaned "+what, "claimUID", uid)
+			}
+		}
+	}
 }
 
 // restoreUses reserves a record's devices again and notes the MIG

@@ -32,6 +32,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/names"
+	"github.com/facet-gpu/facet/pkg/model/nodemodel"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 	"github.com/facet-gpu/facet/pkg/model/sharemem"
@@ -181,9 +182,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if o.SkipProbe == "" && o.Prober == nil {
 		return nil, errors.New("internal error: no prober")
 	}
-	node, err := o.Library.Discover()
+	node, err := nodemodel.Discover(o.Library)
 	if err != nil {
-		return nil, fmt.Errorf("discover GPUs: %w", err)
+		return nil, err
 	}
 	if o.GPU < 0 || o.GPU >= len(node.GPUs) {
 		return nil, fmt.Errorf("--gpu %d: the node has GPUs 0-%d", o.GPU, len(node.GPUs)-1)
@@ -322,7 +323,8 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 		c.logf("%-10s  %v", kind, err)
 		return row
 	}
-	inv, err := inventory.Build(c.node, cfg)
+	// No MIG instances: the checked GPU has MIG mode off.
+	inv, err := nodemodel.Build(c.node, cfg, nodemodel.Options{})
 	if err != nil {
 		return fail(fmt.Errorf("inventory: %w", err))
 	}

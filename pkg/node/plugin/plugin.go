@@ -29,6 +29,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/miglayout"
 	"github.com/facet-gpu/facet/pkg/model/names"
+	"github.com/facet-gpu/facet/pkg/model/nodemodel"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/model/sharemem"
 	"github.com/facet-gpu/facet/pkg/node/cdi"
@@ -100,91 +101,193 @@ const NodeLockFile = "plugin.lock"
 // Run runs the plugin until ctx ends (nil) or the cluster's DRA features
 // change (an error: the plugin restarts to republish). A configuration
 // error is returned before the node is touched.
+//
+// Each step below feeds the next through process; the order is the
+// order of what a failure must have touched: nothing before the
+// configuration is valid, no MIG carving before the cluster's features
+// are known, no slice before the driver has restored its claims.
 func Run(ctx context.Context, f Config) error {
-	start := time.Now()
-	logger := klog.FromContext(ctx)
+	p := &process{f: f, start: time.Now()}
+	if err := p.configure(); err != nil {
+		return err
+	}
+	if err := p.openNVML(); err != nil {
+		return err
+	}
+	defer p.lib.Close()
+	var err error
+	if p.node, err = nodemodel.Discover(p.lib); err != nil {
+		return err
+	}
+	if err := p.connect(ctx); err != nil {
+		return err
+	}
+	defer p.ev.Stop()
+	p.learnFeatures(ctx)
+	if p.store, err = checkpoint.Open(filepath.Join(f.StateDir, "claims")); err != nil {
+		return err
+	}
+	// Compacts the journal into record files on the way out, unless the
+	// other instance of a rolling update still has it open.
+	defer p.store.Close()
+	if err := applyLayouts(ctx, p.lib, p.node, p.layouts, p.cfg, p.store, miglayout.NewStore(filepath.Join(f.StateDir, "mig-layouts.json")), p.ev); err != nil {
+		return err
+	}
+	if err := p.openPartitioners(ctx); err != nil {
+		return err
+	}
+	if err := p.buildInventory(ctx); err != nil {
+		return err
+	}
+	if err := p.startDriver(ctx); err != nil {
+		return err
+	}
+	if err := p.startHelper(ctx); err != nil {
+		return err
+	}
+	defer p.helper.Stop()
+	if err := p.publish(ctx); err != nil {
+		return err
+	}
+	if err := p.serveHealth(ctx); err != nil {
+		return err
+	}
+	if f.FeaturesEvery > 0 {
+		if err := watchFeatures(ctx, p.client, f.NodeName, p.overrides, p.gates, f.FeaturesEvery, p.ev); err != nil {
+			return err
+		}
+	}
+	<-ctx.Done()
+	klog.FromContext(ctx).Info("Shutting down")
+	return nil
+}
+
+// process is the plugin's process as Run assembles it: each step's
+// products, kept for the steps after it.
+type process struct {
+	f     Config
+	start time.Time
+
+	// configure
+	cfg       inventory.Config
+	overrides features.Overrides
+	layouts   map[int]string
+
+	lib    *nvml.Library
+	node   *nvml.Node
+	client kubernetes.Interface
+	ev     *nodeevents.Recorder
+	m      *metrics.Metrics
+	gates  features.Set
+	store  *checkpoint.Store
+
+	// openPartitioners: a nil partitioner with its reason, not an error,
+	// where the plugin serves on without it.
+	vgpu        *hami.Editor
+	hamiErr     error
+	partitioner driver.Partitioner
+	mpsErr      error
+
+	inv      *inventory.Inventory
+	drv      *driver.Driver
+	unusable map[string]string
+	nodeLock string
+	helper   *kubeletplugin.Helper
+	want     int // the slices published, for the health check
+}
+
+// configure checks the configuration before anything is opened, so that
+// a mistyped flag never leaves a half-started plugin on the node.
+func (p *process) configure() error {
+	f := p.f
 	if f.NodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
 	}
-	cfg, err := f.Modes.Config()
-	if err != nil {
+	var err error
+	if p.cfg, err = f.Modes.Config(); err != nil {
 		return err
 	}
-	overrides, err := features.ParseOverrides(f.FeatureGates)
-	if err != nil {
+	if p.overrides, err = features.ParseOverrides(f.FeatureGates); err != nil {
 		return err
 	}
-	layouts, err := inventory.ParsePerGPU(f.MIGLayouts, "layout", func(s string) (string, error) { return s, nil })
-	if err != nil {
+	if p.layouts, err = inventory.ParsePerGPU(f.MIGLayouts, "layout", func(s string) (string, error) { return s, nil }); err != nil {
 		return fmt.Errorf("--mig-layouts: %w", err)
 	}
 	if err := os.MkdirAll(f.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
-	var lib *nvml.Library
+	return nil
+}
+
+// openNVML opens the node's NVML: the driver's, or a simulated machine's
+// where Config.Machine names one.
+func (p *process) openNVML() error {
+	f := p.f
+	var err error
 	if f.Machine != "" {
 		// MIG instances outlive the plugin on real GPUs; the simulation
 		// keeps them in the state directory so restarts see them too.
-		lib, err = f.openMachine(f.Machine, filepath.Join(f.StateDir, "simulated-nvml.json"))
+		p.lib, err = f.openMachine(f.Machine, filepath.Join(f.StateDir, "simulated-nvml.json"))
 	} else {
-		lib, err = nvml.OpenDriver(f.containerDriverRoot(), f.NVMLLibrary)
+		p.lib, err = nvml.OpenDriver(f.containerDriverRoot(), f.NVMLLibrary)
 	}
+	return err
+}
+
+// connect reaches the API server and starts the Node's Event recorder.
+// The CDI hook is checked here, before any claim could be prepared with
+// a spec whose containers would all fail.
+func (p *process) connect(ctx context.Context) error {
+	var err error
+	if p.client, err = kubeClient(p.f.Kubeconfig, p.f.KubeAPIQPS, p.f.KubeAPIBurst); err != nil {
+		return err
+	}
+	if err := checkCDIHook(ctx, p.client, p.f); err != nil {
+		return err
+	}
+	p.ev = nodeevents.New(ctx, p.client, p.f.NodeName)
+	return nil
+}
+
+// learnFeatures reads which DRA features the cluster enforces: the
+// inventory publishes only what they let the scheduler honour.
+func (p *process) learnFeatures(ctx context.Context) {
+	p.m = metrics.New()
+	p.gates = clusterFeatures(ctx, p.client, p.f.NodeName, p.overrides, p.ev)
+	p.m.SetFeatures(featureMetrics(p.gates))
+	klog.FromContext(ctx).Info("Cluster DRA features: "+p.gates.Describe(), "featureGates", p.gates.String())
+	p.ev.Normal(reasonFeatures, p.gates.Describe())
+	p.cfg.Features = &p.gates
+}
+
+// openPartitioners opens HAMi-core and facet-mps before the inventory is
+// built, because MPS changes what a share may publish. A broken
+// HAMi-core is a reason share claims fail, not a reason to stop.
+func (p *process) openPartitioners(ctx context.Context) error {
+	p.vgpu, p.hamiErr = openHAMi(p.f.HAMiLibrary, p.f.HAMiLibrarySHA256, filepath.Join(p.f.StateDir, "vgpu"))
+	if p.hamiErr != nil {
+		klog.FromContext(ctx).Error(p.hamiErr, "vGPU shares that need enforcement will fail to prepare; everything else is served")
+	}
+	var err error
+	p.partitioner, p.mpsErr, err = p.f.openMPS(ctx)
 	if err != nil {
 		return err
 	}
-	defer lib.Close()
-	node, err := lib.Discover()
-	if err != nil {
-		return fmt.Errorf("discover GPUs: %w", err)
-	}
-	client, err := kubeClient(f.Kubeconfig, f.KubeAPIQPS, f.KubeAPIBurst)
-	if err != nil {
-		return err
-	}
-	if err := checkCDIHook(ctx, client, f); err != nil {
-		return err
-	}
-	ev := nodeevents.New(ctx, client, f.NodeName)
-	defer ev.Stop()
-	m := metrics.New()
-	gates := clusterFeatures(ctx, client, f.NodeName, overrides, ev)
-	m.SetFeatures(featureMetrics(gates))
-	logger.Info("Cluster DRA features: "+gates.Describe(), "featureGates", gates.String())
-	ev.Normal(reasonFeatures, gates.Describe())
-	cfg.Features = &gates
-	store, err := checkpoint.Open(filepath.Join(f.StateDir, "claims"))
-	if err != nil {
-		return err
-	}
-	// Compacts the journal into record files on the way out, unless the
-	// other instance of a rolling update still has it open.
-	defer store.Close()
-	if err := applyLayouts(ctx, lib, node, layouts, cfg, store, miglayout.NewStore(filepath.Join(f.StateDir, "mig-layouts.json")), ev); err != nil {
-		return err
-	}
-	for _, g := range node.GPUs {
-		if g.MIGCapable {
-			// What exists decides static-mig's devices and auto's choice.
-			if cfg.MIGInstances, err = lib.ListMIG(); err != nil {
-				return fmt.Errorf("list MIG instances: %w", err)
-			}
-			break
-		}
-	}
-	vgpu, hamiErr := openHAMi(f.HAMiLibrary, f.HAMiLibrarySHA256, filepath.Join(f.StateDir, "vgpu"))
-	if hamiErr != nil {
-		logger.Error(hamiErr, "vGPU shares that need enforcement will fail to prepare; everything else is served")
-	}
-	partitioner, mpsErr, err := f.openMPS(ctx)
-	if err != nil {
-		return err
-	}
-	if partitioner != nil {
+	if p.partitioner != nil {
 		// The MPS server's memory is no share's: published, it would be
 		// promised twice.
-		cfg.MPSReserveBytes = sharemem.MPSServerBytes
+		p.cfg.MPSReserveBytes = sharemem.MPSServerBytes
 	}
-	inv, err := inventory.Build(node, cfg)
+	return nil
+}
+
+// buildInventory builds the node's model and says on the Node what it
+// could not offer as configured: an operator reads the fallbacks there,
+// not in the plugin's log.
+func (p *process) buildInventory(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	// The layouts are carved by now: the instances listed are the node's.
+	inv, err := nodemodel.Build(p.node, p.cfg, nodemodel.Options{MIG: p.lib})
 	if err != nil {
 		reason := reasonModeFallback
 		if defect := (*inventory.DefectError)(nil); errors.As(err, &defect) {
@@ -192,7 +295,7 @@ func Run(ctx context.Context, f Config) error {
 		}
 		// At once: the plugin exits next, and the broadcaster's queue
 		// would go with it.
-		if evErr := nodeevents.WarnNow(ctx, client.CoreV1(), f.NodeName, reason, err.Error()); evErr != nil {
+		if evErr := nodeevents.WarnNow(ctx, p.client.CoreV1(), p.f.NodeName, reason, err.Error()); evErr != nil {
 			logger.Error(evErr, "Cannot raise the Node Event")
 		}
 		return err
@@ -202,17 +305,27 @@ func Run(ctx context.Context, f Config) error {
 	}
 	for _, note := range inv.Notes {
 		logger.Info("Mode fallback", "note", note)
-		ev.Warning(reasonModeFallback, note)
+		p.ev.Warning(reasonModeFallback, note)
 	}
 	for _, w := range inv.Warnings {
 		logger.Info("Known allocator defect", "warning", w)
-		ev.Warning(reasonAllocatorDefect, w)
+		p.ev.Warning(reasonAllocatorDefect, w)
 	}
-	if hamiErr != nil {
-		ev.Warning(reasonHAMiUnavailable, hamiErr.Error()+"; vGPU shares that need enforcement fail to prepare, everything else is served")
+	if p.hamiErr != nil {
+		p.ev.Warning(reasonHAMiUnavailable, p.hamiErr.Error()+"; vGPU shares that need enforcement fail to prepare, everything else is served")
 	}
-	logger.Info("Discovered node", "simulated", f.Machine != "", "gpus", len(inv.GPUs), "driverVersion", inv.DriverVersion, "cudaDriverVersion", inv.CUDADriverVersion)
+	logger.Info("Discovered node", "simulated", p.f.Machine != "", "gpus", len(inv.GPUs), "driverVersion", inv.DriverVersion, "cudaDriverVersion", inv.CUDADriverVersion)
+	inv.ComputePartitioning = partitioning(p.partitioner)
+	p.inv = inv
+	return nil
+}
 
+// startDriver creates the driver, which restores the checkpointed claims
+// before it returns: the GPUs it finds unusable are left out of the
+// slices published next.
+func (p *process) startDriver(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	f := p.f
 	if f.Machine != "" {
 		// nvcdi reads MIG capability minors from the fixed path
 		// /proc/driver/nvidia-caps; a simulated node binds its own table
@@ -226,14 +339,13 @@ func Run(ctx context.Context, f Config) error {
 			logger.Error(err, "nvcdi cannot see the simulated MIG capability table on this simulated node")
 		}
 	}
-	inv.ComputePartitioning = partitioning(partitioner)
 	// The driver's proc files (MIG capabilities) are the node's, in a
 	// container too; a simulated node has them in its driver root.
 	procRoot := nvml.DefaultProcRoot
 	if f.Machine != "" {
 		procRoot = filepath.Join(f.containerDriverRoot(), "proc")
 	}
-	editor, err := lib.DriverEditor(nvml.DriverEditorOptions{
+	editor, err := p.lib.DriverEditor(nvml.DriverEditorOptions{
 		DriverRoot: f.DriverRoot, ContainerDriverRoot: f.ContainerDriverRoot, DevRoot: f.DevRoot, NvidiaCDIHookPath: f.CDIHook,
 		ProcRoot: procRoot,
 	})
@@ -244,31 +356,37 @@ func Run(ctx context.Context, f Config) error {
 	if err != nil {
 		return err
 	}
-	var nodeLock string
 	if f.PodUID != "" {
-		nodeLock = filepath.Join(f.StateDir, NodeLockFile)
+		p.nodeLock = filepath.Join(f.StateDir, NodeLockFile)
 	}
-	status := claimstatus.NewWriter(client, store)
+	status := claimstatus.NewWriter(p.client, p.store)
 	go status.Run(ctx, 2)
 	drv, err := driver.New(ctx, driver.Options{
-		NodeName: f.NodeName, Inventory: inv, Store: store, CDI: writer, Edits: editor,
-		MIG: lib, HAMi: vgpu, HAMiUnavailable: hamiErr, DestroyUnownedMIG: f.DestroyUnownedMIG,
-		MPS: partitioner, MPSUnavailable: mpsErr, Pods: podGetter(client),
-		Failpoint: f.Failpoint, NodeLock: nodeLock,
+		NodeName: f.NodeName, Inventory: p.inv, Store: p.store, CDI: writer, Edits: editor,
+		MIG: p.lib, HAMi: p.vgpu, HAMiUnavailable: p.hamiErr, DestroyUnownedMIG: f.DestroyUnownedMIG,
+		MPS: p.partitioner, MPSUnavailable: p.mpsErr, Pods: podGetter(p.client),
+		Failpoint: f.Failpoint, NodeLock: p.nodeLock,
 		// Events on claims go through the Node's broadcaster too.
-		Metrics: m, Events: ev.EventRecorder(), Status: status,
+		Metrics: p.m, Events: p.ev.EventRecorder(), Status: status,
 	})
 	if err != nil {
 		return err
 	}
+	p.drv = drv
 	go drv.RunMPSWatch(ctx, f.MPS.CheckEvery)
-	m.Registry().MustRegister(&metrics.Collector{GPUs: drv, Health: metrics.HealthFunc(drv.GPUHealth), Checkpoint: store})
-	unusable := drv.UnusableGPUs()
-	for uuid, why := range unusable {
+	p.m.Registry().MustRegister(&metrics.Collector{GPUs: drv, Health: metrics.HealthFunc(drv.GPUHealth), Checkpoint: p.store})
+	p.unusable = drv.UnusableGPUs()
+	for uuid, why := range p.unusable {
 		logger.Error(nil, "GPU unusable until the plugin restarts with the problem fixed; it is not published and its claims fail", "gpu", uuid, "why", why)
-		ev.Warning(reasonGPUUnusable, fmt.Sprintf("GPU %s is not published until the plugin restarts with the problem fixed: %s", uuid, why))
+		p.ev.Warning(reasonGPUUnusable, fmt.Sprintf("GPU %s is not published until the plugin restarts with the problem fixed: %s", uuid, why))
 	}
+	return nil
+}
 
+// startHelper registers the driver with the kubelet, which may call it
+// from here on.
+func (p *process) startHelper(ctx context.Context) error {
+	f := p.f
 	pluginDir := filepath.Join(f.PluginsDir, names.Driver)
 	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
 		return err
@@ -276,7 +394,7 @@ func Run(ctx context.Context, f Config) error {
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(names.Driver),
 		kubeletplugin.NodeName(f.NodeName),
-		kubeletplugin.KubeClient(client),
+		kubeletplugin.KubeClient(p.client),
 		kubeletplugin.RegistrarDirectoryPath(f.RegistrarDir),
 		kubeletplugin.PluginDataDirectoryPath(pluginDir),
 		// Claims on different GPUs must not wait for each other; the
@@ -289,31 +407,38 @@ func Run(ctx context.Context, f Config) error {
 		// (driver.Options.NodeLock), not the helper's, which would also
 		// serialise claims on different GPUs.
 		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(f.PodUID)))
-		logger.Info("Rolling updates enabled", "podUID", f.PodUID, "nodeLock", nodeLock)
+		klog.FromContext(ctx).Info("Rolling updates enabled", "podUID", f.PodUID, "nodeLock", p.nodeLock)
 	}
-	helper, err := kubeletplugin.Start(ctx, drv, opts...)
+	helper, err := kubeletplugin.Start(ctx, p.drv, opts...)
 	if err != nil {
 		return fmt.Errorf("start kubelet plugin: %w", err)
 	}
-	defer helper.Stop()
+	p.helper = helper
+	return nil
+}
 
+// publish publishes the ResourceSlices, with the GPU faults recorded
+// before this start, and keeps them current (GPU health, MIG use,
+// recovery requests) until ctx ends.
+func (p *process) publish(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	f := p.f
 	var uuids []string
-	for _, g := range inv.GPUs {
+	for _, g := range p.inv.GPUs {
 		uuids = append(uuids, g.UUID)
 	}
 	mon, opened, err := gpuhealth.Open(gpuhealth.Options{
-		Path: filepath.Join(f.StateDir, "gpu-faults.json"), BootID: drv.BootID(),
+		Path: filepath.Join(f.StateDir, "gpu-faults.json"), BootID: p.drv.BootID(),
 		GPUs: uuids, QuietPeriod: f.HealthQuiet,
 	})
 	if err != nil {
 		return fmt.Errorf("GPU fault record: %w", err)
 	}
 	pub := publisher.New(publisher.Options{
-		Sink: helper, Inventory: inv, Unusable: unusable, Gates: gates, Node: f.NodeName,
-		Faults: drv, Monitor: mon, Events: ev, Metrics: m, MIGUse: drv,
+		Sink: p.helper, Inventory: p.inv, Unusable: p.unusable, Gates: p.gates, Node: f.NodeName,
+		Faults: p.drv, Monitor: mon, Events: p.ev, Metrics: p.m, MIGUse: p.drv,
 	})
-	want, err := pub.Publish(ctx)
-	if err != nil {
+	if p.want, err = pub.Publish(ctx); err != nil {
 		return err
 	}
 	for uuid, ft := range mon.Faults() {
@@ -322,33 +447,31 @@ func Run(ctx context.Context, f Config) error {
 	for _, c := range opened {
 		pub.Changed(ctx, c)
 	}
-	go pub.WatchMIGUse(ctx, drv.MIGUseChanges())
+	go pub.WatchMIGUse(ctx, p.drv.MIGUseChanges())
 	if f.HealthProbe > 0 {
-		go pub.WatchHealth(ctx, lib, f.HealthProbe)
-		go pub.WatchRecoverRequests(ctx, client, lib)
+		go pub.WatchHealth(ctx, p.lib, f.HealthProbe)
+		go pub.WatchRecoverRequests(ctx, p.client, p.lib)
 	}
-	go reportPublished(ctx, client, f.NodeName, want, start)
-	if f.HealthAddr != "" {
-		reg, dra := healthz.Sockets(f.RegistrarDir, f.PluginsDir, f.PodUID)
-		if err := healthz.Serve(ctx, f.HealthAddr, &healthz.Checker{
-			RegistrarSocket: reg, DRASocket: dra,
-			Registered:      helper.RegistrationStatus,
-			SlicesPublished: healthz.SlicesPublished(client, f.NodeName, want),
-			Timeout:         5 * time.Second,
-			Metrics:         m.Handler(),
-		}); err != nil {
-			return err
-		}
-	}
-
-	if f.FeaturesEvery > 0 {
-		if err := watchFeatures(ctx, client, f.NodeName, overrides, gates, f.FeaturesEvery, ev); err != nil {
-			return err
-		}
-	}
-	<-ctx.Done()
-	logger.Info("Shutting down")
+	go reportPublished(ctx, p.client, f.NodeName, p.want, p.start)
 	return nil
+}
+
+// serveHealth serves the liveness and readiness checks and the metrics,
+// where Config.HealthAddr asks: ready means registered with the kubelet
+// and all slices published.
+func (p *process) serveHealth(ctx context.Context) error {
+	f := p.f
+	if f.HealthAddr == "" {
+		return nil
+	}
+	reg, dra := healthz.Sockets(f.RegistrarDir, f.PluginsDir, f.PodUID)
+	return healthz.Serve(ctx, f.HealthAddr, &healthz.Checker{
+		RegistrarSocket: reg, DRASocket: dra,
+		Registered:      p.helper.RegistrationStatus,
+		SlicesPublished: healthz.SlicesPublished(p.client, f.NodeName, p.want),
+		Timeout:         5 * time.Second,
+		Metrics:         p.m.Handler(),
+	})
 }
 
 // containerDriverRoot is where this process reads the driver root.
