@@ -363,6 +363,28 @@ func topologyAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAt
 	}
 }
 
+// TopologyAttributes are the topology attributes every device of g
+// carries, fully qualified (the driver's own under names.Driver): the
+// standard pcieRoot, pciBusID and numaNode, and Facet's numaNode and
+// topology attributes. facetctl topo prints them.
+func TopologyAttributes(g *nvml.GPU) map[string]resourceapi.DeviceAttribute {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
+	if g.NUMANode >= 0 {
+		attrs[names.AttrNUMANode] = intAttr(g.NUMANode)
+	}
+	standardAttributes(attrs, g)
+	topologyAttributes(attrs, g)
+	out := make(map[string]resourceapi.DeviceAttribute, len(attrs))
+	for n, a := range attrs {
+		q := string(n)
+		if !strings.Contains(q, "/") {
+			q = names.Driver + "/" + q
+		}
+		out[q] = a
+	}
+	return out
+}
+
 // shareCapacity is the consumable capacity of a multi-allocatable gpu-<i>
 // (KEP-5075; rounding in k8s.io/dynamic-resource-allocation
 // structured/internal/experimental/consumable_capacity.go):
