@@ -260,7 +260,8 @@ func pairLinks(a, b *GPU, p2p string) int {
 			shared = shared || switches[l.RemoteBusID]
 		}
 	}
-	if switched == 0 || other == 0 || !(p2p == "OK" || p2p == "" && shared) {
+	viaSwitch := p2p == "OK" || p2p == "" && shared
+	if switched == 0 || other == 0 || !viaSwitch {
 		return 0
 	}
 	return min(switched, other)
@@ -281,8 +282,7 @@ func setDomains(node *Node) {
 	for i := range parent {
 		parent[i] = i
 	}
-	var find func(int) int
-	find = func(i int) int {
+	find := func(i int) int {
 		for parent[i] != i {
 			parent[i] = parent[parent[i]]
 			i = parent[i]
