@@ -160,16 +160,6 @@ var tables = map[string][]giRow{
 	"H100-NVL-94GB": eightSlice(
 		[7]uint32{11776, 11776, 23552, 23552, 47360, 47360, 95232}, hopperSMs,
 		hopperCE, hopperDec, hopperJpeg, noEnc, hopperOFA),
-	// GB200 (one Blackwell GPU of a Grace Blackwell superchip): the B200's
-	// table with memory scaled by 189471/183359 (estimate).
-	"GB200-186GB": eightSlice(
-		[7]uint32{23296, 23296, 46592, 46592, 93184, 93184, 188672},
-		[7]uint32{18, 18, 18, 36, 54, 72, 148},
-		[7]uint32{2, 2, 2, 3, 6, 8, 16},
-		[7]uint32{1, 1, 1, 2, 3, 4, 7},
-		[7]uint32{0, 1, 0, 1, 2, 2, 4},
-		[7]uint32{0, 1, 0, 1, 2, 2, 4},
-		[7]uint32{0, 1, 0, 0, 0, 0, 1}),
 	"A100-SXM4-40GB": a100(40),
 	"A100-PCIE-40GB": a100(40),
 	"A100-SXM4-80GB": a100(80),
@@ -280,10 +270,14 @@ func h100NVL() gpus.Config {
 	return c
 }
 
-// gb200 is go-nvml's B200 with the GB200's PCI device ID.
+// gb200 is go-nvml's B200 with the GB200's PCI device ID, without MIG:
+// NVIDIA's MIG table for the GB200 was not at hand, and a guessed table
+// would put guessed profile names into DeviceClasses. The simulator offers
+// it whole; its NVLink and fabric topology is what its machine file is for.
 func gb200() gpus.Config {
 	c := gpus.B200_SXM5_180GB
 	c.PciDeviceId = 0x294110DE
+	c.MIGProfiles = gpus.MIGProfileConfig{}
 	return c
 }
 

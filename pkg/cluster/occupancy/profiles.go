@@ -28,7 +28,7 @@ func (t tables) Lookup(product, profile string) (Profile, bool) {
 }
 
 // KnownProfiles are the MIG tables of the GPUs Facet knows (pkg/model/nvml's
-// models: A100, A30, H100, H100 NVL, H200, B200, GB200), keyed by the product name NVML
+// models: A100, A30, H100, H100 NVL, H200, B200), keyed by the product name NVML
 // reports and Facet publishes in `productName`. A GPU of another product
 // gets no memory-slice bar; everything else about it is still shown.
 //
@@ -93,15 +93,6 @@ var knownTables = tables{
 		"3g.90gb":    {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
 		"4g.90gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
 		"7g.180gb":   {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
-	},
-	"NVIDIA GB200": {
-		"1g.23gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.23gb+me": {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.47gb":    {MemorySlices: 2, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"2g.47gb":    {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"3g.93gb":    {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"4g.93gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"7g.186gb":   {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
 	},
 	"NVIDIA H100 80GB HBM3": {
 		"1g.10gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
