@@ -41,6 +41,9 @@ Commands:
            sizes), for quota by class with Kueue (docs/kueue.md)
   fit      run the scheduler's allocator offline: does a claim (or a pod's
            claims) fit, where, and, where not, why (-f FILE)
+  topo     print the GPU topology matrix as nvidia-smi topo -m does (NVLink,
+           PCIe switch, host bridge, NUMA node) and each GPU's published
+           topology attributes (simulated with --machine, else real NVML)
 
   fault    (simulated nodes) inject a GPU fault, or clear it as a reset
            would: fault inject --gpu 1 --kind xid --xid 79; fault clear --gpu 1
@@ -67,7 +70,7 @@ Commands:
 Run 'facetctl COMMAND -h' for a command's flags.
 
 facetctl links Facet's GPU simulator, which the shipped daemons do not: the
-commands that take --machine (slices, fit, mig-instances, fault,
+commands that take --machine (slices, fit, topo, mig-instances, fault,
 node-check) and sim-driver-root preview a machine file with it.
 `
 
@@ -88,6 +91,8 @@ func main() {
 		err = runFit(os.Args[2:])
 	case "classes":
 		err = runClasses(os.Args[2:])
+	case "topo":
+		err = runTopo(os.Args[2:])
 	case "fault":
 		err = runFault(os.Args[2:])
 	case "health":

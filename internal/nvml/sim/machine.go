@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/google/uuid"
 	"sigs.k8s.io/yaml"
 )
 
@@ -37,6 +39,37 @@ type Machine struct {
 	// NVIDIA's DRA driver reads the MIG device's UUID from. It is there to
 	// test Facet's fallback (nvml.Library.CreateMIG).
 	CIInfoParentDevice bool `json:"ciInfoParentDevice,omitempty"`
+	// NVLink joins the GPUs, through NVSwitches or bridges; none: the GPUs
+	// have no NVLink and NVML answers its NVLink calls "Not Supported".
+	NVLink *MachineNVLink `json:"nvlink,omitempty"`
+	// Fabric puts every GPU in a multi-node NVLink fabric (GB200 NVL72),
+	// as nvmlDeviceGetGpuFabricInfo reports it once the fabric manager
+	// has registered the GPU; none: "Not Supported".
+	Fabric *MachineFabric `json:"fabric,omitempty"`
+}
+
+// MachineNVLink is the machine's NVLink layout: every GPU reaches the
+// NVSwitches, or the GPUs of each bridge reach each other.
+type MachineNVLink struct {
+	// Version is the NVLink generation: "3.0" (A100), "4.0" (Hopper),
+	// "5.0" (Blackwell).
+	Version string `json:"version"`
+	// LinksPerGPU is the number of active links of each NVLinked GPU.
+	LinksPerGPU int `json:"linksPerGPU"`
+	// NVSwitches are the bus IDs the GPUs' links report as their remote
+	// end; a GPU's links go to them in turn (link l to NVSwitches[l mod
+	// n]).
+	NVSwitches []string `json:"nvswitches,omitempty"`
+	// Bridges are sets of GPU indices joined directly, each GPU's links
+	// going to the other GPUs of its bridge in turn. A GPU in no bridge
+	// (and no NVSwitches) has no NVLink.
+	Bridges [][]int `json:"bridges,omitempty"`
+}
+
+// MachineFabric is a multi-node NVLink fabric's identity.
+type MachineFabric struct {
+	ClusterUUID string `json:"clusterUUID"`
+	CliqueID    uint32 `json:"cliqueID"`
 }
 
 // MachineGPU is one simulated GPU.
@@ -55,6 +88,10 @@ type MachineGPU struct {
 	// PCI device is attached to, or -1 for none. Omitted is -1, as on a VM
 	// (measured on an H100 80GB HBM3 VM).
 	NUMANode *int `json:"numaNode,omitempty"`
+	// PCIeSwitch is the bus ID of the upstream port of the PCIe switch the
+	// GPU sits under; omitted: the GPU sits on a root port of PCIeRoot.
+	// GPUs under one switch are one PCIe hop apart (NVML's PIX).
+	PCIeSwitch string `json:"pcieSwitch,omitempty"`
 	// MIGEnabled is the GPU's MIG mode at boot (MIG-capable models only).
 	MIGEnabled bool `json:"migEnabled,omitempty"`
 	// VGPUGuest makes the GPU a vGPU in a virtual machine, as NVML's
@@ -153,6 +190,74 @@ func (m *Machine) Validate() error {
 			return fmt.Errorf("%s.uuid: %s already used by gpus[%d]", field, g.UUID, j)
 		}
 		seenUUID[g.UUID] = i
+	}
+	for i, g := range m.GPUs {
+		if g.PCIeSwitch == "" {
+			continue
+		}
+		if !busIDPattern.MatchString(g.PCIeSwitch) {
+			return fmt.Errorf("gpus[%d].pcieSwitch: %q is not a lower-case bus ID like 0000:18:00.0", i, g.PCIeSwitch)
+		}
+		if j, dup := seenBus[g.PCIeSwitch]; dup {
+			return fmt.Errorf("gpus[%d].pcieSwitch: %s is gpus[%d]'s bus ID", i, g.PCIeSwitch, j)
+		}
+	}
+	if err := m.validateNVLink(seenBus); err != nil {
+		return err
+	}
+	if f := m.Fabric; f != nil {
+		if _, err := uuid.Parse(f.ClusterUUID); err != nil || f.ClusterUUID == uuid.Nil.String() {
+			return fmt.Errorf("fabric.clusterUUID: %q is not a non-zero UUID", f.ClusterUUID)
+		}
+		if m.NVLink == nil || len(m.NVLink.NVSwitches) == 0 {
+			return fmt.Errorf("fabric: a multi-node NVLink fabric needs nvlink.nvswitches")
+		}
+	}
+	return nil
+}
+
+// nvlinkVersions maps a machine file's NVLink version to NVML's enum.
+var nvlinkVersions = map[string]gonvml.NvlinkVersion{
+	"2.0": gonvml.NVLINK_VERSION_2_0, "3.0": gonvml.NVLINK_VERSION_3_0,
+	"4.0": gonvml.NVLINK_VERSION_4_0, "5.0": gonvml.NVLINK_VERSION_5_0,
+}
+
+func (m *Machine) validateNVLink(buses map[string]int) error {
+	nl := m.NVLink
+	if nl == nil {
+		return nil
+	}
+	if _, ok := nvlinkVersions[nl.Version]; !ok {
+		return fmt.Errorf("nvlink.version: %q is not one of 2.0, 3.0, 4.0, 5.0", nl.Version)
+	}
+	if nl.LinksPerGPU < 1 || nl.LinksPerGPU > gonvml.NVLINK_MAX_LINKS {
+		return fmt.Errorf("nvlink.linksPerGPU: %d is not 1-%d", nl.LinksPerGPU, gonvml.NVLINK_MAX_LINKS)
+	}
+	if (len(nl.NVSwitches) == 0) == (len(nl.Bridges) == 0) {
+		return fmt.Errorf("nvlink: give nvswitches or bridges, not both nor neither")
+	}
+	for k, sw := range nl.NVSwitches {
+		if !busIDPattern.MatchString(sw) {
+			return fmt.Errorf("nvlink.nvswitches[%d]: %q is not a lower-case bus ID like 0000:18:00.0", k, sw)
+		}
+		if j, dup := buses[sw]; dup {
+			return fmt.Errorf("nvlink.nvswitches[%d]: %s is gpus[%d]'s bus ID", k, sw, j)
+		}
+	}
+	in := map[int]int{}
+	for k, b := range nl.Bridges {
+		if len(b) < 2 {
+			return fmt.Errorf("nvlink.bridges[%d]: a bridge joins at least two GPUs", k)
+		}
+		for _, i := range b {
+			if i < 0 || i >= len(m.GPUs) {
+				return fmt.Errorf("nvlink.bridges[%d]: no GPU %d", k, i)
+			}
+			if j, dup := in[i]; dup {
+				return fmt.Errorf("nvlink.bridges[%d]: GPU %d is already in bridges[%d]", k, i, j)
+			}
+			in[i] = k
+		}
 	}
 	return nil
 }

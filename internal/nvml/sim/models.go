@@ -154,6 +154,12 @@ var tables = map[string][]giRow{
 		[7]uint32{0, 1, 0, 1, 2, 2, 4},
 		[7]uint32{0, 1, 0, 1, 2, 2, 4},
 		[7]uint32{0, 1, 0, 0, 0, 0, 1}),
+	// H100 NVL (94 GB): the H100's profiles, Hopper's engines and SMs
+	// (132, as on the SXM5 card); memory an estimate (estimate), the
+	// measured H100's MiB scaled by 95830/81559 and rounded to 256 MiB.
+	"H100-NVL-94GB": eightSlice(
+		[7]uint32{11776, 11776, 23552, 23552, 47360, 47360, 95232}, hopperSMs,
+		hopperCE, hopperDec, hopperJpeg, noEnc, hopperOFA),
 	"A100-SXM4-40GB": a100(40),
 	"A100-PCIE-40GB": a100(40),
 	"A100-SXM4-80GB": a100(80),
@@ -205,6 +211,15 @@ var models = map[string]model{
 	// 183359 MiB: the total nvidia-smi prints for a B200 in public
 	// transcripts (the mock's 184320 is the nominal 180 GiB).
 	"B200-180GB": calibrated(gpus.B200_SXM5_180GB, "NVIDIA B200", 183359, 1082<<20, srcReservedEstimate),
+	// H100 NVL: the PCIe card sold in NVLink-bridged pairs (NVIDIA H100
+	// NVL product brief: 94 GB HBM3, 600 GB/s NVLink over three bridges).
+	// 95830 MiB is the total nvidia-smi is commonly shown printing for it;
+	// not measured by Facet. PCI device ID 0x2321.
+	"H100-NVL-94GB": calibrated(h100NVL(), "NVIDIA H100 NVL", 95830, 564<<20, srcReservedEstimate),
+	// GB200: one of the two Blackwell GPUs of a GB200 superchip (GB200
+	// NVL72: 186 GB HBM3e per GPU); 189471 MiB is an estimate, as is the
+	// reserved memory. PCI device ID 0x2941.
+	"GB200-186GB": calibrated(gb200(), "NVIDIA GB200", 189471, 1117<<20, srcReservedEstimate),
 	// The A100 and A30 totals are the mock's, which are what nvidia-smi
 	// prints for those cards (40960, 81920 and 24576 MiB).
 	"A100-SXM4-40GB": calibrated(gpus.A100_SXM4_40GB, "NVIDIA A100-SXM4-40GB", 40960, 241<<20, srcReservedEstimate),
@@ -223,6 +238,18 @@ var models = map[string]model{
 		CudaMinor:    9,
 		PciDeviceId:  0x27B810DE,
 	}, ReservedBytes: 136 << 20, ReservedSource: srcReservedEstimate},
+	// NVIDIA L40S (Ada, AD102): 48 GB GDDR6 (46068 MiB reported), compute
+	// capability 8.9, no MIG and no NVLink (NVIDIA L40S datasheet). PCI
+	// device ID 0x26B9.
+	"L40S": {Config: gpus.Config{
+		Name:         "NVIDIA L40S",
+		Architecture: gonvml.DEVICE_ARCH_ADA,
+		Brand:        gonvml.BRAND_NVIDIA,
+		MemoryMB:     46068,
+		CudaMajor:    8,
+		CudaMinor:    9,
+		PciDeviceId:  0x26B910DE,
+	}, ReservedBytes: 272 << 20, ReservedSource: srcReservedEstimate},
 	// NVIDIA T4 (Turing, TU104): 16 GB GDDR6 (15360 MiB reported), compute
 	// capability 7.5, no MIG. PCI device ID 0x1EB8.
 	"T4": {Config: gpus.Config{
@@ -234,6 +261,24 @@ var models = map[string]model{
 		CudaMinor:    5,
 		PciDeviceId:  0x1EB810DE,
 	}, ReservedBytes: 91 << 20, ReservedSource: srcReservedEstimate},
+}
+
+// h100NVL is go-nvml's H100 with the NVL card's PCI device ID.
+func h100NVL() gpus.Config {
+	c := gpus.H100_SXM5_80GB
+	c.PciDeviceId = 0x232110DE
+	return c
+}
+
+// gb200 is go-nvml's B200 with the GB200's PCI device ID, without MIG:
+// NVIDIA's MIG table for the GB200 was not at hand, and a guessed table
+// would put guessed profile names into DeviceClasses. The simulator offers
+// it whole; its NVLink and fabric topology is what its machine file is for.
+func gb200() gpus.Config {
+	c := gpus.B200_SXM5_180GB
+	c.PciDeviceId = 0x294110DE
+	c.MIGProfiles = gpus.MIGProfileConfig{}
+	return c
 }
 
 // calibrated returns go-nvml's config c with its name (when not ""), memory

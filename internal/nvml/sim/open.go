@@ -57,7 +57,16 @@ func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, e
 		roots[g.PCIBusID] = g.PCIeRoot
 		modelNames[i] = g.Model
 	}
+	simulateTopology(srv, m)
 	sysfs := machineSysfs(m)
+	paths := pciPaths(m)
+	sysfs.PCIPath = func(busID string) (string, error) {
+		p, ok := paths[busID]
+		if !ok {
+			return "", fmt.Errorf("bus ID %s is not in machine %s", busID, m.Name)
+		}
+		return p, nil
+	}
 	sysfs.PCIeRoot = func(busID string) (string, error) {
 		root, ok := roots[busID]
 		if !ok {
@@ -106,6 +115,13 @@ func simulateDriverSymbols(srv *server.Server, driverVersion string) {
 		for _, d := range srv.Devices {
 			d.(*server.Device).GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
 				panic("symbol lookup error: undefined symbol: nvmlDeviceGetMemoryInfo_v2 (simulated driver " + driverVersion + ")")
+			}
+		}
+	}
+	if lacks("nvmlDeviceGetGpuFabricInfo") {
+		for _, d := range srv.Devices {
+			d.(*server.Device).GetGpuFabricInfoFunc = func() (gonvml.GpuFabricInfo, gonvml.Return) {
+				panic("symbol lookup error: undefined symbol: nvmlDeviceGetGpuFabricInfo (simulated driver " + driverVersion + ")")
 			}
 		}
 	}

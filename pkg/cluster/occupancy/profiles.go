@@ -28,7 +28,7 @@ func (t tables) Lookup(product, profile string) (Profile, bool) {
 }
 
 // KnownProfiles are the MIG tables of the GPUs Facet knows (pkg/model/nvml's
-// models: A100, A30, H100, H200, B200), keyed by the product name NVML
+// models: A100, A30, H100, H100 NVL, H200, B200), keyed by the product name NVML
 // reports and Facet publishes in `productName`. A GPU of another product
 // gets no memory-slice bar; everything else about it is still shown.
 //
@@ -102,6 +102,15 @@ var knownTables = tables{
 		"3g.40gb":    {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
 		"4g.40gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
 		"7g.80gb":    {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
+	},
+	"NVIDIA H100 NVL": {
+		"1g.12gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
+		"1g.12gb+me": {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
+		"1g.24gb":    {MemorySlices: 2, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
+		"2g.24gb":    {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 8, GPUComputeSlices: 7},
+		"3g.47gb":    {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
+		"4g.47gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
+		"7g.94gb":    {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
 	},
 	"NVIDIA H200": {
 		"1g.18gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},

@@ -70,6 +70,32 @@ const (
 	// PartitioningMPS or PartitioningTimeSliced. A claim's VgpuConfig
 	// partitioning may still choose the other.
 	AttrComputePartitioning = "computePartitioning"
+
+	// Topology, on every device of a GPU (a MIG device, share or slot
+	// has its parent GPU's), each only where NVML or sysfs says; see
+	// docs/workloads.md, "Topology".
+	//
+	// AttrNVLinkDomain is the same string on exactly the GPUs of this node
+	// joined by NVLink (directly or through NVSwitches): all eight of an
+	// HGX, the two of an H100 NVL bridge pair; absent without NVLink. A
+	// claim's matchAttribute on it keeps its GPUs in one NVLink domain.
+	AttrNVLinkDomain = "nvlinkDomain"
+	// AttrNVLinkLinks is the number of the GPU's active NVLinks (0 where
+	// NVML supports NVLink and none is up).
+	AttrNVLinkLinks = "nvlinkLinks"
+	// AttrNVLinkBandwidth is their total bandwidth in GB/s, both
+	// directions counted, as NVIDIA's datasheets give it (900 on an H100
+	// SXM5).
+	AttrNVLinkBandwidth = "nvlinkBandwidthGBps"
+	// AttrPCIeSwitch is the bus ID of the upstream port of the PCIe switch
+	// the GPU sits under (sysfs); GPUs with the same value are one switch
+	// apart (nvidia-smi topo's PIX).
+	AttrPCIeSwitch = "pcieSwitch"
+	// AttrFabricCluster and AttrFabricClique are the GPU's multi-node
+	// NVLink fabric (GB200 NVL72): nvmlDeviceGetGpuFabricInfo's cluster
+	// UUID and clique ID.
+	AttrFabricCluster = "fabricClusterUUID"
+	AttrFabricClique  = "fabricCliqueID"
 )
 
 // Values of AttrComputePartitioning; the same words as VgpuConfig's

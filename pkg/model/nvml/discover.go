@@ -54,6 +54,7 @@ func discover(lib gonvml.Interface, sysfs Sysfs) (*Node, error) {
 		CUDADriverVersion: fmt.Sprintf("%d.%d", cuda/1000, (cuda%1000)/10),
 	}
 	devlib := nvdev.New(lib)
+	devs := make([]gonvml.Device, 0, count)
 	for i := 0; i < count; i++ {
 		dev, ret := lib.DeviceGetHandleByIndex(i)
 		if err := nvmlError("nvmlDeviceGetHandleByIndex", ret); err != nil {
@@ -64,7 +65,9 @@ func discover(lib gonvml.Interface, sysfs Sysfs) (*Node, error) {
 			return nil, fmt.Errorf("GPU %d: %w", i, err)
 		}
 		node.GPUs = append(node.GPUs, *gpu)
+		devs = append(devs, dev)
 	}
+	discoverPairs(node, devs)
 	return node, nil
 }
 
@@ -117,6 +120,17 @@ func discoverGPU(lib gonvml.Interface, devlib nvdev.Interface, dev gonvml.Device
 		}
 		gpu.NUMANode = numa
 	}
+	if gpu.PCIBusID != "" && sysfs.PCIPath != nil {
+		// A path sysfs cannot resolve leaves the switch unknown, never
+		// guessed.
+		if p, err := sysfs.PCIPath(gpu.PCIBusID); err == nil {
+			gpu.PCIeSwitch = PCIeSwitchFromPath(p)
+		} else {
+			klog.InfoS("PCIe switch unknown", "gpu", gpu.UUID, "err", err)
+		}
+	}
+	gpu.NVLinks, gpu.NVLinkSupported = discoverNVLinks(dev, HasSymbol(lib, "nvmlDeviceGetNvLinkRemoteDeviceType"))
+	gpu.Fabric = discoverFabric(lib, dev)
 
 	current, _, ret := dev.GetMigMode()
 	switch ret {

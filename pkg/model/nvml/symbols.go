@@ -22,6 +22,10 @@ var NewerSymbols = map[string]int{
 	// Memory info v2 (the driver's reserved memory apart): R510
 	// (NVIDIA/nvidia-settings#78, driver 510.39.01). Fallback: v1's total.
 	"nvmlDeviceGetMemoryInfo_v2": 510,
+	// Multi-node NVLink fabric membership (cluster UUID, clique ID): R525,
+	// the first branch with Hopper's NVLink network (nvml.h of CUDA 12.0).
+	// Fallback: no fabric attributes.
+	"nvmlDeviceGetGpuFabricInfo": 525,
 }
 
 // HasSymbol reports whether the loaded NVML library has the function name:

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -24,6 +25,10 @@ type Sysfs struct {
 	// PCIeRoot resolves a bus ID "dddd:bb:dd.f" to its root complex
 	// "pci0000:00".
 	PCIeRoot func(busID string) (string, error)
+	// PCIPath resolves a bus ID to the PCI device's path in sysfs's device
+	// tree (/sys/devices/pci0000:17/0000:17:01.0/.../0000:1b:00.0): the
+	// target of bus/pci/devices/<bus ID>. nil: unknown.
+	PCIPath func(busID string) (string, error)
 }
 
 // HostSysfs is the host's /sys. The PCIe root comes from
@@ -31,7 +36,13 @@ type Sysfs struct {
 // (k8s.io/dynamic-resource-allocation v0.35 takes no other root; v0.37's
 // helpers take deviceattribute.WithFS).
 func HostSysfs() Sysfs {
-	return Sysfs{FS: os.DirFS("/sys"), PCIeRoot: hostPCIeRoot}
+	return Sysfs{FS: os.DirFS("/sys"), PCIeRoot: hostPCIeRoot, PCIPath: hostPCIPath}
+}
+
+// hostPCIPath resolves /sys/bus/pci/devices/<bus ID>, a symlink into
+// /sys/devices.
+func hostPCIPath(busID string) (string, error) {
+	return filepath.EvalSymlinks(filepath.Join("/sys/bus/pci/devices", busID))
 }
 
 func hostPCIeRoot(busID string) (string, error) {

@@ -38,3 +38,24 @@ func TestSysfsNUMANode(t *testing.T) {
 		})
 	}
 }
+
+func TestPCIeSwitchFromPath(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, want string
+	}{
+		{"under one switch", "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0", "0000:16:00.0"},
+		{"under two switches: the nearest", "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0/0000:19:04.0/0000:1b:00.0", "0000:18:00.0"},
+		{"on a root port", "/sys/devices/pci0000:15/0000:15:01.0/0000:17:00.0", ""},
+		{"on the root bus (a VM)", "/sys/devices/pci0000:00/0000:00:05.0", ""},
+		{"one bridge, no switch", "/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0", ""},
+		{"relative link target", "../../../devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0", "0000:16:00.0"},
+		{"no root complex", "/sys/devices/platform/foo", ""},
+		{"not a PCI chain", "/sys/devices/pci0000:15/0000:15:01.0/usb1/0000:18:00.0/0000:19:00.0", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := PCIeSwitchFromPath(tc.path); got != tc.want {
+				t.Errorf("PCIeSwitchFromPath(%s) = %q, want %q", tc.path, got, tc.want)
+			}
+		})
+	}
+}

@@ -10,6 +10,9 @@ type Node struct {
 	CUDADriverVersion string
 	// GPUs in NVML index order.
 	GPUs []GPU
+	// Pairs[i][j] is what NVML says of GPUs i and j (empty on the
+	// diagonal): their common PCIe ancestor, NVLinks and P2P over NVLink.
+	Pairs [][]Pair
 }
 
 // GPU is one physical GPU as NVML reports it.
@@ -57,6 +60,28 @@ type GPU struct {
 	// sysfs's numa_node says (Sysfs.NUMANode), or -1 when it has none (a VM)
 	// or the bus ID is unknown.
 	NUMANode int
+	// PCIeSwitch is the bus ID of the upstream port of the PCIe switch the
+	// GPU sits directly under, from its sysfs path (PCIeSwitchFromPath), or
+	// "" where it sits on a root port or sysfs does not say.
+	PCIeSwitch string
+	// NVLinkSupported is false where NVML does not support NVLink on the
+	// GPU (ERROR_NOT_SUPPORTED for every link).
+	NVLinkSupported bool
+	// NVLinks are the GPU's active NVLinks (nvmlDeviceGetNvLinkState).
+	NVLinks []NVLink
+	// NVLinkDomain identifies the GPUs of this node joined by NVLink
+	// (setDomains), or "" where the GPU has no active NVLink to a GPU or an
+	// NVSwitch.
+	NVLinkDomain string
+	// NVLinkDomainSize is the number of GPUs in NVLinkDomain.
+	NVLinkDomainSize int
+	// NVLinkBandwidthGBps is the total bandwidth of the active NVLinks, in
+	// GB/s with both directions counted (NVLinkGBpsPerLink), or 0 where
+	// the GPU has none or NVML does not give a link's version.
+	NVLinkBandwidthGBps int
+	// Fabric is the GPU's multi-node NVLink fabric cluster and clique
+	// (GB200 NVL72), or nil.
+	Fabric *Fabric
 	// MIGCapable is true when the GPU supports MIG at all.
 	MIGCapable bool
 	// MIGEnabled is the current MIG mode (only meaningful when MIGCapable).

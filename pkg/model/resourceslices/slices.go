@@ -265,6 +265,7 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 		attrs[names.AttrMIGInUse] = resourceapi.DeviceAttribute{BoolValue: ptr.To(inv.MIGInUse[g.UUID])}
 	}
 	standardAttributes(attrs, &g.GPU)
+	topologyAttributes(attrs, &g.GPU)
 	out := resourceapi.Device{Name: d.Name, Attributes: attrs}
 	if inv.ComputePartitioning != "" && (d.Shareable || d.Kind == inventory.KindSlot) {
 		attrs[names.AttrComputePartitioning] = str(inv.ComputePartitioning)
@@ -334,6 +335,54 @@ func standardAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAt
 	if g.NUMANode >= 0 {
 		attrs[names.StandardNUMANode] = intAttr(g.NUMANode)
 	}
+}
+
+// topologyAttributes adds g's topology (names.AttrNVLinkDomain and the
+// rest) to attrs, on every device of the GPU: a MIG device, share or slot
+// is where its GPU is. Each is left out where NVML or sysfs does not say:
+// the link count and bandwidth where NVML does not support NVLink on the
+// GPU (and the bandwidth where it gives no link version), the domain
+// without an active NVLink to a GPU or NVSwitch, the switch for a GPU on a
+// root port, the fabric outside a multi-node NVLink fabric.
+func topologyAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, g *nvml.GPU) {
+	if g.NVLinkDomain != "" {
+		attrs[names.AttrNVLinkDomain] = str(g.NVLinkDomain)
+	}
+	if g.NVLinkSupported {
+		attrs[names.AttrNVLinkLinks] = intAttr(len(g.NVLinks))
+		if len(g.NVLinks) == 0 || g.NVLinkBandwidthGBps > 0 {
+			attrs[names.AttrNVLinkBandwidth] = intAttr(g.NVLinkBandwidthGBps)
+		}
+	}
+	if g.PCIeSwitch != "" {
+		attrs[names.AttrPCIeSwitch] = str(g.PCIeSwitch)
+	}
+	if g.Fabric != nil {
+		attrs[names.AttrFabricCluster] = str(g.Fabric.ClusterUUID)
+		attrs[names.AttrFabricClique] = intAttr(int(g.Fabric.CliqueID))
+	}
+}
+
+// TopologyAttributes are the topology attributes every device of g
+// carries, fully qualified (the driver's own under names.Driver): the
+// standard pcieRoot, pciBusID and numaNode, and Facet's numaNode and
+// topology attributes. facetctl topo prints them.
+func TopologyAttributes(g *nvml.GPU) map[string]resourceapi.DeviceAttribute {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
+	if g.NUMANode >= 0 {
+		attrs[names.AttrNUMANode] = intAttr(g.NUMANode)
+	}
+	standardAttributes(attrs, g)
+	topologyAttributes(attrs, g)
+	out := make(map[string]resourceapi.DeviceAttribute, len(attrs))
+	for n, a := range attrs {
+		q := string(n)
+		if !strings.Contains(q, "/") {
+			q = names.Driver + "/" + q
+		}
+		out[q] = a
+	}
+	return out
 }
 
 // shareCapacity is the consumable capacity of a multi-allocatable gpu-<i>

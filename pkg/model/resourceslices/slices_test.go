@@ -84,6 +84,12 @@ func TestGolden(t *testing.T) {
 		{"dgx-a100-40gb+mig", inventory.Config{DefaultMode: inventory.ModeMIG}, "dgx-a100-40gb-mig-on.yaml"},
 		{"l4x4", inventory.Config{}, "l4x4-exclusive.yaml"},
 		{"l4x4", inventory.Config{DefaultMode: inventory.ModeMIG}, "l4x4-mig.yaml"}, // falls back to exclusive
+		// Topology (docs/workloads.md, "Topology"): every device of a GPU
+		// carries its NVLink domain, PCIe switch and fabric.
+		{"hgx-h100", inventory.Config{DefaultMode: inventory.ModeExclusive}, "hgx-h100-exclusive.yaml"},
+		{"h100-nvl-pairs", inventory.Config{DefaultMode: inventory.ModeExclusive, PerGPU: map[int]inventory.Mode{3: inventory.ModeMIG}}, "h100-nvl-pairs-mixed.yaml"},
+		{"l40s-8", inventory.Config{}, "l40s-8-exclusive.yaml"},
+		{"gb200-nvl72-tray", inventory.Config{DefaultMode: inventory.ModeExclusive, PerGPU: map[int]inventory.Mode{1: inventory.ModeShared}}, "gb200-nvl72-tray-mixed.yaml"},
 		// Stock 1.35: GA fields only.
 		{"dgx-h100", inventory.Config{Features: &stock, DefaultMode: inventory.ModeStaticMIG}, "dgx-h100-static-mig.yaml"},
 		{"dgx-h100", inventory.Config{Features: &stock, DefaultMode: inventory.ModeSlots,
@@ -111,7 +117,8 @@ func TestGolden(t *testing.T) {
 // TestLimits renders every machine in every mode and checks the slices
 // against the API's limits and the allocator's cross-references.
 func TestLimits(t *testing.T) {
-	machines := []string{"dgx-a100-40gb", "dgx-a100-80gb", "dgx-a100-40gb+mig", "dgx-a100-80gb+mig", "dgx-h100", "dgx-h200", "l4x4", "sixteen-h100"}
+	machines := []string{"dgx-a100-40gb", "dgx-a100-80gb", "dgx-a100-40gb+mig", "dgx-a100-80gb+mig", "dgx-h100", "dgx-h200", "l4x4", "sixteen-h100",
+		"hgx-h100", "h100-nvl-pairs", "l40s-8", "gb200-nvl72-tray"}
 	for _, machine := range machines {
 		for _, mode := range inventory.Modes {
 			for _, order := range inventory.Orders {
@@ -226,7 +233,8 @@ func balanced(t *testing.T, node *nvml.Node) []nvml.MIGInstance {
 // a stock 1.35 cluster: a mode that needs an alpha gate is refused, naming
 // it, and every other mode's slices carry no field the API server drops.
 func TestStockPublishesOnlyWhatItKeeps(t *testing.T) {
-	machines := []string{"dgx-a100-40gb", "dgx-a100-80gb", "dgx-a100-40gb+mig", "dgx-a100-80gb+mig", "dgx-h100", "dgx-h200", "l4x4", "sixteen-h100"}
+	machines := []string{"dgx-a100-40gb", "dgx-a100-80gb", "dgx-a100-40gb+mig", "dgx-a100-80gb+mig", "dgx-h100", "dgx-h200", "l4x4", "sixteen-h100",
+		"hgx-h100", "h100-nvl-pairs", "l40s-8", "gb200-nvl72-tray"}
 	for _, machine := range machines {
 		for _, mode := range inventory.Modes {
 			t.Run(fmt.Sprintf("%s/%s", machine, mode), func(t *testing.T) {
@@ -443,6 +451,90 @@ func TestStandardAttributes(t *testing.T) {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestTopologyAttributes: in every mode, each device of a GPU (whole, MIG,
+// share, slot) carries the GPU's topology attributes and no others'; a
+// GPU whose NVML does not support NVLink has no NVLink attribute, and one
+// on a root port no pcieSwitch.
+func TestTopologyAttributes(t *testing.T) {
+	topo := []resourceapi.QualifiedName{names.AttrNVLinkDomain, names.AttrNVLinkLinks, names.AttrNVLinkBandwidth,
+		names.AttrPCIeSwitch, names.AttrFabricCluster, names.AttrFabricClique}
+	for _, tc := range []struct {
+		machine string
+		// want is GPU 0's topology attributes; "domain" stands for its
+		// NVLink domain, which must be shared as wantShared says.
+		want map[resourceapi.QualifiedName]string
+		// wantShared lists, per GPU index, the GPUs in its domain.
+		wantShared map[int][]int
+	}{
+		{"hgx-h100", map[resourceapi.QualifiedName]string{names.AttrNVLinkDomain: "domain", names.AttrNVLinkLinks: "18",
+			names.AttrNVLinkBandwidth: "900", names.AttrPCIeSwitch: "0000:16:00.0"},
+			map[int][]int{0: {0, 1, 2, 3, 4, 5, 6, 7}}},
+		{"h100-nvl-pairs", map[resourceapi.QualifiedName]string{names.AttrNVLinkDomain: "domain", names.AttrNVLinkLinks: "12",
+			names.AttrNVLinkBandwidth: "600"},
+			map[int][]int{0: {0, 1}, 2: {2, 3}}},
+		{"l40s-8", map[resourceapi.QualifiedName]string{names.AttrPCIeSwitch: "0000:16:00.0"}, nil},
+		{"gb200-nvl72-tray", map[resourceapi.QualifiedName]string{names.AttrNVLinkDomain: "domain", names.AttrNVLinkLinks: "18",
+			names.AttrNVLinkBandwidth: "1800", names.AttrFabricCluster: "6f1a2b3c-4d5e-4f60-8a1b-2c3d4e5f6a7b", names.AttrFabricClique: "32766"},
+			map[int][]int{0: {0, 1, 2, 3}}},
+		{"dgx-h100", map[resourceapi.QualifiedName]string{}, nil},
+		{"l4x4", map[resourceapi.QualifiedName]string{}, nil},
+	} {
+		for _, mode := range inventory.Modes {
+			t.Run(tc.machine+"/"+string(mode), func(t *testing.T) {
+				byGPU := map[int64]map[resourceapi.QualifiedName]string{}
+				for _, o := range objects(t, tc.machine, inventory.Config{DefaultMode: mode}) {
+					for _, d := range o.Spec.Devices {
+						idx := *d.Attributes[names.AttrIndex].IntValue
+						got := map[resourceapi.QualifiedName]string{}
+						for _, n := range topo {
+							if a, ok := d.Attributes[n]; ok {
+								if a.StringValue != nil {
+									got[n] = *a.StringValue
+								} else {
+									got[n] = fmt.Sprint(*a.IntValue)
+								}
+							}
+						}
+						if prev, ok := byGPU[idx]; ok && fmt.Sprint(prev) != fmt.Sprint(got) {
+							t.Errorf("%s: %v, but another device of GPU %d has %v", d.Name, got, idx, prev)
+						}
+						byGPU[idx] = got
+					}
+				}
+				if len(byGPU) == 0 {
+					t.Fatal("no devices")
+				}
+				g0 := byGPU[0]
+				want := map[resourceapi.QualifiedName]string{}
+				for n, v := range tc.want {
+					want[n] = v
+					if v == "domain" {
+						want[n] = g0[n]
+						if g0[n] == "" {
+							t.Errorf("GPU 0 has no %s", n)
+						}
+					}
+				}
+				if fmt.Sprint(g0) != fmt.Sprint(want) {
+					t.Errorf("GPU 0: %v, want %v", g0, want)
+				}
+				for i, members := range tc.wantShared {
+					in := map[int64]bool{}
+					for _, j := range members {
+						in[int64(j)] = true
+					}
+					for j, attrs := range byGPU {
+						same := attrs[names.AttrNVLinkDomain] == byGPU[int64(i)][names.AttrNVLinkDomain]
+						if same != in[j] {
+							t.Errorf("GPU %d in GPU %d's NVLink domain: %v, want %v", j, i, same, in[j])
+						}
+					}
+				}
+			})
+		}
 	}
 }
 
