@@ -177,3 +177,61 @@ func TestDumpBenchShapes(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTopologyAligned times the upstream allocator's Filter on one
+// node of a cluster of simulated HGX H100 nodes (demo/machines/hgx-h100:
+// eight GPUs in one NVLink domain, two per PCIe switch), exclusive mode, for
+// four whole GPUs with and without a topology constraint: what a
+// matchAttribute on nvlinkDomain (all eight GPUs share it) and on
+// pcieSwitch (four pairs: four GPUs cannot share one, so the allocator
+// searches every combination before it gives up) cost the scheduler per
+// node.
+//
+// Run: go test ./test/allocator/ -run '^$' -bench TopologyAligned -benchtime 20x
+func BenchmarkTopologyAligned(b *testing.B) {
+	node, err := sim.DiscoverMachine(repo + "/demo/machines/hgx-h100.yaml")
+	if err != nil {
+		b.Fatal(err)
+	}
+	inv, err := inventory.Build(node, inventory.Config{DefaultMode: inventory.ModeExclusive})
+	if err != nil {
+		b.Fatal(err)
+	}
+	aligned := func(attr string) func() *resourceapi.ResourceClaim {
+		return func() *resourceapi.ResourceClaim {
+			c := gpuClaim("four", 4)
+			c.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptrTo(resourceapi.FullyQualifiedName(domain + "/" + attr))}}
+			return c
+		}
+	}
+	classes := deviceClasses(b)
+	for _, shape := range []struct {
+		name  string
+		claim func() *resourceapi.ResourceClaim
+		fits  bool
+	}{
+		{"unaligned", func() *resourceapi.ResourceClaim { return gpuClaim("four", 4) }, true},
+		{"nvlinkDomain", aligned("nvlinkDomain"), true},
+		{"pcieSwitch-no-fit", aligned("pcieSwitch"), false},
+	} {
+		for _, nodes := range []int{100, 500} {
+			b.Run(fmt.Sprintf("%s/nodes=%d", shape.name, nodes), func(b *testing.B) {
+				var all []*resourceapi.ResourceSlice
+				for i := 0; i < nodes; i++ {
+					all = append(all, facetObjects(inv, fmt.Sprintf("node-%d", i))...)
+				}
+				c := NewCluster(all, classes)
+				ctx := context.Background()
+				if res, err := c.Try(ctx, "node-0", shape.claim()); err != nil || (res != nil) != shape.fits {
+					b.Fatalf("fits %v, want %v: %v", res != nil, shape.fits, err)
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if _, err := c.Try(ctx, fmt.Sprintf("node-%d", i%nodes), shape.claim()); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
