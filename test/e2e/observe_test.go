@@ -203,8 +203,12 @@ func TestObservability(t *testing.T) {
 		if b, _ := value(families, "facet_checkpoint_size_bytes", nil); b < 100 {
 			t.Errorf("facet_checkpoint_size_bytes = %g", b)
 		}
+		own := map[string]string{"namespace": namespace, "claim": claim.Name, "device": r.Device}
+		p.expectMetric(t, "facet_claim_info", withLabels(own, "UUID", uuid, "GPU_I_ID", "", "shape", "whole", "compute", "none"), 1)
+		p.expectMetric(t, "facet_claim_memory_bytes", own, memory)
 		kubectl(t, "delete", "pod", "-n", namespace, "obs-whole", "--wait=true", "--timeout=120s")
 		p.expectMetric(t, "facet_gpu_allocated_memory_bytes", gpu, 0)
+		p.expectGone(t, "facet_claim_info", own)
 		p.expectMetric(t, "facet_unprepare_duration_seconds", map[string]string{"kind": "gpu"}, 1)
 	})
 
@@ -239,7 +243,10 @@ func TestObservability(t *testing.T) {
 		}
 		p.expectMetric(t, "facet_gpu_mode", map[string]string{"uuid": d.GPUUUID, "mode": "mig"}, 1)
 		p.expectMetric(t, "facet_prepare_duration_seconds", map[string]string{"kind": "mig"}, 1)
+		own := map[string]string{"namespace": namespace, "claim": claim.Name, "device": r.Device}
+		p.expectMetric(t, "facet_claim_info", withLabels(own, "UUID", d.GPUUUID, "GPU_I_ID", strconv.Itoa(*d.GPUInstanceID), "GPU_I_PROFILE", "1g.10gb", "mig_uuid", d.MIGUUID, "shape", "mig"), 1)
 		kubectl(t, "delete", "pod", "-n", namespace, "one-1g10gb", "--wait=true", "--timeout=120s")
+		p.expectGone(t, "facet_claim_info", own)
 		waitFor(t, "MIG gauge gone", 30*time.Second, func() (bool, error) {
 			_, ok := value(p.scrape(t), "facet_gpu_mig_instances_in_use", map[string]string{"uuid": d.GPUUUID})
 			return !ok, nil
@@ -266,7 +273,23 @@ func TestObservability(t *testing.T) {
 		p.expectMetric(t, "facet_gpu_allocated_compute_percent", gpu, float64(cores))
 		p.expectMetric(t, "facet_gpu_mode", map[string]string{"uuid": uuid, "mode": "shared"}, 1)
 		p.expectMetric(t, "facet_prepare_duration_seconds", map[string]string{"kind": "share"}, 1)
+		own := map[string]string{"namespace": namespace, "claim": claim.Name, "device": r.Device}
+		p.expectMetric(t, "facet_claim_info", withLabels(own, "UUID", uuid, "shape", "share", "compute", "mps"), 1)
+		p.expectMetric(t, "facet_claim_memory_bytes", own, float64(mem))
+		p.expectMetric(t, "facet_claim_compute_percent", own, float64(cores))
+		// A process's use, as HAMi-core records it in the claim's
+		// accounting region: the region initialized (format 1), one device,
+		// one live process slot holding 1 GiB on it (pkg/node/hami's
+		// offsets, checked against HAMi-core's C struct there).
+		execIn(t, "volcano-share", "", `f="$CUDA_DEVICE_MEMORY_SHARED_CACHE"
+at() { printf "$2" | dd of="$f" bs=1 seek="$1" conv=notrunc 2>/dev/null; }
+at 4 '\001\000\000\000'; at 56 '\001'; at 2008896 '\001'; at 3784 '\001'; at 1896 '\000\000\000\100'
+at 0 '\116\367\057\001'`)
+		used := map[string]string{"namespace": namespace, "claim": claim.Name}
+		p.expectMetric(t, "facet_claim_memory_used_bytes", used, 1<<30)
 		kubectl(t, "delete", "pod", "-n", namespace, "volcano-share", "--wait=true", "--timeout=120s")
+		p.expectGone(t, "facet_claim_memory_used_bytes", used)
+		p.expectGone(t, "facet_claim_info", own)
 	})
 
 	t.Cleanup(func() {
@@ -339,5 +362,27 @@ spec:
 			t.Errorf("a claim that failed to prepare has status.devices %+v", claim.Status.Devices)
 		}
 		kubectl(t, "delete", "pod", "-n", namespace, "obs-bad", "--wait=true", "--timeout=120s")
+	})
+}
+
+// withLabels is base plus the label pairs kv.
+func withLabels(base map[string]string, kv ...string) map[string]string {
+	out := map[string]string{}
+	for k, v := range base {
+		out[k] = v
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		out[kv[i]] = kv[i+1]
+	}
+	return out
+}
+
+// expectGone waits until no sample of name has the labels want: a claim's
+// series go when it is unprepared.
+func (p *plugin) expectGone(t *testing.T, name string, want map[string]string) {
+	t.Helper()
+	waitFor(t, name+" gone", time.Minute, func() (bool, error) {
+		_, ok := value(p.scrape(t), name, want)
+		return !ok, nil
 	})
 }

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"path/filepath"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/names"
+	"github.com/facet-gpu/facet/pkg/node/checkpoint"
+	"github.com/facet-gpu/facet/pkg/node/hami"
 	"github.com/facet-gpu/facet/pkg/node/metrics"
 )
 
@@ -162,12 +165,7 @@ func (d *Driver) GPUState() []metrics.GPU {
 		s := metrics.GPU{Index: g.Index, UUID: g.UUID, Product: g.ProductName, Mode: string(g.Mode), MemoryBytes: int64(g.MemoryBytes)}
 		// A MIG instance's compute is its compute slices of the GPU's,
 		// the largest profile's slice count.
-		fullSlices := 0
-		for _, dev := range g.Devices {
-			if dev.MIG != nil && dev.MIG.SliceCount > fullSlices {
-				fullSlices = dev.MIG.SliceCount
-			}
-		}
+		fullSlices := fullSlices(g)
 		for _, u := range d.occ[g.UUID] {
 			switch u.kind {
 			case kindWhole:
@@ -211,3 +209,105 @@ func (d *Driver) PreparedClaims() int {
 }
 
 var _ metrics.GPUSource = (*Driver)(nil)
+
+// ClaimState implements metrics.ClaimSource: every device the prepared
+// claims hold, from the reservations (what is held) and the claims'
+// checkpoint records (a MIG device's instance IDs and UUID), and the memory
+// in use of the claims with vGPU shares or slots, from their HAMi-core
+// accounting regions. A record or region that cannot be read leaves its
+// detail out of this scrape; it never fails it.
+func (d *Driver) ClaimState() ([]metrics.Claim, []metrics.ClaimUsage) {
+	type held struct {
+		u   use
+		gpu *inventory.GPU
+	}
+	var uses []held
+	d.mu.Lock()
+	for _, g := range d.inv.GPUs {
+		for _, u := range d.occ[g.UUID] {
+			uses = append(uses, held{u, g})
+		}
+	}
+	d.mu.Unlock()
+
+	records := map[types.UID]map[string]checkpoint.Device{}
+	record := func(uid types.UID, device string) (checkpoint.Device, bool) {
+		if _, ok := records[uid]; !ok {
+			records[uid] = map[string]checkpoint.Device{}
+			if rec, err := d.store.Get(uid); err == nil && rec != nil {
+				for _, dev := range rec.Devices {
+					records[uid][dev.Device] = dev
+				}
+			}
+		}
+		dev, ok := records[uid][device]
+		return dev, ok
+	}
+	var out []metrics.Claim
+	shares := map[claimRef]bool{}
+	for _, h := range uses {
+		u, g := h.u, h.gpu
+		c := metrics.Claim{Namespace: u.owner.namespace, Name: u.owner.name, Device: u.device, GPUIndex: g.Index, GPUUUID: g.UUID, GIID: -1, Compute: "none"}
+		switch u.kind {
+		case kindWhole:
+			c.Shape, c.MemoryBytes, c.ComputePercent = "whole", int64(g.MemoryBytes), 100
+		case kindMIG:
+			c.Shape, c.Compute = "mig", "mig"
+			if dev, ok := d.inv.Device(u.device); ok && dev.MIG != nil {
+				c.Profile, c.MemoryBytes = dev.MIG.Name, int64(dev.MIG.MemoryBytes)
+				if full := fullSlices(g); full > 0 {
+					c.ComputePercent = int64(dev.MIG.SliceCount * 100 / full)
+				}
+			}
+			if rec, ok := record(u.owner.uid, u.device); ok && rec.MIG != nil && rec.MIG.Created {
+				c.GIID, c.MIGUUID = rec.MIG.GIID, rec.MIG.UUID
+			}
+		case kindShare:
+			c.Shape, c.MemoryBytes, c.ComputePercent = "share", u.memory, u.cores
+			if u.slot {
+				c.Shape = "slot"
+			}
+			if rec, ok := record(u.owner.uid, u.device); ok && rec.Share != nil {
+				switch {
+				case rec.Share.MPS:
+					c.Compute = "mps"
+				case rec.Share.Enforced && rec.Share.Cores > 0 && rec.Share.Cores < 100:
+					c.Compute = "time-sliced"
+				}
+			}
+			shares[u.owner] = true
+		}
+		out = append(out, c)
+	}
+	var usage []metrics.ClaimUsage
+	if d.spec.hami != nil {
+		for ref := range shares {
+			dir, err := d.spec.hami.CacheDir(ref.uid)
+			if err != nil {
+				continue
+			}
+			used, err := hami.RegionUsedBytes(filepath.Join(dir, hami.CacheFileName))
+			if err != nil {
+				// ErrNoRegion: no process yet. Anything else is the
+				// region's to explain; the scrape goes on without it.
+				continue
+			}
+			usage = append(usage, metrics.ClaimUsage{Namespace: ref.namespace, Name: ref.name, UsedBytes: used})
+		}
+	}
+	return out, usage
+}
+
+// fullSlices is the compute slices of g's largest MIG profile: a MIG
+// instance's share of the GPU's compute is its slices of these.
+func fullSlices(g *inventory.GPU) int {
+	n := 0
+	for _, dev := range g.Devices {
+		if dev.MIG != nil && dev.MIG.SliceCount > n {
+			n = dev.MIG.SliceCount
+		}
+	}
+	return n
+}
+
+var _ metrics.ClaimSource = (*Driver)(nil)

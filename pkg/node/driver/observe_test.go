@@ -1,6 +1,10 @@
 package driver
 
 import (
+	"encoding/binary"
+	"github.com/facet-gpu/facet/pkg/node/hami"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -110,30 +114,32 @@ func TestUnitObserved(t *testing.T) {
 		memory  int64
 		compute int64
 		mig     map[string]int
+		// shape and partition are the claim's per-claim series labels.
+		shape, partition string
 	}{
 		{
 			name:  "whole GPU",
 			cfg:   func(*testing.T) inventory.Config { return inventory.Config{DefaultMode: inventory.ModeExclusive} },
 			claim: func(*unit) *resourceapi.ResourceClaim { return claim("whole", "gpu-2") },
-			kind:  kindWhole, gpu: 2, memory: 81079 << 20, compute: 100,
+			kind:  kindWhole, gpu: 2, memory: 81079 << 20, compute: 100, shape: "whole", partition: "none",
 		},
 		{
 			name:  "vGPU share",
 			cfg:   func(*testing.T) inventory.Config { return inventory.Config{DefaultMode: inventory.ModeShared} },
 			claim: func(*unit) *resourceapi.ResourceClaim { return share("volcano", "gpu-3", "2000Mi", 20) },
-			kind:  kindShare, gpu: 3, memory: 2000 << 20, compute: 20,
+			kind:  kindShare, gpu: 3, memory: 2000 << 20, compute: 20, shape: "share", partition: "time-sliced",
 		},
 		{
 			name:  "vGPU slot",
 			cfg:   slotCfg,
 			claim: func(*unit) *resourceapi.ResourceClaim { return claim("small", "gpu-3-slot-0") },
-			kind:  kindSlot, gpu: 3, memory: 20059 << 20, compute: 25,
+			kind:  kindSlot, gpu: 3, memory: 20059 << 20, compute: 25, shape: "slot", partition: "time-sliced",
 		},
 		{
 			name:  "MIG device",
 			cfg:   func(*testing.T) inventory.Config { return inventory.Config{DefaultMode: inventory.ModeMIG} },
 			claim: func(u *unit) *resourceapi.ResourceClaim { return claim("mig", u.migDevice(0, "3g.40gb", 0)) },
-			kind:  kindMIG, gpu: 0, compute: 42, mig: map[string]int{"3g.40gb": 1},
+			kind:  kindMIG, gpu: 0, compute: 42, mig: map[string]int{"3g.40gb": 1}, shape: "mig", partition: "mig",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -162,6 +168,18 @@ func TestUnitObserved(t *testing.T) {
 			if n := u.d.PreparedClaims(); n != 1 {
 				t.Errorf("%d prepared claims, want 1", n)
 			}
+			claims, _ := u.d.ClaimState()
+			if len(claims) != 1 {
+				t.Fatalf("ClaimState %+v, want the one device", claims)
+			}
+			cl := claims[0]
+			if cl.Namespace != c.Namespace || cl.Name != c.Name || cl.GPUUUID != g.UUID || cl.GPUIndex != tc.gpu ||
+				cl.Shape != tc.shape || cl.Compute != tc.partition || cl.MemoryBytes != memory || cl.ComputePercent != tc.compute {
+				t.Errorf("ClaimState %+v, want %s/%s on GPU %d, %s, %s, %d bytes, %d%%", cl, c.Namespace, c.Name, tc.gpu, tc.shape, tc.partition, memory, tc.compute)
+			}
+			if mig := tc.mig != nil; mig != (cl.GIID >= 0) || mig != strings.HasPrefix(cl.MIGUUID, "MIG-") {
+				t.Errorf("ClaimState GI %d, MIG UUID %q for a MIG device: %v", cl.GIID, cl.MIGUUID, mig)
+			}
 			if s := sample(t, m, "facet_prepare_duration_seconds", "kind", tc.kind); s.GetHistogram().GetSampleCount() != 1 {
 				t.Errorf("prepare histogram for kind %s: %v", tc.kind, s)
 			}
@@ -176,6 +194,9 @@ func TestUnitObserved(t *testing.T) {
 			}
 			if g := u.d.GPUState()[tc.gpu]; g.AllocatedMemoryBytes != 0 || g.AllocatedComputePercent != 0 || len(g.MIGInUse) != 0 || u.d.PreparedClaims() != 0 {
 				t.Errorf("after unprepare: %+v, %d claims", g, u.d.PreparedClaims())
+			}
+			if claims, usage := u.d.ClaimState(); len(claims) != 0 || len(usage) != 0 {
+				t.Errorf("after unprepare: ClaimState %+v, %+v: a claim's series must go with it", claims, usage)
 			}
 			if st.count(c.UID) != 2 {
 				t.Errorf("%d status writes queued after unprepare, want 2", st.count(c.UID))
@@ -260,3 +281,39 @@ func TestUnitPrepareFailedEvent(t *testing.T) {
 
 // The broadcaster's recorder, which the plugin passes, is an EventRecorder.
 var _ EventRecorder = record.EventRecorder(nil)
+
+// TestClaimUsageFromRegion: a share's memory in use is read from its
+// HAMi-core accounting region (written here at the offsets HAMi-core's
+// struct has; pkg/node/hami TestRegionLayout checks them against the C
+// struct), and a claim whose region has no process yet reports none.
+func TestClaimUsageFromRegion(t *testing.T) {
+	u := newUnit(t, inventory.Config{DefaultMode: inventory.ModeShared})
+	c := share("lab", "gpu-3", "2000Mi", 20)
+	if err := u.prepare(c)[c.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	if _, usage := u.d.ClaimState(); len(usage) != 0 {
+		t.Fatalf("usage %+v before any process wrote the region", usage)
+	}
+	dir, err := u.d.spec.hami.CacheDir(c.UID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// initialized_flag, major_version 1, device_num 1, proc_num 1, slot 0
+	// live (status 1) with 1500 MiB in used[0].total.
+	region := make([]byte, 1856+1024*1960+64)
+	le := binary.LittleEndian
+	le.PutUint32(region[0:], 19920718)
+	le.PutUint32(region[4:], 1)
+	le.PutUint64(region[56:], 1)
+	le.PutUint32(region[1856+1024*1960:], 1)
+	le.PutUint32(region[1856+1928:], 1)
+	le.PutUint64(region[1856+8+32:], 1500<<20)
+	if err := os.WriteFile(filepath.Join(dir, hami.CacheFileName), region, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, usage := u.d.ClaimState()
+	if len(usage) != 1 || usage[0].Name != c.Name || usage[0].Namespace != c.Namespace || usage[0].UsedBytes != 1500<<20 {
+		t.Fatalf("usage %+v, want %s/%s at 1500 MiB", usage, c.Namespace, c.Name)
+	}
+}

@@ -198,11 +198,52 @@ type CheckpointSource interface {
 	Usage() (bytes int64, records int, err error)
 }
 
-// Collector reads per-GPU and checkpoint values at scrape time.
+// Claim is one device a prepared claim holds, as the driver knows it at
+// scrape time.
+type Claim struct {
+	Namespace, Name string
+	// Device is the DRA device name; GPUIndex and GPUUUID its physical
+	// GPU's NVML index and UUID.
+	Device   string
+	GPUIndex int
+	GPUUUID  string
+	// GIID is the MIG device's GPU instance ID and Profile its profile
+	// name; GIID is -1 for a whole GPU, a share or a slot.
+	GIID    int
+	Profile string
+	// MIGUUID is the MIG device's own UUID ("MIG-..."), "" for others.
+	MIGUUID string
+	// Shape is whole, mig, share or slot; Compute how its compute is
+	// partitioned: mps, time-sliced (HAMi-core's SM limit) or none.
+	Shape, Compute string
+	// MemoryBytes and ComputePercent are what the device holds: the whole
+	// GPU's usable memory and 100 %, the MIG instance's memory and compute
+	// slices, the share's or slot's limits.
+	MemoryBytes    int64
+	ComputePercent int64
+}
+
+// ClaimUsage is a claim's memory in use, across its devices.
+type ClaimUsage struct {
+	Namespace, Name string
+	// UsedBytes is the memory its processes hold, in bytes, as HAMi-core
+	// charges it (hami.RegionUsedBytes).
+	UsedBytes int64
+}
+
+// ClaimSource yields the prepared claims' devices and, where it is
+// known, their memory in use (the driver).
+type ClaimSource interface {
+	ClaimState() ([]Claim, []ClaimUsage)
+}
+
+// Collector reads per-GPU, per-claim and checkpoint values at scrape time.
 type Collector struct {
 	GPUs       GPUSource
 	Health     HealthSource
 	Checkpoint CheckpointSource
+	// Claims, when set, adds the per-claim series.
+	Claims ClaimSource
 }
 
 var (
@@ -216,11 +257,25 @@ var (
 	descCkptBytes = prometheus.NewDesc(namespace+"_checkpoint_size_bytes", "Total size of the prepared-claims checkpoint's records.", nil, nil)
 	descCkptRecs  = prometheus.NewDesc(namespace+"_checkpoint_records", "Records in the prepared-claims checkpoint.", nil, nil)
 	descPrepared  = prometheus.NewDesc(namespace+"_prepared_claims", "ResourceClaims holding devices on this node (prepared, or being prepared).", nil, nil)
+
+	// The per-claim series. claimLabels name the claim and its device;
+	// the info series adds the GPU and MIG identity in dcgm-exporter's
+	// own label names (UUID: the physical GPU's; GPU_I_ID and
+	// GPU_I_PROFILE: the GPU instance's, "" on a whole GPU), so that
+	// DCGM's series join it: DCGM_FI_DEV_GPU_UTIL * on (UUID) group_left
+	// (namespace, claim) facet_claim_info{GPU_I_ID=""} for whole GPUs, on
+	// (UUID, GPU_I_ID) for MIG devices (docs/operations.md).
+	claimLabels   = []string{"namespace", "claim", "device"}
+	descClaimInfo = prometheus.NewDesc(namespace+"_claim_info", "1 for each device a prepared ResourceClaim holds on this node, with the GPU's and the GPU instance's identity in dcgm-exporter's label names.",
+		append(append([]string(nil), claimLabels...), "gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "mig_uuid", "shape", "compute"), nil)
+	descClaimMem     = prometheus.NewDesc(namespace+"_claim_memory_bytes", "GPU memory the claim's device holds: the whole GPU's, the MIG instance's, the vGPU share's or slot's limit.", claimLabels, nil)
+	descClaimComp    = prometheus.NewDesc(namespace+"_claim_compute_percent", "Compute the claim's device holds, in percent of its GPU: 100 for a whole GPU, the MIG instance's compute slices, the share's or slot's SM limit.", claimLabels, nil)
+	descClaimMemUsed = prometheus.NewDesc(namespace+"_claim_memory_used_bytes", "GPU memory the claim's processes hold on all its vGPU shares and slots, as HAMi-core charges it against their limits (its accounting region). Absent for whole GPUs and MIG devices, and until a process has started.", []string{"namespace", "claim"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMode, descMemory, descAllocMem, descAllocComp, descMIG, descHealthy, descCkptBytes, descCkptRecs, descPrepared} {
+	for _, d := range []*prometheus.Desc{descMode, descMemory, descAllocMem, descAllocComp, descMIG, descHealthy, descCkptBytes, descCkptRecs, descPrepared, descClaimInfo, descClaimMem, descClaimComp, descClaimMemUsed} {
 		ch <- d
 	}
 }
@@ -249,6 +304,23 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, l...)
 		}
 		ch <- prometheus.MustNewConstMetric(descPrepared, prometheus.GaugeValue, float64(c.GPUs.PreparedClaims()))
+	}
+	if c.Claims != nil {
+		claims, usage := c.Claims.ClaimState()
+		for _, cl := range claims {
+			l := []string{cl.Namespace, cl.Name, cl.Device}
+			gi := ""
+			if cl.GIID >= 0 {
+				gi = strconv.Itoa(cl.GIID)
+			}
+			ch <- prometheus.MustNewConstMetric(descClaimInfo, prometheus.GaugeValue, 1,
+				append(l, strconv.Itoa(cl.GPUIndex), cl.GPUUUID, gi, cl.Profile, cl.MIGUUID, cl.Shape, cl.Compute)...)
+			ch <- prometheus.MustNewConstMetric(descClaimMem, prometheus.GaugeValue, float64(cl.MemoryBytes), l...)
+			ch <- prometheus.MustNewConstMetric(descClaimComp, prometheus.GaugeValue, float64(cl.ComputePercent), l...)
+		}
+		for _, u := range usage {
+			ch <- prometheus.MustNewConstMetric(descClaimMemUsed, prometheus.GaugeValue, float64(u.UsedBytes), u.Namespace, u.Name)
+		}
 	}
 	if c.Checkpoint != nil {
 		bytes, records, err := c.Checkpoint.Usage()

@@ -98,6 +98,57 @@ facet_prepared_claims 3
 	})
 }
 
+type claims struct {
+	c []Claim
+	u []ClaimUsage
+}
+
+func (c claims) ClaimState() ([]Claim, []ClaimUsage) { return c.c, c.u }
+
+// TestClaimSeries: each prepared device gives an info series with the
+// GPU's and GPU instance's identity in dcgm-exporter's label names, and its
+// memory and compute; a claim with HAMi-core usage gives its memory in use.
+// Nothing is left of a claim that is gone.
+func TestClaimSeries(t *testing.T) {
+	src := claims{
+		c: []Claim{
+			{Namespace: "ml", Name: "train", Device: "gpu-2", GPUIndex: 2, GPUUUID: "GPU-c", GIID: -1, Shape: "whole", Compute: "none", MemoryBytes: 80 << 30, ComputePercent: 100},
+			{Namespace: "ml", Name: "infer", Device: "gpu-0-mig-1g10gb-6", GPUIndex: 0, GPUUUID: "GPU-a", GIID: 13, Profile: "1g.10gb", MIGUUID: "MIG-x", Shape: "mig", Compute: "mig", MemoryBytes: 9984 << 20, ComputePercent: 14},
+			{Namespace: "nb", Name: "lab", Device: "gpu-1", GPUIndex: 1, GPUUUID: "GPU-b", GIID: -1, Shape: "share", Compute: "mps", MemoryBytes: 2000 << 20, ComputePercent: 20},
+		},
+		u: []ClaimUsage{{Namespace: "nb", Name: "lab", UsedBytes: 1500 << 20}},
+	}
+	c := &Collector{Claims: src}
+	for metric, want := range map[string]string{
+		"facet_claim_info": `
+# HELP facet_claim_info 1 for each device a prepared ResourceClaim holds on this node, with the GPU's and the GPU instance's identity in dcgm-exporter's label names.
+# TYPE facet_claim_info gauge
+facet_claim_info{GPU_I_ID="",GPU_I_PROFILE="",UUID="GPU-b",claim="lab",compute="mps",device="gpu-1",gpu="1",mig_uuid="",namespace="nb",shape="share"} 1
+facet_claim_info{GPU_I_ID="",GPU_I_PROFILE="",UUID="GPU-c",claim="train",compute="none",device="gpu-2",gpu="2",mig_uuid="",namespace="ml",shape="whole"} 1
+facet_claim_info{GPU_I_ID="13",GPU_I_PROFILE="1g.10gb",UUID="GPU-a",claim="infer",compute="mig",device="gpu-0-mig-1g10gb-6",gpu="0",mig_uuid="MIG-x",namespace="ml",shape="mig"} 1
+`,
+		"facet_claim_memory_bytes": `
+# HELP facet_claim_memory_bytes GPU memory the claim's device holds: the whole GPU's, the MIG instance's, the vGPU share's or slot's limit.
+# TYPE facet_claim_memory_bytes gauge
+facet_claim_memory_bytes{claim="infer",device="gpu-0-mig-1g10gb-6",namespace="ml"} 1.0468982784e+10
+facet_claim_memory_bytes{claim="lab",device="gpu-1",namespace="nb"} 2.097152e+09
+facet_claim_memory_bytes{claim="train",device="gpu-2",namespace="ml"} 8.589934592e+10
+`,
+		"facet_claim_memory_used_bytes": `
+# HELP facet_claim_memory_used_bytes GPU memory the claim's processes hold on all its vGPU shares and slots, as HAMi-core charges it against their limits (its accounting region). Absent for whole GPUs and MIG devices, and until a process has started.
+# TYPE facet_claim_memory_used_bytes gauge
+facet_claim_memory_used_bytes{claim="lab",namespace="nb"} 1.572864e+09
+`,
+	} {
+		if err := testutil.CollectAndCompare(c, strings.NewReader(want), metric); err != nil {
+			t.Errorf("%s: %v", metric, err)
+		}
+	}
+	if n := testutil.CollectAndCount(&Collector{Claims: claims{}}, "facet_claim_info", "facet_claim_memory_bytes", "facet_claim_compute_percent", "facet_claim_memory_used_bytes"); n != 0 {
+		t.Errorf("%d claim series with no claim prepared", n)
+	}
+}
+
 // TestMetricsServed checks the pushed metrics through the HTTP handler, as
 // Prometheus sees them.
 func TestMetricsServed(t *testing.T) {

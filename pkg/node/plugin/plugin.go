@@ -374,7 +374,7 @@ func (p *process) startDriver(ctx context.Context) error {
 	}
 	p.drv = drv
 	go drv.RunMPSWatch(ctx, f.MPS.CheckEvery)
-	p.m.Registry().MustRegister(&metrics.Collector{GPUs: drv, Health: metrics.HealthFunc(drv.GPUHealth), Checkpoint: p.store})
+	p.m.Registry().MustRegister(&metrics.Collector{GPUs: drv, Health: metrics.HealthFunc(drv.GPUHealth), Checkpoint: p.store, Claims: drv})
 	p.unusable = drv.UnusableGPUs()
 	for uuid, why := range p.unusable {
 		logger.Error(nil, "GPU unusable until the plugin restarts with the problem fixed; it is not published and its claims fail", "gpu", uuid, "why", why)
