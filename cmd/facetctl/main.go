@@ -41,6 +41,9 @@ Commands:
            sizes), for quota by class with Kueue (docs/kueue.md)
   fit      run the scheduler's allocator offline: does a claim (or a pod's
            claims) fit, where, and, where not, why (-f FILE)
+  top      who uses what: each prepared claim's devices, shape, memory
+           used and allocated, compute allocated, from the kubelet plugins'
+           /metrics (through the API server's pod proxy)
   topo     print the GPU topology matrix as nvidia-smi topo -m does (NVLink,
            PCIe switch, host bridge, NUMA node) and each GPU's published
            topology attributes (simulated with --machine, else real NVML)
@@ -93,6 +96,8 @@ func main() {
 		err = runClasses(os.Args[2:])
 	case "topo":
 		err = runTopo(os.Args[2:])
+	case "top":
+		err = runTop(os.Args[2:], os.Stdout)
 	case "fault":
 		err = runFault(os.Args[2:])
 	case "health":

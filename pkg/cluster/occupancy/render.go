@@ -13,7 +13,7 @@ import (
 
 // Table writes one row per GPU and one more per further holder:
 //
-//	NODE       GPU    MODE    HEALTH  MEMORY USED        SM USED  HELD BY
+//	NODE       GPU    MODE    HEALTH  MEMORY ALLOCATED   SM ALLOCATED  HELD BY
 //	node-1     gpu-0  mig     ok      9.75Gi of 79.2Gi   16%      default/a: gpu-0-mig-1g10gb-6 (1g.10gb, slice 6)
 //
 // A vGPU share or slot also shows how much of it a workload can allocate
@@ -37,7 +37,7 @@ func Table(w io.Writer, c *Cluster) error {
 
 func table(w io.Writer, c *Cluster) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGPU\tMODE\tHEALTH\tMEMORY USED\tSM USED\tHELD BY")
+	fmt.Fprintln(tw, "NODE\tGPU\tMODE\tHEALTH\tMEMORY ALLOCATED\tSM ALLOCATED\tHELD BY")
 	for _, g := range c.GPUs {
 		held := holdings(g)
 		if len(held) == 0 {

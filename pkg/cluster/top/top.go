@@ -1,0 +1,123 @@
+// Package top is `facetctl top`: who uses what, from the kubelet plugins'
+// own /metrics (their per-claim series, package pkg/node/metrics): each
+// prepared claim's devices, shape, memory used against allocated and
+// compute allocated, per node and namespace.
+package top
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Row is one device a claim holds on one node.
+type Row struct {
+	Node, Namespace, Claim, Device string
+	// Shape is whole, mig, share or slot; Compute how it is partitioned
+	// (none, mig, mps, time-sliced); Profile a MIG device's profile.
+	Shape, Compute, Profile string
+	// MemoryBytes and ComputePercent are what the device holds.
+	MemoryBytes    float64
+	ComputePercent float64
+	// UsedBytes is the claim's memory in use on all its shares and slots,
+	// on the claim's first row only; -1 where the plugin does not know it
+	// (whole GPUs, MIG devices, a share no process has started on).
+	UsedBytes float64
+}
+
+// Parse reads one plugin's /metrics (Prometheus text format) as node's
+// rows. A scrape without Facet's per-claim series (an older plugin) is an
+// error that says so.
+func Parse(node string, r io.Reader) ([]Row, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: /metrics: %w", node, err)
+	}
+	if _, ok := families["facet_prepared_claims"]; !ok {
+		return nil, fmt.Errorf("node %s: /metrics has no facet_prepared_claims: not a Facet kubelet plugin", node)
+	}
+	labels := func(m *dto.Metric) map[string]string {
+		out := map[string]string{}
+		for _, l := range m.GetLabel() {
+			out[l.GetName()] = l.GetValue()
+		}
+		return out
+	}
+	type key struct{ ns, claim, device string }
+	value := func(name string) map[key]float64 {
+		out := map[key]float64{}
+		for _, m := range families[name].GetMetric() {
+			l := labels(m)
+			out[key{l["namespace"], l["claim"], l["device"]}] = m.GetGauge().GetValue()
+		}
+		return out
+	}
+	mem, comp, used := value("facet_claim_memory_bytes"), value("facet_claim_compute_percent"), value("facet_claim_memory_used_bytes")
+	var rows []Row
+	for _, m := range families["facet_claim_info"].GetMetric() {
+		l := labels(m)
+		k := key{l["namespace"], l["claim"], l["device"]}
+		rows = append(rows, Row{
+			Node: node, Namespace: k.ns, Claim: k.claim, Device: k.device,
+			Shape: l["shape"], Compute: l["compute"], Profile: l["GPU_I_PROFILE"],
+			MemoryBytes: mem[k], ComputePercent: comp[k], UsedBytes: -1,
+		})
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		a, b := rows[i], rows[j]
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		if a.Claim != b.Claim {
+			return a.Claim < b.Claim
+		}
+		return a.Device < b.Device
+	})
+	for i := range rows {
+		if i > 0 && rows[i-1].Namespace == rows[i].Namespace && rows[i-1].Claim == rows[i].Claim {
+			continue
+		}
+		if u, ok := used[key{rows[i].Namespace, rows[i].Claim, ""}]; ok {
+			rows[i].UsedBytes = u
+		}
+	}
+	return rows, nil
+}
+
+// Write prints rows as a table, one line per device, with a total per
+// namespace when there are several claims.
+func Write(w io.Writer, rows []Row) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tCLAIM\tNODE\tDEVICE\tSHAPE\tCOMPUTE\tMEMORY USED/ALLOCATED\tCOMPUTE ALLOCATED")
+	for _, r := range rows {
+		shape := r.Shape
+		if r.Profile != "" {
+			shape += " " + r.Profile
+		}
+		used := "-"
+		if r.UsedBytes >= 0 {
+			used = gib(r.UsedBytes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s/%s\t%g%%\n", r.Namespace, r.Claim, r.Node, r.Device, shape, r.Compute, used, gib(r.MemoryBytes), r.ComputePercent)
+	}
+	tw.Flush()
+	if len(rows) == 0 {
+		fmt.Fprintln(w, "no prepared claims")
+	}
+}
+
+// gib formats bytes as GiB with two decimals where needed.
+func gib(b float64) string {
+	v := b / (1 << 30)
+	if v == float64(int64(v)) {
+		return fmt.Sprintf("%dGi", int64(v))
+	}
+	return strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.2f", v), "0"), ".") + "Gi"
+}
