@@ -3,9 +3,11 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -119,5 +121,62 @@ func TestNVLinkPairGoesToAnotherNode(t *testing.T) {
 	}
 	if res, err := c.Allocate(ctx, "node-a", gpuClaim("any-two", 2)); err != nil || fmt.Sprint(Devices(res)) != "[gpu-1 gpu-2]" {
 		t.Errorf("node-a, no constraint: %v, %v; want [gpu-1 gpu-2]", Devices(res), err)
+	}
+}
+
+// TestGPUAndNICOnOnePCIeRoot: demo/topology/gpu-and-nic.yaml through the
+// upstream allocator on an HGX H100 node, beside a stand-in second DRA
+// driver (nic.example.com) that publishes one NIC per PCIe root complex
+// with the standard resource.kubernetes.io/pcieRoot: the GPU and the NIC
+// the claim gets share a root; with the GPUs under the first root taken,
+// they move to the next; where only one root has a NIC, the GPU follows it.
+func TestGPUAndNICOnOnePCIeRoot(t *testing.T) {
+	_, classes, claims, err := ReadFile(filepath.Join(repo, "demo", "topology", "gpu-and-nic.yaml"))
+	if err != nil || len(classes) != 1 || len(claims) != 1 {
+		t.Fatalf("demo file: %d classes, %d claims, %v", len(classes), len(claims), err)
+	}
+	nics := func(roots ...string) *resourceapi.ResourceSlice {
+		s := &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: "node-a-nic"},
+			Spec: resourceapi.ResourceSliceSpec{Driver: "nic.example.com", NodeName: ptrTo("node-a"),
+				Pool: resourceapi.ResourcePool{Name: "node-a", ResourceSliceCount: 1}},
+		}
+		for i, r := range roots {
+			s.Spec.Devices = append(s.Spec.Devices, resourceapi.Device{Name: fmt.Sprintf("nic-%d", i), Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+				"resource.kubernetes.io/pcieRoot": {StringValue: ptrTo(r)},
+			}})
+		}
+		return s
+	}
+	claim := func(n string) *resourceapi.ResourceClaim {
+		c := claims[0].DeepCopy()
+		c.Name, c.UID = "gpu-and-nic-"+n, types.UID("uid-gpu-and-nic-"+n)
+		return c
+	}
+	gpus := nodeSlices(t, "hgx-h100", "node-a", "--mode", "exclusive")
+	for _, tc := range []struct {
+		name  string
+		nics  []string
+		steps []step
+	}{
+		{"a NIC per root: a GPU and the NIC of its root", []string{"pci0000:15", "pci0000:35", "pci0000:95", "pci0000:b5"}, []step{
+			{claim("1"), []string{"gpu-0", "nic-0"}},
+			// The first root's NIC is taken: the next root's GPU and NIC.
+			{claim("2"), []string{"gpu-2", "nic-1"}},
+			// The third root's GPUs taken: the fourth's.
+			byIndex(4), byIndex(5),
+			{claim("3"), []string{"gpu-6", "nic-3"}},
+		}},
+		{"one NIC, under the third root: the GPU follows it", []string{"pci0000:95"}, []step{
+			{claim("4"), []string{"gpu-4", "nic-0"}},
+		}},
+		{"a NIC under no GPU's root: nothing fits", []string{"pci0000:f0"}, []step{
+			{claim("5"), nil},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewCluster(append(append([]*resourceapi.ResourceSlice(nil), gpus...), nics(tc.nics...)), append(deviceClasses(t), classes...))
+			run(t, c, "node-a", tc.steps)
+		})
 	}
 }
