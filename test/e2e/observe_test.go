@@ -191,6 +191,9 @@ func TestObservability(t *testing.T) {
 		}
 		p.expectMetric(t, "facet_gpu_allocated_memory_bytes", gpu, memory)
 		p.expectMetric(t, "facet_gpu_allocated_compute_percent", gpu, 100)
+		// Used, from NVML: the simulated GPU is idle.
+		p.expectMetric(t, "facet_gpu_utilization_percent", gpu, 0)
+		p.expectMetric(t, "facet_gpu_memory_used_bytes", gpu, 0)
 		if n, ok := value(families, "facet_prepare_duration_seconds", map[string]string{"kind": "gpu"}); !ok || n < 1 {
 			t.Errorf("prepare latency of whole GPUs: %g observations", n)
 		}

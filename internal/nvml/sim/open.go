@@ -166,6 +166,14 @@ func simulateDevice(dev *server.Device, g MachineGPU, m model) {
 		virt = gonvml.GPU_VIRTUALIZATION_MODE_VGPU
 	}
 	dev.GetVirtualizationModeFunc = func() (gonvml.GpuVirtualizationMode, gonvml.Return) { return virt, gonvml.SUCCESS }
+	// An idle GPU's utilization; with MIG mode on NVML reports none per
+	// GPU, as on a real A100 or H100.
+	dev.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
+		if current, _, ret := dev.GetMigMode(); ret == gonvml.SUCCESS && current == gonvml.DEVICE_MIG_ENABLE {
+			return gonvml.Utilization{}, gonvml.ERROR_NOT_SUPPORTED
+		}
+		return gonvml.Utilization{}, gonvml.SUCCESS
+	}
 	dev.PciBusID = g.PCIBusID
 	if g.MIGEnabled {
 		dev.MigMode = gonvml.DEVICE_MIG_ENABLE

@@ -223,6 +223,21 @@ type Claim struct {
 	ComputePercent int64
 }
 
+// GPUUsage is what a GPU's processes use now (nvml.Usage): for nodes
+// without DCGM. -1 is a figure NVML does not report.
+type GPUUsage struct {
+	UtilizationPercent int
+	MemoryUsedBytes    int64
+	// MIG is each MIG device's memory in use, by GPU instance ID.
+	MIG map[int]int64
+}
+
+// UsageSource reads a GPU's usage by UUID, once per GPU per scrape (the
+// plugin's NVML).
+type UsageSource interface {
+	GPUUsage(uuid string) (GPUUsage, error)
+}
+
 // ClaimUsage is a claim's memory in use, across its devices.
 type ClaimUsage struct {
 	Namespace, Name string
@@ -244,6 +259,8 @@ type Collector struct {
 	Checkpoint CheckpointSource
 	// Claims, when set, adds the per-claim series.
 	Claims ClaimSource
+	// Usage, when set, adds each GPU's and MIG device's use from NVML.
+	Usage UsageSource
 }
 
 var (
@@ -257,6 +274,10 @@ var (
 	descCkptBytes = prometheus.NewDesc(namespace+"_checkpoint_size_bytes", "Total size of the prepared-claims checkpoint's records.", nil, nil)
 	descCkptRecs  = prometheus.NewDesc(namespace+"_checkpoint_records", "Records in the prepared-claims checkpoint.", nil, nil)
 	descPrepared  = prometheus.NewDesc(namespace+"_prepared_claims", "ResourceClaims holding devices on this node (prepared, or being prepared).", nil, nil)
+
+	descUtil    = prometheus.NewDesc(namespace+"_gpu_utilization_percent", "Percent of NVML's last sample period in which a kernel ran on the GPU (nvmlDeviceGetUtilizationRates); absent where NVML reports none (MIG mode on). For nodes without dcgm-exporter.", gpuLabels, nil)
+	descMemUsed = prometheus.NewDesc(namespace+"_gpu_memory_used_bytes", "The GPU's framebuffer in use by processes (NVML memory info v2's used: the driver's reserved memory left out). For nodes without dcgm-exporter.", gpuLabels, nil)
+	descMIGUsed = prometheus.NewDesc(namespace+"_mig_memory_used_bytes", "A MIG device's framebuffer in use (NVML memory info on the MIG device), by GPU instance ID (GPU_I_ID, dcgm-exporter's label). For nodes without dcgm-exporter.", append(append([]string(nil), gpuLabels...), "GPU_I_ID"), nil)
 
 	// The per-claim series. claimLabels name the claim and its device;
 	// the info series adds the GPU and MIG identity in dcgm-exporter's
@@ -275,7 +296,7 @@ var (
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMode, descMemory, descAllocMem, descAllocComp, descMIG, descHealthy, descCkptBytes, descCkptRecs, descPrepared, descClaimInfo, descClaimMem, descClaimComp, descClaimMemUsed} {
+	for _, d := range []*prometheus.Desc{descMode, descMemory, descAllocMem, descAllocComp, descMIG, descHealthy, descCkptBytes, descCkptRecs, descPrepared, descClaimInfo, descClaimMem, descClaimComp, descClaimMemUsed, descUtil, descMemUsed, descMIGUsed} {
 		ch <- d
 	}
 }
@@ -302,6 +323,24 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				healthy = 0
 			}
 			ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, l...)
+			if c.Usage == nil {
+				continue
+			}
+			// A GPU NVML cannot read leaves its usage out of this scrape;
+			// its health is the health monitor's to report.
+			u, err := c.Usage.GPUUsage(g.UUID)
+			if err != nil {
+				continue
+			}
+			if u.UtilizationPercent >= 0 {
+				ch <- prometheus.MustNewConstMetric(descUtil, prometheus.GaugeValue, float64(u.UtilizationPercent), l...)
+			}
+			if u.MemoryUsedBytes >= 0 {
+				ch <- prometheus.MustNewConstMetric(descMemUsed, prometheus.GaugeValue, float64(u.MemoryUsedBytes), l...)
+			}
+			for gi, used := range u.MIG {
+				ch <- prometheus.MustNewConstMetric(descMIGUsed, prometheus.GaugeValue, float64(used), append(l, strconv.Itoa(gi))...)
+			}
 		}
 		ch <- prometheus.MustNewConstMetric(descPrepared, prometheus.GaugeValue, float64(c.GPUs.PreparedClaims()))
 	}

@@ -196,3 +196,43 @@ func TestMetricsServed(t *testing.T) {
 		t.Errorf("metric lint: %v %+v", err, problems)
 	}
 }
+
+type usage map[string]GPUUsage
+
+func (u usage) GPUUsage(uuid string) (GPUUsage, error) {
+	if g, ok := u[uuid]; ok {
+		return g, nil
+	}
+	return GPUUsage{}, errors.New("NVML: not found")
+}
+
+// TestUsageSeries: each GPU's utilization and memory in use, and each MIG
+// device's memory by GPU_I_ID, where NVML reports them; nothing for a
+// figure NVML does not report (-1) nor for a GPU it cannot read.
+func TestUsageSeries(t *testing.T) {
+	src := gpus{{Index: 0, UUID: "GPU-a", Product: "H100", Mode: "mig"}, {Index: 1, UUID: "GPU-b", Product: "H100", Mode: "exclusive"}, {Index: 2, UUID: "GPU-c", Product: "H100", Mode: "exclusive"}}
+	c := &Collector{GPUs: src, Usage: usage{
+		"GPU-a": {UtilizationPercent: -1, MemoryUsedBytes: 5 << 30, MIG: map[int]int64{13: 1 << 30, 5: 4 << 30}},
+		"GPU-b": {UtilizationPercent: 87, MemoryUsedBytes: 60 << 30},
+	}}
+	for metric, want := range map[string]string{
+		"facet_gpu_utilization_percent": `
+# HELP facet_gpu_utilization_percent Percent of NVML's last sample period in which a kernel ran on the GPU (nvmlDeviceGetUtilizationRates); absent where NVML reports none (MIG mode on). For nodes without dcgm-exporter.
+# TYPE facet_gpu_utilization_percent gauge
+facet_gpu_utilization_percent{gpu="1",product="H100",uuid="GPU-b"} 87
+`,
+		"facet_mig_memory_used_bytes": `
+# HELP facet_mig_memory_used_bytes A MIG device's framebuffer in use (NVML memory info on the MIG device), by GPU instance ID (GPU_I_ID, dcgm-exporter's label). For nodes without dcgm-exporter.
+# TYPE facet_mig_memory_used_bytes gauge
+facet_mig_memory_used_bytes{GPU_I_ID="13",gpu="0",product="H100",uuid="GPU-a"} 1.073741824e+09
+facet_mig_memory_used_bytes{GPU_I_ID="5",gpu="0",product="H100",uuid="GPU-a"} 4.294967296e+09
+`,
+	} {
+		if err := testutil.CollectAndCompare(c, strings.NewReader(want), metric); err != nil {
+			t.Errorf("%s: %v", metric, err)
+		}
+	}
+	if n := testutil.CollectAndCount(c, "facet_gpu_memory_used_bytes"); n != 2 {
+		t.Errorf("%d facet_gpu_memory_used_bytes series, want 2 (GPU-c is not readable)", n)
+	}
+}

@@ -374,7 +374,7 @@ func (p *process) startDriver(ctx context.Context) error {
 	}
 	p.drv = drv
 	go drv.RunMPSWatch(ctx, f.MPS.CheckEvery)
-	p.m.Registry().MustRegister(&metrics.Collector{GPUs: drv, Health: metrics.HealthFunc(drv.GPUHealth), Checkpoint: p.store, Claims: drv})
+	p.m.Registry().MustRegister(&metrics.Collector{GPUs: drv, Health: metrics.HealthFunc(drv.GPUHealth), Checkpoint: p.store, Claims: drv, Usage: nvmlUsage{p.lib}})
 	p.unusable = drv.UnusableGPUs()
 	for uuid, why := range p.unusable {
 		logger.Error(nil, "GPU unusable until the plugin restarts with the problem fixed; it is not published and its claims fail", "gpu", uuid, "why", why)
@@ -555,4 +555,23 @@ func kubeClient(kubeconfig string, qps float64, burst int) (kubernetes.Interface
 	}
 	cfg.QPS, cfg.Burst = float32(qps), burst
 	return kubernetes.NewForConfig(cfg)
+}
+
+// nvmlUsage reads a GPU's usage for the plugin's /metrics (nvml.Usage):
+// one handle lookup and a few reads per GPU per scrape.
+type nvmlUsage struct{ lib *nvml.Library }
+
+func (n nvmlUsage) GPUUsage(uuid string) (metrics.GPUUsage, error) {
+	u, err := n.lib.Usage(uuid)
+	if err != nil {
+		return metrics.GPUUsage{}, err
+	}
+	out := metrics.GPUUsage{UtilizationPercent: u.UtilizationPercent, MemoryUsedBytes: u.MemoryUsedBytes}
+	for _, m := range u.MIG {
+		if out.MIG == nil {
+			out.MIG = map[int]int64{}
+		}
+		out.MIG[m.GIID] = m.MemoryUsedBytes
+	}
+	return out, nil
 }
