@@ -1,11 +1,19 @@
 package e2e
 
 import (
+	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/facet-gpu/facet/internal/testenv"
 )
@@ -55,4 +63,111 @@ func TestTopology(t *testing.T) {
 			kubectl(t, "delete", "pod", "-n", namespace, tc.template, "--wait=true", "--timeout=120s")
 		})
 	}
+
+	// A GPU and a NIC of a second DRA driver on one PCIe root: the
+	// stand-in NIC driver offers one NIC, under the third root complex
+	// (GPUs 4 and 5), so the claim's GPU must be one of those.
+	t.Run("gpu-and-nic", func(t *testing.T) {
+		roots := map[string]string{}
+		for _, s := range ourSlices(t) {
+			for _, d := range s.Spec.Devices {
+				if v, ok := d.Attributes["resource.kubernetes.io/pcieRoot"]; ok && v.StringValue != nil {
+					roots[*d.Attributes["uuid"].StringValue] = *v.StringValue
+				}
+			}
+		}
+		const nicRoot = "pci0000:95"
+		startNICDriver(t, nicRoot)
+		kubectl(t, "apply", "-f", filepath.Join(e.repo, "demo", "topology", "gpu-and-nic.yaml"))
+		t.Cleanup(func() { _, _ = kubectlErr("delete", "deviceclass", nicDriverName, "--ignore-not-found") })
+		applyYAML(t, testenv.ClaimPod("gpu-and-nic", namespace, "both", "gpu-and-nic"))
+		pod := waitPodRunning(t, "gpu-and-nic")
+		uuids := envOf(execIn(t, "gpu-and-nic", "", "env"))["FACET_GPU_UUIDS"]
+		if roots[uuids] != nicRoot {
+			t.Errorf("the container sees GPU %q on root %q, want one on the NIC's root %s", uuids, roots[uuids], nicRoot)
+		}
+		for _, c := range podClaims(t, pod) {
+			for _, r := range c.Status.Allocation.Devices.Results {
+				t.Logf("allocated %s: %s/%s", r.Request, r.Driver, r.Device)
+			}
+		}
+		kubectl(t, "delete", "pod", "-n", namespace, "gpu-and-nic", "--wait=true", "--timeout=120s")
+	})
+}
+
+// nicDriver is a stand-in second DRA driver, nic.example.com: a kubelet
+// plugin (k8s.io/dynamic-resource-allocation/kubeletplugin, as Facet's)
+// that publishes NICs with the standard resource.kubernetes.io/pcieRoot
+// and prepares them with no CDI device, so that a claim can align a GPU
+// with a NIC through the live scheduler and kubelet.
+type nicDriver struct{}
+
+func (nicDriver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := map[types.UID]kubeletplugin.PrepareResult{}
+	for _, c := range claims {
+		var devs []kubeletplugin.Device
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver == nicDriverName {
+				devs = append(devs, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device})
+			}
+		}
+		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs}
+	}
+	return out, nil
+}
+
+func (nicDriver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := map[types.UID]error{}
+	for _, c := range claims {
+		out[c.UID] = nil
+	}
+	return out, nil
+}
+
+func (nicDriver) HandleError(context.Context, error, string) {}
+
+const nicDriverName = "nic.example.com"
+
+// startNICDriver runs nicDriver for the node until t ends, with one NIC on
+// each of roots.
+func startNICDriver(t *testing.T, roots ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	dir := filepath.Join(e.kubeletRoot, "plugins", nicDriverName)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	helper, err := kubeletplugin.Start(ctx, nicDriver{},
+		kubeletplugin.DriverName(nicDriverName),
+		kubeletplugin.NodeName(nodeName),
+		kubeletplugin.KubeClient(e.client),
+		kubeletplugin.RegistrarDirectoryPath(filepath.Join(e.kubeletRoot, "plugins_registry")),
+		kubeletplugin.PluginDataDirectoryPath(dir),
+	)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	var devs []resourceapi.Device
+	for i, r := range roots {
+		devs = append(devs, resourceapi.Device{Name: fmt.Sprintf("nic-%d", i), Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			"resource.kubernetes.io/pcieRoot": {StringValue: &r},
+		}})
+	}
+	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: {Slices: []resourceslice.Slice{{Devices: devs}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		helper.Stop()
+		cancel()
+		_, _ = kubectlErr("delete", "resourceslices", "--field-selector", "spec.driver="+nicDriverName)
+	})
+	waitFor(t, "the stand-in NIC driver registered and its slice published", time.Minute, func() (bool, error) {
+		st := helper.RegistrationStatus()
+		if st == nil || !st.PluginRegistered {
+			return false, fmt.Errorf("registration %+v", st)
+		}
+		sl, err := e.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: "spec.driver=" + nicDriverName})
+		return err == nil && len(sl.Items) == 1, fmt.Errorf("%v slices, %v", len(sl.Items), err)
+	})
 }
