@@ -43,7 +43,7 @@ build-release:
 verify-release:
 	@for b in facet-kubeletplugin facet-webhook facet-mps facet-preemptor; do \
 	  syms=$$($(GO) tool nm $(BIN)/release/$$b) || exit 1; \
-	  if grep -qE 'go-nvml/pkg/nvml/mock|facet/pkg/nvml/sim\.|facet/pkg/mps/mpssim\.' <<<"$$syms"; then \
+	  if grep -qE 'go-nvml/pkg/nvml/mock|facet-gpu/facet/internal/' <<<"$$syms"; then \
 	    echo "bin/release/$$b links simulator code" >&2; exit 1; fi; \
 	  echo "bin/release/$$b: no simulator or go-nvml mock symbols"; \
 	done
