@@ -6,6 +6,8 @@ package occtest
 
 import (
 	"fmt"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -26,9 +28,12 @@ import (
 // ("0=mig,1=shared" as the plugin's --gpu-modes), and MIG layouts for
 // static-mig GPUs ("2=all-balanced" as --mig-layouts).
 type Node struct {
-	Name   string
-	Model  string
-	GPUs   int
+	Name string
+	// Machine, when set, is a machine file of demo/machines (without
+	// .yaml), its topology included, instead of Model and GPUs.
+	Machine string
+	Model   string
+	GPUs    int
 	Modes  string
 	Layout string
 	// Slots is the --gpu-slots value for slots GPUs; empty: four equal.
@@ -41,6 +46,13 @@ func Slices(t testing.TB, n Node) []*resourceapi.ResourceSlice {
 	m := &sim.Machine{Name: n.Name, DriverVersion: "580.159.04", CUDADriverVersion: "13.0"}
 	for range n.GPUs {
 		m.GPUs = append(m.GPUs, sim.MachineGPU{Model: n.Model, MIGEnabled: true})
+	}
+	if n.Machine != "" {
+		_, self, _, _ := runtime.Caller(0)
+		var err error
+		if m, err = sim.LoadMachine(filepath.Join(filepath.Dir(self), "..", "..", "..", "demo", "machines", n.Machine+".yaml")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	node, err := sim.DiscoverSimulated(m)
 	if err != nil {

@@ -33,8 +33,23 @@ type request struct {
 
 func (e explainer) explain(ctx context.Context, node string, claims []*resourceapi.ResourceClaim) ([]string, error) {
 	var reqs []request
+	// matchAttr is each exact request's matchAttribute constraints (those
+	// naming it alone, or all the claim's requests when it has one).
+	matchAttr := map[string][]string{}
 	for _, c := range claims {
 		ref := c.Namespace + "/" + c.Name
+		for _, con := range c.Spec.Devices.Constraints {
+			if con.MatchAttribute == nil {
+				continue
+			}
+			names := con.Requests
+			if len(names) == 0 && len(c.Spec.Devices.Requests) == 1 {
+				names = []string{c.Spec.Devices.Requests[0].Name}
+			}
+			if len(names) == 1 {
+				matchAttr[ref+" "+names[0]] = append(matchAttr[ref+" "+names[0]], string(*con.MatchAttribute))
+			}
+		}
 		for _, r := range c.Spec.Devices.Requests {
 			if r.Exactly != nil {
 				reqs = append(reqs, request{name: r.Name, claim: ref, req: *r.Exactly})
@@ -50,12 +65,20 @@ func (e explainer) explain(ctx context.Context, node string, claims []*resourcea
 	var out []string
 	allFree := true
 	for _, r := range reqs {
-		why, free, err := e.request(ctx, node, r)
+		why, free, freeDevs, err := e.request(ctx, node, r)
 		if err != nil {
 			return nil, err
 		}
 		allFree = allFree && free
 		out = append(out, why...)
+		if free {
+			for _, attr := range matchAttr[r.claim+" "+r.name] {
+				if line := alignment(r, attr, freeDevs); line != "" {
+					out = append(out, line)
+					allFree = false
+				}
+			}
+		}
 	}
 	if allFree {
 		out = append(out, "each request alone has free matching devices: the allocator refused them together (a constraint such as matchAttribute, or requests that compete for the same GPUs)")
@@ -63,12 +86,13 @@ func (e explainer) explain(ctx context.Context, node string, claims []*resourcea
 	return out, nil
 }
 
-// request explains one request; free says it has enough free candidates.
-func (e explainer) request(ctx context.Context, node string, r request) (why []string, free bool, err error) {
+// request explains one request; free says it has enough free candidates,
+// freeDevs are those free candidates.
+func (e explainer) request(ctx context.Context, node string, r request) (why []string, free bool, freeDevs []*occupancy.Device, err error) {
 	prefix := fmt.Sprintf("%s request %s:", r.claim, r.name)
 	class, err := e.cluster.Get(r.req.DeviceClassName)
 	if err != nil {
-		return []string{fmt.Sprintf("%s DeviceClass %s does not exist", prefix, r.req.DeviceClassName)}, false, nil
+		return []string{fmt.Sprintf("%s DeviceClass %s does not exist", prefix, r.req.DeviceClassName)}, false, nil, nil
 	}
 	var candidates []*occupancy.Device
 	for _, d := range e.occ.NodeDevices(node) {
@@ -77,14 +101,14 @@ func (e explainer) request(ctx context.Context, node string, r request) (why []s
 			ok, err = e.matches(ctx, r.req.Selectors, d)
 		}
 		if err != nil {
-			return nil, false, fmt.Errorf("%s device %s: %w", prefix, d.Device.Name, err)
+			return nil, false, nil, fmt.Errorf("%s device %s: %w", prefix, d.Device.Name, err)
 		}
 		if ok {
 			candidates = append(candidates, d)
 		}
 	}
 	if len(candidates) == 0 {
-		return []string{fmt.Sprintf("%s no device on the node matches DeviceClass %s and the request's selectors", prefix, class.Name)}, false, nil
+		return []string{fmt.Sprintf("%s no device on the node matches DeviceClass %s and the request's selectors", prefix, class.Name)}, false, nil, nil
 	}
 	need := int(r.req.Count)
 	if r.req.AllocationMode == resourceapi.DeviceAllocationModeAll {
@@ -93,7 +117,7 @@ func (e explainer) request(ctx context.Context, node string, r request) (why []s
 	need = max(need, 1)
 	if need > len(candidates) {
 		// No eviction or wait helps: say so before who holds what.
-		return []string{fmt.Sprintf("%s only %d device(s) on the node match DeviceClass %s and the request's selectors, need %d", prefix, len(candidates), class.Name, need)}, false, nil
+		return []string{fmt.Sprintf("%s only %d device(s) on the node match DeviceClass %s and the request's selectors, need %d", prefix, len(candidates), class.Name, need)}, false, nil, nil
 	}
 	nfree := 0
 	var reasons []string
@@ -103,6 +127,7 @@ func (e explainer) request(ctx context.Context, node string, r request) (why []s
 		reason, small := e.blocked(d, r.req)
 		if reason == "" {
 			nfree++
+			freeDevs = append(freeDevs, d)
 			continue
 		}
 		if small {
@@ -114,7 +139,7 @@ func (e explainer) request(ctx context.Context, node string, r request) (why []s
 		}
 	}
 	if nfree >= need {
-		return nil, true, nil
+		return nil, true, freeDevs, nil
 	}
 	head := fmt.Sprintf("%s %d of %d matching devices free, need %d", prefix, nfree, len(candidates), need)
 	if nfree == 0 {
@@ -127,7 +152,7 @@ func (e explainer) request(ctx context.Context, node string, r request) (why []s
 	for _, reason := range reasons {
 		out = append(out, "  "+reason)
 	}
-	return out, false, nil
+	return out, false, freeDevs, nil
 }
 
 // matches evaluates CEL selectors on a device, as the allocator does.
@@ -309,4 +334,49 @@ func gib(b int64) string {
 		return fmt.Sprintf("%dGi", int64(v))
 	}
 	return fmt.Sprintf("%.2fGi", v)
+}
+
+// alignment says why enough free devices still do not satisfy a request's
+// matchAttribute on attr (a topology constraint such as
+// gpu.facet.dev/nvlinkDomain): how many share each value, and that fewer
+// than the request needs share any one. "" when some value has enough.
+func alignment(r request, attr string, free []*occupancy.Device) string {
+	need := max(int(r.req.Count), 1)
+	key := strings.TrimPrefix(attr, names.Driver+"/")
+	count := map[string]int{}
+	var values []string
+	without := 0
+	for _, d := range free {
+		v := d.Attr(key)
+		if v == "" {
+			if n := d.IntAttr(key); n >= 0 {
+				v = fmt.Sprint(n)
+			}
+		}
+		if v == "" {
+			without++
+			continue
+		}
+		if count[v] == 0 {
+			values = append(values, v)
+		}
+		count[v]++
+	}
+	most := 0
+	var groups []string
+	for _, v := range values {
+		most = max(most, count[v])
+		groups = append(groups, fmt.Sprintf("%s: %d", v, count[v]))
+	}
+	if most >= need {
+		return ""
+	}
+	line := fmt.Sprintf("%s request %s: %d matching devices are free, at most %d with one %s, need %d", r.claim, r.name, len(free), most, attr, need)
+	if len(groups) > 0 {
+		line += " (" + strings.Join(groups, ", ") + ")"
+	}
+	if without > 0 {
+		line += fmt.Sprintf("; %d free without it", without)
+	}
+	return line
 }

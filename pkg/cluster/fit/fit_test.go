@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"k8s.io/utils/ptr"
 	"strings"
 	"testing"
 
@@ -126,6 +127,17 @@ func TestCheck(t *testing.T) {
 		}(),
 		why:   []string{"only 2 device(s) on the node match DeviceClass gpu.facet.dev and the request's selectors, need 3"},
 		never: []string{"held by", "free"},
+	}, {
+		name: "four GPUs in one NVLink domain on H100 NVL pairs: free GPUs, no domain of four",
+		node: occtest.Node{Name: "n1", Machine: "h100-nvl-pairs"},
+		claim: func() *resourceapi.ResourceClaim {
+			c := ask("gpu.facet.dev", nil)
+			c.Spec.Devices.Requests[0].Exactly.Count = 4
+			c.Spec.Devices.Constraints = []resourceapi.DeviceConstraint{{MatchAttribute: ptr.To(resourceapi.FullyQualifiedName("gpu.facet.dev/nvlinkDomain"))}}
+			return c
+		}(),
+		why:   []string{"4 matching devices are free, at most 2 with one gpu.facet.dev/nvlinkDomain, need 4 (nvl-"},
+		never: []string{"each request alone has free matching devices"},
 	}, {
 		name:  "a share that fits beside another",
 		node:  occtest.Node{Name: "n1", Model: "H100-SXM5-80GB", GPUs: 1, Modes: "0=shared"},

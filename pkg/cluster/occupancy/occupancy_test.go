@@ -251,3 +251,28 @@ func TestUnhealthyTaint(t *testing.T) {
 		t.Errorf("gpu 3: %s (%s)", g.Health, g.HealthReason)
 	}
 }
+
+// TestNVLinkDomains: on H100 NVL cards in bridged pairs, the table lists
+// each domain with its GPUs that hold nothing, so a pair broken up by one
+// claim shows; a node without NVLink lists none.
+func TestNVLinkDomains(t *testing.T) {
+	n := occtest.Node{Name: "n1", Machine: "h100-nvl-pairs"}
+	c, err := Build(occtest.Slices(t, n), []*resourceapi.ResourceClaim{occtest.Allocated("ml/one", occtest.Result("n1", "gpu-1"))}, "", KnownProfiles())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := Table(&out, c); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", out.String())
+	for _, want := range []string{"NVLink domains", "1 of 2 GPUs free  gpu-0", "2 of 2 GPUs free  gpu-2 gpu-3"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+	out.Reset()
+	if err := Table(&out, build(t)); err != nil || strings.Contains(out.String(), "NVLink domains") {
+		t.Errorf("a node without NVLink: %v\n%s", err, out.String())
+	}
+}

@@ -53,6 +53,61 @@ func table(w io.Writer, c *Cluster) error {
 			fmt.Fprintf(tw, "\t\t\t\t\t\t%s\n", h)
 		}
 	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return domains(w, c)
+}
+
+// domains lists each node's NVLink domains (the nvlinkDomain attribute)
+// with the GPUs of each that hold nothing, so that a domain broken up by
+// small claims shows before a multi-GPU job waits on it. Nothing on
+// nodes without NVLink.
+func domains(w io.Writer, c *Cluster) error {
+	type domain struct {
+		node, name  string
+		gpus, idle []string
+	}
+	var out []*domain
+	byKey := map[string]*domain{}
+	for _, g := range c.GPUs {
+		name := ""
+		for _, dn := range g.Devices {
+			if d, ok := c.Device(g.Node, dn); ok {
+				if name = d.Attr("nvlinkDomain"); name != "" {
+					break
+				}
+			}
+		}
+		if name == "" {
+			continue
+		}
+		k := g.Node + "/" + name
+		d := byKey[k]
+		if d == nil {
+			d = &domain{node: g.Node, name: name}
+			byKey[k] = d
+			out = append(out, d)
+		}
+		d.gpus = append(d.gpus, g.Name())
+		if idle(g) {
+			d.idle = append(d.idle, g.Name())
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(w, "\nNVLink domains (GPUs holding nothing, for a multi-GPU claim aligned on gpu.facet.dev/nvlinkDomain):"); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, d := range out {
+		idle := strings.Join(d.idle, " ")
+		if idle == "" {
+			idle = "none"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%d of %d GPUs free\t%s\n", d.node, d.name, len(d.idle), len(d.gpus), idle)
+	}
 	return tw.Flush()
 }
 
@@ -260,4 +315,17 @@ func usable(memoryBytes, cores int64, mps bool) string {
 		return gib(sharemem.UsableMPS(memoryBytes, cores)) + " usable, MPS"
 	}
 	return gib(sharemem.Usable(memoryBytes)) + " usable"
+}
+
+// idle says whether no claim holds any part of g.
+func idle(g *GPU) bool {
+	if g.Whole != nil || len(g.MIG) > 0 || len(g.Shares) > 0 {
+		return false
+	}
+	for _, s := range g.Slots {
+		if s.Claim != nil {
+			return false
+		}
+	}
+	return true
 }
