@@ -34,8 +34,8 @@ type Node struct {
 	Machine string
 	Model   string
 	GPUs    int
-	Modes  string
-	Layout string
+	Modes   string
+	Layout  string
 	// Slots is the --gpu-slots value for slots GPUs; empty: four equal.
 	Slots string
 }

@@ -65,7 +65,7 @@ func table(w io.Writer, c *Cluster) error {
 // nodes without NVLink.
 func domains(w io.Writer, c *Cluster) error {
 	type domain struct {
-		node, name  string
+		node, name string
 		gpus, idle []string
 	}
 	var out []*domain
