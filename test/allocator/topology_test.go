@@ -91,10 +91,17 @@ func TestTopologyClaims(t *testing.T) {
 			{pcieSwitch("5"), nil},
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := NewCluster(nodeSlices(t, tc.machine, "node-a", "--mode", "exclusive"), deviceClasses(t))
-			run(t, c, "node-a", tc.steps)
-		})
+		// Whole GPUs in exclusive mode: the same on a stock cluster's
+		// allocator (the DRA alpha gates off) as with them on.
+		for _, stock := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stock=%v", tc.name, stock), func(t *testing.T) {
+				c := NewCluster(nodeSlices(t, tc.machine, "node-a", "--mode", "exclusive"), deviceClasses(t))
+				if stock {
+					c.Features = &StockFeatures
+				}
+				run(t, c, "node-a", tc.steps)
+			})
+		}
 	}
 }
 
