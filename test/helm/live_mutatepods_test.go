@@ -28,8 +28,8 @@ import (
 func TestLiveChartPodMutator(t *testing.T) {
 	l := liveCluster(t)
 	const ns, release = "facet-helm-mutate", "facet-helmtest"
-	l.namespace(t, ns)
-	l.must(t, "", "apply", "-f", filepath.Join(repoRoot, "deployments", "deviceclasses.yaml"))
+	l.Namespace(t, ns)
+	l.Must(t, "", "apply", "-f", filepath.Join(repoRoot, "deployments", "deviceclasses.yaml"))
 	dir := t.TempDir()
 
 	caPEM := writeServingCert(t, dir)
@@ -48,7 +48,7 @@ func TestLiveChartPodMutator(t *testing.T) {
 	}
 	logPath := filepath.Join(dir, "webhook.log")
 	addr := testenv.StartWebhook(t, bin, logPath, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), caPEM,
-		"--mutate-pods", "--kubeconfig", l.kubeconfig, "--mutate-extended-resources=always", "--extended-resource-map", mapFile, "-v", "4")
+		"--mutate-pods", "--kubeconfig", l.Kubeconfig, "--mutate-extended-resources=always", "--extended-resource-map", mapFile, "-v", "4")
 
 	mwc := find(t, objs, "MutatingWebhookConfiguration", release+"-webhook")
 	for _, w := range mwc.Object["webhooks"].([]any) {
@@ -61,8 +61,8 @@ func TestLiveChartPodMutator(t *testing.T) {
 		delete(sel, "matchExpressions")
 	}
 	manifest := stream(t, []object{mwc})
-	t.Cleanup(func() { l.run(manifest, "delete", "--ignore-not-found", "-f", "-") })
-	l.must(t, manifest, "apply", "-f", "-")
+	t.Cleanup(func() { l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
+	l.Must(t, manifest, "apply", "-f", "-")
 
 	pod := func(name string, labels map[string]string, limits string) string {
 		p := map[string]any{
@@ -77,7 +77,7 @@ func TestLiveChartPodMutator(t *testing.T) {
 		return string(b)
 	}
 	dryRun := func(t *testing.T, manifest string) (*corev1.Pod, error) {
-		out, err := l.run(manifest, "create", "--dry-run=server", "-o", "json", "-f", "-")
+		out, err := l.Run(manifest, "create", "--dry-run=server", "-o", "json", "-f", "-")
 		if err != nil {
 			return nil, fmt.Errorf("%v: %s", err, out)
 		}
@@ -132,15 +132,15 @@ func TestLiveChartPodMutator(t *testing.T) {
 
 	t.Run("a dry run makes no template; a create makes one", func(t *testing.T) {
 		ctx := context.Background()
-		list, err := l.client.ResourceV1().ResourceClaimTemplates(ns).List(ctx, metav1.ListOptions{})
+		list, err := l.Client.ResourceV1().ResourceClaimTemplates(ns).List(ctx, metav1.ListOptions{})
 		if err != nil || len(list.Items) != 0 {
 			t.Fatalf("%v: %d templates after dry runs", err, len(list.Items))
 		}
-		l.must(t, pod("real", nil, `{"nvidia.com/gpu": "1"}`), "create", "-f", "-")
+		l.Must(t, pod("real", nil, `{"nvidia.com/gpu": "1"}`), "create", "-f", "-")
 		// A MIG profile's claim is a prioritized list (preferExistingMIG,
 		// on by default), which this API server must admit.
-		l.must(t, pod("real-mig", nil, `{"nvidia.com/mig-1g.10gb": "1"}`), "create", "-f", "-")
-		list, err = l.client.ResourceV1().ResourceClaimTemplates(ns).List(ctx, metav1.ListOptions{
+		l.Must(t, pod("real-mig", nil, `{"nvidia.com/mig-1g.10gb": "1"}`), "create", "-f", "-")
+		list, err = l.Client.ResourceV1().ResourceClaimTemplates(ns).List(ctx, metav1.ListOptions{
 			LabelSelector: webhook.ManagedByLabel + "=" + webhook.ManagedByValue,
 		})
 		if err != nil || len(list.Items) != 2 {

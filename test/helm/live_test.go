@@ -5,7 +5,6 @@ package helm
 // are skipped when those are not set.
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/pem"
@@ -23,6 +22,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/claimstatus"
+	"github.com/facet-gpu/facet/test/helm/helmtest"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -32,58 +32,14 @@ import (
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 )
 
-type live struct {
-	kubeconfig, kubectl, runDir string
-	config                      *rest.Config
-	client                      kubernetes.Interface
-}
+// live is the local node (helmtest.LiveCluster).
+type live = helmtest.Live
 
-func liveCluster(t *testing.T) *live {
-	t.Helper()
-	l := &live{kubeconfig: os.Getenv("KUBECONFIG"), runDir: os.Getenv("FACET_RUN_DIR")}
-	if l.kubeconfig == "" || l.runDir == "" || os.Getenv("FACET_BIN_DIR") == "" {
-		t.Skip("needs the local node of hack/e2e.sh (KUBECONFIG, FACET_RUN_DIR, FACET_BIN_DIR)")
-	}
-	l.kubectl = filepath.Join(os.Getenv("FACET_BIN_DIR"), "kubectl")
-	cfg, err := clientcmd.BuildConfigFromFlags("", l.kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.config = cfg
-	l.client = kubernetes.NewForConfigOrDie(cfg)
-	return l
-}
-
-// run runs kubectl with stdin.
-func (l *live) run(stdin string, args ...string) (string, error) {
-	cmd := exec.Command(l.kubectl, append([]string{"--kubeconfig", l.kubeconfig}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var buf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &buf, &buf
-	err := cmd.Run()
-	return buf.String(), err
-}
-
-func (l *live) must(t testing.TB, stdin string, args ...string) string {
-	t.Helper()
-	out, err := l.run(stdin, args...)
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
-
-// namespace creates a namespace that is deleted after the test.
-func (l *live) namespace(t *testing.T, name string) {
-	t.Helper()
-	l.must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+name+"}\n", "apply", "-f", "-")
-	t.Cleanup(func() { l.run("", "delete", "namespace", name, "--wait=true", "--timeout=120s") })
-}
+func liveCluster(t *testing.T) *live { return helmtest.LiveCluster(t) }
 
 func stream(t testing.TB, objs []object) string {
 	t.Helper()
@@ -107,8 +63,8 @@ func stream(t testing.TB, objs []object) string {
 func TestLiveServerDryRun(t *testing.T) {
 	l := liveCluster(t)
 	const ns = "facet-helm-dryrun"
-	l.namespace(t, ns)
-	out, _ := l.run("", "api-resources", "--api-group=cert-manager.io", "-o", "name")
+	l.Namespace(t, ns)
+	out, _ := l.Run("", "api-resources", "--api-group=cert-manager.io", "-o", "name")
 	certManager := strings.TrimSpace(out) != ""
 	for name, vals := range configurations(t) {
 		t.Run(name, func(t *testing.T) {
@@ -120,7 +76,7 @@ func TestLiveServerDryRun(t *testing.T) {
 				}
 				objs = append(objs, o)
 			}
-			out, err := l.run(stream(t, objs), "apply", "--dry-run=server", "-f", "-")
+			out, err := l.Run(stream(t, objs), "apply", "--dry-run=server", "-f", "-")
 			if err != nil {
 				t.Fatalf("server-side dry run: %v\n%s", err, out)
 			}
@@ -139,7 +95,7 @@ func TestLiveNodeRestriction(t *testing.T) {
 	l := liveCluster(t)
 	ctx := context.Background()
 	const ns, release = "facet-helm-noderestriction", "facet-helmtest"
-	l.namespace(t, ns)
+	l.Namespace(t, ns)
 
 	objs := renderAs(t, values(t, `
 deviceClasses: {enabled: false}
@@ -156,12 +112,12 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 		t.Fatalf("%d objects to install, want 7 (two policies with their bindings)", len(install))
 	}
 	manifest := stream(t, install)
-	t.Cleanup(func() { l.run(manifest, "delete", "--ignore-not-found", "-f", "-") })
-	l.must(t, manifest, "apply", "-f", "-")
+	t.Cleanup(func() { l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
+	l.Must(t, manifest, "apply", "-f", "-")
 	sa := release + "-kubelet-plugin"
 	policy := release + "-resourceslices-own-node"
 
-	nodes, err := l.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	nodes, err := l.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +127,7 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 	node := nodes.Items[0].Name
 
 	// A pod of the service account on the node; it need not run.
-	pod, err := l.client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+	pod, err := l.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "plugin"},
 		Spec: corev1.PodSpec{
 			ServiceAccountName:            sa,
@@ -190,11 +146,11 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 		if boundToPod {
 			req.Spec.BoundObjectRef = &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
 		}
-		tok, err := l.client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, req, metav1.CreateOptions{})
+		tok, err := l.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, req, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg := rest.AnonymousClientConfig(l.config)
+		cfg := rest.AnonymousClientConfig(l.Config)
 		cfg.BearerToken = tok.Status.Token
 		return kubernetes.NewForConfigOrDie(cfg)
 	}
@@ -211,7 +167,7 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 		}
 	}
 	for _, n := range []string{"facet-helm-own", "facet-helm-other", "facet-helm-driver", "facet-helm-unbound", "facet-helm-admin"} {
-		t.Cleanup(func() { l.client.ResourceV1().ResourceSlices().Delete(ctx, n, metav1.DeleteOptions{}) })
+		t.Cleanup(func() { l.Client.ResourceV1().ResourceSlices().Delete(ctx, n, metav1.DeleteOptions{}) })
 	}
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 
@@ -262,7 +218,7 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 	}
 
 	t.Run("another node's slice cannot be deleted", func(t *testing.T) {
-		if _, err := l.client.ResourceV1().ResourceSlices().Create(ctx, slice("facet-helm-admin", "gpu.facet.dev", "not-"+node), metav1.CreateOptions{}); err != nil {
+		if _, err := l.Client.ResourceV1().ResourceSlices().Create(ctx, slice("facet-helm-admin", "gpu.facet.dev", "not-"+node), metav1.CreateOptions{}); err != nil {
 			t.Fatalf("the admin is not restricted: %v", err)
 		}
 		err := plugin.ResourceV1().ResourceSlices().Delete(ctx, "facet-helm-admin", metav1.DeleteOptions{})
@@ -275,7 +231,7 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 	// leaves it: one device of the node's pool, a node selector naming it.
 	allocated := func(t *testing.T, name, nodeName string) *resourceapi.ResourceClaim {
 		t.Helper()
-		c, err := l.client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
+		c, err := l.Client.ResourceV1().ResourceClaims(ns).Create(ctx, &resourceapi.ResourceClaim{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{
 				{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.facet.dev"}},
@@ -292,7 +248,7 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 				{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{nodeName}},
 			}}}},
 		}
-		if c, err = l.client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
+		if c, err = l.Client.ResourceV1().ResourceClaims(ns).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		return c
@@ -343,7 +299,7 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 		// on) the API server asks resourceclaims/driver of every
 		// status.devices change, and the chart grants associated-node only;
 		// on 1.35 the chart's policy refuses it.
-		v, err := l.client.Discovery().ServerVersion()
+		v, err := l.Client.Discovery().ServerVersion()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -381,7 +337,7 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 func TestLiveChartWebhook(t *testing.T) {
 	l := liveCluster(t)
 	const ns, release = "facet-helm-webhook", "facet-helmtest"
-	l.namespace(t, ns)
+	l.Namespace(t, ns)
 	dir := t.TempDir()
 
 	bin := filepath.Join(dir, "facet-webhook")
@@ -406,8 +362,8 @@ func TestLiveChartWebhook(t *testing.T) {
 		}
 	}
 	manifest := stream(t, []object{vwc})
-	t.Cleanup(func() { l.run(manifest, "delete", "--ignore-not-found", "-f", "-") })
-	l.must(t, manifest, "apply", "-f", "-")
+	t.Cleanup(func() { l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
+	l.Must(t, manifest, "apply", "-f", "-")
 
 	claim := func(kind, name, config string) string {
 		devices := "requests:\n- name: share\n  exactly:\n    deviceClassName: vgpu.facet.dev\n    capacity: {requests: {memory: 4Gi}}\n" + config
@@ -422,7 +378,7 @@ func TestLiveChartWebhook(t *testing.T) {
 	}
 	bad := facetConfig("{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, taskPriority: 7}")
 	testenv.WaitFor(t, "webhook registered", time.Minute, func() (bool, error) {
-		out, err := l.run(claim("ResourceClaim", "probe", bad), "apply", "--dry-run=server", "-f", "-")
+		out, err := l.Run(claim("ResourceClaim", "probe", bad), "apply", "--dry-run=server", "-f", "-")
 		return err != nil && strings.Contains(out, "denied the request"), fmt.Errorf("%v: %s", err, out)
 	})
 
@@ -442,7 +398,7 @@ spec:
 `, `admission webhook "deviceclasses.gpu.facet.dev" denied the request: spec.config[0].opaque.parameters: GpuConfig: strict decoding error: unknown field "mode"`},
 	} {
 		t.Run("refused: "+tc.name, func(t *testing.T) {
-			out, err := l.run(tc.manifest, "apply", "-f", "-")
+			out, err := l.Run(tc.manifest, "apply", "-f", "-")
 			if err == nil || !strings.Contains(out, tc.want) {
 				t.Fatalf("%v\n%s\nwant a refusal with %q", err, out, tc.want)
 			}
@@ -454,13 +410,13 @@ spec:
 			"no-config":    "",
 			"other-driver": "config:\n- opaque:\n    driver: gpu.example.com\n    parameters: {anything: 7}\n",
 		} {
-			l.must(t, claim("ResourceClaim", name, config), "apply", "-f", "-")
+			l.Must(t, claim("ResourceClaim", name, config), "apply", "-f", "-")
 			log, _ := os.ReadFile(logPath)
 			if strings.Contains(string(log), `name="`+name+`"`) {
 				t.Errorf("claim %s was sent to the webhook; the matchCondition should have skipped it", name)
 			}
 		}
-		l.must(t, claim("ResourceClaim", "good", facetConfig("{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, logLevel: 4}")), "apply", "-f", "-")
+		l.Must(t, claim("ResourceClaim", "good", facetConfig("{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, logLevel: 4}")), "apply", "-f", "-")
 		if log, _ := os.ReadFile(logPath); !strings.Contains(string(log), `"Allowed" kind="ResourceClaim" namespace="`+ns+`" name="good"`) {
 			t.Errorf("the good claim did not go through the webhook:\n%s", log)
 		}
@@ -469,7 +425,7 @@ spec:
 	// A claim's spec is immutable: its UPDATEs are metadata writes (the
 	// scheduler's finalizer), which must not wait on the webhook.
 	t.Run("claim updates never reach the webhook", func(t *testing.T) {
-		l.must(t, "", "label", "resourceclaim", "good", "-n", ns, "facet.dev/updated=yes")
+		l.Must(t, "", "label", "resourceclaim", "good", "-n", ns, "facet.dev/updated=yes")
 		log, _ := os.ReadFile(logPath)
 		for _, line := range strings.Split(string(log), "\n") {
 			if strings.Contains(line, `name="good"`) && strings.Contains(line, "UPDATE") {

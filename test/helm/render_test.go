@@ -19,13 +19,14 @@ import (
 	"testing"
 
 	"helm.sh/helm/v3/pkg/chart"
-	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/facet-gpu/facet/test/helm/helmtest"
 )
 
 var (
@@ -39,24 +40,10 @@ const (
 	kubeVersion      = "v1.35.4"
 )
 
-func loadChart(t testing.TB) *chart.Chart {
-	t.Helper()
-	c, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatalf("load chart %s: %v", chartDir, err)
-	}
-	return c
-}
+func loadChart(t testing.TB) *chart.Chart { return helmtest.LoadChart(t, chartDir) }
 
 // values parses YAML values, as given with -f.
-func values(t testing.TB, y string) map[string]any {
-	t.Helper()
-	v := map[string]any{}
-	if err := yaml.Unmarshal([]byte(y), &v); err != nil {
-		t.Fatalf("values %q: %v", y, err)
-	}
-	return v
-}
+func values(t testing.TB, y string) map[string]any { return helmtest.Values(t, y) }
 
 // renderErr renders the chart as `helm install` would (values merged with
 // the chart's, checked against values.schema.json, then the templates),

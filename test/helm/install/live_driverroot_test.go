@@ -60,7 +60,7 @@ func TestLiveChartHostDriverRoot(t *testing.T) {
 		},
 		{
 			name:    "the chart's hook, no driver in the host's /",
-			driver:  fmt.Sprintf("driver: {root: /, devRoot: /}\n  nvidiaCDIHook: {install: true, hostDir: %q}", filepath.Join(r.runDir, "cdi-hook-chart")),
+			driver:  fmt.Sprintf("driver: {root: /, devRoot: /}\n  nvidiaCDIHook: {install: true, hostDir: %q}", filepath.Join(r.RunDir, "cdi-hook-chart")),
 			wantLog: []string{"nvidia-cdi-hook runs", "driver root / (read at /driver-root)"},
 		},
 	} {
@@ -88,7 +88,7 @@ func TestLiveChartHostDriverRoot(t *testing.T) {
 				return
 			}
 			testenv.WaitFor(t, "the Node Event FacetCDIHookUnusable", time.Minute, func() (bool, error) {
-				evs, err := r.client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,reason=FacetCDIHookUnusable"})
+				evs, err := r.Client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,reason=FacetCDIHookUnusable"})
 				if err != nil {
 					return false, err
 				}

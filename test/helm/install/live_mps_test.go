@@ -54,9 +54,9 @@ func TestLiveChartMPS(t *testing.T) {
 	mpsPod := r.waitMPS(t)
 	t.Logf("plugin pod %s and facet-mps pod %s Ready (%s)", plugin.Name, mpsPod.Name, r.since())
 
-	r.must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+mpsNS+"}\n", "apply", "-f", "-")
-	t.Cleanup(func() { _, _ = r.run("", "delete", "namespace", mpsNS, "--wait=true", "--timeout=120s") })
-	r.must(t, `
+	r.Must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+mpsNS+"}\n", "apply", "-f", "-")
+	t.Cleanup(func() { _, _ = r.Run("", "delete", "namespace", mpsNS, "--wait=true", "--timeout=120s") })
+	r.Must(t, `
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata: {name: share, namespace: `+mpsNS+`}
@@ -66,9 +66,9 @@ spec:
       requests:
       - `+request+`
 `, "apply", "-f", "-")
-	r.must(t, mpsClientPod("client"), "apply", "-f", "-")
+	r.Must(t, mpsClientPod("client"), "apply", "-f", "-")
 	r.waitRunning(t, mpsNS, "client", 3*time.Minute)
-	out := r.must(t, "", "exec", "-n", mpsNS, "client", "--", "sh", "-c", "env; echo SHM=$(df -k /dev/shm | tail -n 1)")
+	out := r.Must(t, "", "exec", "-n", mpsNS, "client", "--", "sh", "-c", "env; echo SHM=$(df -k /dev/shm | tail -n 1)")
 	env := map[string]string{}
 	for _, l := range strings.Split(out, "\n") {
 		if k, v, ok := strings.Cut(l, "="); ok {
@@ -108,7 +108,7 @@ spec:
 		t.Logf("%s: daemon %d untouched (%s)", when, pid, r.since())
 	}
 
-	r.must(t, "", "delete", "pod", "-n", chartNS, plugin.Name, "--wait=true", "--timeout=120s")
+	r.Must(t, "", "delete", "pod", "-n", chartNS, plugin.Name, "--wait=true", "--timeout=120s")
 	next := r.waitPlugin(t, r.tag, 2*time.Minute)
 	if next.Name == plugin.Name {
 		t.Fatalf("plugin pod %s was not replaced", plugin.Name)
@@ -124,15 +124,15 @@ spec:
 	cur := r.waitPlugin(t, tagB, 3*time.Minute)
 	untouched(fmt.Sprintf("helm upgrade (revision %d) rolled the plugin to %s", rel.Version, cur.Name))
 
-	r.must(t, mpsClientPod("late"), "apply", "-f", "-")
+	r.Must(t, mpsClientPod("late"), "apply", "-f", "-")
 	r.waitRunning(t, mpsNS, "late", 3*time.Minute)
 	testenv.WaitFor(t, "the late share's pings reaching the daemon", 30*time.Second, func() (bool, error) {
-		out, err := r.run("", "logs", "-n", mpsNS, "late")
+		out, err := r.Run("", "logs", "-n", mpsNS, "late")
 		return strings.Contains(out, "ok "), fmt.Errorf("%v: %s", err, out)
 	})
 	untouched("a share created after the upgrade joined")
 
-	clientLog := r.must(t, "", "logs", "-n", mpsNS, "client")
+	clientLog := r.Must(t, "", "logs", "-n", mpsNS, "client")
 	var last int64
 	var gaps []string
 	for _, l := range strings.Split(strings.TrimSpace(clientLog), "\n") {
@@ -155,7 +155,7 @@ spec:
 	if len(gaps) > 0 || last == 0 {
 		t.Errorf("the connected client lost its daemon: %v", gaps)
 	}
-	evs, err := r.client.CoreV1().Events(mpsNS).List(ctx, metav1.ListOptions{})
+	evs, err := r.Client.CoreV1().Events(mpsNS).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func (r *chartRig) waitMPS(t testing.TB) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
 	testenv.WaitFor(t, "the facet-mps pod Running and started", 2*time.Minute, func() (bool, error) {
-		pods, err := r.client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=mps"})
+		pods, err := r.Client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=mps"})
 		if err != nil || len(pods.Items) != 1 {
 			return false, fmt.Errorf("%d facet-mps pods: %v", len(pods.Items), err)
 		}
@@ -184,14 +184,14 @@ func (r *chartRig) waitMPS(t testing.TB) *corev1.Pod {
 }
 
 func (r *chartRig) mpsLog() string {
-	out, _ := r.run("", "logs", "-n", chartNS, "-l", "app.kubernetes.io/component=mps", "--tail=-1")
+	out, _ := r.Run("", "logs", "-n", chartNS, "-l", "app.kubernetes.io/component=mps", "--tail=-1")
 	return out
 }
 
 func (r *chartRig) waitRunning(t testing.TB, ns, name string, timeout time.Duration) {
 	t.Helper()
 	testenv.WaitFor(t, "pod "+name+" Running", timeout, func() (bool, error) {
-		p, err := r.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		p, err := r.Client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}

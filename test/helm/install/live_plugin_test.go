@@ -6,7 +6,6 @@
 package install
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -18,83 +17,27 @@ import (
 
 	"github.com/facet-gpu/facet/internal/testenv"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
+	"github.com/facet-gpu/facet/test/helm/helmtest"
 
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"
-	"helm.sh/helm/v3/pkg/chart/loader"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/yaml"
 )
 
 const chartDir = "../../../deployments/helm/facet"
 
-type live struct {
-	kubeconfig, kubectl, runDir string
-	client                      kubernetes.Interface
-}
+// live is the local node (helmtest.LiveCluster).
+type live = helmtest.Live
 
-func liveCluster(t *testing.T) *live {
-	t.Helper()
-	l := &live{kubeconfig: os.Getenv("KUBECONFIG"), runDir: os.Getenv("FACET_RUN_DIR")}
-	if l.kubeconfig == "" || l.runDir == "" || os.Getenv("FACET_BIN_DIR") == "" {
-		t.Skip("needs the local node of hack/e2e.sh (KUBECONFIG, FACET_RUN_DIR, FACET_BIN_DIR)")
-	}
-	l.kubectl = filepath.Join(os.Getenv("FACET_BIN_DIR"), "kubectl")
-	cfg, err := clientcmd.BuildConfigFromFlags("", l.kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.client = kubernetes.NewForConfigOrDie(cfg)
-	return l
-}
+func liveCluster(t *testing.T) *live { return helmtest.LiveCluster(t) }
 
-func (l *live) run(stdin string, args ...string) (string, error) {
-	cmd := exec.Command(l.kubectl, append([]string{"--kubeconfig", l.kubeconfig}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var buf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &buf, &buf
-	err := cmd.Run()
-	return buf.String(), err
-}
+func loadChart(t testing.TB) *chart.Chart { return helmtest.LoadChart(t, chartDir) }
 
-func (l *live) must(t testing.TB, stdin string, args ...string) string {
-	t.Helper()
-	out, err := l.run(stdin, args...)
-	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
-
-func (l *live) namespace(t *testing.T, name string) {
-	t.Helper()
-	l.must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+name+"}\n", "apply", "-f", "-")
-	t.Cleanup(func() { _, _ = l.run("", "delete", "namespace", name, "--wait=true", "--timeout=120s") })
-}
-
-func loadChart(t testing.TB) *chart.Chart {
-	t.Helper()
-	c, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatalf("load chart %s: %v", chartDir, err)
-	}
-	return c
-}
-
-func values(t testing.TB, y string) map[string]any {
-	t.Helper()
-	v := map[string]any{}
-	if err := yaml.Unmarshal([]byte(y), &v); err != nil {
-		t.Fatalf("values %q: %v", y, err)
-	}
-	return v
-}
+func values(t testing.TB, y string) map[string]any { return helmtest.Values(t, y) }
 
 // simImageArchive is the demo's image (hack/image.sh --sim): the plugin
 // built with the simulator, and the demo's machine files in
@@ -139,7 +82,7 @@ func newChartRig(t *testing.T) *chartRig {
 	if os.Getenv("FACET_RUNTIME") != "containerd" || r.kubeletRoot == "" || r.cdiDir == "" || r.sock == "" {
 		t.Skip("needs the local node with RUNTIME=containerd (FACET_RUNTIME, FACET_KUBELET_ROOT, FACET_CDI_DIR, FACET_CRI_SOCKET)")
 	}
-	if _, err := os.Stat(filepath.Join(l.runDir, "driver-root", "dev")); err != nil {
+	if _, err := os.Stat(filepath.Join(l.RunDir, "driver-root", "dev")); err != nil {
 		t.Skipf("no simulated driver root (hack/sim-node.sh): %v", err)
 	}
 	gates := "," + os.Getenv("FACET_FEATURE_GATES") + ","
@@ -156,8 +99,8 @@ func newChartRig(t *testing.T) *chartRig {
 
 	// A host-process plugin of test/e2e may have left this node's slices;
 	// the DaemonSet's plugin must publish its own.
-	_, _ = l.run("", "delete", "resourceslices", "--field-selector", "spec.driver=gpu.facet.dev,spec.nodeName=localhost", "--wait=true")
-	l.must(t, "", "apply", "-f", filepath.Join(r.repo, "deployments", "deviceclasses.yaml"))
+	_, _ = l.Run("", "delete", "resourceslices", "--field-selector", "spec.driver=gpu.facet.dev,spec.nodeName=localhost", "--wait=true")
+	l.Must(t, "", "apply", "-f", filepath.Join(r.repo, "deployments", "deviceclasses.yaml"))
 
 	// The chart mounts the driver root with HostToContainer propagation
 	// (the GPU Operator mounts it after boot), which containerd refuses
@@ -165,7 +108,7 @@ func newChartRig(t *testing.T) *chartRig {
 	// facet-mps mounts each GPU's /dev/shm tmpfs in the MPS directory,
 	// Bidirectional, which needs a shared mount too (systemd makes a real
 	// node's / one).
-	driverRoot := filepath.Join(l.runDir, "driver-root")
+	driverRoot := filepath.Join(l.RunDir, "driver-root")
 	if err := os.MkdirAll(r.mpsDir(), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -178,11 +121,11 @@ func newChartRig(t *testing.T) *chartRig {
 		t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
 	}
 
-	l.namespace(t, chartNS)
-	r.stateDir = filepath.Join(l.runDir, "facet-state-chart")
+	l.Namespace(t, chartNS)
+	r.stateDir = filepath.Join(l.RunDir, "facet-state-chart")
 	os.RemoveAll(r.stateDir)
 
-	kubeconfig, namespace := l.kubeconfig, chartNS
+	kubeconfig, namespace := l.Kubeconfig, chartNS
 	getter := genericclioptions.NewConfigFlags(false)
 	getter.KubeConfig, getter.Namespace = &kubeconfig, &namespace
 	r.cfg = new(action.Configuration)
@@ -197,7 +140,7 @@ func (r *chartRig) since() time.Duration { return time.Since(r.start).Round(time
 // mpsDir is the chart's MPS directory on the local node (values
 // kubeletPlugin.mps.dir), in the run directory that hack/cluster/down.sh
 // cleans.
-func (r *chartRig) mpsDir() string { return filepath.Join(r.runDir, "mps-chart") }
+func (r *chartRig) mpsDir() string { return filepath.Join(r.RunDir, "mps-chart") }
 
 func (r *chartRig) ctrRun(t testing.TB, args ...string) {
 	t.Helper()
@@ -249,8 +192,8 @@ kubeletPlugin:
   - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [localhost]}]
   nodeGroups:
     default: {%[8]s, extraArgs: [--machine=/usr/share/facet/machines/dgx-h100.yaml]}
-`, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.runDir, "driver-root"),
-		filepath.Join(r.runDir, "cdi-hook-chart"), filepath.Join(r.runDir, "hami-chart"), group, r.mpsDir()))
+`, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.RunDir, "driver-root"),
+		filepath.Join(r.RunDir, "cdi-hook-chart"), filepath.Join(r.RunDir, "hami-chart"), group, r.mpsDir()))
 }
 
 // install runs `helm install` and removes the release when the test ends,
@@ -270,7 +213,7 @@ func (r *chartRig) install(t *testing.T, vals map[string]any) {
 		}
 		// Wait for the plugin's pods to go: later tests start their own.
 		testenv.WaitFor(t, "plugin and facet-mps pods gone", 2*time.Minute, func() (bool, error) {
-			pods, err := r.client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component in (kubelet-plugin,mps)"})
+			pods, err := r.Client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component in (kubelet-plugin,mps)"})
 			return err == nil && len(pods.Items) == 0, err
 		})
 	})
@@ -283,7 +226,7 @@ func (r *chartRig) pluginLog(pod string) string {
 	} else {
 		args = append(args, "-l", pluginPods)
 	}
-	out, _ := r.run("", args...)
+	out, _ := r.Run("", args...)
 	return out
 }
 
@@ -294,7 +237,7 @@ func (r *chartRig) waitPlugin(t testing.TB, tag string, timeout time.Duration) *
 	t.Helper()
 	var pod *corev1.Pod
 	testenv.WaitFor(t, "the DaemonSet's plugin pod with tag "+tag+" Running and Ready, and no other", timeout, func() (bool, error) {
-		pods, err := r.client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: pluginPods})
+		pods, err := r.Client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: pluginPods})
 		if err != nil || len(pods.Items) != 1 {
 			return false, fmt.Errorf("%d plugin pods: %v", len(pods.Items), err)
 		}
@@ -315,14 +258,14 @@ func (r *chartRig) waitPlugin(t testing.TB, tag string, timeout time.Duration) *
 // claimOf returns the pod's only claim.
 func (r *chartRig) claimOf(t testing.TB, ns, pod string) *resourceapi.ResourceClaim {
 	t.Helper()
-	p, err := r.client.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{})
+	p, err := r.Client.CoreV1().Pods(ns).Get(context.Background(), pod, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(p.Status.ResourceClaimStatuses) != 1 || p.Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
 		t.Fatalf("pod %s claims: %+v", pod, p.Status.ResourceClaimStatuses)
 	}
-	c, err := r.client.ResourceV1().ResourceClaims(ns).Get(context.Background(), *p.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
+	c, err := r.Client.ResourceV1().ResourceClaims(ns).Get(context.Background(), *p.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,15 +312,15 @@ func TestLiveChartPlugin(t *testing.T) {
 	}
 
 	const demoNS = "facet-demo"
-	r.must(t, "", "apply", "-f", filepath.Join(r.repo, "demo", "gpu", "namespace.yaml"))
-	t.Cleanup(func() { _, _ = r.run("", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s") })
+	r.Must(t, "", "apply", "-f", filepath.Join(r.repo, "demo", "gpu", "namespace.yaml"))
+	t.Cleanup(func() { _, _ = r.Run("", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s") })
 	for _, ex := range examples {
-		r.must(t, "", "apply", "-f", filepath.Join(r.repo, ex))
+		r.Must(t, "", "apply", "-f", filepath.Join(r.repo, ex))
 	}
 	ctx := context.Background()
 	for name := range pods {
 		testenv.WaitFor(t, "pod "+name+" Running", 3*time.Minute, func() (bool, error) {
-			p, err := r.client.CoreV1().Pods(demoNS).Get(ctx, name, metav1.GetOptions{})
+			p, err := r.Client.CoreV1().Pods(demoNS).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return false, err
 			}
@@ -397,7 +340,7 @@ func TestLiveChartPlugin(t *testing.T) {
 		for _, res := range c.Status.Allocation.Devices.Results {
 			devices = append(devices, res.Device)
 		}
-		out := r.must(t, "", "exec", "-n", demoNS, name, "--", "sh", "-c", "env; echo ---; ls /dev; echo ---; cat /etc/ld.so.preload 2>/dev/null; echo ---; ls /usr/lib/*-linux-gnu/; nvidia-smi; true")
+		out := r.Must(t, "", "exec", "-n", demoNS, name, "--", "sh", "-c", "env; echo ---; ls /dev; echo ---; cat /etc/ld.so.preload 2>/dev/null; echo ---; ls /usr/lib/*-linux-gnu/; nvidia-smi; true")
 		env := map[string]string{}
 		for _, line := range strings.Split(strings.SplitN(out, "---", 2)[0], "\n") {
 			if k, v, ok := strings.Cut(line, "="); ok {
@@ -413,13 +356,13 @@ func TestLiveChartPlugin(t *testing.T) {
 		// The plugin read the simulated driver root at /driver-root in its
 		// container, and wrote the host's paths into the spec, which the
 		// container runtime applied: the driver's files are in the pod.
-		if strings.Contains(string(data), `"/driver-root/`) || !strings.Contains(string(data), filepath.Join(r.runDir, "driver-root", "usr", "lib")) {
-			t.Errorf("pod %s: the CDI spec names no host path under %s, or the plugin container's /driver-root:\n%s", name, filepath.Join(r.runDir, "driver-root"), data)
+		if strings.Contains(string(data), `"/driver-root/`) || !strings.Contains(string(data), filepath.Join(r.RunDir, "driver-root", "usr", "lib")) {
+			t.Errorf("pod %s: the CDI spec names no host path under %s, or the plugin container's /driver-root:\n%s", name, filepath.Join(r.RunDir, "driver-root"), data)
 		}
 		if !strings.Contains(out, "\nlibcuda.so.1\n") || !strings.Contains(out, "NVIDIA-SMI (simulated by Facet)") {
 			t.Errorf("pod %s: the driver's files (libcuda.so.1, nvidia-smi) are not in the container:\n%s", name, out)
 		}
-		if !strings.Contains(string(data), filepath.Join(r.runDir, "cdi-hook-chart", "nvidia-cdi-hook")) {
+		if !strings.Contains(string(data), filepath.Join(r.RunDir, "cdi-hook-chart", "nvidia-cdi-hook")) {
 			t.Errorf("pod %s: the CDI spec's hooks do not run the nvidia-cdi-hook the chart installed:\n%s", name, data)
 		}
 		switch kind {
@@ -437,7 +380,7 @@ func TestLiveChartPlugin(t *testing.T) {
 		}
 		t.Logf("pod %s Running with %v (%s) through the chart's plugin", name, devices, kind)
 	}
-	if _, err := os.Stat(filepath.Join(r.runDir, "hami-chart", "libvgpu.so")); err != nil {
+	if _, err := os.Stat(filepath.Join(r.RunDir, "hami-chart", "libvgpu.so")); err != nil {
 		t.Errorf("the init container installed no libvgpu.so: %v", err)
 	}
 	log := r.pluginLog(plugin.Name)
@@ -451,7 +394,7 @@ func TestLiveChartPlugin(t *testing.T) {
 	}
 	t.Logf("%d demo pods Running (%s)", len(pods), r.since())
 
-	r.must(t, "", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s")
+	r.Must(t, "", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s")
 	for name, spec := range specs {
 		testenv.WaitFor(t, "pod "+name+"'s claim unprepared (CDI spec removed)", time.Minute, func() (bool, error) {
 			_, err := os.Stat(spec)

@@ -107,9 +107,9 @@ func TestLiveChartUpgrade(t *testing.T) {
 	old := r.waitPlugin(t, r.tag, 2*time.Minute)
 	t.Logf("plugin pod %s (tag %s) Ready (%s)", old.Name, r.tag, r.since())
 
-	r.must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+upgradeNS+"}\n", "apply", "-f", "-")
-	t.Cleanup(func() { _, _ = r.run("", "delete", "namespace", upgradeNS, "--wait=true", "--timeout=120s") })
-	r.must(t, `
+	r.Must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+upgradeNS+"}\n", "apply", "-f", "-")
+	t.Cleanup(func() { _, _ = r.Run("", "delete", "namespace", upgradeNS, "--wait=true", "--timeout=120s") })
+	r.Must(t, `
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata: {name: one-gpu, namespace: `+upgradeNS+`}
@@ -123,7 +123,7 @@ spec:
 	running := func(name string, timeout time.Duration) error {
 		deadline := time.Now().Add(timeout)
 		for time.Now().Before(deadline) {
-			p, err := r.client.CoreV1().Pods(upgradeNS).Get(ctx, name, metav1.GetOptions{})
+			p, err := r.Client.CoreV1().Pods(upgradeNS).Get(ctx, name, metav1.GetOptions{})
 			if err == nil && p.Status.Phase == corev1.PodRunning {
 				return nil
 			}
@@ -136,7 +136,7 @@ spec:
 	var before []types.UID
 	for i := range 4 {
 		name := fmt.Sprintf("before-%d", i)
-		r.must(t, gpuPod(name), "apply", "-f", "-")
+		r.Must(t, gpuPod(name), "apply", "-f", "-")
 		if err := running(name, 2*time.Minute); err != nil {
 			t.Fatalf("%v\nplugin log:\n%s", err, r.pluginLog(""))
 		}
@@ -165,7 +165,7 @@ spec:
 			for i := 0; !stop.Load(); i++ {
 				name := fmt.Sprintf("churn-%d-%d", w, i)
 				created := time.Now()
-				if out, err := r.run(gpuPod(name), "apply", "-f", "-"); err != nil {
+				if out, err := r.Run(gpuPod(name), "apply", "-f", "-"); err != nil {
 					failures.Add(1)
 					failMu.Lock()
 					failed = append(failed, fmt.Sprintf("%s: create: %v %s", name, err, out))
@@ -183,7 +183,7 @@ spec:
 						duringUpgrade.Add(1)
 					}
 				}
-				_, _ = r.run("", "delete", "pod", "-n", upgradeNS, name, "--wait=true", "--timeout=90s")
+				_, _ = r.Run("", "delete", "pod", "-n", upgradeNS, name, "--wait=true", "--timeout=90s")
 			}
 		})
 	}
@@ -235,7 +235,7 @@ spec:
 	var after []types.UID
 	for i := range 2 {
 		name := fmt.Sprintf("after-%d", i)
-		r.must(t, gpuPod(name), "apply", "-f", "-")
+		r.Must(t, gpuPod(name), "apply", "-f", "-")
 		if err := running(name, 2*time.Minute); err != nil {
 			t.Fatalf("%v\nplugin log:\n%s", err, r.pluginLog(cur.Name))
 		}
@@ -249,13 +249,13 @@ spec:
 	}
 	back := r.waitPlugin(t, r.tag, 3*time.Minute)
 	t.Logf("helm rollback: plugin pod %s (tag %s) Ready, %s after the rollback began, with %d claims prepared", back.Name, r.tag, time.Since(rollbackStart).Round(time.Millisecond), len(before)+len(after))
-	r.must(t, gpuPod("after-rollback"), "apply", "-f", "-")
+	r.Must(t, gpuPod("after-rollback"), "apply", "-f", "-")
 	if err := running("after-rollback", 2*time.Minute); err != nil {
 		t.Fatalf("a new claim after the rollback: %v\nplugin log:\n%s", err, r.pluginLog(back.Name))
 	}
 	rolledBack := append(append([]types.UID(nil), after...), r.claimOf(t, upgradeNS, "after-rollback").UID)
 	for i, name := range []string{"after-0", "after-1", "after-rollback"} {
-		r.must(t, "", "delete", "pod", "-n", upgradeNS, name, "--wait=true", "--timeout=90s")
+		r.Must(t, "", "delete", "pod", "-n", upgradeNS, name, "--wait=true", "--timeout=90s")
 		uid := rolledBack[i]
 		testenv.WaitFor(t, "claim "+string(uid)+" unprepared by the rolled-back pod", time.Minute, func() (bool, error) {
 			c, e1 := r.record(uid)
@@ -268,7 +268,7 @@ spec:
 	// The old pod's claims are unprepared through the rolled-back pod, the
 	// only instance left.
 	for i, uid := range before {
-		r.must(t, "", "delete", "pod", "-n", upgradeNS, fmt.Sprintf("before-%d", i), "--wait=true", "--timeout=90s")
+		r.Must(t, "", "delete", "pod", "-n", upgradeNS, fmt.Sprintf("before-%d", i), "--wait=true", "--timeout=90s")
 		testenv.WaitFor(t, "claim "+string(uid)+" unprepared by the rolled-back pod (record and CDI spec removed)", time.Minute, func() (bool, error) {
 			c, e1 := r.record(uid)
 			_, e2 := os.Stat(r.specPath(uid))
@@ -280,7 +280,7 @@ spec:
 	if want := len(before) + len(rolledBack); unprepared < want {
 		t.Errorf("the rolled-back pod logged %d unprepares, want at least the %d claims'", unprepared, want)
 	}
-	evs, err := r.client.CoreV1().Events(upgradeNS).List(ctx, metav1.ListOptions{})
+	evs, err := r.Client.CoreV1().Events(upgradeNS).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,8 +58,8 @@ func TestLiveChartWebhookDeployment(t *testing.T) {
 		{name: "default: the chart's own certificate", tls: func(*testing.T) string { return "" }},
 		{name: "an existing Secret", tls: func(t *testing.T) string {
 			manifest, caBundle := servingSecret(t, chartNS, secret, svc, svc+".cluster.local")
-			r.must(t, manifest, "apply", "-f", "-")
-			t.Cleanup(func() { _, _ = r.run("", "delete", "secret", "-n", chartNS, secret) })
+			r.Must(t, manifest, "apply", "-f", "-")
+			t.Cleanup(func() { _, _ = r.Run("", "delete", "secret", "-n", chartNS, secret) })
 			return fmt.Sprintf("tls: {mode: secret, secret: {name: %s, caBundle: %s}}", secret, caBundle)
 		}},
 	} {
@@ -67,8 +67,8 @@ func TestLiveChartWebhookDeployment(t *testing.T) {
 			// The last case's release is uninstalled, its objects deleted
 			// in the background: none may linger into this one's.
 			testenv.WaitFor(t, "the last release's webhook Deployment and Secret gone", 2*time.Minute, func() (bool, error) {
-				_, e1 := r.client.AppsV1().Deployments(chartNS).Get(ctx, "facet-webhook", metav1.GetOptions{})
-				_, e2 := r.client.CoreV1().Secrets(chartNS).Get(ctx, secret, metav1.GetOptions{})
+				_, e1 := r.Client.AppsV1().Deployments(chartNS).Get(ctx, "facet-webhook", metav1.GetOptions{})
+				_, e2 := r.Client.CoreV1().Secrets(chartNS).Get(ctx, secret, metav1.GetOptions{})
 				return apierrors.IsNotFound(e1) && apierrors.IsNotFound(e2), fmt.Errorf("deployment: %v, secret: %v", e1, e2)
 			})
 			vals := values(t, fmt.Sprintf(`
@@ -95,7 +95,7 @@ admission:
 				return
 			}
 			ca := func() string {
-				s, err := r.client.CoreV1().Secrets(chartNS).Get(ctx, secret, metav1.GetOptions{})
+				s, err := r.Client.CoreV1().Secrets(chartNS).Get(ctx, secret, metav1.GetOptions{})
 				if err != nil {
 					t.Fatalf("the chart made no Secret %s: %v", secret, err)
 				}
@@ -120,7 +120,7 @@ admission:
 func (r *chartRig) webhookServes(ctx context.Context, t *testing.T, prefix string) {
 	t.Helper()
 	testenv.WaitFor(t, "the webhook Deployment available", 2*time.Minute, func() (bool, error) {
-		d, err := r.client.AppsV1().Deployments(chartNS).Get(ctx, "facet-webhook", metav1.GetOptions{})
+		d, err := r.Client.AppsV1().Deployments(chartNS).Get(ctx, "facet-webhook", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -148,13 +148,13 @@ spec:
 	var out string
 	testenv.WaitFor(t, "the webhook refusing a bad config", time.Minute, func() (bool, error) {
 		var err error
-		out, err = r.run(claim(prefix+"-bad", "{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, taskPriority: 7}"), "apply", "-f", "-")
+		out, err = r.Run(claim(prefix+"-bad", "{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, taskPriority: 7}"), "apply", "-f", "-")
 		return err != nil && strings.Contains(out, want), fmt.Errorf("%v: %s", err, out)
 	})
 	t.Logf("refused: %s", strings.TrimSpace(out))
-	r.must(t, claim(prefix+"-good", "{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, logLevel: 4}"), "apply", "-f", "-")
-	t.Cleanup(func() { _, _ = r.run("", "delete", "resourceclaim", "-n", chartNS, prefix+"-good") })
-	log := r.must(t, "", "logs", "-n", chartNS, "deployment/facet-webhook")
+	r.Must(t, claim(prefix+"-good", "{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, logLevel: 4}"), "apply", "-f", "-")
+	t.Cleanup(func() { _, _ = r.Run("", "delete", "resourceclaim", "-n", chartNS, prefix+"-good") })
+	log := r.Must(t, "", "logs", "-n", chartNS, "deployment/facet-webhook")
 	for _, w := range []string{`name="` + prefix + `-bad"`, `"Allowed" kind="ResourceClaim" namespace="` + chartNS + `" name="` + prefix + `-good"`} {
 		if !strings.Contains(log, w) {
 			t.Errorf("the webhook pod's log lacks %s:\n%s", w, log)
@@ -199,14 +199,14 @@ spec:
     - opaque: {driver: gpu.facet.dev, parameters: {apiVersion: gpu.facet.dev/v1alpha1, kind: GpuConfig}}
 `
 	}
-	r.must(t, claim("held"), "apply", "-f", "-")
-	t.Cleanup(func() { _, _ = r.run("", "delete", "resourceclaim", "-n", chartNS, "held", "--wait=false") })
+	r.Must(t, claim("held"), "apply", "-f", "-")
+	t.Cleanup(func() { _, _ = r.Run("", "delete", "resourceclaim", "-n", chartNS, "held", "--wait=false") })
 
-	r.must(t, "", "scale", "deployment", "-n", chartNS, "facet-webhook", "--replicas=0")
+	r.Must(t, "", "scale", "deployment", "-n", chartNS, "facet-webhook", "--replicas=0")
 	testenv.WaitFor(t, "the webhook down: a new claim with a Facet config refused for want of it", 2*time.Minute, func() (bool, error) {
-		out, err := r.run(claim("while-down"), "create", "-f", "-")
+		out, err := r.Run(claim("while-down"), "create", "-f", "-")
 		if err == nil {
-			_, _ = r.run("", "delete", "resourceclaim", "-n", chartNS, "while-down")
+			_, _ = r.Run("", "delete", "resourceclaim", "-n", chartNS, "while-down")
 			return false, fmt.Errorf("admitted: %s", out)
 		}
 		return strings.Contains(out, "failed calling webhook"), fmt.Errorf("%v: %s", err, out)
@@ -224,9 +224,9 @@ spec:
   resourceClaims:
   - {name: gpu, resourceClaimName: held}
 `
-	r.must(t, pod, "apply", "-f", "-")
+	r.Must(t, pod, "apply", "-f", "-")
 	testenv.WaitFor(t, "the pod of the configured claim Running with the webhook down", 2*time.Minute, func() (bool, error) {
-		p, err := r.client.CoreV1().Pods(chartNS).Get(ctx, "held", metav1.GetOptions{})
+		p, err := r.Client.CoreV1().Pods(chartNS).Get(ctx, "held", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -234,14 +234,14 @@ spec:
 	})
 	t.Logf("pod Running with the webhook down (%s)", r.since())
 
-	r.must(t, "", "delete", "pod", "-n", chartNS, "held", "--wait=true", "--timeout=90s")
+	r.Must(t, "", "delete", "pod", "-n", chartNS, "held", "--wait=true", "--timeout=90s")
 	testenv.WaitFor(t, "the claim deallocated with the webhook down", 2*time.Minute, func() (bool, error) {
-		c, err := r.client.ResourceV1().ResourceClaims(chartNS).Get(ctx, "held", metav1.GetOptions{})
+		c, err := r.Client.ResourceV1().ResourceClaims(chartNS).Get(ctx, "held", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
 		return c.Status.Allocation == nil && len(c.Status.ReservedFor) == 0, fmt.Errorf("allocation %v, reservedFor %v", c.Status.Allocation != nil, c.Status.ReservedFor)
 	})
-	r.must(t, "", "delete", "resourceclaim", "-n", chartNS, "held", "--wait=true", "--timeout=60s")
+	r.Must(t, "", "delete", "resourceclaim", "-n", chartNS, "held", "--wait=true", "--timeout=60s")
 	t.Logf("claim deallocated and deleted with the webhook down (%s)", r.since())
 }

@@ -1,0 +1,93 @@
+// Package helmtest is what the chart's tests share: the local node of
+// hack/e2e.sh (found through KUBECONFIG, FACET_RUN_DIR and FACET_BIN_DIR,
+// as test/e2e finds it), kubectl against it, and chart values from YAML.
+// It belongs to the test/helm module, which ships nothing.
+package helmtest
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+)
+
+// Live is the local node's API server, through client-go and kubectl.
+type Live struct {
+	Kubeconfig, Kubectl, RunDir string
+	Config                      *rest.Config
+	Client                      kubernetes.Interface
+}
+
+// LiveCluster finds the local node, or skips t where the environment does
+// not name one.
+func LiveCluster(t *testing.T) *Live {
+	t.Helper()
+	l := &Live{Kubeconfig: os.Getenv("KUBECONFIG"), RunDir: os.Getenv("FACET_RUN_DIR")}
+	if l.Kubeconfig == "" || l.RunDir == "" || os.Getenv("FACET_BIN_DIR") == "" {
+		t.Skip("needs the local node of hack/e2e.sh (KUBECONFIG, FACET_RUN_DIR, FACET_BIN_DIR)")
+	}
+	l.Kubectl = filepath.Join(os.Getenv("FACET_BIN_DIR"), "kubectl")
+	cfg, err := clientcmd.BuildConfigFromFlags("", l.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Config = cfg
+	l.Client = kubernetes.NewForConfigOrDie(cfg)
+	return l
+}
+
+// Run runs kubectl with stdin; the output is stdout and stderr together.
+func (l *Live) Run(stdin string, args ...string) (string, error) {
+	cmd := exec.Command(l.Kubectl, append([]string{"--kubeconfig", l.Kubeconfig}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	err := cmd.Run()
+	return buf.String(), err
+}
+
+// Must is Run, failing t on an error.
+func (l *Live) Must(t testing.TB, stdin string, args ...string) string {
+	t.Helper()
+	out, err := l.Run(stdin, args...)
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// Namespace creates a namespace that is deleted after the test.
+func (l *Live) Namespace(t *testing.T, name string) {
+	t.Helper()
+	l.Must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+name+"}\n", "apply", "-f", "-")
+	t.Cleanup(func() { _, _ = l.Run("", "delete", "namespace", name, "--wait=true", "--timeout=120s") })
+}
+
+// LoadChart loads the chart at dir.
+func LoadChart(t testing.TB, dir string) *chart.Chart {
+	t.Helper()
+	c, err := loader.Load(dir)
+	if err != nil {
+		t.Fatalf("load chart %s: %v", dir, err)
+	}
+	return c
+}
+
+// Values parses chart values from YAML.
+func Values(t testing.TB, y string) map[string]any {
+	t.Helper()
+	v := map[string]any{}
+	if err := yaml.Unmarshal([]byte(y), &v); err != nil {
+		t.Fatalf("values %q: %v", y, err)
+	}
+	return v
+}
