@@ -154,13 +154,23 @@ func TestObservability(t *testing.T) {
 	deleteNamespaceAtEnd(t)
 
 	t.Run("published slices and cluster features", func(t *testing.T) {
-		slices := ourSlices(t)
-		devices := 0
-		for _, s := range slices {
-			devices += len(s.Spec.Devices)
-		}
-		p.expectMetric(t, "facet_resource_slices_published", nil, float64(len(slices)))
-		p.expectMetric(t, "facet_devices_published", nil, float64(devices))
+		// Read together, and again until they agree: the plugin is ready
+		// once its pool has as many slices as it wants, which the slices
+		// of the test before can also have while its ResourceSlice
+		// controller still rewrites them (seen on 1.37.2: 104 of 108
+		// devices for the first read).
+		waitFor(t, "the published slices and devices as the plugin counts them", time.Minute, func() (bool, error) {
+			slices := ourSlices(t)
+			devices := 0
+			for _, s := range slices {
+				devices += len(s.Spec.Devices)
+			}
+			f := p.scrape(t)
+			gotSlices, _ := value(f, "facet_resource_slices_published", nil)
+			gotDevices, _ := value(f, "facet_devices_published", nil)
+			return gotSlices == float64(len(slices)) && gotDevices == float64(devices),
+				fmt.Errorf("the plugin says %g slices, %g devices; the API server holds %d, %d", gotSlices, gotDevices, len(slices), devices)
+		})
 		for _, g := range features.Gates {
 			want := 0.0
 			if e.gates.Enabled[g] {
