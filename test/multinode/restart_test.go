@@ -1,6 +1,9 @@
 package multinode
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -109,14 +112,26 @@ func TestPluginRestart(t *testing.T) {
 	}
 }
 
-// sliceVersions maps each of the nodes' ResourceSlices to its UID and
-// resourceVersion.
+// sliceVersions maps each of the nodes' ResourceSlices to its UID and a
+// digest of its spec less each device's migInUse: that attribute follows
+// the node's own MIG claims (a pod carved on node-h100 while another node's
+// plugin is down republishes it), which is not the churn these tests look
+// for: a slice recreated, or its devices rewritten.
 func sliceVersions(t testing.TB, nodes []gpuNode) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for _, n := range nodes {
 		for _, s := range slicesOf(t, n.name) {
-			out[s.Name] = string(s.UID) + "@" + s.ResourceVersion
+			spec := s.Spec.DeepCopy()
+			for i := range spec.Devices {
+				delete(spec.Devices[i].Attributes, "migInUse")
+			}
+			data, err := json.Marshal(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum := sha256.Sum256(data)
+			out[s.Name] = string(s.UID) + "@" + hex.EncodeToString(sum[:8])
 		}
 	}
 	return out
