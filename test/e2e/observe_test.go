@@ -291,12 +291,15 @@ func TestObservability(t *testing.T) {
 		p.expectMetric(t, "facet_claim_memory_bytes", own, float64(mem))
 		p.expectMetric(t, "facet_claim_compute_percent", own, float64(cores))
 		// A process's use, as HAMi-core records it in the claim's
-		// accounting region: the region initialized (format 1), one device,
-		// one live process slot holding 1 GiB on it (pkg/node/hami's
-		// offsets, checked against HAMi-core's C struct there).
+		// accounting region: the region at its full size (2008952 bytes,
+		// as HAMi-core's ftruncate leaves it), initialized (format 1), one
+		// device, one live process slot holding 1 GiB on it
+		// (pkg/node/hami's offsets, checked against HAMi-core's C struct
+		// there); the flag last, as HAMi-core sets it.
 		execIn(t, "volcano-share", "", `f="$CUDA_DEVICE_MEMORY_SHARED_CACHE"
 at() { printf "$2" | dd of="$f" bs=1 seek="$1" conv=notrunc 2>/dev/null; }
-at 4 '\001\000\000\000'; at 56 '\001'; at 2008896 '\001'; at 3784 '\001'; at 1896 '\000\000\000\100'
+at 2008948 '\000\000\000\000'
+at 4 '\001\000\000\000'; at 56 '\001'; at 2008896 '\001\000\000\000'; at 3784 '\001'; at 1896 '\000\000\000\100'
 at 0 '\116\367\057\001'`)
 		used := map[string]string{"namespace": namespace, "claim": claim.Name}
 		p.expectMetric(t, "facet_claim_memory_used_bytes", used, 1<<30)

@@ -29,6 +29,10 @@ const (
 	deviceMemOffTotal  = 32 // uint64 total, after context_size, module_size, data_size, offset
 	offProcNum         = offProcs + regionMaxProcs*procSlotSize
 	regionHeaderLength = offProcs
+	// regionSize is sizeof(shared_region_t): proc_num, utilization_switch,
+	// recent_kernel, priority, last_kernel_time and sem_postinit after the
+	// slots. HAMi-core sizes the file to it before it sets the flag.
+	regionSize = offProcNum + 4*4 + 8 + 32
 )
 
 // ErrNoRegion is wrapped when a claim has no accounting region yet: no
@@ -52,6 +56,11 @@ func RegionUsedBytes(path string) (int64, error) {
 		return 0, err
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	} else if st.Size() < regionSize {
+		return 0, fmt.Errorf("%s: %w (%d bytes, shorter than HAMi-core's region of %d)", path, ErrNoRegion, st.Size(), regionSize)
+	}
 	le := binary.LittleEndian
 	head := make([]byte, regionHeaderLength)
 	if _, err := f.ReadAt(head, 0); err != nil {

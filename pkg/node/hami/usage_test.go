@@ -66,6 +66,7 @@ func TestRegionLayout(t *testing.T) {
 		{"proc_num", unsafe.Offsetof(r.procNum), offProcNum},
 		{"sizeof(shrreg_proc_slot_t)", unsafe.Sizeof(s), procSlotSize},
 		{"slot status", unsafe.Offsetof(s.status), slotOffStatus},
+		{"sizeof(shared_region_t)", unsafe.Sizeof(r), regionSize},
 		{"slot used", unsafe.Offsetof(s.used), slotOffUsed},
 		{"sizeof(device_memory_t)", unsafe.Sizeof(m), deviceMemorySize},
 		{"device_memory_t total", unsafe.Offsetof(m.total), deviceMemOffTotal},
@@ -135,6 +136,13 @@ func TestRegionUsedBytes(t *testing.T) {
 				t.Fatalf("got %v, want an error with %q (no region: %v)", err, tc.want, tc.none)
 			}
 		})
+	}
+	short := filepath.Join(t.TempDir(), "short")
+	if err := os.WriteFile(short, make([]byte, regionSize-1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := RegionUsedBytes(short); !errors.Is(err, ErrNoRegion) || !strings.Contains(err.Error(), "shorter than HAMi-core's region") {
+		t.Fatalf("a region not yet sized: %v, want ErrNoRegion saying so", err)
 	}
 	if _, err := RegionUsedBytes(filepath.Join(t.TempDir(), "absent")); !errors.Is(err, ErrNoRegion) {
 		t.Fatalf("absent region: %v, want ErrNoRegion", err)
