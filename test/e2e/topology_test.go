@@ -25,6 +25,14 @@ import (
 // whose published topology attributes are the ones its claim aligned on.
 func TestTopology(t *testing.T) {
 	setupNamespace(t)
+	// Another machine than the other tests': the simulated NVML's state
+	// of theirs (dgx-h100) would be refused. Their claims are gone with
+	// their namespaces, and their plugins with their tests.
+	for _, f := range []string{"simulated-nvml.json", "mig-layouts.json"} {
+		if err := os.Remove(filepath.Join(e.runDir, "facet-state", f)); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
 	p := startPlugin(t, "hgx-h100", "--mode", "exclusive")
 	t.Cleanup(resetSimulatedGPUs(t, p))
 	deleteNamespaceAtEnd(t)
