@@ -217,11 +217,17 @@ func TestObservability(t *testing.T) {
 			t.Errorf("facet_checkpoint_size_bytes = %g", b)
 		}
 		own := map[string]string{"namespace": namespace, "claim": claim.Name, "device": r.Device}
-		p.expectMetric(t, "facet_claim_info", withLabels(own, "UUID", uuid, "GPU_I_ID", "", "shape", "whole", "compute", "none"), 1)
+		p.expectMetric(t, "facet_claim_info", withLabels(own, "pod", "obs-whole", "UUID", uuid, "GPU_I_ID", "", "shape", "whole", "compute", "none"), 1)
 		p.expectMetric(t, "facet_claim_memory_bytes", own, memory)
+		// In use: the GPU's own NVML figures, the claim holding it whole.
+		used := map[string]string{"namespace": namespace, "claim": claim.Name}
+		p.expectMetric(t, "facet_claim_memory_used_bytes", used, 0)
+		p.expectMetric(t, "facet_claim_compute_used_percent", used, 0)
 		kubectl(t, "delete", "pod", "-n", namespace, "obs-whole", "--wait=true", "--timeout=120s")
 		p.expectMetric(t, "facet_gpu_allocated_memory_bytes", gpu, 0)
 		p.expectGone(t, "facet_claim_info", own)
+		p.expectGone(t, "facet_claim_memory_used_bytes", used)
+		p.expectGone(t, "facet_claim_compute_used_percent", used)
 		p.expectMetric(t, "facet_unprepare_duration_seconds", map[string]string{"kind": "gpu"}, 1)
 	})
 
@@ -257,9 +263,21 @@ func TestObservability(t *testing.T) {
 		p.expectMetric(t, "facet_gpu_mode", map[string]string{"uuid": d.GPUUUID, "mode": "mig"}, 1)
 		p.expectMetric(t, "facet_prepare_duration_seconds", map[string]string{"kind": "mig"}, 1)
 		own := map[string]string{"namespace": namespace, "claim": claim.Name, "device": r.Device}
-		p.expectMetric(t, "facet_claim_info", withLabels(own, "UUID", d.GPUUUID, "GPU_I_ID", strconv.Itoa(*d.GPUInstanceID), "GPU_I_PROFILE", "1g.10gb", "mig_uuid", d.MIGUUID, "shape", "mig"), 1)
+		p.expectMetric(t, "facet_claim_info", withLabels(own, "pod", "one-1g10gb", "UUID", d.GPUUUID, "GPU_I_ID", strconv.Itoa(*d.GPUInstanceID), "GPU_I_PROFILE", "1g.10gb", "mig_uuid", d.MIGUUID, "shape", "mig"), 1)
+		// In use: the MIG device's NVML memory figure; no compute
+		// figure, NVML reporting none in MIG mode.
+		used := map[string]string{"namespace": namespace, "claim": claim.Name}
+		migUsed, ok := value(p.scrape(t), "facet_mig_memory_used_bytes", map[string]string{"uuid": d.GPUUUID, "GPU_I_ID": strconv.Itoa(*d.GPUInstanceID)})
+		if !ok {
+			t.Fatalf("no facet_mig_memory_used_bytes for GI %d", *d.GPUInstanceID)
+		}
+		p.expectMetric(t, "facet_claim_memory_used_bytes", used, migUsed)
+		if _, ok := value(p.scrape(t), "facet_claim_compute_used_percent", used); ok {
+			t.Error("a MIG device's claim has a compute-used figure; NVML reports none in MIG mode")
+		}
 		kubectl(t, "delete", "pod", "-n", namespace, "one-1g10gb", "--wait=true", "--timeout=120s")
 		p.expectGone(t, "facet_claim_info", own)
+		p.expectGone(t, "facet_claim_memory_used_bytes", used)
 		waitFor(t, "MIG gauge gone", 30*time.Second, func() (bool, error) {
 			_, ok := value(p.scrape(t), "facet_gpu_mig_instances_in_use", map[string]string{"uuid": d.GPUUUID})
 			return !ok, nil
@@ -287,7 +305,7 @@ func TestObservability(t *testing.T) {
 		p.expectMetric(t, "facet_gpu_mode", map[string]string{"uuid": uuid, "mode": "shared"}, 1)
 		p.expectMetric(t, "facet_prepare_duration_seconds", map[string]string{"kind": "share"}, 1)
 		own := map[string]string{"namespace": namespace, "claim": claim.Name, "device": r.Device}
-		p.expectMetric(t, "facet_claim_info", withLabels(own, "UUID", uuid, "shape", "share", "compute", "mps"), 1)
+		p.expectMetric(t, "facet_claim_info", withLabels(own, "pod", "volcano-share", "UUID", uuid, "shape", "share", "compute", "mps"), 1)
 		p.expectMetric(t, "facet_claim_memory_bytes", own, float64(mem))
 		p.expectMetric(t, "facet_claim_compute_percent", own, float64(cores))
 		// A process's use, as HAMi-core records it in the claim's
@@ -295,14 +313,26 @@ func TestObservability(t *testing.T) {
 		// as HAMi-core's ftruncate leaves it), initialized (format 1), one
 		// device, one live process slot holding 1 GiB on it
 		// (pkg/node/hami's offsets, checked against HAMi-core's C struct
-		// there); the flag last, as HAMi-core sets it.
-		execIn(t, "volcano-share", "", `f="$CUDA_DEVICE_MEMORY_SHARED_CACHE"
+		// there); the flag last, as HAMi-core sets it. Its host PID (4242)
+		// and 17 % SM utilization, as HAMi-core's utilization watcher
+		// writes them; and, as HAMi-core copies it from the environment,
+		// the SM limit (sm_limit[0]) where the share has one: the watcher
+		// runs only then.
+		env := envOf(execIn(t, "volcano-share", "", "env"))
+		smLimit, _ := strconv.Atoi(env["CUDA_DEVICE_SM_LIMIT"])
+		execIn(t, "volcano-share", "", fmt.Sprintf(`f="$CUDA_DEVICE_MEMORY_SHARED_CACHE"
 at() { printf "$2" | dd of="$f" bs=1 seek="$1" conv=notrunc 2>/dev/null; }
 at 2008948 '\000\000\000\000'
 at 4 '\001\000\000\000'; at 56 '\001'; at 2008896 '\001\000\000\000'; at 3784 '\001'; at 1896 '\000\000\000\100'
-at 0 '\116\367\057\001'`)
+at 1860 '\222\020'; at 3032 '\021'; at 1728 '\%03o'
+at 0 '\116\367\057\001'`, smLimit))
 		used := map[string]string{"namespace": namespace, "claim": claim.Name}
 		p.expectMetric(t, "facet_claim_memory_used_bytes", used, 1<<30)
+		if smLimit > 0 && smLimit <= 100 {
+			p.expectMetric(t, "facet_claim_compute_used_percent", used, 17)
+		} else if _, ok := value(p.scrape(t), "facet_claim_compute_used_percent", used); ok {
+			t.Errorf("an MPS share without an SM limit (CUDA_DEVICE_SM_LIMIT %q) has a compute-used figure; HAMi-core's watcher does not run there", env["CUDA_DEVICE_SM_LIMIT"])
+		}
 		kubectl(t, "delete", "pod", "-n", namespace, "volcano-share", "--wait=true", "--timeout=120s")
 		p.expectGone(t, "facet_claim_memory_used_bytes", used)
 		p.expectGone(t, "facet_claim_info", own)

@@ -1,7 +1,7 @@
 // Package top is `facetctl top`: who uses what, from the kubelet plugins'
 // own /metrics (their per-claim series, package pkg/node/metrics): each
-// prepared claim's devices, shape, memory used against allocated and
-// compute allocated, per node and namespace.
+// prepared claim's pods, devices, shape, and memory and compute used
+// against allocated, per node and namespace.
 package top
 
 import (
@@ -25,10 +25,17 @@ type Row struct {
 	// MemoryBytes and ComputePercent are what the device holds.
 	MemoryBytes    float64
 	ComputePercent float64
-	// UsedBytes is the claim's memory in use on all its shares and slots,
-	// on the claim's first row only; -1 where the plugin does not know it
-	// (whole GPUs, MIG devices, a share no process has started on).
-	UsedBytes float64
+	// Pods are the pods the claim is reserved for, as its plugin
+	// recorded them at prepare.
+	Pods []string
+	// UsedBytes is the claim's memory in use on all its devices, and
+	// ComputeUsedPercent its compute in use in percent of one GPU
+	// (facet_claim_memory_used_bytes, facet_claim_compute_used_percent),
+	// on the claim's first row only; -1 where the plugin does not report
+	// it (a share no process has started on; compute of MIG devices and
+	// MPS shares).
+	UsedBytes          float64
+	ComputeUsedPercent float64
 }
 
 // Parse reads one plugin's /metrics (Prometheus text format) as node's
@@ -59,16 +66,27 @@ func Parse(node string, r io.Reader) ([]Row, error) {
 		}
 		return out
 	}
-	mem, comp, used := value("facet_claim_memory_bytes"), value("facet_claim_compute_percent"), value("facet_claim_memory_used_bytes")
+	mem, comp := value("facet_claim_memory_bytes"), value("facet_claim_compute_percent")
+	used, compUsed := value("facet_claim_memory_used_bytes"), value("facet_claim_compute_used_percent")
 	var rows []Row
+	// One info series per pod of a device's claim: one row per device.
+	row := map[key]int{}
 	for _, m := range families["facet_claim_info"].GetMetric() {
 		l := labels(m)
 		k := key{l["namespace"], l["claim"], l["device"]}
-		rows = append(rows, Row{
-			Node: node, Namespace: k.ns, Claim: k.claim, Device: k.device,
-			Shape: l["shape"], Compute: l["compute"], Profile: l["GPU_I_PROFILE"],
-			MemoryBytes: mem[k], ComputePercent: comp[k], UsedBytes: -1,
-		})
+		i, seen := row[k]
+		if !seen {
+			i = len(rows)
+			row[k] = i
+			rows = append(rows, Row{
+				Node: node, Namespace: k.ns, Claim: k.claim, Device: k.device,
+				Shape: l["shape"], Compute: l["compute"], Profile: l["GPU_I_PROFILE"],
+				MemoryBytes: mem[k], ComputePercent: comp[k], UsedBytes: -1, ComputeUsedPercent: -1,
+			})
+		}
+		if pod := l["pod"]; pod != "" {
+			rows[i].Pods = append(rows[i].Pods, pod)
+		}
 	}
 	sort.Slice(rows, func(i, j int) bool {
 		a, b := rows[i], rows[j]
@@ -87,6 +105,9 @@ func Parse(node string, r io.Reader) ([]Row, error) {
 		if u, ok := used[key{rows[i].Namespace, rows[i].Claim, ""}]; ok {
 			rows[i].UsedBytes = u
 		}
+		if u, ok := compUsed[key{rows[i].Namespace, rows[i].Claim, ""}]; ok {
+			rows[i].ComputeUsedPercent = u
+		}
 	}
 	return rows, nil
 }
@@ -95,17 +116,23 @@ func Parse(node string, r io.Reader) ([]Row, error) {
 // namespace when there are several claims.
 func Write(w io.Writer, rows []Row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tCLAIM\tNODE\tDEVICE\tSHAPE\tCOMPUTE\tMEMORY USED/ALLOCATED\tCOMPUTE ALLOCATED")
+	fmt.Fprintln(tw, "NAMESPACE\tCLAIM\tPODS\tNODE\tDEVICE\tSHAPE\tCOMPUTE\tMEMORY USED/ALLOCATED\tCOMPUTE USED/ALLOCATED")
 	for _, r := range rows {
 		shape := r.Shape
 		if r.Profile != "" {
 			shape += " " + r.Profile
 		}
-		used := "-"
+		used, compUsed, pods := "-", "-", "-"
 		if r.UsedBytes >= 0 {
 			used = gib(r.UsedBytes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s/%s\t%g%%\n", r.Namespace, r.Claim, r.Node, r.Device, shape, r.Compute, used, gib(r.MemoryBytes), r.ComputePercent)
+		if r.ComputeUsedPercent >= 0 {
+			compUsed = fmt.Sprintf("%g%%", r.ComputeUsedPercent)
+		}
+		if len(r.Pods) > 0 {
+			pods = strings.Join(r.Pods, ",")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s/%s\t%s/%g%%\n", r.Namespace, r.Claim, pods, r.Node, r.Device, shape, r.Compute, used, gib(r.MemoryBytes), compUsed, r.ComputePercent)
 	}
 	tw.Flush()
 	if len(rows) == 0 {

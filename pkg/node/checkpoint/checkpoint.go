@@ -90,6 +90,12 @@ type Claim struct {
 	// are MPS-partitioned (Share.MPS): its GPU's daemon serves one UID.
 	// Nil in such records of earlier versions (any UID).
 	MPSUser *int64 `json:"mpsUser,omitempty"`
+	// Pods are the names of the pods the claim was reserved for
+	// (status.reservedFor, resource pods) at its latest prepare: the
+	// kubelet prepares a claim again for each pod that joins it on the
+	// node, and that prepare updates them. For the per-claim metrics'
+	// pod label; empty in records of earlier versions.
+	Pods []string `json:"pods,omitempty"`
 }
 
 // Device is one allocated device as prepared.

@@ -212,9 +212,9 @@ var _ metrics.GPUSource = (*Driver)(nil)
 
 // ClaimState implements metrics.ClaimSource: every device the prepared
 // claims hold, from the reservations (what is held) and the claims'
-// checkpoint records (a MIG device's instance IDs and UUID), and the memory
-// in use of the claims with vGPU shares or slots, from their HAMi-core
-// accounting regions. A record or region that cannot be read leaves its
+// checkpoint records (a MIG device's instance IDs and UUID, the pods), and
+// the memory and SM utilization in use of the claims with vGPU shares or
+// slots, from their HAMi-core accounting regions. A record or region that cannot be read leaves its
 // detail out of this scrape; it never fails it.
 func (d *Driver) ClaimState() ([]metrics.Claim, []metrics.ClaimUsage) {
 	type held struct {
@@ -231,6 +231,7 @@ func (d *Driver) ClaimState() ([]metrics.Claim, []metrics.ClaimUsage) {
 	d.mu.Unlock()
 
 	records := map[types.UID]map[string]checkpoint.Device{}
+	pods := map[types.UID][]string{}
 	record := func(uid types.UID, device string) (checkpoint.Device, bool) {
 		if _, ok := records[uid]; !ok {
 			records[uid] = map[string]checkpoint.Device{}
@@ -238,6 +239,7 @@ func (d *Driver) ClaimState() ([]metrics.Claim, []metrics.ClaimUsage) {
 				for _, dev := range rec.Devices {
 					records[uid][dev.Device] = dev
 				}
+				pods[uid] = rec.Pods
 			}
 		}
 		dev, ok := records[uid][device]
@@ -277,6 +279,8 @@ func (d *Driver) ClaimState() ([]metrics.Claim, []metrics.ClaimUsage) {
 			}
 			shares[u.owner] = true
 		}
+		record(u.owner.uid, u.device)
+		c.Pods = pods[u.owner.uid]
 		out = append(out, c)
 	}
 	var usage []metrics.ClaimUsage
@@ -286,13 +290,13 @@ func (d *Driver) ClaimState() ([]metrics.Claim, []metrics.ClaimUsage) {
 			if err != nil {
 				continue
 			}
-			used, err := hami.RegionUsedBytes(filepath.Join(dir, hami.CacheFileName))
+			u, err := hami.ReadRegionUsage(filepath.Join(dir, hami.CacheFileName))
 			if err != nil {
 				// ErrNoRegion: no process yet. Anything else is the
 				// region's to explain; the scrape goes on without it.
 				continue
 			}
-			usage = append(usage, metrics.ClaimUsage{Namespace: ref.namespace, Name: ref.name, UsedBytes: used})
+			usage = append(usage, metrics.ClaimUsage{Namespace: ref.namespace, Name: ref.name, UsedBytes: u.UsedBytes, ComputeUsedPercent: u.SMUtilPercent})
 		}
 	}
 	return out, usage

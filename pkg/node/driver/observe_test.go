@@ -5,6 +5,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/node/hami"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -309,11 +310,58 @@ func TestClaimUsageFromRegion(t *testing.T) {
 	le.PutUint32(region[1856+1024*1960:], 1)
 	le.PutUint32(region[1856+1928:], 1)
 	le.PutUint64(region[1856+8+32:], 1500<<20)
+	// sm_limit[0] 20, slot 0's host PID found and 41 % in its
+	// device_util[0].sm_util: HAMi-core's utilization watcher wrote it.
+	le.PutUint64(region[1728:], 20)
+	le.PutUint32(region[1856+4:], 4242)
+	le.PutUint64(region[1856+1160+16:], 41)
 	if err := os.WriteFile(filepath.Join(dir, hami.CacheFileName), region, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	_, usage := u.d.ClaimState()
-	if len(usage) != 1 || usage[0].Name != c.Name || usage[0].Namespace != c.Namespace || usage[0].UsedBytes != 1500<<20 {
-		t.Fatalf("usage %+v, want %s/%s at 1500 MiB", usage, c.Namespace, c.Name)
+	if len(usage) != 1 || usage[0].Name != c.Name || usage[0].Namespace != c.Namespace || usage[0].UsedBytes != 1500<<20 || usage[0].ComputeUsedPercent != 41 {
+		t.Fatalf("usage %+v, want %s/%s at 1500 MiB and 41 %%", usage, c.Namespace, c.Name)
+	}
+}
+
+// TestClaimPods: the per-claim series name the pods the claim is reserved
+// for, as recorded at prepare; a prepare for another pod joining the claim
+// records it, and the names outlive a plugin restart.
+func TestClaimPods(t *testing.T) {
+	u := newUnit(t, inventory.Config{DefaultMode: inventory.ModeExclusive})
+	c := claim("shared", "gpu-1")
+	reserve := func(pods ...string) {
+		c.Status.ReservedFor = nil
+		for _, p := range pods {
+			c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: p, UID: types.UID("uid-" + p)})
+		}
+	}
+	pods := func() []string {
+		t.Helper()
+		claims, _ := u.d.ClaimState()
+		if len(claims) != 1 {
+			t.Fatalf("ClaimState %+v, want one device", claims)
+		}
+		return claims[0].Pods
+	}
+	reserve("worker-b")
+	// A consumer that is not a pod is no pod.
+	c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{APIGroup: "batch", Resource: "jobs", Name: "j", UID: "uid-j"})
+	if err := u.prepare(c)[c.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	if got := pods(); !slices.Equal(got, []string{"worker-b"}) {
+		t.Fatalf("pods %v after the first prepare, want [worker-b]", got)
+	}
+	reserve("worker-b", "worker-a")
+	if err := u.prepare(c)[c.UID].Err; err != nil {
+		t.Fatal(err)
+	}
+	if got := pods(); !slices.Equal(got, []string{"worker-a", "worker-b"}) {
+		t.Fatalf("pods %v after a second pod's prepare, want [worker-a worker-b]", got)
+	}
+	u.start()
+	if got := pods(); !slices.Equal(got, []string{"worker-a", "worker-b"}) {
+		t.Fatalf("pods %v after a restart, want [worker-a worker-b]", got)
 	}
 }

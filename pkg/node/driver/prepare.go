@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -76,7 +77,7 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 	if err := d.admit(ref, p.devices); err != nil {
 		return nil, "", err
 	}
-	rec = &checkpoint.Claim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.StatePreparing, Devices: p.devices, BootID: d.bootID}
+	rec = &checkpoint.Claim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.StatePreparing, Devices: p.devices, BootID: d.bootID, Pods: reservedPods(claim)}
 	// Record the intent before a MIG instance is created: from there on a
 	// crash is rolled back at the next start, and an instance is destroyed
 	// only if a record says Facet made it. Claims without one skip it (one
@@ -121,12 +122,34 @@ func (d *Driver) reprepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	stale := d.staleness(rec)
 	if stale == "" {
+		// Another pod joining the claim on this node: the record
+		// names it, for the metrics. A failed write leaves the old
+		// names; the claim itself is prepared either way.
+		if pods := reservedPods(claim); !slices.Equal(pods, rec.Pods) {
+			rec.Pods = pods
+			if err := d.store.Put(rec); err != nil {
+				klog.FromContext(ctx).Error(err, "Recording the claim's pods", "claim", klog.KObj(claim))
+			}
+		}
 		return "already prepared", nil
 	}
+	rec.Pods = reservedPods(claim)
 	if err := d.rebuild(ctx, claim, rec); err != nil {
 		return "", fmt.Errorf("rebuild (%s): %w", stale, err)
 	}
 	return "rebuilt: " + stale, nil
+}
+
+// reservedPods are the names of the pods claim is reserved for, sorted.
+func reservedPods(claim *resourceapi.ResourceClaim) []string {
+	var pods []string
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup == "" && r.Resource == "pods" {
+			pods = append(pods, r.Name)
+		}
+	}
+	slices.Sort(pods)
+	return pods
 }
 
 // carves says whether preparing rec creates MIG instances (dynamic MIG).

@@ -56,6 +56,7 @@ func TestRegionLayout(t *testing.T) {
 	var r cSharedRegion
 	var s cProcSlot
 	var m cDeviceMemory
+	var du cDeviceUtil
 	for _, c := range []struct {
 		name      string
 		got, want uintptr
@@ -70,6 +71,11 @@ func TestRegionLayout(t *testing.T) {
 		{"slot used", unsafe.Offsetof(s.used), slotOffUsed},
 		{"sizeof(device_memory_t)", unsafe.Sizeof(m), deviceMemorySize},
 		{"device_memory_t total", unsafe.Offsetof(m.total), deviceMemOffTotal},
+		{"sm_limit", unsafe.Offsetof(r.smLimit), offSMLimit},
+		{"slot hostpid", unsafe.Offsetof(s.hostpid), slotOffHostPID},
+		{"slot device_util", unsafe.Offsetof(s.deviceUtil), slotOffDeviceUtil},
+		{"sizeof(device_util_t)", unsafe.Sizeof(du), deviceUtilSize},
+		{"device_util_t sm_util", unsafe.Offsetof(du.sm), deviceUtilOffSM},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s at %d, the reader uses %d", c.name, c.got, c.want)
@@ -88,47 +94,62 @@ func writeRegion(t *testing.T, r *cSharedRegion) string {
 	return path
 }
 
-// TestRegionUsedBytes: live slots' totals on every device of the region
+// TestReadRegionUsage: live slots' totals on every device of the region
 // are summed; a slot whose status is clear, slots past proc_num and
-// devices past device_num are not; a region not yet initialized, absent,
-// or of another format is an error that says so.
-func TestRegionUsedBytes(t *testing.T) {
+// devices past device_num are not; SM utilization is summed likewise,
+// and only where HAMi-core's utilization watcher writes it (an SM limit
+// on some device, a slot whose host PID it found); a region not yet
+// initialized, absent, or of another format is an error that says so.
+func TestReadRegionUsage(t *testing.T) {
 	const mib = 1 << 20
 	region := func() *cSharedRegion {
 		r := &cSharedRegion{initializedFlag: regionMagic, majorVersion: 1, minorVersion: 2, deviceNum: 2, procNum: 3}
+		r.smLimit[1] = 30
 		r.procs[0] = cProcSlot{pid: 10, hostpid: 4010, status: 1}
 		r.procs[0].used[0].total = 1500 * mib
 		r.procs[0].used[1].total = 100 * mib
-		r.procs[1] = cProcSlot{pid: 11, status: 1}
+		r.procs[0].deviceUtil[0].sm = 12
+		r.procs[0].deviceUtil[1].sm = 7
+		r.procs[1] = cProcSlot{pid: 11, status: 1} // host PID not found
 		r.procs[1].used[0].total = 518 * mib
-		r.procs[2] = cProcSlot{pid: 12, status: 0} // exited
+		r.procs[1].deviceUtil[0].sm = 50
+		r.procs[2] = cProcSlot{pid: 12, hostpid: 4012, status: 0} // exited
 		r.procs[2].used[0].total = 4000 * mib
-		r.procs[3] = cProcSlot{pid: 13, status: 1} // past proc_num
+		r.procs[2].deviceUtil[0].sm = 60
+		r.procs[3] = cProcSlot{pid: 13, hostpid: 4013, status: 1} // past proc_num
 		r.procs[3].used[0].total = 8000 * mib
+		r.procs[3].deviceUtil[0].sm = 70
 		r.procs[0].used[2].total = 9000 * mib // past device_num
+		r.procs[0].deviceUtil[2].sm = 80
 		return r
 	}
-	got, err := RegionUsedBytes(writeRegion(t, region()))
-	if err != nil || got != 2118*mib {
-		t.Fatalf("RegionUsedBytes = %d MiB, %v; want 2118 MiB", got/mib, err)
+	got, err := ReadRegionUsage(writeRegion(t, region()))
+	if err != nil || got != (RegionUsage{UsedBytes: 2118 * mib, SMUtilPercent: 19}) {
+		t.Fatalf("ReadRegionUsage = %d MiB, %d %% SM, %v; want 2118 MiB, 19 %%", got.UsedBytes/mib, got.SMUtilPercent, err)
 	}
 	for _, tc := range []struct {
 		name string
 		edit func(*cSharedRegion)
 		want string
 		none bool
+		// usage is what is read where want is "".
+		usage RegionUsage
 	}{
-		{"not initialized", func(r *cSharedRegion) { r.initializedFlag = 0 }, "not initialized", true},
-		{"another format", func(r *cSharedRegion) { r.majorVersion = 2 }, "format 2.x, this build reads 1.x", false},
-		{"a corrupt proc_num is clamped", func(r *cSharedRegion) { r.procNum = -5 }, "", false},
+		{"not initialized", func(r *cSharedRegion) { r.initializedFlag = 0 }, "not initialized", true, RegionUsage{}},
+		{"another format", func(r *cSharedRegion) { r.majorVersion = 2 }, "format 2.x, this build reads 1.x", false, RegionUsage{}},
+		{"a corrupt proc_num is clamped", func(r *cSharedRegion) { r.procNum = -5 }, "", false, RegionUsage{SMUtilPercent: -1}},
+		{"no SM limit: no watcher", func(r *cSharedRegion) { r.smLimit[1] = 0 }, "", false, RegionUsage{UsedBytes: 2118 * mib, SMUtilPercent: -1}},
+		{"an SM limit past device_num", func(r *cSharedRegion) { r.smLimit[1], r.smLimit[2] = 0, 30 }, "", false, RegionUsage{UsedBytes: 2118 * mib, SMUtilPercent: -1}},
+		{"no host PID found", func(r *cSharedRegion) { r.procs[0].hostpid = 0 }, "", false, RegionUsage{UsedBytes: 2118 * mib, SMUtilPercent: -1}},
+		{"idle under a limit", func(r *cSharedRegion) { r.procs[0].deviceUtil[0].sm, r.procs[0].deviceUtil[1].sm = 0, 0 }, "", false, RegionUsage{UsedBytes: 2118 * mib}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := region()
 			tc.edit(r)
-			got, err := RegionUsedBytes(writeRegion(t, r))
+			got, err := ReadRegionUsage(writeRegion(t, r))
 			if tc.want == "" {
-				if err != nil || got != 0 {
-					t.Fatalf("got %d, %v; want 0", got, err)
+				if err != nil || got != tc.usage {
+					t.Fatalf("got %+v, %v; want %+v", got, err, tc.usage)
 				}
 				return
 			}
@@ -141,10 +162,10 @@ func TestRegionUsedBytes(t *testing.T) {
 	if err := os.WriteFile(short, make([]byte, regionSize-1), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := RegionUsedBytes(short); !errors.Is(err, ErrNoRegion) || !strings.Contains(err.Error(), "shorter than HAMi-core's region") {
+	if _, err := ReadRegionUsage(short); !errors.Is(err, ErrNoRegion) || !strings.Contains(err.Error(), "shorter than HAMi-core's region") {
 		t.Fatalf("a region not yet sized: %v, want ErrNoRegion saying so", err)
 	}
-	if _, err := RegionUsedBytes(filepath.Join(t.TempDir(), "absent")); !errors.Is(err, ErrNoRegion) {
+	if _, err := ReadRegionUsage(filepath.Join(t.TempDir(), "absent")); !errors.Is(err, ErrNoRegion) {
 		t.Fatalf("absent region: %v, want ErrNoRegion", err)
 	}
 }

@@ -221,6 +221,10 @@ type Claim struct {
 	// slices, the share's or slot's limits.
 	MemoryBytes    int64
 	ComputePercent int64
+	// Pods are the names of the pods the claim is reserved for, as its
+	// latest prepare saw them (checkpoint.Claim.Pods); none in records
+	// of earlier versions.
+	Pods []string
 }
 
 // GPUUsage is what a GPU's processes use now (nvml.Usage): for nodes
@@ -238,16 +242,23 @@ type UsageSource interface {
 	GPUUsage(uuid string) (GPUUsage, error)
 }
 
-// ClaimUsage is a claim's memory in use, across its devices.
+// ClaimUsage is what a claim's processes use on its vGPU shares and
+// slots together, from its HAMi-core accounting region
+// (hami.ReadRegionUsage).
 type ClaimUsage struct {
 	Namespace, Name string
 	// UsedBytes is the memory its processes hold, in bytes, as HAMi-core
-	// charges it (hami.RegionUsedBytes).
+	// charges it against the limits.
 	UsedBytes int64
+	// ComputeUsedPercent is their SM utilization in percent of one GPU,
+	// summed over processes and devices (NVML's per-process samples, as
+	// HAMi-core's utilization watcher records them); -1 where nothing
+	// records it (no SM limit, as under MPS).
+	ComputeUsedPercent int64
 }
 
-// ClaimSource yields the prepared claims' devices and, where it is
-// known, their memory in use (the driver).
+// ClaimSource yields the prepared claims' devices and, for claims with
+// vGPU shares or slots whose region exists, their usage (the driver).
 type ClaimSource interface {
 	ClaimState() ([]Claim, []ClaimUsage)
 }
@@ -287,16 +298,17 @@ var (
 	// (namespace, claim) facet_claim_info{GPU_I_ID=""} for whole GPUs, on
 	// (UUID, GPU_I_ID) for MIG devices (docs/operations.md).
 	claimLabels   = []string{"namespace", "claim", "device"}
-	descClaimInfo = prometheus.NewDesc(namespace+"_claim_info", "1 for each device a prepared ResourceClaim holds on this node, with the GPU's and the GPU instance's identity in dcgm-exporter's label names.",
-		append(append([]string(nil), claimLabels...), "gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "mig_uuid", "shape", "compute"), nil)
-	descClaimMem     = prometheus.NewDesc(namespace+"_claim_memory_bytes", "GPU memory the claim's device holds: the whole GPU's, the MIG instance's, the vGPU share's or slot's limit.", claimLabels, nil)
-	descClaimComp    = prometheus.NewDesc(namespace+"_claim_compute_percent", "Compute the claim's device holds, in percent of its GPU: 100 for a whole GPU, the MIG instance's compute slices, the share's or slot's SM limit.", claimLabels, nil)
-	descClaimMemUsed = prometheus.NewDesc(namespace+"_claim_memory_used_bytes", "GPU memory the claim's processes hold on all its vGPU shares and slots, as HAMi-core charges it against their limits (its accounting region). Absent for whole GPUs and MIG devices, and until a process has started.", []string{"namespace", "claim"}, nil)
+	descClaimInfo = prometheus.NewDesc(namespace+"_claim_info", "1 for each device a prepared ResourceClaim holds on this node and each pod the claim is reserved for (pod \"\" when none is recorded), with the GPU's and the GPU instance's identity in dcgm-exporter's label names.",
+		append(append([]string(nil), claimLabels...), "pod", "gpu", "UUID", "GPU_I_ID", "GPU_I_PROFILE", "mig_uuid", "shape", "compute"), nil)
+	descClaimMem      = prometheus.NewDesc(namespace+"_claim_memory_bytes", "GPU memory the claim's device holds: the whole GPU's, the MIG instance's, the vGPU share's or slot's limit.", claimLabels, nil)
+	descClaimComp     = prometheus.NewDesc(namespace+"_claim_compute_percent", "Compute the claim's device holds, in percent of its GPU: 100 for a whole GPU, the MIG instance's compute slices, the share's or slot's SM limit.", claimLabels, nil)
+	descClaimMemUsed  = prometheus.NewDesc(namespace+"_claim_memory_used_bytes", "GPU memory in use on the claim's devices, summed over them: on a whole GPU NVML's memory used of the GPU (memory info v2, the driver's reserve left out), on a MIG device NVML's of the MIG device, on vGPU shares and slots what HAMi-core charges the claim's processes against their limits (its accounting region). Absent while a device's figure is unknown: a share before its first process, a GPU NVML cannot read.", []string{"namespace", "claim"}, nil)
+	descClaimCompUsed = prometheus.NewDesc(namespace+"_claim_compute_used_percent", "Compute in use on the claim's devices, in percent of one GPU, summed over them: on a whole GPU NVML's utilization (percent of the last sample period a kernel ran), on vGPU shares and slots the processes' SM utilization (NVML's per-process samples, as HAMi-core's utilization watcher records them). Absent for MIG devices (NVML reports no utilization in MIG mode: use DCGM's profiling metrics by GPU_I_ID), for MPS shares (no SM limit, so no watcher), and while a figure is unknown.", []string{"namespace", "claim"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMode, descMemory, descAllocMem, descAllocComp, descMIG, descHealthy, descCkptBytes, descCkptRecs, descPrepared, descClaimInfo, descClaimMem, descClaimComp, descClaimMemUsed, descUtil, descMemUsed, descMIGUsed} {
+	for _, d := range []*prometheus.Desc{descMode, descMemory, descAllocMem, descAllocComp, descMIG, descHealthy, descCkptBytes, descCkptRecs, descPrepared, descClaimInfo, descClaimMem, descClaimComp, descClaimMemUsed, descClaimCompUsed, descUtil, descMemUsed, descMIGUsed} {
 		ch <- d
 	}
 }
@@ -304,6 +316,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector. A checkpoint that cannot be read
 // is reported as an invalid metric, which fails the scrape visibly.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	// usage is each GPU's NVML reading of this scrape, by UUID: read
+	// once per GPU, for its own series and its claims'.
+	usage := map[string]GPUUsage{}
 	if c.GPUs != nil {
 		var unhealthy map[string]string
 		if c.Health != nil {
@@ -332,6 +347,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			if err != nil {
 				continue
 			}
+			usage[g.UUID] = u
 			if u.UtilizationPercent >= 0 {
 				ch <- prometheus.MustNewConstMetric(descUtil, prometheus.GaugeValue, float64(u.UtilizationPercent), l...)
 			}
@@ -345,20 +361,31 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPrepared, prometheus.GaugeValue, float64(c.GPUs.PreparedClaims()))
 	}
 	if c.Claims != nil {
-		claims, usage := c.Claims.ClaimState()
+		claims, regions := c.Claims.ClaimState()
 		for _, cl := range claims {
 			l := []string{cl.Namespace, cl.Name, cl.Device}
 			gi := ""
 			if cl.GIID >= 0 {
 				gi = strconv.Itoa(cl.GIID)
 			}
-			ch <- prometheus.MustNewConstMetric(descClaimInfo, prometheus.GaugeValue, 1,
-				append(l, strconv.Itoa(cl.GPUIndex), cl.GPUUUID, gi, cl.Profile, cl.MIGUUID, cl.Shape, cl.Compute)...)
+			pods := cl.Pods
+			if len(pods) == 0 {
+				pods = []string{""}
+			}
+			for _, pod := range pods {
+				ch <- prometheus.MustNewConstMetric(descClaimInfo, prometheus.GaugeValue, 1,
+					append(l, pod, strconv.Itoa(cl.GPUIndex), cl.GPUUUID, gi, cl.Profile, cl.MIGUUID, cl.Shape, cl.Compute)...)
+			}
 			ch <- prometheus.MustNewConstMetric(descClaimMem, prometheus.GaugeValue, float64(cl.MemoryBytes), l...)
 			ch <- prometheus.MustNewConstMetric(descClaimComp, prometheus.GaugeValue, float64(cl.ComputePercent), l...)
 		}
-		for _, u := range usage {
-			ch <- prometheus.MustNewConstMetric(descClaimMemUsed, prometheus.GaugeValue, float64(u.UsedBytes), u.Namespace, u.Name)
+		for _, u := range claimsUsed(claims, regions, usage) {
+			if u.memKnown {
+				ch <- prometheus.MustNewConstMetric(descClaimMemUsed, prometheus.GaugeValue, float64(u.mem), u.namespace, u.name)
+			}
+			if u.compKnown {
+				ch <- prometheus.MustNewConstMetric(descClaimCompUsed, prometheus.GaugeValue, float64(u.comp), u.namespace, u.name)
+			}
 		}
 	}
 	if c.Checkpoint != nil {
@@ -370,4 +397,60 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descCkptBytes, prometheus.GaugeValue, float64(bytes))
 		ch <- prometheus.MustNewConstMetric(descCkptRecs, prometheus.GaugeValue, float64(records))
 	}
+}
+
+// claimUsed is one claim's use summed over its devices; a figure is known
+// only when every device's is.
+type claimUsed struct {
+	namespace, name     string
+	mem, comp           int64
+	memKnown, compKnown bool
+}
+
+// claimsUsed sums, per claim, its devices' use: a whole GPU's and a MIG
+// device's from the GPUs' NVML readings, the shares' and slots' from the
+// claim's accounting region (one for all of them, counted once).
+func claimsUsed(claims []Claim, regions []ClaimUsage, gpus map[string]GPUUsage) []claimUsed {
+	type key struct{ ns, name string }
+	region := map[key]ClaimUsage{}
+	for _, r := range regions {
+		region[key{r.Namespace, r.Name}] = r
+	}
+	byClaim := map[key]*claimUsed{}
+	var out []*claimUsed
+	for _, cl := range claims {
+		k := key{cl.Namespace, cl.Name}
+		u := byClaim[k]
+		if u == nil {
+			u = &claimUsed{namespace: cl.Namespace, name: cl.Name, memKnown: true, compKnown: true}
+			byClaim[k] = u
+			out = append(out, u)
+			if r, ok := region[k]; ok {
+				u.mem = r.UsedBytes
+				u.comp = max(r.ComputeUsedPercent, 0)
+			}
+		}
+		g, read := gpus[cl.GPUUUID]
+		switch cl.Shape {
+		case "whole":
+			u.memKnown = u.memKnown && read && g.MemoryUsedBytes >= 0
+			u.compKnown = u.compKnown && read && g.UtilizationPercent >= 0
+			u.mem += g.MemoryUsedBytes
+			u.comp += int64(g.UtilizationPercent)
+		case "mig":
+			used, ok := g.MIG[cl.GIID]
+			u.memKnown = u.memKnown && read && ok && cl.GIID >= 0
+			u.compKnown = false
+			u.mem += used
+		default:
+			r, ok := region[k]
+			u.memKnown = u.memKnown && ok
+			u.compKnown = u.compKnown && ok && r.ComputeUsedPercent >= 0
+		}
+	}
+	res := make([]claimUsed, len(out))
+	for i, u := range out {
+		res[i] = *u
+	}
+	return res
 }
