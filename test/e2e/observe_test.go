@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -43,6 +44,32 @@ func (p *plugin) scrape(t testing.TB) map[string]*dto.MetricFamily {
 		t.Fatal(err)
 	}
 	return families
+}
+
+// logClaimSeries logs the plugin's per-claim series as served: the record
+// of what a scrape shows while claims are prepared.
+func (p *plugin) logClaimSeries(t *testing.T) {
+	t.Helper()
+	m := healthAddrRE.FindStringSubmatch(p.logText())
+	if m == nil {
+		t.Fatal("no health address in the plugin's log")
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + m[1] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(l, "facet_claim_") {
+			lines = append(lines, l)
+		}
+	}
+	t.Logf("per-claim series:\n%s", strings.Join(lines, "\n"))
 }
 
 // value is the value of the family's sample whose labels include want;
@@ -223,6 +250,7 @@ func TestObservability(t *testing.T) {
 		used := map[string]string{"namespace": namespace, "claim": claim.Name}
 		p.expectMetric(t, "facet_claim_memory_used_bytes", used, 0)
 		p.expectMetric(t, "facet_claim_compute_used_percent", used, 0)
+		p.logClaimSeries(t)
 		kubectl(t, "delete", "pod", "-n", namespace, "obs-whole", "--wait=true", "--timeout=120s")
 		p.expectMetric(t, "facet_gpu_allocated_memory_bytes", gpu, 0)
 		p.expectGone(t, "facet_claim_info", own)
@@ -272,6 +300,7 @@ func TestObservability(t *testing.T) {
 			t.Fatalf("no facet_mig_memory_used_bytes for GI %d", *d.GPUInstanceID)
 		}
 		p.expectMetric(t, "facet_claim_memory_used_bytes", used, migUsed)
+		p.logClaimSeries(t)
 		if _, ok := value(p.scrape(t), "facet_claim_compute_used_percent", used); ok {
 			t.Error("a MIG device's claim has a compute-used figure; NVML reports none in MIG mode")
 		}
@@ -308,34 +337,51 @@ func TestObservability(t *testing.T) {
 		p.expectMetric(t, "facet_claim_info", withLabels(own, "pod", "volcano-share", "UUID", uuid, "shape", "share", "compute", "mps"), 1)
 		p.expectMetric(t, "facet_claim_memory_bytes", own, float64(mem))
 		p.expectMetric(t, "facet_claim_compute_percent", own, float64(cores))
-		// A process's use, as HAMi-core records it in the claim's
-		// accounting region: the region at its full size (2008952 bytes,
-		// as HAMi-core's ftruncate leaves it), initialized (format 1), one
-		// device, one live process slot holding 1 GiB on it
-		// (pkg/node/hami's offsets, checked against HAMi-core's C struct
-		// there); the flag last, as HAMi-core sets it. Its host PID (4242)
-		// and 17 % SM utilization, as HAMi-core's utilization watcher
-		// writes them; and, as HAMi-core copies it from the environment,
-		// the SM limit (sm_limit[0]) where the share has one: the watcher
-		// runs only then.
-		env := envOf(execIn(t, "volcano-share", "", "env"))
-		smLimit, _ := strconv.Atoi(env["CUDA_DEVICE_SM_LIMIT"])
-		execIn(t, "volcano-share", "", fmt.Sprintf(`f="$CUDA_DEVICE_MEMORY_SHARED_CACHE"
-at() { printf "$2" | dd of="$f" bs=1 seek="$1" conv=notrunc 2>/dev/null; }
-at 2008948 '\000\000\000\000'
-at 4 '\001\000\000\000'; at 56 '\001'; at 2008896 '\001\000\000\000'; at 3784 '\001'; at 1896 '\000\000\000\100'
-at 1860 '\222\020'; at 3032 '\021'; at 1728 '\%03o'
-at 0 '\116\367\057\001'`, smLimit))
 		used := map[string]string{"namespace": namespace, "claim": claim.Name}
+		if smLimit := writeRegion(t, "volcano-share"); smLimit != 0 {
+			t.Errorf("an MPS share has an SM limit for HAMi-core (%d %%): MPS partitions its SMs", smLimit)
+		}
 		p.expectMetric(t, "facet_claim_memory_used_bytes", used, 1<<30)
-		if smLimit > 0 && smLimit <= 100 {
-			p.expectMetric(t, "facet_claim_compute_used_percent", used, 17)
-		} else if _, ok := value(p.scrape(t), "facet_claim_compute_used_percent", used); ok {
-			t.Errorf("an MPS share without an SM limit (CUDA_DEVICE_SM_LIMIT %q) has a compute-used figure; HAMi-core's watcher does not run there", env["CUDA_DEVICE_SM_LIMIT"])
+		p.logClaimSeries(t)
+		// No SM limit, so no HAMi-core utilization watcher: no figure.
+		if _, ok := value(p.scrape(t), "facet_claim_compute_used_percent", used); ok {
+			t.Error("an MPS share has a compute-used figure; HAMi-core's watcher does not run there")
 		}
 		kubectl(t, "delete", "pod", "-n", namespace, "volcano-share", "--wait=true", "--timeout=120s")
 		p.expectGone(t, "facet_claim_memory_used_bytes", used)
 		p.expectGone(t, "facet_claim_info", own)
+	})
+
+	t.Run("time-sliced vGPU share", func(t *testing.T) {
+		needGates(t, features.ConsumableCapacity)
+		applyYAML(t, `
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: obs-sliced, namespace: facet-demo}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: vgpu
+        exactly: {deviceClassName: vgpu.facet.dev, capacity: {requests: {memory: 2000Mi, cores: "30"}}}
+      config:
+      - opaque:
+          driver: gpu.facet.dev
+          parameters: {apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, partitioning: time-sliced}
+---
+`+testenv.ClaimPod("obs-sliced", "facet-demo", "vgpu", "obs-sliced"))
+		pod := waitPodRunning(t, "obs-sliced")
+		claim := podClaims(t, pod)["vgpu"]
+		used := map[string]string{"namespace": namespace, "claim": claim.Name}
+		p.expectMetric(t, "facet_claim_info", map[string]string{"namespace": namespace, "claim": claim.Name, "pod": "obs-sliced", "shape": "share", "compute": "time-sliced"}, 1)
+		if smLimit := writeRegion(t, "obs-sliced"); smLimit != 30 {
+			t.Errorf("a time-sliced share of 30 cores gives HAMi-core an SM limit of %d %%", smLimit)
+		}
+		p.expectMetric(t, "facet_claim_memory_used_bytes", used, 1<<30)
+		p.expectMetric(t, "facet_claim_compute_used_percent", used, 17)
+		p.logClaimSeries(t)
+		kubectl(t, "delete", "pod", "-n", namespace, "obs-sliced", "--wait=true", "--timeout=120s")
+		p.expectGone(t, "facet_claim_compute_used_percent", used)
 	})
 
 	t.Cleanup(func() {
@@ -409,6 +455,32 @@ spec:
 		}
 		kubectl(t, "delete", "pod", "-n", namespace, "obs-bad", "--wait=true", "--timeout=120s")
 	})
+}
+
+// writeRegion writes, inside pod, what HAMi-core records in its claim's
+// accounting region for one process: the region at its full size (2008952
+// bytes, as HAMi-core's ftruncate leaves it), initialized (format 1), one
+// device, one live process slot holding 1 GiB on it (pkg/node/hami's
+// offsets, checked against HAMi-core's C struct there), its host PID (4242)
+// and 17 % SM utilization as HAMi-core's utilization watcher writes them,
+// and the device's SM limit as HAMi-core copies it from the environment
+// (CUDA_DEVICE_SM_LIMIT_0, else CUDA_DEVICE_SM_LIMIT; 0 without one); the
+// flag last, as HAMi-core sets it. It returns that SM limit.
+func writeRegion(t *testing.T, pod string) int {
+	t.Helper()
+	env := envOf(execIn(t, pod, "", "env"))
+	limit := env["CUDA_DEVICE_SM_LIMIT_0"]
+	if limit == "" {
+		limit = env["CUDA_DEVICE_SM_LIMIT"]
+	}
+	smLimit, _ := strconv.Atoi(limit)
+	execIn(t, pod, "", fmt.Sprintf(`f="$CUDA_DEVICE_MEMORY_SHARED_CACHE"
+at() { printf "$2" | dd of="$f" bs=1 seek="$1" conv=notrunc 2>/dev/null; }
+at 2008948 '\000\000\000\000'
+at 4 '\001\000\000\000'; at 56 '\001'; at 2008896 '\001\000\000\000'; at 3784 '\001'; at 1896 '\000\000\000\100'
+at 1860 '\222\020'; at 3032 '\021'; at 1728 '\%03o'
+at 0 '\116\367\057\001'`, smLimit))
+	return smLimit
 }
 
 // withLabels is base plus the label pairs kv.
