@@ -144,13 +144,10 @@ allocator-matrix:
 # Kubernetes version (docs/contributing.md, "Which chart live tests run on
 # every round"): they run in the first round only.
 CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment|TestLiveChartWebhookDown)$$
+# FACET_E2E_PARALLEL: how many rounds run side by side, each on a node of
+# its own (hack/e2e-rounds.sh; 1: one after another).
 e2e: build
-	@failed=""; \
-	$(STAGE) "e2e 1.35.4, DRA alpha gates on" hack/e2e.sh || failed="$$failed, 1.35.4 gated"; \
-	FACET_FEATURE_GATES= FACET_E2E_CHART_SKIP='$(CHART_ONCE)' $(STAGE) "e2e 1.35.4 stock" hack/e2e.sh || failed="$$failed, 1.35.4 stock"; \
-	FACET_K8S_VERSION=v1.36.3 FACET_E2E_CHART_SKIP='$(CHART_ONCE)' $(STAGE) "e2e 1.36.3, default gates" hack/e2e.sh || failed="$$failed, 1.36.3"; \
-	FACET_K8S_VERSION=v1.37.2 FACET_E2E_CHART_SKIP='$(CHART_ONCE)' $(STAGE) "e2e 1.37.2, default gates" hack/e2e.sh || failed="$$failed, 1.37.2"; \
-	if [ -n "$$failed" ]; then echo "make e2e: these rounds FAILED: $${failed#, }" >&2; exit 1; fi
+	CHART_ONCE='$(CHART_ONCE)' $(STAGE) "e2e rounds ($${FACET_E2E_PARALLEL:-2} at a time)" hack/e2e-rounds.sh
 
 ## multinode: a cluster of real kubelets on this machine, three of them with
 ## Facet on simulated machines (dgx-h100 in mig mode, dgx-a100-80gb in

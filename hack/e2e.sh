@@ -43,13 +43,15 @@ fi
 export RUN_DIR="${FACET_E2E_RUN_DIR:-/tmp/facet-e2e}"
 export RUNTIME="${FACET_E2E_RUNTIME:-containerd}"
 
-# One e2e node at a time: up.sh would tear down a node another run is
-# using, so concurrent runs wait for each other here.
-exec 9>/tmp/facet-e2e.lock
+# One e2e node per run directory at a time: up.sh would tear down a node
+# another run is using, so runs of one RUN_DIR wait for each other here.
+# Runs with their own FACET_E2E_RUN_DIR and FACET_PORT_OFFSET (make e2e's
+# rounds side by side) do not.
+exec 9>"${RUN_DIR}.lock"
 flock 9
 
-# The node uses fixed ports, so only one can run per machine.
-if [[ -f /tmp/facet-run/pids/kube-apiserver.pid ]] && kill -0 "$(cat /tmp/facet-run/pids/kube-apiserver.pid)" 2>/dev/null; then
+# The demo node uses the default ports.
+if [[ "${FACET_PORT_OFFSET:-0}" == 0 && -f /tmp/facet-run/pids/kube-apiserver.pid ]] && kill -0 "$(cat /tmp/facet-run/pids/kube-apiserver.pid)" 2>/dev/null; then
   echo "e2e: the demo node is running; stop it first with 'make demo-down'" >&2
   exit 1
 fi

@@ -24,8 +24,10 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cmd="${1:?usage: $0 start|stop RUN_DIR}"; RUN_DIR="${2:?usage: $0 start|stop RUN_DIR}"
-PORT="${FACET_KUEUE_WEBHOOK_PORT:-9445}"
-HEALTH_PORT="${FACET_KUEUE_HEALTH_PORT:-9446}"
+# Moved with the node's ports (hack/cluster/up.sh, FACET_PORT_OFFSET), so
+# that the Kueues of two nodes side by side do not meet.
+PORT="${FACET_KUEUE_WEBHOOK_PORT:-$((9445 + ${FACET_PORT_OFFSET:-0}))}"
+HEALTH_PORT="${FACET_KUEUE_HEALTH_PORT:-$((9446 + ${FACET_PORT_OFFSET:-0}))}"
 log() { echo "[kueue] $*" >&2; }
 
 stop() {

@@ -127,7 +127,7 @@ openssl x509 -req -in "${NODE_DIR}/kubelet.csr" -CA "${PKI}/ca.crt" -CAkey "${PK
 rm -f "${NODE_DIR}/kubelet.csr"
 KC="${NODE_DIR}/kubelet.kubeconfig"
 kc() { kubectl --kubeconfig "${KC}" config "$@" >/dev/null; }
-kc set-cluster facet-local --server=https://127.0.0.1:6443 --certificate-authority="${PKI}/ca.crt" --embed-certs
+kc set-cluster facet-local --server="https://127.0.0.1:${FACET_APISERVER_PORT:-6443}" --certificate-authority="${PKI}/ca.crt" --embed-certs
 kc set-credentials "system:node:${NAME}" --client-certificate="${NODE_DIR}/kubelet.crt" \
   --client-key="${NODE_DIR}/kubelet.key" --embed-certs
 kc set-context facet-local --cluster=facet-local --user="system:node:${NAME}"

@@ -28,7 +28,8 @@
 # hack/apt-packages.txt (hack/install-deps.sh). Builds the binaries on first use
 # (hack/build-tools.sh, ~10 minutes cold; for 1.36 and 1.37 hack/build-k8s.sh
 # too, 9+ minutes more each on 2 busy cores: docs/design/local-cluster.md). Ports are the defaults (2379/2380,
-# 6443, 10250/10248, 10257, 10259): only one cluster per machine.
+# 6443, 10250/10248, 10257, 10259) plus FACET_PORT_OFFSET (default 0): nodes
+# with their own RUN_DIR and offset run side by side (make e2e's rounds).
 # Background and traps: docs/design/local-cluster.md.
 set -Eeuo pipefail  # -E: the ERR trap below also fires inside functions
 
@@ -39,6 +40,18 @@ RUN_DIR="${RUN_DIR:-${FACET_RUN_DIR:-/tmp/facet-run}}"
 RUNTIME="${RUNTIME:-fake}"
 READY_TIMEOUT="${READY_TIMEOUT:-120}"
 K8S_VERSION="${FACET_K8S_VERSION:-v1.35.4}"
+# Every port the node listens on, moved by FACET_PORT_OFFSET so that two
+# nodes (each with its own RUN_DIR) can run on one machine. add-node.sh's
+# extra kubelets use 10250+100*INDEX: offsets are multiples of 1000.
+PORT_OFFSET="${FACET_PORT_OFFSET:-0}"
+[[ "${PORT_OFFSET}" =~ ^[0-9]+$ ]] || { echo "FACET_PORT_OFFSET must be a number, not '${PORT_OFFSET}'" >&2; exit 2; }
+ETCD_PORT=$((2379 + PORT_OFFSET))
+ETCD_PEER_PORT=$((2380 + PORT_OFFSET))
+APISERVER_PORT=$((6443 + PORT_OFFSET))
+KUBELET_PORT=$((10250 + PORT_OFFSET))
+KUBELET_HEALTHZ_PORT=$((10248 + PORT_OFFSET))
+CONTROLLER_MANAGER_PORT=$((10257 + PORT_OFFSET))
+SCHEDULER_PORT=$((10259 + PORT_OFFSET))
 
 case "${K8S_VERSION}" in
   v1.35.4)
@@ -128,11 +141,11 @@ RUN_DIR="${RUN_DIR}" "${CLUSTER_DIR}/down.sh" --quiet
 
 # Someone else's cluster (or a run whose RUN_DIR is gone) would make ours fail
 # in confusing ways; refuse clearly instead.
-for port in 2379 2380 6443 10248 10250 10257 10259; do
+for port in "${ETCD_PORT}" "${ETCD_PEER_PORT}" "${APISERVER_PORT}" "${KUBELET_HEALTHZ_PORT}" "${KUBELET_PORT}" "${CONTROLLER_MANAGER_PORT}" "${SCHEDULER_PORT}"; do
   if ss -Hltn "sport = :${port}" 2>/dev/null | grep -q .; then
     echo "port ${port} is already in use:" >&2
     ss -Hltnp "sport = :${port}" >&2 || true
-    echo "another cluster is running (different RUN_DIR?); stop it with RUN_DIR=<its dir> hack/cluster/down.sh" >&2
+    echo "another cluster is running (different RUN_DIR?); stop it with RUN_DIR=<its dir> hack/cluster/down.sh, or give this one another FACET_PORT_OFFSET" >&2
     exit 1
   fi
 done
@@ -173,7 +186,7 @@ trap 'fail "${CURRENT:-up.sh}" "command failed at line ${LINENO}: ${BASH_COMMAND
 # start NAME BINARY ARGS...: run in its own session (so it outlives this shell
 # and the caller's Ctrl-C), log to logs/NAME.log, pid to pids/NAME.pid.
 # The node's processes outlive the command that started it, so they must not
-# inherit the e2e lock (/tmp/facet-e2e.lock: fd 9 in hack/e2e.sh, fd 3 under
+# inherit the e2e lock (RUN_DIR.lock: fd 9 in hack/e2e.sh, fd 3 under
 # flock(1)): `flock /tmp/facet-e2e.lock make demo` would otherwise hold the
 # lock until `make demo-down`, and a second flock'ed command would wait on it
 # forever.
@@ -255,7 +268,7 @@ kind: Config
 clusters:
 - name: facet-local
   cluster:
-    server: https://127.0.0.1:6443
+    server: https://127.0.0.1:${APISERVER_PORT}
     certificate-authority-data: $(base64 -w0 "${PKI}/ca.crt")
 users:
 - name: ${cert}
@@ -281,11 +294,11 @@ log "starting etcd"
 # --unsafe-no-fsync: the data is thrown away with the run; fsync only slows tests.
 start etcd "${BIN_DIR}/etcd" \
   --name facet --data-dir "${RUN_DIR}/etcd" \
-  --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
-  --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-  --initial-cluster facet=http://127.0.0.1:2380 \
+  --listen-client-urls "http://127.0.0.1:${ETCD_PORT}" --advertise-client-urls "http://127.0.0.1:${ETCD_PORT}" \
+  --listen-peer-urls "http://127.0.0.1:${ETCD_PEER_PORT}" --initial-advertise-peer-urls "http://127.0.0.1:${ETCD_PEER_PORT}" \
+  --initial-cluster "facet=http://127.0.0.1:${ETCD_PEER_PORT}" \
   --unsafe-no-fsync --log-level warn
-wait_for etcd "healthy" curl -fsS http://127.0.0.1:2379/health
+wait_for etcd "healthy" curl -fsS "http://127.0.0.1:${ETCD_PORT}/health"
 
 # --- kube-apiserver --------------------------------------------------------------
 log "starting kube-apiserver"
@@ -294,8 +307,8 @@ log "starting kube-apiserver"
 # (no kube-proxy); so the chart's webhook Deployment (on the host's network)
 # is reachable through its Service.
 start kube-apiserver "${K8S_BIN_DIR}/kube-apiserver" \
-  --etcd-servers=http://127.0.0.1:2379 \
-  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port=6443 \
+  --etcd-servers="http://127.0.0.1:${ETCD_PORT}" \
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${APISERVER_PORT}" \
   --endpoint-reconciler-type=none \
   --enable-aggregator-routing=true \
   --authorization-mode=Node,RBAC \
@@ -328,7 +341,7 @@ log "starting kube-controller-manager and kube-scheduler"
 start kube-controller-manager "${K8S_BIN_DIR}/kube-controller-manager" \
   --kubeconfig="${ADMIN_KUBECONFIG}" \
   --authentication-kubeconfig="${ADMIN_KUBECONFIG}" --authorization-kubeconfig="${ADMIN_KUBECONFIG}" \
-  --bind-address=127.0.0.1 --leader-elect=false \
+  --bind-address=127.0.0.1 --secure-port="${CONTROLLER_MANAGER_PORT}" --leader-elect=false \
   --controllers='*' \
   --root-ca-file="${PKI}/ca.crt" \
   --service-account-private-key-file="${PKI}/sa.key" \
@@ -338,7 +351,7 @@ start kube-controller-manager "${K8S_BIN_DIR}/kube-controller-manager" \
 start kube-scheduler "${K8S_BIN_DIR}/kube-scheduler" \
   --kubeconfig="${ADMIN_KUBECONFIG}" \
   --authentication-kubeconfig="${ADMIN_KUBECONFIG}" --authorization-kubeconfig="${ADMIN_KUBECONFIG}" \
-  --bind-address=127.0.0.1 --leader-elect=false \
+  --bind-address=127.0.0.1 --secure-port="${SCHEDULER_PORT}" --leader-elect=false \
   --feature-gates="${FEATURE_GATES}" \
   --v=1
 
@@ -419,10 +432,10 @@ cat >"${RUN_DIR}/kubelet-config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
-port: 10250
+port: ${KUBELET_PORT}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: 10248
+healthzPort: ${KUBELET_HEALTHZ_PORT}
 authentication:
   anonymous:
     enabled: false
@@ -459,7 +472,7 @@ start kubelet "${K8S_BIN_DIR}/kubelet" \
   --root-dir="${KUBELET_ROOT}" --cert-dir="${KUBELET_ROOT}/certs" \
   --hostname-override=localhost \
   --v=2
-wait_for kubelet "healthz ok" curl -fsS http://127.0.0.1:10248/healthz
+wait_for kubelet "healthz ok" curl -fsS "http://127.0.0.1:${KUBELET_HEALTHZ_PORT}/healthz"
 
 node_ready() {
   [[ "$(k get node localhost -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]
@@ -486,6 +499,8 @@ export FACET_K8S_BIN_DIR="${K8S_BIN_DIR}"  # kube-apiserver, kube-controller-man
 export FACET_CDI_DIR="${CDI_DIR}"
 export FACET_KUBELET_ROOT="${KUBELET_ROOT}"
 export FACET_CRI_SOCKET="${CRI_SOCK}"
+export FACET_PORT_OFFSET="${PORT_OFFSET}"
+export FACET_APISERVER_PORT="${APISERVER_PORT}"
 export PATH="${BIN_DIR}:\${PATH}"
 EOF
 if [[ "${RUNTIME}" == fake ]]; then

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -43,6 +44,15 @@ func LiveCluster(t *testing.T) *Live {
 	l.Config = cfg
 	l.Client = kubernetes.NewForConfigOrDie(cfg)
 	return l
+}
+
+// Port is the local node's port for a service whose default port is def:
+// def plus the node's FACET_PORT_OFFSET (hack/cluster/up.sh), so that the
+// host-network servers of two nodes side by side (make e2e's rounds) do
+// not meet.
+func (l *Live) Port(def int) int {
+	off, _ := strconv.Atoi(os.Getenv("FACET_PORT_OFFSET"))
+	return def + off
 }
 
 // Run runs kubectl with stdin; the output is stdout and stderr together.

@@ -168,7 +168,7 @@ kubeletPlugin:
   hostNetwork: true
   extraEnv:
   - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
-  - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
+  - {name: KUBERNETES_SERVICE_PORT, value: "%[10]d"}
   kubeletDir: %[2]q
   cdiDir: %[3]q
   stateDir: %[4]q
@@ -193,7 +193,7 @@ kubeletPlugin:
   nodeGroups:
     default: {%[8]s, extraArgs: [--machine=/usr/share/facet/machines/dgx-h100.yaml]}
 `, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.RunDir, "driver-root"),
-		filepath.Join(r.RunDir, "cdi-hook-chart"), filepath.Join(r.RunDir, "hami-chart"), group, r.mpsDir()))
+		filepath.Join(r.RunDir, "cdi-hook-chart"), filepath.Join(r.RunDir, "hami-chart"), group, r.mpsDir(), r.Port(6443)))
 }
 
 // install runs `helm install` and removes the release when the test ends,

@@ -83,12 +83,12 @@ admission:
     # One node, on the host's network: two replicas would want one port.
     replicas: 1
     hostNetwork: true
-    port: 9443
+    port: %d
     logVerbosity: 4
     # Only this test's namespace: other tests' claims never depend on it.
     namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
     %s
-`, r.tag, chartNS, tc.tls(t)))
+`, r.tag, r.Port(9443), chartNS, tc.tls(t)))
 			r.install(t, vals)
 			r.webhookServes(ctx, t, "first")
 			if tc.name != "default: the chart's own certificate" {
@@ -178,10 +178,10 @@ func TestLiveChartWebhookDown(t *testing.T) {
 enabled: true
 replicas: 1
 hostNetwork: true
-port: 9443
+port: %d
 logVerbosity: 4
 namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
-`, chartNS))
+`, r.Port(9443), chartNS))
 	r.install(t, vals)
 	plugin := r.waitPlugin(t, r.tag, 2*time.Minute)
 	t.Logf("plugin pod %s Ready (%s)", plugin.Name, r.since())
