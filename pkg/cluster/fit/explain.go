@@ -31,6 +31,26 @@ type request struct {
 	req   resourceapi.ExactDeviceRequest
 }
 
+// requestsOf lists a claim's exact requests and the subrequests of its
+// firstAvailable lists, each as an exact request named "request" or
+// "request/subrequest".
+func requestsOf(c *resourceapi.ResourceClaim) []request {
+	ref := c.Namespace + "/" + c.Name
+	var out []request
+	for _, r := range c.Spec.Devices.Requests {
+		if r.Exactly != nil {
+			out = append(out, request{name: r.Name, claim: ref, req: *r.Exactly})
+		}
+		for _, sub := range r.FirstAvailable {
+			out = append(out, request{name: r.Name + "/" + sub.Name, claim: ref, req: resourceapi.ExactDeviceRequest{
+				DeviceClassName: sub.DeviceClassName, Selectors: sub.Selectors, AllocationMode: sub.AllocationMode,
+				Count: sub.Count, Capacity: sub.Capacity,
+			}})
+		}
+	}
+	return out
+}
+
 func (e explainer) explain(ctx context.Context, node string, claims []*resourceapi.ResourceClaim) ([]string, error) {
 	var reqs []request
 	// matchAttr is each exact request's matchAttribute constraints (those
@@ -50,17 +70,7 @@ func (e explainer) explain(ctx context.Context, node string, claims []*resourcea
 				matchAttr[ref+" "+names[0]] = append(matchAttr[ref+" "+names[0]], string(*con.MatchAttribute))
 			}
 		}
-		for _, r := range c.Spec.Devices.Requests {
-			if r.Exactly != nil {
-				reqs = append(reqs, request{name: r.Name, claim: ref, req: *r.Exactly})
-			}
-			for _, sub := range r.FirstAvailable {
-				reqs = append(reqs, request{name: r.Name + "/" + sub.Name, claim: ref, req: resourceapi.ExactDeviceRequest{
-					DeviceClassName: sub.DeviceClassName, Selectors: sub.Selectors, AllocationMode: sub.AllocationMode,
-					Count: sub.Count, Capacity: sub.Capacity,
-				}})
-			}
-		}
+		reqs = append(reqs, requestsOf(c)...)
 	}
 	var out []string
 	allFree := true

@@ -33,6 +33,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 
+	"github.com/facet-gpu/facet/pkg/cluster/fit"
 	"github.com/facet-gpu/facet/pkg/cluster/preempt"
 	"github.com/facet-gpu/facet/pkg/model/names"
 )
@@ -138,6 +139,12 @@ type Controller struct {
 	// apart from told so that the two Events do not undo each other's
 	// deduplication.
 	toldUnfit map[types.UID]string
+	// unfit are what the requests of each pod ask for, of the pods whose
+	// claims fit on no node as last looked at (explainUnfit explained
+	// them): facet_preemptor_unallocatable_requests counts them. Cleared
+	// with toldUnfit, and as soon as the pod fits, needs a preemption, is
+	// bound or goes.
+	unfit map[types.UID][]RequestKind
 	// nominated are the nominatedNodeNames this preemptor set.
 	nominated map[types.UID]string
 	// observed is, in observe-only mode, the last decision raised for a
@@ -159,6 +166,7 @@ func New(opts Options) *Controller {
 		backoffs:  map[types.UID]*backoff{},
 		told:      map[types.UID]string{},
 		toldUnfit: map[types.UID]string{},
+		unfit:     map[types.UID][]RequestKind{},
 		nominated: map[types.UID]string{},
 		observed:  map[types.UID]string{},
 		now:       time.Now,
@@ -179,7 +187,10 @@ func New(opts Options) *Controller {
 	_, _ = pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { c.podChanged(o) },
 		UpdateFunc: func(_, o any) { c.podChanged(o) },
-		DeleteFunc: func(any) { c.kickInFlight() },
+		DeleteFunc: func(o any) {
+			c.podDeleted(o)
+			c.kickInFlight()
+		},
 	})
 	_, _ = f.Resource().V1().ResourceClaims().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		UpdateFunc: func(_, _ any) { c.kickInFlight() },
@@ -197,9 +208,23 @@ func (c *Controller) podChanged(o any) {
 	}
 	c.mu.Lock()
 	_, inFlight := c.attempts[p.UID]
+	// A counted pod is looked at whatever changed: bound, or no longer
+	// unschedulable for its claims, it leaves the count.
+	_, counted := c.unfit[p.UID]
 	c.mu.Unlock()
-	if inFlight || Unschedulable(p) {
+	if inFlight || counted || Unschedulable(p) {
 		c.queue.Add(key(p))
+	}
+}
+
+// podDeleted drops a deleted pod's state at once: its key may already
+// name a new pod (a namesake), whose sync would not find it gone.
+func (c *Controller) podDeleted(o any) {
+	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = t.Obj
+	}
+	if p, ok := o.(*v1.Pod); ok {
+		c.forget(p.UID)
 	}
 }
 
@@ -245,6 +270,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.opts.OnSynced()
 	}
 	logger.Info("Watching for pods whose ResourceClaims cannot be allocated", "driver", names.Driver)
+	// The next controller (a new term, or the scheduler's preemption off
+	// again) counts afresh.
+	defer c.opts.Metrics.setUnallocatable(nil)
 	go c.resync(ctx)
 	go func() {
 		<-ctx.Done()
@@ -255,9 +283,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
-// resync queues every pending pod the scheduler gave up on, and every
-// preemption in flight, each Resync: a decision depends on the whole
-// cluster, not only on the pod's own changes.
+// resync queues every pending pod the scheduler gave up on, every
+// preemption in flight, and every pod counted as unallocatable, each
+// Resync: a decision depends on the whole cluster, not only on the pod's
+// own changes.
 func (c *Controller) resync(ctx context.Context) {
 	_ = wait.PollUntilContextCancel(ctx, c.opts.Resync, false, func(context.Context) (bool, error) {
 		pods, err := c.pods.List(labels.Everything())
@@ -266,7 +295,9 @@ func (c *Controller) resync(ctx context.Context) {
 		}
 		c.mu.Lock()
 		for _, p := range pods {
-			if _, inFlight := c.attempts[p.UID]; inFlight || Unschedulable(p) {
+			_, inFlight := c.attempts[p.UID]
+			_, counted := c.unfit[p.UID]
+			if inFlight || counted || Unschedulable(p) {
 				c.queue.Add(key(p))
 			}
 		}
@@ -332,6 +363,7 @@ func (c *Controller) sync(ctx context.Context, k string) (time.Duration, error) 
 		return b.until.Sub(c.now()), nil
 	}
 	if !Unschedulable(pod) {
+		c.dropUnfit(pod.UID)
 		return 0, nil
 	}
 	snap, err := c.snapshot()
@@ -345,6 +377,9 @@ func (c *Controller) sync(ctx context.Context, k string) (time.Duration, error) 
 	logger.V(2).Info("Preemption decision", "pod", klog.KObj(pod), "outcome", d.Outcome, "node", d.Node, "why", d.Why)
 	if d.Outcome == preempt.Ineligible || d.Outcome == preempt.NoCandidate {
 		c.explainUnfit(ctx, snap, pod)
+	} else {
+		// It fits somewhere, now or once victims go.
+		c.dropUnfit(pod.UID)
 	}
 	switch d.Outcome {
 	case preempt.Ineligible, preempt.NoCandidate:
@@ -391,24 +426,71 @@ func (c *Controller) tell(pod *v1.Pod, eventType, reason, msg string) {
 
 // explainUnfit raises ReasonUnallocatable on pod with why its claims fit on
 // no node (preempt.Unfit), where the user looks first: the scheduler's own
-// Event says only that they cannot be allocated.
+// Event says only that they cannot be allocated. It counts the pod's
+// requests in facet_preemptor_unallocatable_requests while they fit
+// nowhere.
 func (c *Controller) explainUnfit(ctx context.Context, snap preempt.Snapshot, pod *v1.Pod) {
 	lines, err := preempt.Unfit(ctx, snap, pod)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Explaining why a pod's claims fit nowhere", "pod", klog.KObj(pod))
+		c.dropUnfit(pod.UID)
 		return
 	}
 	if len(lines) == 0 {
+		c.dropUnfit(pod.UID)
 		return
+	}
+	kinds, err := requestKinds(ctx, snap, pod)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Reading what a pod's requests ask for", "pod", klog.KObj(pod))
 	}
 	msg := "no node can allocate this pod's ResourceClaims now: " + strings.Join(lines, "; ")
 	c.mu.Lock()
 	same := c.toldUnfit[pod.UID] == msg
 	c.toldUnfit[pod.UID] = msg
+	c.unfit[pod.UID] = kinds
+	c.countUnfit()
 	c.mu.Unlock()
 	if !same {
 		c.opts.Recorder.Event(pod, v1.EventTypeWarning, ReasonUnallocatable, msg)
 	}
+}
+
+// requestKinds are the DeviceClass and MIG profile of each request of the
+// pod's claims (fit.RequestProfiles).
+func requestKinds(ctx context.Context, snap preempt.Snapshot, pod *v1.Pod) ([]RequestKind, error) {
+	claims, _ := preempt.PodClaims(pod, snap.Claims)
+	profiles, err := fit.RequestProfiles(ctx, fit.Input{Slices: snap.Slices, Classes: snap.Classes, Features: snap.Features}, claims)
+	if err != nil {
+		return nil, err
+	}
+	kinds := make([]RequestKind, len(profiles))
+	for i, p := range profiles {
+		kinds[i] = RequestKind{DeviceClass: p.DeviceClass, MIGProfile: p.MIGProfile}
+	}
+	return kinds, nil
+}
+
+// dropUnfit takes the pod out of facet_preemptor_unallocatable_requests.
+func (c *Controller) dropUnfit(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.unfit[uid]; ok {
+		delete(c.unfit, uid)
+		c.countUnfit()
+	}
+}
+
+// countUnfit sets facet_preemptor_unallocatable_requests from unfit. c.mu
+// is held.
+func (c *Controller) countUnfit() {
+	counts := map[RequestKind]int{}
+	for _, kinds := range c.unfit {
+		for _, k := range kinds {
+			counts[k]++
+		}
+	}
+	c.opts.Metrics.setUnallocatable(counts)
 }
 
 // victimNames are "namespace/name (priority p)" of vs.
@@ -765,6 +847,10 @@ func (c *Controller) forget(uid types.UID) {
 	delete(c.backoffs, uid)
 	delete(c.told, uid)
 	delete(c.toldUnfit, uid)
+	if _, ok := c.unfit[uid]; ok {
+		delete(c.unfit, uid)
+		c.countUnfit()
+	}
 	delete(c.nominated, uid)
 	delete(c.observed, uid)
 }
@@ -797,6 +883,16 @@ func (c *Controller) forgetGone() {
 		if !live[uid] {
 			delete(c.toldUnfit, uid)
 		}
+	}
+	gone := false
+	for uid := range c.unfit {
+		if !live[uid] {
+			delete(c.unfit, uid)
+			gone = true
+		}
+	}
+	if gone {
+		c.countUnfit()
 	}
 	for uid := range c.nominated {
 		if !live[uid] {

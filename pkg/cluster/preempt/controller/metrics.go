@@ -2,6 +2,7 @@ package controller
 
 import (
 	"net/http"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -31,6 +32,34 @@ type Metrics struct {
 	wouldPreempt, wouldEvict       prometheus.Counter
 	outcomes, waits                *prometheus.CounterVec
 	active, observeOnly            prometheus.Gauge
+	unallocatable                  *unallocatable
+}
+
+// RequestKind is what a request asks for, the labels of
+// facet_preemptor_unallocatable_requests: its DeviceClass and the MIG
+// profile it can only be served with ("" where not one profile).
+type RequestKind struct {
+	DeviceClass, MIGProfile string
+}
+
+// unallocatable is facet_preemptor_unallocatable_requests, a collector
+// read at scrape time: a scrape sees one whole set of counts, never one
+// half replaced, and a kind whose count is gone has no series, not a 0
+// that stays.
+type unallocatable struct {
+	desc   *prometheus.Desc
+	mu     sync.Mutex
+	counts map[RequestKind]int
+}
+
+func (u *unallocatable) Describe(ch chan<- *prometheus.Desc) { ch <- u.desc }
+
+func (u *unallocatable) Collect(ch chan<- prometheus.Metric) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for k, n := range u.counts {
+		ch <- prometheus.MustNewConstMetric(u.desc, prometheus.GaugeValue, float64(n), k.DeviceClass, k.MIGProfile)
+	}
 }
 
 // NewMetrics registers the metrics, the Go runtime's and the process's.
@@ -69,6 +98,12 @@ func NewMetrics() *Metrics {
 			Namespace: "facet", Subsystem: "preemptor", Name: "waits_total",
 			Help: "Times a decided preemption was held back, by why: eviction_budget (--max-evictions-per-minute spent), node_busy (another preemption in flight on its node).",
 		}, []string{"reason"}),
+		unallocatable: &unallocatable{desc: prometheus.NewDesc("facet_preemptor_unallocatable_requests",
+			"Requests (a count, not pods or devices) of pending pods' ResourceClaims that fit on no node now: the pods with a standing FacetUnallocatable Event. "+
+				"By the DeviceClass a request names and the MIG profile every device it can match is of (\"\" where not one profile); "+
+				"a firstAvailable request counts once per subrequest. Only the leading replica counts. "+
+				"A label pair whose count drops to 0 has no series: at most one per DeviceClass and MIG profile.",
+			[]string{"device_class", "mig_profile"}, nil)},
 		active: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "facet", Subsystem: "preemptor", Name: "active",
 			Help: "1 while this replica leads and preempts; 0 while it waits for the lease or stays idle because the kube-scheduler preempts for DRA claims itself.",
@@ -80,7 +115,7 @@ func NewMetrics() *Metrics {
 	for _, w := range []string{WaitBudget, WaitNodeBusy} {
 		m.waits.WithLabelValues(w)
 	}
-	m.reg.MustRegister(m.preemptions, m.victims, m.refusals, m.wouldPreempt, m.wouldEvict, m.outcomes, m.waits, m.active, m.observeOnly,
+	m.reg.MustRegister(m.preemptions, m.victims, m.refusals, m.wouldPreempt, m.wouldEvict, m.outcomes, m.waits, m.active, m.observeOnly, m.unallocatable,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -148,5 +183,22 @@ func (m *Metrics) observed(victims int) {
 	if m != nil {
 		m.wouldPreempt.Inc()
 		m.wouldEvict.Add(float64(victims))
+	}
+}
+
+// setUnallocatable replaces facet_preemptor_unallocatable_requests' counts;
+// kinds with none leave no series.
+func (m *Metrics) setUnallocatable(counts map[RequestKind]int) {
+	if m == nil {
+		return
+	}
+	u := m.unallocatable
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.counts = map[RequestKind]int{}
+	for k, n := range counts {
+		if n > 0 {
+			u.counts[k] = n
+		}
 	}
 }
