@@ -136,6 +136,18 @@ var preemptorMetricsRE = regexp.MustCompile(`"Serving metrics and health" addr="
 // metric reads one unlabelled counter from the preemptor's /metrics.
 func (p *preemptor) metric(t *testing.T, name string) float64 {
 	t.Helper()
+	v, ok := p.series(t, name)
+	if !ok {
+		t.Fatalf("no %s in /metrics", name)
+	}
+	return v
+}
+
+// series reads one series, its labels as the exposition format orders
+// them (`name{a="x",b="y"}`), from the preemptor's /metrics; false when it
+// is not there.
+func (p *preemptor) series(t *testing.T, series string) (float64, bool) {
+	t.Helper()
 	m := preemptorMetricsRE.FindStringSubmatch(p.logText())
 	if m == nil {
 		t.Fatalf("no metrics address in the preemptor's log:\n%s", p.logText())
@@ -147,16 +159,15 @@ func (p *preemptor) metric(t *testing.T, name string) float64 {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	for _, l := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(l, name+" "); ok {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return f
+			return f, true
 		}
 	}
-	t.Fatalf("no %s in /metrics", name)
-	return 0
+	return 0, false
 }
 
 // tierPods lists the demo namespace's pods of a tier that are not being
@@ -539,4 +550,18 @@ spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.fa
 	applyYAML(t, prioPod("nine", "facet-e2e-high", "urgent", "nine"))
 	waitEvent(t, "nine", controller.ReasonUnallocatable, "request gpu: only 8 device(s) on the node match DeviceClass gpu.facet.dev and the request's selectors, need 9")
 	t.Logf("FacetUnallocatable %s after the pod was created", time.Since(start).Round(100*time.Millisecond))
+	// The same pod, counted for FacetMIGProfileExhausted's metric (no MIG
+	// profile: a whole GPU), and no longer once it is gone.
+	const unalloc = `facet_preemptor_unallocatable_requests{device_class="gpu.facet.dev",mig_profile=""}`
+	waitFor(t, "the unallocatable request counted", 30*time.Second, func() (bool, error) {
+		v, ok := obs.series(t, unalloc)
+		return ok && v == 1, fmt.Errorf("%s: %v (served: %v)", unalloc, v, ok)
+	})
+	if err := e.client.CoreV1().Pods(namespace).Delete(context.Background(), "nine", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the deleted pod's request uncounted", 30*time.Second, func() (bool, error) {
+		v, ok := obs.series(t, unalloc)
+		return !ok, fmt.Errorf("%s still served: %v", unalloc, v)
+	})
 }
