@@ -142,12 +142,12 @@ allocator-matrix:
 # them.
 # CHART_ONCE: the chart's live tests whose outcome does not depend on the
 # Kubernetes version (docs/contributing.md, "Which chart live tests run on
-# every round"): they run in the first round only.
+# every round"): they run in the 1.36.3 round only.
 CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment|TestLiveChartWebhookDown)$$
 # FACET_E2E_PARALLEL: how many rounds run side by side, each on a node of
 # its own (hack/e2e-rounds.sh; 1: one after another).
 e2e: build
-	CHART_ONCE='$(CHART_ONCE)' $(STAGE) "e2e rounds ($${FACET_E2E_PARALLEL:-2} at a time)" hack/e2e-rounds.sh
+	CHART_ONCE='$(CHART_ONCE)' $(STAGE) "e2e rounds ($${FACET_E2E_PARALLEL:-4} at a time)" hack/e2e-rounds.sh
 
 ## multinode: a cluster of real kubelets on this machine, three of them with
 ## Facet on simulated machines (dgx-h100 in mig mode, dgx-a100-80gb in

@@ -8,6 +8,8 @@
 # mig and shared mode need the DRA alpha gates, so the cluster runs with
 # up.sh's default gates whatever FACET_FEATURE_GATES says.
 # Extra arguments go to go test, e.g. -run TestRestart.
+# FACET_PORT_OFFSET (a multiple of 1000) moves every port of the cluster,
+# the added nodes' too, as for make e2e's side-by-side rounds.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${REPO}"
@@ -15,11 +17,17 @@ export RUN_DIR="${FACET_MULTINODE_RUN_DIR:-/tmp/facet-multinode}"
 export RUNTIME=fake
 unset FACET_FEATURE_GATES
 
-# One local cluster at a time (fixed ports): the same lock as hack/e2e.sh.
-exec 9>/tmp/facet-e2e.lock
+# One cluster per set of ports: FACET_PORT_OFFSET N*1000 is make e2e's
+# node slot N (hack/e2e-rounds.sh), whose lock hack/e2e.sh takes for that
+# slot's node (/tmp/facet-e2e.lock for slot 0, the default ports).
+offset="${FACET_PORT_OFFSET:-0}"
+[[ "${offset}" =~ ^[0-9]*000$|^0$ ]] || { echo "FACET_PORT_OFFSET must be a multiple of 1000, not '${offset}'" >&2; exit 2; }
+slot_lock=/tmp/facet-e2e.lock
+[[ "${offset}" -gt 0 ]] && slot_lock="/tmp/facet-e2e-$((offset / 1000)).lock"
+exec 9>"${slot_lock}"
 flock 9
 
-if [[ -f /tmp/facet-run/pids/kube-apiserver.pid ]] && kill -0 "$(cat /tmp/facet-run/pids/kube-apiserver.pid)" 2>/dev/null; then
+if [[ "${offset}" == 0 && -f /tmp/facet-run/pids/kube-apiserver.pid ]] && kill -0 "$(cat /tmp/facet-run/pids/kube-apiserver.pid)" 2>/dev/null; then
   echo "multinode: the demo node is running; stop it first with 'make demo-down'" >&2
   exit 1
 fi

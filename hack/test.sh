@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # make test: every suite, with the CPU-bound ones beside the e2e rounds.
 #
-# The e2e rounds (make e2e: four real nodes, one after another) keep 2 cores
-# only about a third busy: they wait on the kubelet, the API server and the
-# containers (measured: 40 % over the 1.37.2 round, docs/benchmarks.md). The
-# unit tests and the allocator matrix need no node and are CPU-bound, so
-# they run beside the rounds, niced below them (and below the builds the
-# rounds wait for: hack/e2e.sh, .ci/run), instead of before them.
-# Their output goes to a log that is printed when they end; the multinode
-# round (fixed ports, like the e2e node) comes after the e2e rounds.
+# A round of make e2e (a real node) alone keeps 2 cores only about a third
+# busy: it waits on the kubelet, the API server and the containers
+# (measured: 40 % over the 1.37.2 round, docs/benchmarks.md). So make e2e
+# runs its rounds side by side (hack/e2e-rounds.sh), the multinode round
+# among them (FACET_E2E_MULTINODE=1: last, on the first node slot that
+# frees, its ports moved like that slot's), and the unit tests and the
+# allocator matrix, which need no node and are CPU-bound, run beside them,
+# niced below them (and below the builds the rounds wait for: hack/e2e.sh,
+# .ci/run). Their output goes to a log that is printed when they end.
 #
 # Exit status: non-zero if any suite failed. Stages print their wall time
 # (hack/stage.sh); the ones beside the rounds are marked so in .ci/run's
@@ -30,11 +31,10 @@ beside=$!
 set +m
 trap 'kill -- -"${beside}" 2>/dev/null || true' EXIT
 
-# The multinode round runs whether or not an e2e round failed: every
-# suite reports before make test fails.
+# Every round runs whether or not another failed: every suite reports
+# before make test fails.
 rc=0
-"${MAKE}" --no-print-directory e2e || rc=$?
-"${MAKE}" --no-print-directory multinode || rc=$?
+FACET_E2E_MULTINODE=1 "${MAKE}" --no-print-directory e2e || rc=$?
 brc=0
 wait "${beside}" || brc=$?
 trap - EXIT

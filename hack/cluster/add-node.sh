@@ -13,7 +13,8 @@
 # NAME is the Node's name and the plugin's pool. INDEX (1-9, one per node)
 # picks the node's ports, all on 127.0.0.1:
 #   kubelet 10250+100*INDEX, its healthz 10248+100*INDEX,
-#   the plugin's health probes and metrics (--health-addr) 10280+100*INDEX.
+#   the plugin's health probes and metrics (--health-addr) 10280+100*INDEX,
+#   each plus the cluster's FACET_PORT_OFFSET (from up.sh's env.sh).
 # Everything else is per node, under RUN_DIR/nodes/NAME: the kubelet's root
 # and certificates, the CRI socket, the CDI spec directory, the plugin's
 # state, driver root and HAMi stand-in. Logs go to RUN_DIR/logs/NAME/
@@ -57,9 +58,11 @@ fi
 # shellcheck disable=SC1091
 source "${RUN_DIR}/env.sh"
 
-KUBELET_PORT=$((10250 + 100 * INDEX))
-HEALTHZ_PORT=$((10248 + 100 * INDEX))
-PLUGIN_PORT=$((10280 + 100 * INDEX))
+# FACET_PORT_OFFSET, from the cluster's env.sh: up.sh's node moved, its
+# added nodes move with it.
+KUBELET_PORT=$((10250 + 100 * INDEX + ${FACET_PORT_OFFSET:-0}))
+HEALTHZ_PORT=$((10248 + 100 * INDEX + ${FACET_PORT_OFFSET:-0}))
+PLUGIN_PORT=$((10280 + 100 * INDEX + ${FACET_PORT_OFFSET:-0}))
 NODE_DIR="${RUN_DIR}/nodes/${NAME}"
 LOGS="${RUN_DIR}/logs/${NAME}"
 PIDS="${NODE_DIR}/pids"
