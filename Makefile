@@ -98,9 +98,9 @@ lint: $(GOLANGCI_LINT)
 
 ## test: unit tests, allocator tests (on each Kubernetes minor),
 ## end-to-end tests on a real node, and on a cluster of several nodes; each
-## round prints its wall time ("[ci] stage ...", hack/stage.sh). The unit
-## tests and the allocator matrix run beside the e2e rounds, which leave the
-## cores mostly idle (hack/test.sh)
+## round prints its wall time ("[ci] stage ...", hack/stage.sh). The e2e
+## rounds and the multinode round run side by side, and the unit tests and
+## the allocator matrix beside them, niced (hack/test.sh)
 test:
 	MAKE="$(MAKE)" hack/test.sh
 
@@ -136,16 +136,17 @@ allocator-matrix:
 ## with its default gates (device taints and extended resources GA).
 ## TestKueue (Kueue v0.17.0 beside the node: hack/build-kueue.sh,
 ## hack/kueue.sh; docs/kueue.md) runs on the two 1.35 rounds.
-# A round that fails does not stop the rounds after it: each round is
-# its own node, and a failure on one Kubernetes version says nothing
-# about the next. make e2e fails at the end if any round failed, naming
+# A round that fails does not stop the others: each round is its own
+# node, and a failure on one Kubernetes version says nothing about the
+# next. make e2e fails at the end if any round failed, naming
 # them.
 # CHART_ONCE: the chart's live tests whose outcome does not depend on the
 # Kubernetes version (docs/contributing.md, "Which chart live tests run on
 # every round"): they run in the 1.36.3 round only.
 CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment|TestLiveChartWebhookDown)$$
 # FACET_E2E_PARALLEL: how many rounds run side by side, each on a node of
-# its own (hack/e2e-rounds.sh; 1: one after another).
+# its own (hack/e2e-rounds.sh; default 4, all at once; 1: one after
+# another).
 e2e: build
 	CHART_ONCE='$(CHART_ONCE)' $(STAGE) "e2e rounds ($${FACET_E2E_PARALLEL:-4} at a time)" hack/e2e-rounds.sh
 
