@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,8 +24,8 @@ import (
 	"github.com/facet-gpu/facet/pkg/node/claimstatus"
 )
 
-// scrape reads the plugin's /metrics.
-func (p *plugin) scrape(t testing.TB) map[string]*dto.MetricFamily {
+// metricsBody is the plugin's /metrics as served.
+func (p *plugin) metricsBody(t testing.TB) []byte {
 	t.Helper()
 	m := healthAddrRE.FindStringSubmatch(p.logText())
 	if m == nil {
@@ -38,8 +39,18 @@ func (p *plugin) scrape(t testing.TB) map[string]*dto.MetricFamily {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("/metrics: %s", resp.Status)
 	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
+}
+
+// scrape reads the plugin's /metrics.
+func (p *plugin) scrape(t testing.TB) map[string]*dto.MetricFamily {
+	t.Helper()
 	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(p.metricsBody(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,19 +61,7 @@ func (p *plugin) scrape(t testing.TB) map[string]*dto.MetricFamily {
 // of what a scrape shows while claims are prepared.
 func (p *plugin) logClaimSeries(t *testing.T) {
 	t.Helper()
-	m := healthAddrRE.FindStringSubmatch(p.logText())
-	if m == nil {
-		t.Fatal("no health address in the plugin's log")
-	}
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + m[1] + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	body := p.metricsBody(t)
 	var lines []string
 	for _, l := range strings.Split(string(body), "\n") {
 		if strings.HasPrefix(l, "facet_claim_") {
