@@ -92,8 +92,10 @@ tools:
 ## lint-tool: build golangci-lint (once per machine, cached)
 lint-tool: $(GOLANGCI_LINT)
 
-## lint: golangci-lint over the main module (.golangci.yml)
+## lint: golangci-lint over the main module (.golangci.yml), and no tracked
+## file over 1 MiB (hack/check-large-files.sh: build output stays out of git)
 lint: $(GOLANGCI_LINT)
+	hack/check-large-files.sh
 	$(GOLANGCI_LINT) run ./...
 
 ## test: unit tests, allocator tests (on each Kubernetes minor),
