@@ -12,8 +12,8 @@
 # `make test` or `.ci/run`, and one of them started while it runs waits for
 # the build it needs rather than building it twice. The order is the
 # rounds': the 1.35.4 node (round 1), Kueue (end of round 2), Kubernetes
-# 1.36.3 (round 3) and 1.37.2 (round 4), then golangci-lint and
-# deepcopy-gen. A cold `make tools` is about 7,300 CPU seconds, an hour on
+# 1.36.3 (round 3) and 1.37.2 (round 4), then golangci-lint, deepcopy-gen
+# and promtool (test/promrules' TestRules). A cold `make tools` is about 7,300 CPU seconds, an hour on
 # 2 idle cores (docs/benchmarks.md, "Why a cold run does not fit in 60
 # minutes"); niced, so the machine stays usable.
 #
@@ -30,6 +30,7 @@ locks="${CACHE}/bin"
 K8S_ROUNDS="v1.36.3 v1.37.2"
 K8S_COMPONENTS="kube-apiserver kube-controller-manager kube-scheduler kubelet"
 GOLANGCI_LINT_VERSION="$(awk '$1 == "GOLANGCI_LINT_VERSION" { print $3 }' Makefile)"
+PROMETHEUS_VERSION="$(awk '$1 == "github.com/prometheus/prometheus" { print $2 }' test/promrules/go.mod)"
 
 # status prints one line per cache: warm or cold, and where it is.
 status() {
@@ -52,6 +53,9 @@ status() {
   state=cold
   [[ -x "${CACHE}/bin/golangci-lint-${GOLANGCI_LINT_VERSION}" ]] && state=warm
   printf '%-5s  %-46s %s\n' "${state}" "golangci-lint ${GOLANGCI_LINT_VERSION}" "${CACHE}/bin"
+  state=cold
+  [[ -x "${CACHE}/bin/promtool-${PROMETHEUS_VERSION}" ]] && state=warm
+  printf '%-5s  %-46s %s\n' "${state}" "promtool ${PROMETHEUS_VERSION}" "${CACHE}/bin"
   # The Go build cache has no key to look up: an empty one is the telling
   # case (a new machine), and Facet's own packages build in a minute anyway.
   dir="$(go env GOCACHE)"
@@ -78,4 +82,5 @@ for v in ${K8S_ROUNDS}; do
 done
 stage "lint build (golangci-lint)" nice -n 10 make --no-print-directory lint-tool
 stage "codegen build (deepcopy-gen)" nice -n 10 make --no-print-directory codegen-tool
+stage "promtool build" nice -n 10 make --no-print-directory promtool-tool
 status
