@@ -98,7 +98,7 @@ var (
 		"node-name": true, "kube-api-qps": true, "kube-api-burst": true, "destroy-unowned-mig": true,
 		"feature-gates": true, "mig-layouts": true, "feature-detection-interval": true,
 		"health-addr": true, "gpu-health-probe-interval": true, "gpu-health-quiet-period": true, "pod-uid": true, "probe": true,
-		"mps": true, "mps-wait": true, "mps-check-interval": true, "hami-library-sha256": true,
+		"mps": true, "mps-check-interval": true, "hami-library-sha256": true,
 	}
 	forbiddenFlags = map[string]string{
 		"kubeconfig": "the plugin runs in-cluster",

@@ -694,6 +694,16 @@ func (inv *Inventory) WithMIGInUse(inUse map[string]bool) *Inventory {
 	return &out
 }
 
+// WithComputePartitioning is a shallow copy of inv whose shares and slots
+// say they are held to their cores by partitioning (names.PartitioningMPS
+// or names.PartitioningTimeSliced), for publishing: it follows the node's
+// MPS as it comes and goes, while the devices' sizes do not.
+func (inv *Inventory) WithComputePartitioning(partitioning string) *Inventory {
+	out := *inv
+	out.ComputePartitioning = partitioning
+	return &out
+}
+
 // Without is the inventory less the GPUs with these UUIDs, for publishing:
 // a GPU the driver cannot serve (start-up rollback failed, a half-made MIG
 // instance, an NVML error) is left out of the slices so the scheduler puts

@@ -98,6 +98,16 @@ const (
 	AttrFabricClique  = "fabricCliqueID"
 )
 
+// The shipped DeviceClasses of vGPU shares and slots whose compute limit
+// is best effort (deployments/deviceclasses.yaml): they also match shares
+// and slots whose computePartitioning is "time-sliced", which the plain
+// vgpu.facet.dev and vgpu-slot.facet.dev leave out, and carry the
+// VgpuConfig partitioning "best-effort".
+const (
+	ClassVGPUBestEffort     = "vgpu-best-effort.facet.dev"
+	ClassVGPUSlotBestEffort = "vgpu-slot-best-effort.facet.dev"
+)
+
 // Values of AttrComputePartitioning; the same words as VgpuConfig's
 // partitioning.
 const (

@@ -26,6 +26,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/node/claimuid"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/node/metrics"
+	"github.com/facet-gpu/facet/pkg/node/sharing"
 )
 
 // DefaultBootIDPath is where Linux publishes the current boot's ID.
@@ -42,12 +43,13 @@ type Driver struct {
 	store    Store
 	mig      MIGManager
 	spec     *specs
-	// mps runs the MPS daemons (restore, check, release); nil: shares
-	// are time-sliced. join decides which claims join them.
-	mps  Partitioner
-	join *mpsJoiner
-	obs  *observer
-	fail func(string)
+	// sharing is the node's sharing mechanisms as they are now
+	// (HAMi-core, MPS), adopted and dropped while the plugin runs. join
+	// decides which claims join an MPS daemon.
+	sharing *sharing.Set
+	join    *mpsJoiner
+	obs     *observer
+	fail    func(string)
 	// bootID is this boot's ID; "" if it could not be read, in which case
 	// records are verified, never judged to be from another boot.
 	bootID string
@@ -100,19 +102,22 @@ type Options struct {
 	Edits     EditSource
 	// MIG is required when the inventory publishes MIG devices.
 	MIG MIGManager
+	// Sharing is the node's sharing mechanisms, which may arrive and go
+	// while the driver runs (package sharing). Nil: the fixed ones below.
+	Sharing *sharing.Set
 	// HAMi enforces vGPU shares; without it a claim for an enforced share
 	// fails (a share that takes the whole GPU needs no HAMi-core).
-	// A nil *hami.Editor counts as none.
-	HAMi ShareEditor
+	// A nil *hami.Editor counts as none. Only without Sharing.
+	HAMi sharing.ShareEditor
 	// HAMiUnavailable, with HAMi nil, says why HAMi-core could not be set
 	// up; claims for enforced shares fail with it, and nothing else does.
 	HAMiUnavailable error
 	// MPS partitions enforced shares and slots with a per-GPU MPS control
-	// daemon (package mps), the default partitioning when set. Nil (a nil
-	// *mps.Manager counts as none): shares are time-sliced by HAMi-core,
-	// and a claim whose VgpuConfig asks for "mps" fails, with
-	// MPSUnavailable as the reason when it is set.
-	MPS            Partitioner
+	// daemon (package mps). Nil (a nil *mps.Manager counts as none): a
+	// claim whose shares ask for a compute limit fails unless it accepts
+	// time-slicing (mpsJoiner.pick), with MPSUnavailable as the reason.
+	// Only without Sharing.
+	MPS            sharing.Partitioner
 	MPSUnavailable error
 	// Pods reads a claim's pods, for the Unix UID they run as: an MPS
 	// control daemon serves one UID at a time (mps.UserConflictError).
@@ -165,10 +170,10 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		store:    o.Store,
 		mig:      o.MIG,
 		spec: &specs{
-			cdi: o.CDI, edits: o.Edits, hami: shareEditor(o.HAMi), hamiErr: o.HAMiUnavailable,
+			cdi: o.CDI, edits: o.Edits,
 			gpuEdits: map[string]*gpuEditsEntry{},
 		},
-		mps:            partitioner(o.MPS),
+		sharing:        o.Sharing,
 		obs:            &observer{metrics: o.Metrics, events: o.Events, status: o.Status},
 		fail:           o.Failpoint,
 		destroyUnowned: o.DestroyUnownedMIG,
@@ -180,7 +185,11 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		healthSubs:     map[chan struct{}]struct{}{},
 		migUseCh:       make(chan struct{}, 1),
 	}
-	d.join = &mpsJoiner{mps: d.mps, mpsErr: o.MPSUnavailable, pods: o.Pods, holder: d.claimRefOf, obs: d.obs, failpoint: d.failpoint}
+	if d.sharing == nil {
+		d.sharing = sharing.Fixed(o.HAMi, o.HAMiUnavailable, o.MPS, o.MPSUnavailable)
+	}
+	d.spec.sharing = d.sharing
+	d.join = &mpsJoiner{sharing: d.sharing, pods: o.Pods, holder: d.claimRefOf, obs: d.obs, failpoint: d.failpoint}
 	for _, g := range o.Inventory.GPUs {
 		d.gpus[g.UUID] = g
 	}

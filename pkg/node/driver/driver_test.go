@@ -28,6 +28,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/node/cdi"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/hami"
+	"github.com/facet-gpu/facet/pkg/node/sharing"
 )
 
 const node = "node-a"
@@ -51,8 +52,11 @@ type rig struct {
 	// simulated NVML, to inject faults.
 	wrapMIG func(MIGManager) MIGManager
 	// partitioner, when set, stands for facet-mps instead of a Manager.
-	partitioner Partitioner
-	wrapEdits   func(EditSource) EditSource
+	partitioner sharing.Partitioner
+	// mpsDown, without a partitioner, is why MPS is unavailable now
+	// (facet-mps not answering); nil: MPS is off by configuration.
+	mpsDown   error
+	wrapEdits func(EditSource) EditSource
 	// noHAMi starts the driver as if --hami-library were broken.
 	noHAMi bool
 	// cdiSurvivesReboot: a CDI directory that is not a tmpfs.
@@ -189,7 +193,7 @@ func (r *rig) start() {
 	if r.wrapMIG != nil {
 		mig = r.wrapMIG(mig)
 	}
-	var partitioner Partitioner
+	var partitioner sharing.Partitioner
 	if r.mpsDir != "" {
 		partitioner = r.mpsManager()
 	}
@@ -197,7 +201,7 @@ func (r *rig) start() {
 		partitioner = r.partitioner
 	}
 	r.d, err = New(ctx, Options{NodeName: node, Inventory: r.inv, Store: store, CDI: w, Edits: edits, MIG: mig, HAMi: h, HAMiUnavailable: hamiErr,
-		MPS: partitioner, Pods: r.pod, BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint, NodeLock: r.nodeLock})
+		MPS: partitioner, MPSUnavailable: r.mpsDown, Pods: r.pod, BootIDPath: r.bootIDFile, DestroyUnownedMIG: r.destroyUnowned, Failpoint: r.failpoint, NodeLock: r.nodeLock})
 	if err != nil {
 		r.t.Fatal(err)
 	}

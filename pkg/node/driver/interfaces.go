@@ -4,15 +4,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/node/cdi"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
-	"github.com/facet-gpu/facet/pkg/node/hami"
 )
 
-// The driver reaches NVML, the CDI spec directory, HAMi-core and the
-// checkpoint only through these interfaces, each with just the methods it
+// The driver reaches NVML, the CDI spec directory and the checkpoint only
+// through these interfaces (the sharing mechanisms through package
+// sharing's), each with just the methods it
 // calls. The production types satisfy them (checked below); tests may
 // substitute in-memory fakes.
 
@@ -68,34 +67,9 @@ type Store interface {
 	List() (claims []*checkpoint.Claim, corrupt map[types.UID]error, err error)
 }
 
-// ShareEditor sets up HAMi-core for a claim's enforced vGPU shares
-// (package hami).
-type ShareEditor interface {
-	// CacheDir is the claim's HAMi-core accounting region.
-	CacheDir(claimUID types.UID) (string, error)
-	// Edits are a claim's HAMi-core edits, with a fresh accounting region.
-	Edits(claimUID types.UID, shares []hami.Share, cfg *configapi.VgpuConfig) (*cdispec.ContainerEdits, error)
-	// RebuildEdits are the same edits, keeping the region containers use.
-	RebuildEdits(claimUID types.UID, shares []hami.Share, cfg *configapi.VgpuConfig) (*cdispec.ContainerEdits, error)
-	// Cleanup removes a claim's accounting region.
-	Cleanup(claimUID types.UID) error
-	// ClaimCaches lists the claims that have an accounting region.
-	ClaimCaches() ([]types.UID, error)
-}
-
 var (
-	_ EditSource  = (*nvml.DriverEditor)(nil)
-	_ MIGManager  = (*nvml.Library)(nil)
-	_ SpecWriter  = (*cdi.Writer)(nil)
-	_ Store       = (*checkpoint.Store)(nil)
-	_ ShareEditor = (*hami.Editor)(nil)
+	_ EditSource = (*nvml.DriverEditor)(nil)
+	_ MIGManager = (*nvml.Library)(nil)
+	_ SpecWriter = (*cdi.Writer)(nil)
+	_ Store      = (*checkpoint.Store)(nil)
 )
-
-// shareEditor turns a nil *hami.Editor (HAMi-core unavailable) into a nil
-// interface, so "d.hami != nil" keeps meaning "HAMi-core is set up".
-func shareEditor(e ShareEditor) ShareEditor {
-	if h, ok := e.(*hami.Editor); ok && h == nil {
-		return nil
-	}
-	return e
-}

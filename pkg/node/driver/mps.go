@@ -5,55 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
+	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/mps"
+	"github.com/facet-gpu/facet/pkg/node/sharing"
 )
-
-// Partitioner runs the MPS control daemons that partition GPUs' SMs among
-// the vGPU shares and slots on them (package mps). The driver tells it
-// which claims hold which GPU; it keeps one daemon per held GPU.
-type Partitioner interface {
-	// Acquire makes the claim, whose processes run as Unix UID user, a
-	// holder of the GPU's daemon, starting or adopting it; a
-	// *mps.UserConflictError when the daemon serves another UID.
-	Acquire(ctx context.Context, gpuUUID string, claim types.UID, user int64) error
-	// Release drops the claim from every GPU, stopping daemons left
-	// without holders.
-	Release(ctx context.Context, claim types.UID) error
-	// Edits are a share's CDI edits for the GPU's daemon, with its cores
-	// in percent (0: best effort, no partition).
-	Edits(gpuUUID string, cores int64) *cdispec.ContainerEdits
-	// Daemon is the GPU's live daemon, nil if none.
-	Daemon(gpuUUID string) *mps.Record
-	// Restore, at start, hands over the holders the checkpoint records
-	// (by GPU, each claim's UID), and returns the GPUs whose daemon had
-	// to be started again.
-	Restore(ctx context.Context, holders map[string]map[types.UID]int64) ([]string, error)
-	// Check restarts dead daemons and returns their holders by GPU; an
-	// error wrapping mps.ErrHoldersLost when the holders must be handed
-	// over again (Restore).
-	Check(ctx context.Context) (map[string][]types.UID, error)
-}
-
-var _ Partitioner = (*mps.Manager)(nil)
-
-// partitioner turns a nil *mps.Manager into a nil interface.
-func partitioner(p Partitioner) Partitioner {
-	if m, ok := p.(*mps.Manager); ok && m == nil {
-		return nil
-	}
-	return p
-}
 
 // ReasonMPSRestarted is the reason of the Warning Event a claim gets when
 // its GPU's MPS control daemon died and was started again: the claim's
@@ -65,17 +29,19 @@ const ReasonMPSRestarted = "FacetMPSDaemonRestarted"
 // several GPUs).
 const ReasonMPSNotApplied = "FacetMPSNotApplied"
 
-// MPSAvailable says whether this plugin partitions shares with MPS.
-func (d *Driver) MPSAvailable() bool { return d.mps != nil }
+// MPSAvailable says whether this plugin partitions shares with MPS now.
+func (d *Driver) MPSAvailable() bool {
+	p, _ := d.sharing.MPS()
+	return p != nil
+}
 
 // mpsJoiner is the driver's MPS joining: which GPU's daemon a claim's
 // shares join, as which Unix UID, and why they are time-sliced instead.
 // The daemons' lifecycle (restore, check, release) is the Driver's.
 type mpsJoiner struct {
-	// mps partitions shares' SMs with MPS; nil: shares are time-sliced.
-	mps Partitioner
-	// mpsErr says why mps is nil, for claims that ask for it.
-	mpsErr error
+	// sharing has the node's MPS as it is now: nil, with the reason,
+	// while facet-mps is missing.
+	sharing *sharing.Set
 	// pods reads the pods of a claim, for their UID; nil: none is known.
 	pods PodGetter
 	// holder names a claim that holds a daemon, for a conflict's message.
@@ -108,7 +74,8 @@ func (j *mpsJoiner) partition(ctx context.Context, claim *resourceapi.ResourceCl
 	var edits *cdispec.ContainerEdits
 	if gpu != "" {
 		rec.MPSUser = recordedUser
-		edits, fallback, err = j.join(ctx, claim, rec, gpu, vgpu.Partitioning != nil)
+		explicit := vgpu.Partitioning != nil && *vgpu.Partitioning == configapi.PartitioningMPS
+		edits, fallback, err = j.join(ctx, claim, rec, gpu, explicit)
 		if err != nil {
 			return nil, err
 		}
@@ -121,23 +88,48 @@ func (j *mpsJoiner) partition(ctx context.Context, claim *resourceapi.ResourceCl
 }
 
 // pick decides whether a claim's shares are MPS-partitioned and on which
-// GPU: "" for time-sliced. An explicit "mps" that cannot be honoured fails
-// the claim; the default falls back to time-slicing, with a reason.
+// GPU: "" for time-sliced, with the reason in fallback where the claim is
+// told (an Event). The policy (docs/mps.md, "Compute policy"):
+//   - "mps" that cannot be honoured fails the claim;
+//   - "time-sliced" is time-sliced;
+//   - "best-effort" is MPS where the node has it, else time-sliced, told;
+//   - unset is MPS. Where MPS is configured (--mps=auto) but unavailable
+//     now, a claim whose shares ask for a compute limit (cores 1-99) fails,
+//     naming why: HAMi-core's throttle does not hold it (a 20 % share ran
+//     at 69 % of an H200), and the shipped DeviceClasses only let such a
+//     claim onto GPUs that publish computePartitioning "mps", so it got
+//     here on a state that has since changed. Shares without a compute
+//     limit (0 or 100) have nothing to partition and are time-sliced, and
+//     so is every share of a node whose admin turned MPS off (--mps=off:
+//     its slices say "time-sliced", and only a class that accepts that
+//     selects them).
 func (j *mpsJoiner) pick(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (gpu, fallback string, err error) {
 	if vgpu == nil || !vgpu.EnforcementEnabled() {
 		return "", "", nil
 	}
-	explicit := vgpu.Partitioning != nil
-	if vgpu.PartitioningFor(j.mps != nil) != configapi.PartitioningMPS {
+	mp, mpsErr := j.sharing.MPS()
+	asked := vgpu.Partitioning
+	if asked != nil && *asked == configapi.PartitioningTimeSliced {
 		return "", "", nil
 	}
-	if j.mps == nil {
-		why := "the plugin runs without MPS (--mps=false)"
-		if j.mpsErr != nil {
-			why = j.mpsErr.Error()
+	if mp == nil {
+		why := "the plugin runs without MPS (--mps=off)"
+		if mpsErr != nil {
+			why = mpsErr.Error()
 		}
-		return "", "", fmt.Errorf("VgpuConfig partitioning %q: MPS is unavailable on this node: %s", configapi.PartitioningMPS, why)
+		switch {
+		case asked != nil && *asked == configapi.PartitioningMPS:
+			return "", "", fmt.Errorf("VgpuConfig partitioning %q: MPS is unavailable on this node: %s", configapi.PartitioningMPS, why)
+		case asked != nil && *asked == configapi.PartitioningBestEffort:
+			return "", "time-sliced by HAMi-core, its compute limit best effort (VgpuConfig partitioning \"best-effort\"): MPS is unavailable on this node: " + why, nil
+		}
+		if dev, cores, ok := computeLimited(rec); ok && !sharing.Off(mpsErr) {
+			return "", "", fmt.Errorf("device %s asks for %d%% of the GPU's SMs, which only MPS holds, and MPS is unavailable on this node: %s; a claim that accepts HAMi-core's time-slicing, whose limit does not hold for GEMMs, sets VgpuConfig partitioning %q (DeviceClass %s)",
+				dev, cores, why, configapi.PartitioningBestEffort, names.ClassVGPUBestEffort)
+		}
+		return "", "", nil
 	}
+	explicit := asked != nil && *asked == configapi.PartitioningMPS
 	for _, dev := range rec.Devices {
 		var why string
 		switch {
@@ -155,6 +147,17 @@ func (j *mpsJoiner) pick(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (gpu
 		gpu = dev.GPUUUID
 	}
 	return gpu, "", nil
+}
+
+// computeLimited finds a device of rec whose share asks for a compute
+// limit MPS would hold: cores strictly between 0 (best effort) and 100.
+func computeLimited(rec *checkpoint.Claim) (device string, cores int64, ok bool) {
+	for _, dev := range rec.Devices {
+		if s := dev.Share; s != nil && s.Enforced && s.Cores > 0 && s.Cores < 100 {
+			return dev.Device, s.Cores, true
+		}
+	}
+	return "", 0, false
 }
 
 // PodGetter reads a pod (client-go's Pods(namespace).Get in the plugin).
@@ -217,8 +220,13 @@ func (j *mpsJoiner) join(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	} else {
 		user, err = j.claimUser(ctx, claim)
 	}
+	mp, mpsErr := j.sharing.MPS()
+	if err == nil && mp == nil {
+		// facet-mps went between pick and here.
+		err = fmt.Errorf("MPS is unavailable on this node: %w", mpsErr)
+	}
 	if err == nil {
-		err = j.mps.Acquire(ctx, gpu, rec.UID, user)
+		err = mp.Acquire(ctx, gpu, rec.UID, user)
 	}
 	var conflict *mps.UserConflictError
 	isConflict := errors.As(err, &conflict)
@@ -265,7 +273,7 @@ func (j *mpsJoiner) join(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	if cores < 0 {
 		cores = 0
 	}
-	return j.mps.Edits(gpu, cores), "", nil
+	return mp.Edits(gpu, cores), "", nil
 }
 
 // mpsHolders are the GPUs that this boot's prepared records hold under MPS,
@@ -300,7 +308,7 @@ func mpsHolders(claims []*checkpoint.Claim, otherBoot func(*checkpoint.Claim) bo
 // adopts their daemons, restarts dead ones (an Event on their claims), and
 // stops those no claim holds.
 func (d *Driver) restoreMPS(ctx context.Context) {
-	if d.mps == nil {
+	if mp, _ := d.sharing.MPS(); mp == nil {
 		return
 	}
 	claims, _, err := d.store.List()
@@ -313,11 +321,12 @@ func (d *Driver) restoreMPS(ctx context.Context) {
 
 // syncMPS hands the records' MPS holders to the daemon manager.
 func (d *Driver) syncMPS(ctx context.Context, claims []*checkpoint.Claim) {
-	if d.mps == nil {
+	mp, _ := d.sharing.MPS()
+	if mp == nil {
 		return
 	}
 	holders := mpsHolders(claims, d.fromOtherBoot)
-	restarted, err := d.mps.Restore(ctx, holders)
+	restarted, err := mp.Restore(ctx, holders)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Restoring MPS control daemons; claims on them retry at their next prepare")
 	}
@@ -334,10 +343,11 @@ func (d *Driver) syncMPS(ctx context.Context, claims []*checkpoint.Claim) {
 // CheckMPS restarts MPS control daemons that died and raises an Event on
 // each claim whose daemon was restarted.
 func (d *Driver) CheckMPS(ctx context.Context) {
-	if d.mps == nil {
+	mp, _ := d.sharing.MPS()
+	if mp == nil {
 		return
 	}
-	restarted, err := d.mps.Check(ctx)
+	restarted, err := mp.Check(ctx)
 	if errors.Is(err, mps.ErrHoldersLost) {
 		klog.FromContext(ctx).Info("Handing the prepared claims' MPS holders over again", "reason", err.Error())
 		d.restoreMPS(ctx)
@@ -351,16 +361,10 @@ func (d *Driver) CheckMPS(ctx context.Context) {
 	}
 }
 
-// RunMPSWatch calls CheckMPS every interval until ctx ends.
-func (d *Driver) RunMPSWatch(ctx context.Context, interval time.Duration) {
-	if d.mps == nil {
-		return
-	}
-	_ = wait.PollUntilContextCancel(ctx, interval, false, func(ctx context.Context) (bool, error) {
-		d.CheckMPS(ctx)
-		return false, nil
-	})
-}
+// RestoreMPS hands the prepared claims' MPS holders to facet-mps: at
+// start, and whenever facet-mps is adopted after it (sharing.Set.Refresh),
+// so that it keeps the daemons they hold and stops the others.
+func (d *Driver) RestoreMPS(ctx context.Context) { d.restoreMPS(ctx) }
 
 func (d *Driver) mpsRestarted(ctx context.Context, gpu string, claims []types.UID) {
 	msg := fmt.Sprintf("the MPS control daemon of GPU %s had died and was started again; CUDA processes of this claim that were its clients lost their MPS server and must be restarted", gpu)

@@ -123,6 +123,7 @@ func gpuUUID(r *rig, device string) string {
 const (
 	cfgTimeSliced = `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","partitioning":"time-sliced"}`
 	cfgMPS        = `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","partitioning":"mps"}`
+	cfgBestEffort = `{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","partitioning":"best-effort"}`
 )
 
 // TestMPSPartitionsSharesAndSlots: consumable-capacity shares (1.36+) and
@@ -210,6 +211,9 @@ func TestMPSChoice(t *testing.T) {
 	tests := []struct {
 		name string
 		mps  bool
+		// down: MPS is configured but unavailable now (facet-mps gone),
+		// not off by configuration.
+		down bool
 		// before is prepared first, on the same GPU; its pod runs as 0.
 		before *resourceapi.ResourceClaim
 		claim  *resourceapi.ResourceClaim
@@ -245,6 +249,18 @@ func TestMPSChoice(t *testing.T) {
 			wantEnv: []string{"CUDA_DEVICE_SM_LIMIT_0=20"}, notEnv: []string{"CUDA_MPS_"}},
 		{name: "no MPS on the node, asked for", claim: share("asked", "gpu-5", "4Gi", 20, cfgMPS),
 			wantErr: `VgpuConfig partitioning "mps": MPS is unavailable on this node`},
+		{name: "MPS down: a share with a compute limit fails, naming why", down: true, claim: share("limited", "gpu-5", "4Gi", 20),
+			wantErr: "device gpu-5 asks for 20% of the GPU's SMs, which only MPS holds, and MPS is unavailable on this node: facet-mps unreachable"},
+		{name: "MPS down: a best-effort share is time-sliced, told", down: true, claim: share("be", "gpu-5", "4Gi", 20, cfgBestEffort),
+			wantEnv: []string{"CUDA_DEVICE_SM_LIMIT_0=20"}, notEnv: []string{"CUDA_MPS_"}, wantNote: "its compute limit best effort"},
+		{name: "MPS down: a share without a compute limit is time-sliced", down: true, claim: share("nolimit", "gpu-5", "4Gi", 0),
+			notEnv: []string{"CUDA_MPS_"}},
+		{name: "MPS down: time-sliced by config", down: true, claim: share("sliced-down", "gpu-5", "4Gi", 20, cfgTimeSliced),
+			wantEnv: []string{"CUDA_DEVICE_SM_LIMIT_0=20"}, notEnv: []string{"CUDA_MPS_"}},
+		{name: "MPS down, asked for", down: true, claim: share("asked-down", "gpu-5", "4Gi", 20, cfgMPS),
+			wantErr: `VgpuConfig partitioning "mps": MPS is unavailable on this node: facet-mps unreachable`},
+		{name: "best effort with MPS: MPS", mps: true, claim: share("be-mps", "gpu-5", "4Gi", 20, cfgBestEffort),
+			wantEnv: []string{"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20", "CUDA_DEVICE_SM_LIMIT_0=0"}},
 		{name: "shares on two GPUs fall back", mps: true, claim: twoGPUShares("two", false),
 			wantEnv: []string{"CUDA_DEVICE_SM_LIMIT_0=20", "CUDA_DEVICE_SM_LIMIT_1=20"}, notEnv: []string{"CUDA_MPS_"},
 			wantNote: "a container joins one MPS daemon"},
@@ -254,9 +270,14 @@ func TestMPSChoice(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var r *rig
-			if tc.mps {
+			switch {
+			case tc.mps:
 				r = newMPSRig(t, inventory.Config{DefaultMode: inventory.ModeShared})
-			} else {
+			case tc.down:
+				r = newRigMode(t, inventory.Config{DefaultMode: inventory.ModeShared})
+				r.mpsDown = errMPSDown
+				r.start()
+			default:
 				r = newRigMode(t, inventory.Config{DefaultMode: inventory.ModeShared})
 			}
 			r.podUsers = tc.users

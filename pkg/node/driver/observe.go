@@ -284,9 +284,9 @@ func (d *Driver) ClaimState() ([]metrics.Claim, []metrics.ClaimUsage) {
 		out = append(out, c)
 	}
 	var usage []metrics.ClaimUsage
-	if d.spec.hami != nil {
+	if h, _ := d.sharing.HAMi(); h != nil {
 		for ref := range shares {
-			dir, err := d.spec.hami.CacheDir(ref.uid)
+			dir, err := h.CacheDir(ref.uid)
 			if err != nil {
 				continue
 			}

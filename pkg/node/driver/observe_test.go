@@ -296,7 +296,8 @@ func TestClaimUsageFromRegion(t *testing.T) {
 	if _, usage := u.d.ClaimState(); len(usage) != 0 {
 		t.Fatalf("usage %+v before any process wrote the region", usage)
 	}
-	dir, err := u.d.spec.hami.CacheDir(c.UID)
+	h, _ := u.d.sharing.HAMi()
+	dir, err := h.CacheDir(c.UID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -264,13 +264,14 @@ func (d *Driver) staleness(rec *checkpoint.Claim) string {
 			return fmt.Sprintf("device %s: its MIG instance (GI %d, CI %d) is gone", dev.Device, dev.MIG.GIID, dev.MIG.CIID)
 		}
 	}
+	mp, _ := d.sharing.MPS()
 	for _, dev := range rec.Devices {
-		if dev.Share != nil && dev.Share.MPS && (d.mps == nil || d.mps.Daemon(dev.GPUUUID) == nil) {
+		if dev.Share != nil && dev.Share.MPS && (mp == nil || mp.Daemon(dev.GPUUUID) == nil) {
 			return fmt.Sprintf("device %s: the MPS control daemon of its GPU is not running", dev.Device)
 		}
 	}
-	if d.spec.hami != nil && enforcedShares(rec) {
-		if dir, err := d.spec.hami.CacheDir(rec.UID); err != nil {
+	if h, _ := d.sharing.HAMi(); h != nil && enforcedShares(rec) {
+		if dir, err := h.CacheDir(rec.UID); err != nil {
 			return err.Error()
 		} else if _, err := os.Stat(dir); err != nil {
 			return "its HAMi-core accounting region is missing"
@@ -450,16 +451,18 @@ func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Cl
 		return err
 	}
 	d.failpoint("rollback/removed-spec")
-	if d.spec.hami != nil {
-		if err := d.spec.hami.Cleanup(uid); err != nil {
+	if h, _ := d.sharing.HAMi(); h != nil {
+		if err := h.Cleanup(uid); err != nil {
 			return err
 		}
 	}
 	d.failpoint("rollback/removed-cache")
-	if d.mps != nil {
+	// Without facet-mps now, nothing to release: its daemons went with it,
+	// and the one that comes back stops those no prepared record holds.
+	if mp, _ := d.sharing.MPS(); mp != nil {
 		// After the spec: no new container can join the daemon once it
 		// may be stopped.
-		if err := d.mps.Release(ctx, uid); err != nil {
+		if err := mp.Release(ctx, uid); err != nil {
 			return err
 		}
 	}

@@ -45,8 +45,8 @@ func (d *Driver) restore(ctx context.Context) error {
 		d.restoreClaim(ctx, c, owned)
 	}
 	d.removeOrphans(ctx, "CDI spec", d.spec.cdi.ClaimSpecs, d.spec.cdi.RemoveClaim, known)
-	if d.spec.hami != nil {
-		d.removeOrphans(ctx, "HAMi-core accounting region", d.spec.hami.ClaimCaches, d.spec.hami.Cleanup, known)
+	if h, _ := d.sharing.HAMi(); h != nil {
+		d.removeOrphans(ctx, "HAMi-core accounting region", h.ClaimCaches, h.Cleanup, known)
 	}
 	if d.mig != nil && anyMIGCapable(d.inv) {
 		destroy := d.destroyUnowned
@@ -96,8 +96,8 @@ func (d *Driver) restoreClaim(ctx context.Context, c *checkpoint.Claim, owned ma
 		}
 		// No process of the last boot uses its HAMi-core region;
 		// its accounting is stale, so the rebuild starts a fresh one.
-		if d.spec.hami != nil {
-			if err := d.spec.hami.Cleanup(c.UID); err != nil {
+		if h, _ := d.sharing.HAMi(); h != nil {
+			if err := h.Cleanup(c.UID); err != nil {
 				logger.Error(err, "Removing a HAMi-core region of the last boot", "claim", ref)
 			}
 		}

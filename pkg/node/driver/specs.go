@@ -12,6 +12,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/node/cdi"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/hami"
+	"github.com/facet-gpu/facet/pkg/node/sharing"
 )
 
 // specs is the driver's spec writing: the edits that make a claim's
@@ -21,10 +22,8 @@ import (
 type specs struct {
 	cdi   SpecWriter
 	edits EditSource
-	// hami enforces vGPU shares; nil: HAMi-core is unavailable, and
-	// hamiErr says why (nil: the plugin runs without --hami-library).
-	hami    ShareEditor
-	hamiErr error
+	// sharing has HAMi-core, which enforces vGPU shares, as it is now.
+	sharing *sharing.Set
 
 	// common edits are the same for every claim; computed once.
 	common *cdispec.ContainerEdits
@@ -127,15 +126,16 @@ func (s *specs) claimCommon(rec *checkpoint.Claim, devs claimDevices) cdispec.Co
 // cores in percent, 0: no throttle). keepRegion rebuilds a prepared
 // claim's edits without resetting the region its containers use.
 func (s *specs) hamiEdits(uid types.UID, shares []hami.Share, vgpu *configapi.VgpuConfig, keepRegion bool) (*cdispec.ContainerEdits, error) {
-	if s.hami == nil {
-		if s.hamiErr != nil {
-			return nil, fmt.Errorf("vGPU shares need HAMi-core, which is unavailable: %w", s.hamiErr)
+	h, why := s.sharing.HAMi()
+	if h == nil {
+		if why != nil {
+			return nil, fmt.Errorf("vGPU shares need HAMi-core, which is unavailable on this node: %w", why)
 		}
 		return nil, fmt.Errorf("vGPU shares need HAMi-core, but the plugin runs without --hami-library")
 	}
-	editsFor := s.hami.Edits
+	editsFor := h.Edits
 	if keepRegion {
-		editsFor = s.hami.RebuildEdits
+		editsFor = h.RebuildEdits
 	}
 	return editsFor(uid, shares, vgpu)
 }

@@ -23,14 +23,15 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
+	"github.com/facet-gpu/facet/pkg/node/sharing"
 )
 
 var (
-	_ EditSource  = fake.Edits{}
-	_ MIGManager  = (*fake.MIG)(nil)
-	_ SpecWriter  = (*fake.Specs)(nil)
-	_ Store       = (*fake.Store)(nil)
-	_ ShareEditor = (*fake.HAMi)(nil)
+	_ EditSource          = fake.Edits{}
+	_ MIGManager          = (*fake.MIG)(nil)
+	_ SpecWriter          = (*fake.Specs)(nil)
+	_ Store               = (*fake.Store)(nil)
+	_ sharing.ShareEditor = (*fake.HAMi)(nil)
 )
 
 var (

@@ -46,6 +46,7 @@ type Metrics struct {
 
 	slices, devices prometheus.Gauge
 	feature         *prometheus.GaugeVec
+	mechanism       *prometheus.GaugeVec
 }
 
 // New registers the plugin's metrics, the Go runtime's and the process's on
@@ -87,9 +88,13 @@ func New() *Metrics {
 			Namespace: namespace, Name: "cluster_feature_enabled",
 			Help: "Whether the cluster enforces a DRA feature gate, as detected (or set by --feature-gates) at start: 1 on, 0 off.",
 		}, []string{"feature"}),
+		mechanism: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "sharing_mechanism_available",
+			Help: "Whether a sharing mechanism of vGPU shares and slots is available now: mechanism hami-core (memory limits) or mps (SM partitions; 0: shares and slots are published as time-sliced). 1 available, 0 not.",
+		}, []string{"mechanism"}),
 	}
 	m.reg.MustRegister(m.prepareSeconds, m.unprepareSeconds, m.prepareErrors, m.unprepareErrors,
-		m.slices, m.devices, m.feature,
+		m.slices, m.devices, m.feature, m.mechanism,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -100,6 +105,19 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 // Handler serves the registry in Prometheus' exposition formats.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// SetMechanism records whether a sharing mechanism (sharing.Mechanism's
+// words: hami-core, mps) is available now.
+func (m *Metrics) SetMechanism(mechanism string, available bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if available {
+		v = 1
+	}
+	m.mechanism.WithLabelValues(mechanism).Set(v)
 }
 
 // ObservePrepare records one claim's prepare: how long it took, and an

@@ -41,6 +41,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/node/driver"
 	"github.com/facet-gpu/facet/pkg/node/hami"
 	"github.com/facet-gpu/facet/pkg/node/mps"
+	"github.com/facet-gpu/facet/pkg/node/sharing"
 	"github.com/facet-gpu/facet/pkg/node/nodecheck/probe"
 )
 
@@ -214,7 +215,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	c.edits = editor
 	c.hami, c.hamiErr = hami.NewEditor(hami.Options{LibraryPath: o.HAMiLibrary, StateDir: c.vgpuDir})
-	c.mpsErr = errors.New("the check runs without MPS (--mps=false)")
+	// Turned off, as --mps=off turns it off in the plugin: the share and
+	// the slot are then time-sliced, and measured so.
+	c.mpsErr = fmt.Errorf("the check runs without MPS (--mps=false): %w", sharing.ErrOff)
 	if o.MPS {
 		c.mps, c.mpsErr = openMPS(o.DriverRoot, filepath.Join(scratch, "mps"))
 	}
@@ -374,12 +377,8 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 	if err != nil {
 		return fail(err)
 	}
-	var share driver.ShareEditor
-	if c.hami != nil {
-		share = c.hami
-	}
 	drv, err := driver.New(ctx, driver.Options{NodeName: NodeName, Inventory: inv, Store: store, CDI: writer, Edits: c.edits,
-		HAMi: share, HAMiUnavailable: c.hamiErr, MPS: c.mps, MPSUnavailable: c.mpsErr, Pods: c.pods(claim.Name)})
+		Sharing: sharing.Fixed(c.hami, c.hamiErr, c.mps, c.mpsErr), Pods: c.pods(claim.Name)})
 	if err != nil {
 		return fail(fmt.Errorf("start the plugin's driver: %w", err))
 	}

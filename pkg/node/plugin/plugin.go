@@ -38,11 +38,11 @@ import (
 	"github.com/facet-gpu/facet/pkg/node/claimstatus"
 	"github.com/facet-gpu/facet/pkg/node/driver"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
-	"github.com/facet-gpu/facet/pkg/node/hami"
 	"github.com/facet-gpu/facet/pkg/node/healthz"
 	"github.com/facet-gpu/facet/pkg/node/metrics"
 	"github.com/facet-gpu/facet/pkg/node/nodeevents"
 	"github.com/facet-gpu/facet/pkg/node/publisher"
+	"github.com/facet-gpu/facet/pkg/node/sharing"
 )
 
 // Config is the plugin's configuration: its command line
@@ -133,7 +133,7 @@ func Run(ctx context.Context, f Config) error {
 	if err := applyLayouts(ctx, p.lib, p.node, p.layouts, p.cfg, p.store, miglayout.NewStore(filepath.Join(f.StateDir, "mig-layouts.json")), p.ev); err != nil {
 		return err
 	}
-	if err := p.openPartitioners(ctx); err != nil {
+	if err := p.openSharing(ctx); err != nil {
 		return err
 	}
 	if err := p.buildInventory(ctx); err != nil {
@@ -181,12 +181,9 @@ type process struct {
 	gates  features.Set
 	store  *checkpoint.Store
 
-	// openPartitioners: a nil partitioner with its reason, not an error,
-	// where the plugin serves on without it.
-	vgpu        *hami.Editor
-	hamiErr     error
-	partitioner driver.Partitioner
-	mpsErr      error
+	// openSharing: HAMi-core and MPS as they are now, adopted and
+	// dropped while the plugin runs (watchSharing).
+	sharing *sharing.Set
 
 	inv      *inventory.Inventory
 	drv      *driver.Driver
@@ -260,22 +257,21 @@ func (p *process) learnFeatures(ctx context.Context) {
 	p.cfg.Features = &p.gates
 }
 
-// openPartitioners opens HAMi-core and facet-mps before the inventory is
-// built, because MPS changes what a share may publish. A broken
-// HAMi-core is a reason share claims fail, not a reason to stop.
-func (p *process) openPartitioners(ctx context.Context) error {
-	p.vgpu, p.hamiErr = openHAMi(p.f.HAMiLibrary, p.f.HAMiLibrarySHA256, filepath.Join(p.f.StateDir, "vgpu"))
-	if p.hamiErr != nil {
-		klog.FromContext(ctx).Error(p.hamiErr, "vGPU shares that need enforcement will fail to prepare; everything else is served")
-	}
-	var err error
-	p.partitioner, p.mpsErr, err = p.f.openMPS(ctx)
+// openSharing looks once for HAMi-core and facet-mps, without waiting for
+// either (at most probeTimeout for a facet-mps that hangs): whole GPUs and
+// MIG devices need neither, and a mechanism that arrives later is adopted
+// by watchSharing. The MPS server's memory is kept out of shares and slots
+// wherever MPS is configured, whether facet-mps answers yet or not, so a
+// device's size never follows start-up timing.
+func (p *process) openSharing(ctx context.Context) error {
+	o, err := p.f.sharingOptions()
 	if err != nil {
 		return err
 	}
-	if p.partitioner != nil {
-		// The MPS server's memory is no share's: published, it would be
-		// promised twice.
+	p.sharing = sharing.New(o)
+	p.sharingChanged(ctx, p.sharing.Refresh(ctx))
+	if p.f.MPS.Mode == "auto" {
+		// Published, it would be promised twice.
 		p.cfg.MPSReserveBytes = sharemem.MPSServerBytes
 	}
 	return nil
@@ -311,11 +307,8 @@ func (p *process) buildInventory(ctx context.Context) error {
 		logger.Info("Known allocator defect", "warning", w)
 		p.ev.Warning(reasonAllocatorDefect, w)
 	}
-	if p.hamiErr != nil {
-		p.ev.Warning(reasonHAMiUnavailable, p.hamiErr.Error()+"; vGPU shares that need enforcement fail to prepare, everything else is served")
-	}
 	logger.Info("Discovered node", "simulated", p.f.Machine != "", "gpus", len(inv.GPUs), "driverVersion", inv.DriverVersion, "cudaDriverVersion", inv.CUDADriverVersion)
-	inv.ComputePartitioning = partitioning(p.partitioner)
+	inv.ComputePartitioning = p.sharing.ComputePartitioning()
 	p.inv = inv
 	return nil
 }
@@ -363,8 +356,8 @@ func (p *process) startDriver(ctx context.Context) error {
 	go status.Run(ctx, 2)
 	drv, err := driver.New(ctx, driver.Options{
 		NodeName: f.NodeName, Inventory: p.inv, Store: p.store, CDI: writer, Edits: editor,
-		MIG: p.lib, HAMi: p.vgpu, HAMiUnavailable: p.hamiErr, DestroyUnownedMIG: f.DestroyUnownedMIG,
-		MPS: p.partitioner, MPSUnavailable: p.mpsErr, Pods: podGetter(p.client),
+		MIG: p.lib, Sharing: p.sharing, DestroyUnownedMIG: f.DestroyUnownedMIG,
+		Pods:      podGetter(p.client),
 		Failpoint: f.Failpoint, NodeLock: p.nodeLock,
 		// Events on claims go through the Node's broadcaster too.
 		Metrics: p.m, Events: p.ev.EventRecorder(), Status: status,
@@ -373,7 +366,6 @@ func (p *process) startDriver(ctx context.Context) error {
 		return err
 	}
 	p.drv = drv
-	go drv.RunMPSWatch(ctx, f.MPS.CheckEvery)
 	p.m.Registry().MustRegister(&metrics.Collector{GPUs: drv, Health: metrics.HealthFunc(drv.GPUHealth), Checkpoint: p.store, Claims: drv, Usage: nvmlUsage{p.lib}})
 	p.unusable = drv.UnusableGPUs()
 	for uuid, why := range p.unusable {
@@ -437,6 +429,7 @@ func (p *process) publish(ctx context.Context) error {
 	pub := publisher.New(publisher.Options{
 		Sink: p.helper, Inventory: p.inv, Unusable: p.unusable, Gates: p.gates, Node: f.NodeName,
 		Faults: p.drv, Monitor: mon, Events: p.ev, Metrics: p.m, MIGUse: p.drv,
+		Partitioning: p.sharing.ComputePartitioning,
 	})
 	if p.want, err = pub.Publish(ctx); err != nil {
 		return err
@@ -448,6 +441,11 @@ func (p *process) publish(ctx context.Context) error {
 		pub.Changed(ctx, c)
 	}
 	go pub.WatchMIGUse(ctx, p.drv.MIGUseChanges())
+	go p.watchSharing(ctx, func(ctx context.Context) {
+		if _, err := pub.Publish(ctx); err != nil {
+			logger.Error(err, "Republishing after a sharing mechanism came or went failed; the helper retries on its next sync")
+		}
+	})
 	if f.HealthProbe > 0 {
 		go pub.WatchHealth(ctx, p.lib, f.HealthProbe)
 		go pub.WatchRecoverRequests(ctx, p.client, p.lib)
@@ -477,11 +475,6 @@ func (p *process) serveHealth(ctx context.Context) error {
 // containerDriverRoot is where this process reads the driver root.
 func (f Config) containerDriverRoot() string {
 	return cmp.Or(f.ContainerDriverRoot, f.DriverRoot)
-}
-
-// openMPS reaches facet-mps (MPSConfig.open).
-func (f Config) openMPS(ctx context.Context) (driver.Partitioner, error, error) {
-	return f.MPS.open(ctx)
 }
 
 // checkCDIHook refuses to start unless the nvidia-cdi-hook the CDI specs
@@ -530,16 +523,6 @@ func reportPublished(ctx context.Context, client kubernetes.Interface, node stri
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// openHAMi sets up HAMi-core. A missing or broken library is returned as
-// the reason share claims fail, not as an error that stops the plugin:
-// whole GPUs and MIG devices do not need it.
-func openHAMi(library, sha256, stateDir string) (*hami.Editor, error) {
-	if library == "" {
-		return nil, nil
-	}
-	return hami.NewEditor(hami.Options{LibraryPath: library, LibrarySHA256: sha256, StateDir: stateDir})
 }
 
 func kubeClient(kubeconfig string, qps float64, burst int) (kubernetes.Interface, error) {

@@ -93,6 +93,10 @@ type Options struct {
 	// MIGUse, when set, is read on every publish; without it every GPU
 	// in mig or dynamic mode is published with migInUse false.
 	MIGUse MIGUse
+	// Partitioning, when set, is how shares and slots are held to their
+	// cores now (sharing.Set.ComputePartitioning), published as their
+	// computePartitioning attribute on every publish.
+	Partitioning func() string
 }
 
 // Publisher publishes the node's ResourceSlices from the inventory, less
@@ -110,6 +114,7 @@ type Publisher struct {
 	ev       Events
 	metrics  *metrics.Metrics
 	migUse   MIGUse
+	part     func() string
 
 	mu sync.Mutex
 }
@@ -118,7 +123,7 @@ type Publisher struct {
 func New(o Options) *Publisher {
 	return &Publisher{
 		helper: o.Sink, inv: o.Inventory, unusable: o.Unusable, gates: o.Gates, node: o.Node,
-		drv: o.Faults, mon: o.Monitor, ev: o.Events, metrics: o.Metrics, migUse: o.MIGUse,
+		drv: o.Faults, mon: o.Monitor, ev: o.Events, metrics: o.Metrics, migUse: o.MIGUse, part: o.Partitioning,
 	}
 }
 
@@ -133,6 +138,9 @@ func (p *Publisher) Publish(ctx context.Context) (int, error) {
 	inv := p.inv
 	if p.migUse != nil {
 		inv = inv.WithMIGInUse(p.migUse.MIGInUse())
+	}
+	if p.part != nil {
+		inv = inv.WithComputePartitioning(p.part())
 	}
 	// One slice build per publish: taints where the cluster enforces them,
 	// else the faulted GPUs left out like the unusable ones.
