@@ -19,9 +19,11 @@ import (
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/nodemodel"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
+	"github.com/facet-gpu/facet/pkg/model/sharemem"
 )
 
 const usage = `facetctl: Facet's operator CLI
@@ -136,6 +138,7 @@ func runSlices(args []string) error {
 	gates := fs.String("feature-gates", "", "the cluster's DRA feature gates, as for the plugin (DRAPartitionableDevices=true,...); a gate not named is off, as on stock Kubernetes 1.35. Without this flag every gate is on")
 	version := fs.String("kubernetes-version", "v1.35.4", "with --feature-gates: the cluster's Kubernetes version (the default mode depends on it)")
 	layouts := fs.String("mig-layouts", "", "preview MIG layouts on static-mig GPUs, as the plugin's --mig-layouts would carve them on idle GPUs")
+	mpsState := fs.String("mps", "auto", "the node's MPS, as its shares and slots publish it: auto (facet-mps answers: computePartitioning mps), down (--mps=auto, facet-mps not answering: time-sliced) or off (--mps=off: time-sliced, and no MPS server memory kept out of shares)")
 	var modes inventory.ModeFlags
 	modes.Register(fs)
 	fs.Parse(args)
@@ -145,6 +148,19 @@ func runSlices(args []string) error {
 	cfg, err := modes.Config()
 	if err != nil {
 		return err
+	}
+	partitioning := names.PartitioningTimeSliced
+	switch *mpsState {
+	case "auto":
+		partitioning = names.PartitioningMPS
+		fallthrough
+	case "down":
+		// As the plugin: kept out wherever MPS is configured, whether
+		// facet-mps answers or not.
+		cfg.MPSReserveBytes = sharemem.MPSServerBytes
+	case "off":
+	default:
+		return fmt.Errorf("--mps=%q: want auto, down or off", *mpsState)
 	}
 	var set features.Set
 	gatesGiven := false
@@ -174,6 +190,7 @@ func runSlices(args []string) error {
 	for _, n := range inv.Notes {
 		fmt.Fprintln(os.Stderr, "# note:", n)
 	}
+	inv.ComputePartitioning = partitioning
 	objs := resourceslices.Objects(resourceslices.Resources(inv, *node), *node)
 	if gatesGiven {
 		if errs := resourceslices.Dropped(objs, set); len(errs) > 0 {

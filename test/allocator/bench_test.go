@@ -13,6 +13,7 @@ import (
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 	"github.com/facet-gpu/facet/test/scale"
 )
@@ -100,6 +101,8 @@ func benchInventory(b testing.TB, mode inventory.Mode) *inventory.Inventory {
 }
 
 func facetObjects(inv *inventory.Inventory, node string) []*resourceapi.ResourceSlice {
+	// As a node whose facet-mps answers publishes its shares and slots.
+	inv = inv.WithComputePartitioning(names.PartitioningMPS)
 	return resourceslices.Objects(resourceslices.Resources(inv, node), node)
 }
 

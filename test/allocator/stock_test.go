@@ -12,6 +12,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/miglayout"
+	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
@@ -48,6 +49,7 @@ func stockNode(t testing.TB, name string) []*resourceapi.ResourceSlice {
 	if err != nil {
 		t.Fatal(err)
 	}
+	inv.ComputePartitioning = names.PartitioningMPS
 	objs := resourceslices.Objects(resourceslices.Resources(inv, name), name)
 	if errs := resourceslices.Dropped(objs, stockGates); len(errs) > 0 {
 		t.Fatalf("stock slices with dropped fields: %v", errs)

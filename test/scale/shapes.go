@@ -17,6 +17,7 @@ import (
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/nodemodel"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
@@ -129,6 +130,8 @@ func Shapes(machine string) ([]Shape, error) {
 }
 
 func facet(inv *inventory.Inventory) func(string) []*resourceapi.ResourceSlice {
+	// As a node whose facet-mps answers publishes its shares and slots.
+	inv = inv.WithComputePartitioning(names.PartitioningMPS)
 	return func(node string) []*resourceapi.ResourceSlice {
 		return resourceslices.Objects(resourceslices.Resources(inv, node), node)
 	}

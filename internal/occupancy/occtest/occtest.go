@@ -79,6 +79,8 @@ func Slices(t testing.TB, n Node) []*resourceapi.ResourceSlice {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As a node whose facet-mps answers publishes its shares and slots.
+	inv.ComputePartitioning = names.PartitioningMPS
 	return resourceslices.Objects(resourceslices.Resources(inv, n.Name), n.Name)
 }
 
