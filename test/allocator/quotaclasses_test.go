@@ -37,7 +37,7 @@ func TestQuotaClasses(t *testing.T) {
 				"mig-1g.10gb.facet.dev": 14,
 				"mig-7g.80gb.facet.dev": 2,
 				// GPU 2's four equal slots; GPU 3's mixed layout.
-				"vgpu-slot-20269mi-25.facet.dev": 4,
+				"vgpu-slot-20253mi-25.facet.dev": 4,
 				"vgpu-slot-10240mi-10.facet.dev": 2,
 				"vgpu-slot-40960mi-50.facet.dev": 1,
 				// GPU 4: 20 % of the SMs each, five fit.
@@ -51,7 +51,7 @@ func TestQuotaClasses(t *testing.T) {
 			want: map[string]int{
 				"gpu-h100.facet.dev":             0,
 				"mig-1g.10gb.facet.dev":          28,
-				"vgpu-slot-20269mi-25.facet.dev": 16,
+				"vgpu-slot-20253mi-25.facet.dev": 16,
 			},
 		},
 	} {

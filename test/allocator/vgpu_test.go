@@ -41,11 +41,13 @@ func TestVGPUShares(t *testing.T) {
 			{share("e", "1Gi", "25"), []string{"gpu-1"}},
 			{share("f", "1Gi", "25", onGPU(0)), nil},
 		}},
-		{"memory is enforced: 3 x 30Gi on H100s of 81079 MiB", []step{
+		// 81079 MiB less the MPS server's 66 MiB, kept out wherever MPS
+		// is configured (sharemem.MPSServerBytes).
+		{"memory is enforced: 3 x 30Gi on H100s of 81013 MiB", []step{
 			{share("a", "30Gi", "1"), []string{"gpu-0"}},
 			{share("b", "30Gi", "1"), []string{"gpu-0"}},
 			{share("c", "30Gi", "1"), []string{"gpu-1"}},
-			{share("d", "19639Mi", "1"), []string{"gpu-0"}}, // exactly the 81079 - 61440 MiB left
+			{share("d", "19573Mi", "1"), []string{"gpu-0"}}, // exactly the 81013 - 61440 MiB left
 			{share("e", "1Mi", "0", onGPU(0)), nil},
 		}},
 		{"cores are enforced", []step{
@@ -153,7 +155,7 @@ func TestVGPUConsumedCapacity(t *testing.T) {
 		{demoClaim(t, "vgpu/notebook.yaml"), "4Gi/0"},
 		{share("round", "1500Ki", "5"), "2Mi/5"},
 		{share("tiny", "1", "5"), "1Mi/5"},
-		{share("all", "", "", onGPU(1)), "81079Mi/100"}, // the H100's usable memory
+		{share("all", "", "", onGPU(1)), "81013Mi/100"}, // the H100's usable memory less the MPS server's 66 MiB
 	} {
 		res, err := c.Allocate(context.Background(), "node-a", tc.claim)
 		if err != nil {
