@@ -233,9 +233,23 @@ func startPluginEnv(t testing.TB, machine string, env []string, extra ...string)
 	return launchPlugin(t, machine, env, false, extra...)
 }
 
+// startPluginAlone starts the plugin with no facet-mps on the node (one
+// that runs is stopped first), and waits until it is ready.
+func startPluginAlone(t testing.TB, machine string, extra ...string) *plugin {
+	t.Helper()
+	mpsd.stop()
+	return launch(t, machine, nil, false, false, extra...)
+}
+
 // launchPlugin starts the plugin and, unless noWait, waits until it is
 // ready; with noWait, for a plugin expected to refuse its configuration.
+// facet-mps is started beside it unless it runs, as the chart runs it.
 func launchPlugin(t testing.TB, machine string, env []string, noWait bool, extra ...string) *plugin {
+	t.Helper()
+	return launch(t, machine, env, noWait, true, extra...)
+}
+
+func launch(t testing.TB, machine string, env []string, noWait, withMPS bool, extra ...string) *plugin {
 	t.Helper()
 	pluginRuns++
 	log := filepath.Join(e.runDir, "logs", fmt.Sprintf("facet-plugin-e2e-%d.log", pluginRuns))
@@ -281,7 +295,9 @@ func launchPlugin(t testing.TB, machine string, env []string, noWait bool, extra
 	}
 	p := &plugin{cmd: cmd, log: log}
 	t.Cleanup(func() { p.stop() })
-	ensureMPSHost(t)
+	if withMPS {
+		ensureMPSHost(t)
+	}
 	if !noWait {
 		p.waitReady(t)
 	}

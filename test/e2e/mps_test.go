@@ -166,16 +166,13 @@ func TestMPS(t *testing.T) {
 		t.Fatalf("after a plugin restart: daemon %d, want %d untouched:\n%s", got, pid, ourLog(gpu))
 	}
 
-	t.Log("facet-mps gone: a new share fails to prepare, naming it; back, the share joins, and the restarted facet-mps adopts the daemon")
+	t.Log("facet-mps gone: the shares are republished as time-sliced and a new share stays Pending; back, facet-mps is adopted, the share lands and joins, and the restarted facet-mps adopts the daemon")
 	mpsd.stop()
+	waitPartitioning(t, "time-sliced")
 	applyYAML(t, claimPod("mps-late", requests["mps-small"]))
-	waitEventLogged(t, "mps-late", "FailedPrepareDynamicResources", "facet-mps unreachable")
+	waitUnschedulable(t, "mps-late")
 	mpsd = startMPSHost(t)
-	// The kubelet retries a failed prepare after a backoff that doubles
-	// (measured here: 155 s before the retry that succeeded); a pod made
-	// now is prepared at once, through the same plugin code.
-	kubectl(t, "delete", "pod", "-n", namespace, "mps-late", "--wait=true", "--timeout=120s")
-	applyYAML(t, claimPod("mps-late", requests["mps-small"]))
+	waitPartitioning(t, "mps")
 	waitPodRunning(t, "mps-late")
 	if env := envOf(execIn(t, "mps-late", "", "env")); env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != want["mps-small"] {
 		t.Errorf("mps-late: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%q, want %s (MPS)", env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], want["mps-small"])

@@ -27,7 +27,6 @@ const (
 	reasonAllocatorDefect = "FacetAllocatorDefect"
 	reasonLayout          = "FacetMIGLayout"
 	reasonGPUUnusable     = "FacetGPUUnusable"
-	reasonHAMiUnavailable = "FacetHAMiCoreUnavailable"
 )
 
 // clusterFeatures is what the cluster enforces: detected, then overridden
