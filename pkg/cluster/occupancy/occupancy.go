@@ -106,6 +106,12 @@ type GPU struct {
 	UUID    string `json:"uuid,omitempty"`
 	Product string `json:"product,omitempty"`
 	Mode    string `json:"mode"`
+	// Compute is how its vGPU shares and slots are held to their cores,
+	// as their computePartitioning attribute says: names.PartitioningMPS,
+	// or names.PartitioningTimeSliced where MPS is off or unavailable on
+	// the node (its FacetSharingMechanismUnavailable Event says why).
+	// Empty on a GPU without shares or slots.
+	Compute string `json:"compute,omitempty"`
 	Health  string `json:"health"`
 	// HealthReason says why Health is not ok.
 	HealthReason string `json:"healthReason,omitempty"`
@@ -317,6 +323,9 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 			}
 			g.Mode = d.Attr("mode")
 			g.Product = d.Attr("productName")
+			if p := d.Attr(names.AttrComputePartitioning); p != "" {
+				g.Compute = p
+			}
 			switch d.Type {
 			case TypeGPU:
 				g.UUID = d.Attr("uuid")

@@ -2,14 +2,15 @@ package occupancy
 
 import (
 	"bytes"
-	"github.com/facet-gpu/facet/pkg/model/names"
 	"strings"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 
 	"github.com/facet-gpu/facet/internal/occupancy/occtest"
+	"github.com/facet-gpu/facet/pkg/model/names"
 )
 
 // node is an 8×H100 node with every mode: 0 exclusive, 1 mig, 2 shared,
@@ -274,5 +275,37 @@ func TestNVLinkDomains(t *testing.T) {
 	out.Reset()
 	if err := Table(&out, build(t)); err != nil || strings.Contains(out.String(), "NVLink domains") {
 		t.Errorf("a node without NVLink: %v\n%s", err, out.String())
+	}
+}
+
+// TestComputePartitioning: each GPU says how its shares and slots are held
+// to their cores, from their computePartitioning attribute, and the table
+// names the GPUs that are only time-sliced.
+func TestComputePartitioning(t *testing.T) {
+	slices := occtest.Slices(t, node)
+	for _, s := range slices {
+		for i := range s.Spec.Devices {
+			d := &s.Spec.Devices[i]
+			if a, ok := d.Attributes[names.AttrComputePartitioning]; ok && *d.Attributes[names.AttrIndex].IntValue == 4 {
+				a.StringValue = ptr.To(names.PartitioningTimeSliced)
+				d.Attributes[names.AttrComputePartitioning] = a
+			}
+		}
+	}
+	c, err := Build(slices, nil, "", KnownProfiles())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for idx, want := range map[int]string{0: "", 1: "", 2: names.PartitioningMPS, 4: names.PartitioningTimeSliced, 5: names.PartitioningMPS} {
+		if got := gpu(t, c, idx).Compute; got != want {
+			t.Errorf("gpu-%d: compute %q, want %q", idx, got, want)
+		}
+	}
+	var out strings.Builder
+	if err := Table(&out, c); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "time-sliced, not MPS-partitioned: node-1/gpu-4.") {
+		t.Errorf("the table does not name the time-sliced GPU:\n%s", out.String())
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/sharemem"
 )
 
@@ -23,6 +24,9 @@ func Table(w io.Writer, c *Cluster) error {
 	if err := table(w, c); err != nil {
 		return err
 	}
+	if err := timeSliced(w, c); err != nil {
+		return err
+	}
 	for _, g := range c.GPUs {
 		if len(g.Shares) > 0 || len(g.Slots) > 0 {
 			_, err := fmt.Fprintf(w, "\nusable: a vGPU share's or slot's memory less the CUDA context HAMi-core charges to it,\n"+
@@ -33,6 +37,26 @@ func Table(w io.Writer, c *Cluster) error {
 		}
 	}
 	return nil
+}
+
+// timeSliced lists the GPUs whose shares and slots are only time-sliced:
+// their cores are not held (HAMi-core's throttle does not hold GEMMs), the
+// shipped vgpu classes leave them out, and the node's Event says why.
+func timeSliced(w io.Writer, c *Cluster) error {
+	var gpus []string
+	for _, g := range c.GPUs {
+		if g.Compute == names.PartitioningTimeSliced {
+			gpus = append(gpus, g.Node+"/"+g.Name())
+		}
+	}
+	if len(gpus) == 0 {
+		return nil
+	}
+	_, err := fmt.Fprintf(w, "\ntime-sliced, not MPS-partitioned: %s.\n"+
+		"Their shares' and slots' cores are best effort; vgpu.facet.dev and vgpu-slot.facet.dev leave them out, the\n"+
+		"best-effort classes take them. Why: the node's FacetSharingMechanismUnavailable Event (MPS off or facet-mps down).\n",
+		strings.Join(gpus, ", "))
+	return err
 }
 
 func table(w io.Writer, c *Cluster) error {
