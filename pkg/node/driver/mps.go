@@ -388,37 +388,3 @@ func (d *Driver) mpsRestarted(ctx context.Context, gpu string, claims []types.UI
 func (o *observer) mpsNotApplied(claim *resourceapi.ResourceClaim, why string) {
 	o.claimEvent(claim, corev1.EventTypeNormal, ReasonMPSNotApplied, why)
 }
-
-// claimEvent raises an Event on the claim and on each pod it is reserved
-// for, where a user looks first.
-func (o *observer) claimEvent(claim *resourceapi.ResourceClaim, eventType, reason, msg string) {
-	if o.events == nil {
-		return
-	}
-	o.events.Event(&corev1.ObjectReference{
-		APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
-		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID,
-	}, eventType, reason, msg)
-	for _, r := range claim.Status.ReservedFor {
-		if r.APIGroup != "" || r.Resource != "pods" {
-			continue
-		}
-		o.events.Event(&corev1.ObjectReference{
-			APIVersion: "v1", Kind: "Pod", Namespace: claim.Namespace, Name: r.Name, UID: r.UID,
-		}, eventType, reason, "ResourceClaim "+claim.Name+": "+msg)
-	}
-}
-
-// claimRefOf finds a prepared claim's name by UID in the reservations.
-func (d *Driver) claimRefOf(uid types.UID) (claimRef, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, uses := range d.occ {
-		for _, u := range uses {
-			if u.owner.uid == uid {
-				return u.owner, true
-			}
-		}
-	}
-	return claimRef{}, false
-}

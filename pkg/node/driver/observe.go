@@ -315,3 +315,23 @@ func fullSlices(g *inventory.GPU) int {
 }
 
 var _ metrics.ClaimSource = (*Driver)(nil)
+
+// claimEvent raises an Event on the claim and on each pod it is reserved
+// for, where a user looks first.
+func (o *observer) claimEvent(claim *resourceapi.ResourceClaim, eventType, reason, msg string) {
+	if o.events == nil {
+		return
+	}
+	o.events.Event(&corev1.ObjectReference{
+		APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
+		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID,
+	}, eventType, reason, msg)
+	for _, r := range claim.Status.ReservedFor {
+		if r.APIGroup != "" || r.Resource != "pods" {
+			continue
+		}
+		o.events.Event(&corev1.ObjectReference{
+			APIVersion: "v1", Kind: "Pod", Namespace: claim.Namespace, Name: r.Name, UID: r.UID,
+		}, eventType, reason, "ResourceClaim "+claim.Name+": "+msg)
+	}
+}

@@ -3,6 +3,8 @@ package driver
 import (
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 )
@@ -136,4 +138,18 @@ func useOf(ref claimRef, d checkpoint.Device) use {
 		u.memory, u.cores = d.Share.MemoryBytes, d.Share.Cores
 	}
 	return u
+}
+
+// claimRefOf finds a prepared claim's name by UID in the reservations.
+func (d *Driver) claimRefOf(uid types.UID) (claimRef, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, uses := range d.occ {
+		for _, u := range uses {
+			if u.owner.uid == uid {
+				return u.owner, true
+			}
+		}
+	}
+	return claimRef{}, false
 }
