@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // launchArg0 is argv[0] under which this binary, re-executed, becomes the
@@ -88,6 +90,20 @@ func init() {
 }
 
 // chrootInto prepares the namespace and enters the driver root.
+//
+// The GPU's directories are opened before anything is mounted, and bound
+// from their descriptors (/proc/self/fd/N), never looked up by path after
+// a mount: the tmpfs over the root's /tmp, or a bind over its /dev/shm,
+// would otherwise hide a directory that lies under them. Seen on a real
+// H200: with the driver root / and the node check's scratch directory in
+// /tmp, the tmpfs hid the pipe directory, and every MPS prepare failed
+// with "bind …/pipe on /tmp/nvidia-mps: no such file or directory". A
+// descriptor holds the directory itself, whatever is later mounted over
+// its path, where binding the sources to a staging place first would
+// need a place no mount covers, and leaving /tmp alone when a source lies
+// under it would keep the daemon's mount points in the host's /tmp.
+// runc mounts a container's sources from descriptors too
+// (libcontainer/mount_linux.go, mountViaFds).
 func chrootInto(spec launchSpec) error {
 	// Mount points must be directories of the root itself: a symbolic
 	// link would resolve against this process's root, not the driver's.
@@ -97,21 +113,33 @@ func chrootInto(spec launchSpec) error {
 			return fmt.Errorf("%s must be a directory of the driver root (not a symbolic link) to hold the GPU's MPS directories (%v)", p, err)
 		}
 	}
+	binds := []struct {
+		from, to string
+		fd       int
+	}{
+		{from: spec.Pipe, to: ContainerPipeDir},
+		{from: spec.Log, to: chrootLogDir},
+		{from: spec.Shm, to: ContainerShmDir},
+	}
+	for i := range binds {
+		fd, err := unix.Open(binds[i].from, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open %s: %w", binds[i].from, err)
+		}
+		// The launcher execs the control program or exits: O_CLOEXEC
+		// closes these either way.
+		binds[i].fd = fd
+	}
 	scratch := filepath.Join(spec.Root, chrootScratch)
 	if err := syscall.Mount("facet-mps", scratch, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, "size=1m,mode=1777"); err != nil {
 		return fmt.Errorf("tmpfs on %s: %w", scratch, err)
-	}
-	binds := []struct{ from, to string }{
-		{spec.Pipe, ContainerPipeDir},
-		{spec.Log, chrootLogDir},
-		{spec.Shm, ContainerShmDir},
 	}
 	for _, b := range binds {
 		to := filepath.Join(spec.Root, b.to)
 		if err := os.MkdirAll(to, 0o755); err != nil {
 			return err
 		}
-		if err := syscall.Mount(b.from, to, "", syscall.MS_BIND, ""); err != nil {
+		if err := syscall.Mount(fmt.Sprintf("/proc/self/fd/%d", b.fd), to, "", syscall.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind %s on %s: %w", b.from, to, err)
 		}
 	}
