@@ -47,7 +47,8 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 	hamiLib := fs.String("hami-library", "/var/lib/facet-hami-core/libvgpu.so", "host path of HAMi-core's libvgpu.so, as the plugin's --hami-library (the chart installs it here)")
 	seconds := fs.Float64("seconds", 10, "how long the compute kernel runs per claim; its throughput is taken over the second half, once HAMi-core's throttle has settled; 0 measures memory only")
 	scratch := fs.String("scratch-dir", "", "where to make the check's scratch directory (CDI specs, checkpoint, HAMi-core regions), removed at the end (default: $TMPDIR or /tmp)")
-	useMPS := fs.Bool("mps", true, "partition the share and the slot with MPS, as the plugin does by default: the check runs its own MPS control daemon for the GPU, chrooted into --driver-root, and judges the SMs each client sees; false: time-sliced by HAMi-core")
+	useMPS := fs.Bool("mps", true, "partition the share and the slot with MPS, as the plugin does by default: the check runs its own MPS control daemon for the GPU, chrooted into --driver-root (or --host-root for a driver under a prefix), and judges the SMs each client sees; false: time-sliced by HAMi-core")
+	hostRoot := fs.String("host-root", "", "the host's / as this process sees it (/ on the host), for a driver under a prefix of its own such as /usr/local/nvidia, which has no loader to chroot into: its MPS daemon runs chrooted into --host-root, of which --driver-root must then be a directory, as facet-mps's --host-root; empty: none")
 	verbose := fs.Bool("v", false, "also print the plugin code's log")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -73,7 +74,7 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 	opts := nodecheck.Options{
 		GPU: *gpu, ShareMemoryBytes: mem.Value(), ShareCores: *shareCores, Slots: layout,
 		DriverRoot: *driverRoot, DevRoot: *devRoot, NvidiaCDIHook: *cdiHook, HAMiLibrary: *hamiLib,
-		ScratchParent: *scratch, ProbeSeconds: *seconds, Log: stderr, MPS: *useMPS,
+		ScratchParent: *scratch, ProbeSeconds: *seconds, Log: stderr, MPS: *useMPS, HostRoot: *hostRoot,
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

@@ -55,7 +55,7 @@ func (m *MPSConfig) open(ctx context.Context) (p driver.Partitioner, reason, fat
 		logger.Error(err, "MPS unavailable: vGPU shares are time-sliced by HAMi-core")
 		return nil, err, nil
 	}
-	logger.Info("MPS partitions vGPU shares and slots by default", "facetMPS", info.Instance, "control", info.Control, "driverRoot", info.Root, "dir", info.Dir, "shmSize", info.ShmSize)
+	logger.Info("MPS partitions vGPU shares and slots by default", "facetMPS", info.Instance, "control", info.Control, "driverRoot", info.Root, "hostRoot", info.HostRoot, "dir", info.Dir, "shmSize", info.ShmSize)
 	return client, nil, nil
 }
 
