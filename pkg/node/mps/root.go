@@ -45,25 +45,26 @@ func FindControl(driverRoot string) (string, error) {
 // docs/driver-roots.md) has none of these: its programs use the host's
 // loader from the host's /, and Locate runs them from there. Seen on a
 // real H200: without this check, each MPS prepare failed on such a root
-// instead of the node saying once that it cannot run MPS.
-func CheckRoot(driverRoot, control string) error {
+// instead of the node saying once that it cannot run MPS. The error names
+// the root and everything it lacks, or the program it could not read.
+func CheckRoot(root, control string) error {
 	var missing []string
 	for _, d := range []string{"tmp", "dev/shm"} {
-		st, err := os.Lstat(filepath.Join(driverRoot, d))
+		st, err := os.Lstat(filepath.Join(root, d))
 		if err != nil || !st.IsDir() {
 			missing = append(missing, "no /"+d+" directory")
 		}
 	}
-	interp, err := interpreter(filepath.Join(driverRoot, control))
+	interp, err := interpreter(filepath.Join(root, control))
 	if err != nil {
-		return fmt.Errorf("driver root %s: read %s: %w", driverRoot, control, err)
+		return fmt.Errorf("root %s: read %s: %w", root, control, err)
 	}
 	if interp != "" {
 		// Resolved inside the root, as the chrooted exec will: a
 		// loader reached through an absolute link (Debian's
 		// /lib64/ld-linux-x86-64.so.2) must not be looked for in this
 		// process's own root, the image's.
-		p, err := securejoin.SecureJoin(driverRoot, interp)
+		p, err := securejoin.SecureJoin(root, interp)
 		if err == nil {
 			_, err = os.Stat(p)
 		}
@@ -72,7 +73,7 @@ func CheckRoot(driverRoot, control string) error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("root %s cannot run MPS chrooted: %s", driverRoot, strings.Join(missing, "; "))
+		return fmt.Errorf("root %s cannot run MPS chrooted: %s", root, strings.Join(missing, "; "))
 	}
 	return nil
 }
