@@ -26,70 +26,99 @@ import (
 // report says which.
 var errNodeCheckFailed = errors.New("the node does not deliver what it publishes (see above)")
 
+// nodeCheckArgs are node-check's flags, once parsed.
+type nodeCheckArgs struct {
+	machine     *string
+	nvmlLib     *string
+	gpu         *int
+	shareMemory *string
+	shareCores  *int64
+	slots       *string
+	gpuSlots    *string
+	driverRoot  *string
+	devRoot     *string
+	cdiHook     *string
+	hamiLib     *string
+	seconds     *float64
+	scratch     *string
+	useMPS      *bool
+	hostRoot    *string
+	verbose     *bool
+}
+
+// nodeCheckFlags is node-check's command line (docs/node-check.md; its
+// commands are parsed with it in TestNodeCheckDocCommands).
+func nodeCheckFlags(stderr io.Writer) (*flag.FlagSet, *nodeCheckArgs) {
+	a := &nodeCheckArgs{}
+	fs := flag.NewFlagSet("node-check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	a.machine = fs.String("machine", "", "machine file of a simulated node: every step runs except the CUDA probe (default: the real NVML of this host); without --driver-root, the check lays out the machine's simulated driver root in a scratch directory")
+	a.nvmlLib = fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: found in --driver-root as nvcdi finds the driver's libraries), as the plugin's --nvml-library")
+	a.gpu = fs.Int("gpu", 0, "NVML index of the GPU to check; it must be idle (no claim, no process) and have MIG mode off")
+	a.shareMemory = fs.String("share-memory", "2000Mi", "memory of the vGPU share, a Kubernetes quantity in whole MiB")
+	a.shareCores = fs.Int64("share-cores", 20, "SM time of the vGPU share in percent (0: best effort)")
+	a.slots = fs.String("slots", inventory.DefaultSlotLayout.String(), "the node's slot layout, as the plugin's --slots; the check prepares its smallest slot")
+	a.gpuSlots = fs.String("gpu-slots", "", "per-GPU slot layouts, as the plugin's --gpu-slots")
+	a.driverRoot = fs.String("driver-root", "/", "host path of the NVIDIA driver's files, as the plugin's --driver-root")
+	a.devRoot = fs.String("dev-root", "", "host path whose dev/ holds the NVIDIA device nodes (default: --driver-root), as the plugin's --dev-root")
+	a.cdiHook = fs.String("nvidia-cdi-hook", "/usr/bin/nvidia-cdi-hook", "host path of nvidia-cdi-hook, as the plugin's --nvidia-cdi-hook")
+	a.hamiLib = fs.String("hami-library", "/var/lib/facet-hami-core/libvgpu.so", "host path of HAMi-core's libvgpu.so, as the plugin's --hami-library (the chart installs it here)")
+	a.seconds = fs.Float64("seconds", 10, "how long the compute kernel runs per claim; its throughput is taken over the second half, once HAMi-core's throttle has settled; 0 measures memory only")
+	a.scratch = fs.String("scratch-dir", "", "where to make the check's scratch directory (CDI specs, checkpoint, HAMi-core regions), removed at the end (default: $TMPDIR or /tmp)")
+	a.useMPS = fs.Bool("mps", true, "partition the share and the slot with MPS, as the plugin does by default: the check runs its own MPS control daemon for the GPU, chrooted into --driver-root (or --host-root for a driver under a prefix), and judges the SMs each client sees; false: time-sliced by HAMi-core")
+	a.hostRoot = fs.String("host-root", "", "the host's / as this process sees it (/ on the host), for a driver under a prefix of its own such as /usr/local/nvidia, which has no loader to chroot into: its MPS daemon runs chrooted into --host-root, of which --driver-root must then be a directory, as facet-mps's --host-root; empty: none")
+	a.verbose = fs.Bool("v", false, "also print the plugin code's log")
+	return fs, a
+}
+
 // runNodeCheck is `facetctl node-check`; `facetctl node-check probe` is the
 // CUDA probe's process, which the check starts in each claim's environment.
 func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "probe" {
 		return probe.Command(args[1:], stdout)
 	}
-	fs := flag.NewFlagSet("node-check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	machine := fs.String("machine", "", "machine file of a simulated node: every step runs except the CUDA probe (default: the real NVML of this host); without --driver-root, the check lays out the machine's simulated driver root in a scratch directory")
-	nvmlLib := fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: found in --driver-root as nvcdi finds the driver's libraries), as the plugin's --nvml-library")
-	gpu := fs.Int("gpu", 0, "NVML index of the GPU to check; it must be idle (no claim, no process) and have MIG mode off")
-	shareMemory := fs.String("share-memory", "2000Mi", "memory of the vGPU share, a Kubernetes quantity in whole MiB")
-	shareCores := fs.Int64("share-cores", 20, "SM time of the vGPU share in percent (0: best effort)")
-	slots := fs.String("slots", inventory.DefaultSlotLayout.String(), "the node's slot layout, as the plugin's --slots; the check prepares its smallest slot")
-	gpuSlots := fs.String("gpu-slots", "", "per-GPU slot layouts, as the plugin's --gpu-slots")
-	driverRoot := fs.String("driver-root", "/", "host path of the NVIDIA driver's files, as the plugin's --driver-root")
-	devRoot := fs.String("dev-root", "", "host path whose dev/ holds the NVIDIA device nodes (default: --driver-root), as the plugin's --dev-root")
-	cdiHook := fs.String("nvidia-cdi-hook", "/usr/bin/nvidia-cdi-hook", "host path of nvidia-cdi-hook, as the plugin's --nvidia-cdi-hook")
-	hamiLib := fs.String("hami-library", "/var/lib/facet-hami-core/libvgpu.so", "host path of HAMi-core's libvgpu.so, as the plugin's --hami-library (the chart installs it here)")
-	seconds := fs.Float64("seconds", 10, "how long the compute kernel runs per claim; its throughput is taken over the second half, once HAMi-core's throttle has settled; 0 measures memory only")
-	scratch := fs.String("scratch-dir", "", "where to make the check's scratch directory (CDI specs, checkpoint, HAMi-core regions), removed at the end (default: $TMPDIR or /tmp)")
-	useMPS := fs.Bool("mps", true, "partition the share and the slot with MPS, as the plugin does by default: the check runs its own MPS control daemon for the GPU, chrooted into --driver-root, and judges the SMs each client sees; false: time-sliced by HAMi-core")
-	verbose := fs.Bool("v", false, "also print the plugin code's log")
+	fs, a := nodeCheckFlags(stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	mem, err := resource.ParseQuantity(*shareMemory)
+	mem, err := resource.ParseQuantity(*a.shareMemory)
 	if err != nil {
 		return fmt.Errorf("--share-memory: %w", err)
 	}
-	layout, err := inventory.ParseSlotLayout(*slots)
+	layout, err := inventory.ParseSlotLayout(*a.slots)
 	if err != nil {
 		return fmt.Errorf("--slots: %w", err)
 	}
-	perGPU, err := inventory.ParsePerGPU(*gpuSlots, "layout", inventory.ParseSlotLayout)
+	perGPU, err := inventory.ParsePerGPU(*a.gpuSlots, "layout", inventory.ParseSlotLayout)
 	if err != nil {
 		return fmt.Errorf("--gpu-slots: %w", err)
 	}
-	if l, ok := perGPU[*gpu]; ok {
+	if l, ok := perGPU[*a.gpu]; ok {
 		layout = l
 	}
 	opts := nodecheck.Options{
-		GPU: *gpu, ShareMemoryBytes: mem.Value(), ShareCores: *shareCores, Slots: layout,
-		DriverRoot: *driverRoot, DevRoot: *devRoot, NvidiaCDIHook: *cdiHook, HAMiLibrary: *hamiLib,
-		ScratchParent: *scratch, ProbeSeconds: *seconds, Log: stderr, MPS: *useMPS,
+		GPU: *a.gpu, ShareMemoryBytes: mem.Value(), ShareCores: *a.shareCores, Slots: layout,
+		DriverRoot: *a.driverRoot, DevRoot: *a.devRoot, NvidiaCDIHook: *a.cdiHook, HAMiLibrary: *a.hamiLib,
+		ScratchParent: *a.scratch, ProbeSeconds: *a.seconds, Log: stderr, MPS: *a.useMPS, HostRoot: *a.hostRoot,
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if *machine != "" {
-		opts.SkipProbe = fmt.Sprintf("simulated GPU (--machine %s): no CUDA device behind it, and its libcuda.so is a stand-in", *machine)
+	if *a.machine != "" {
+		opts.SkipProbe = fmt.Sprintf("simulated GPU (--machine %s): no CUDA device behind it, and its libcuda.so is a stand-in", *a.machine)
 		if !set["driver-root"] {
 			// The machine's driver is nowhere on this host: the check
 			// reads a simulated root, as the simulated node's plugin does.
-			root, err := os.MkdirTemp(*scratch, "facet-node-check-driver-root-")
+			root, err := os.MkdirTemp(*a.scratch, "facet-node-check-driver-root-")
 			if err != nil {
 				return err
 			}
 			defer os.RemoveAll(root)
-			version, _, err := layoutSimulatedRoot(*machine, root)
+			version, _, err := layoutSimulatedRoot(*a.machine, root)
 			if err != nil {
-				return fmt.Errorf("lay out the simulated driver root of %s (or pass --driver-root): %w", *machine, err)
+				return fmt.Errorf("lay out the simulated driver root of %s (or pass --driver-root): %w", *a.machine, err)
 			}
 			opts.DriverRoot, opts.DevRoot = root, root
 			if !set["hami-library"] {
@@ -100,14 +129,14 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 			}
 			fmt.Fprintf(stderr, "simulated driver %s root at %s, HAMi-core %s (--machine without --driver-root)\n", version, root, opts.HAMiLibrary)
 		}
-		opts.Library, err = openLibrary(*machine)
+		opts.Library, err = openLibrary(*a.machine)
 	} else {
 		self, exeErr := os.Executable()
 		if exeErr != nil {
 			return fmt.Errorf("find facetctl's own path for the probe process: %w", exeErr)
 		}
 		opts.Prober = nodecheck.ExecProber{Path: self, Args: []string{"node-check", "probe"}}
-		opts.Library, err = nvml.OpenDriver(*driverRoot, *nvmlLib)
+		opts.Library, err = nvml.OpenDriver(*a.driverRoot, *a.nvmlLib)
 	}
 	if err != nil {
 		return err
@@ -117,7 +146,7 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logger := logr.Discard()
-	if *verbose {
+	if *a.verbose {
 		logger = klog.Background()
 	}
 	rep, err := nodecheck.Run(klog.NewContext(ctx, logger), opts)

@@ -18,7 +18,8 @@ import (
 // through plugin restarts and upgrades needs: hostPID, OnDelete updates, the
 // plugin's MPS directory mounted Bidirectional (each GPU's /dev/shm tmpfs is
 // mounted there for the runtime to bind), the plugin's driver root to
-// chroot into, and flags facet-mps accepts.
+// chroot into, read under the host's / where it is not / (a driver under
+// a prefix runs from there), and flags facet-mps accepts.
 func TestMPSDaemonSet(t *testing.T) {
 	flags := pluginFlags(t)
 	for name, vals := range configurations(t) {
@@ -63,8 +64,17 @@ func TestMPSDaemonSet(t *testing.T) {
 				pluginDir, _ := pargs.value(flags, "mps-dir")
 				pluginRoot, _ := pargs.value(flags, "driver-root")
 				ctrRoot, _ := pargs.value(flags, "container-driver-root")
-				if f.Dir != pluginDir || f.Root != ctrRoot {
-					t.Errorf("%s: --mps-dir %s, --driver-root %s; want the plugin's %s and its container driver root %s", ds.Name, f.Dir, f.Root, pluginDir, ctrRoot)
+				// Where the driver root is the host's /, it is the
+				// plugin's mount of it; anywhere else facet-mps reads it
+				// under its mount of the host's / (--host-root), whose
+				// root runs the daemons of a driver under a prefix.
+				wantRoot, wantHost := ctrRoot, ""
+				if pluginRoot != "/" {
+					wantHost = "/host"
+					wantRoot = wantHost + pluginRoot
+				}
+				if f.Dir != pluginDir || f.Root != wantRoot || f.HostRoot != wantHost {
+					t.Errorf("%s: --mps-dir %s, --driver-root %s, --host-root %q; want the plugin's %s, %s and %q", ds.Name, f.Dir, f.Root, f.HostRoot, pluginDir, wantRoot, wantHost)
 				}
 				m, v := mountFor(ms, c, f.Dir)
 				if m == nil || v == nil || v.HostPath == nil || path.Clean(v.HostPath.Path) != f.Dir || m.MountPath != f.Dir {
@@ -74,8 +84,13 @@ func TestMPSDaemonSet(t *testing.T) {
 					t.Errorf("%s: the MPS directory's propagation %v: the GPUs' shm tmpfs would not reach the host", ds.Name, m.MountPropagation)
 				}
 				m, v = mountFor(ms, c, f.Root)
-				if m == nil || v == nil || v.HostPath == nil || path.Clean(v.HostPath.Path) != pluginRoot || m.MountPath != f.Root {
+				if m == nil || v == nil || v.HostPath == nil || path.Join(path.Clean(v.HostPath.Path), strings.TrimPrefix(f.Root, m.MountPath)) != pluginRoot {
 					t.Errorf("%s: --driver-root %s is not the host's driver root %s", ds.Name, f.Root, pluginRoot)
+				} else if f.HostRoot != "" && (m.MountPath != f.HostRoot || path.Clean(v.HostPath.Path) != "/") {
+					t.Errorf("%s: --host-root %s is not the host's / (mounted from %s at %s)", ds.Name, f.HostRoot, v.HostPath.Path, m.MountPath)
+				}
+				if m != nil && (!m.ReadOnly || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer) {
+					t.Errorf("%s: the driver root's mount %s: read-only %v, propagation %v; want read-only, HostToContainer", ds.Name, m.MountPath, m.ReadOnly, m.MountPropagation)
 				}
 				if _, err := (&f).ShmBytes(); err != nil {
 					t.Errorf("%s: %v", ds.Name, err)

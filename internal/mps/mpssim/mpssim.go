@@ -15,13 +15,17 @@
 // control.log); "quit" stops the daemon and waits for it to be gone.
 //
 // The daemon also writes a marker into /dev/shm, so a test can see whether
-// it ran with the GPU's own shared-memory directory there.
+// it ran with the GPU's own shared-memory directory there, and logs the
+// libcuda.so.1 its servers would load: the first in LD_LIBRARY_PATH's
+// directories or the loader's default ones (usr/lib/<triplet>, usr/lib64,
+// lib64), so a test can see which driver's libraries it reached.
 //
 // WriteRoot lays out a root that the stand-in runs chrooted in, as Facet
-// runs the real program in the driver root; Write installs the script
-// alone.
+// runs the real program in the driver root; WritePrefix a host's root with
+// a driver under a prefix of its own, whose stand-in runs chrooted into
+// the host's root; Write installs the script alone.
 //
-// Log lines (control.log), one per event: "startup pid=<pid> gpu=<CUDA_VISIBLE_DEVICES>",
+// Log lines (control.log), one per event: "startup pid=<pid> gpu=<CUDA_VISIBLE_DEVICES> libcuda=<path, or none>",
 // "client uid=<uid> pid=<pid> pct=<percent> cmd=<command>", "quit", "terminated".
 package mpssim
 
@@ -46,6 +50,20 @@ pipe="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
 logd="${CUDA_MPS_LOG_DIRECTORY:-/var/log/nvidia-mps}"
 pidf="$pipe/nvidia-cuda-mps-control.pid"
 log() { echo "$(date -u +%Y-%m-%dT%H:%M:%S) $*" >> "$logd/control.log"; }
+# libcuda: where the loader would find libcuda.so.1 for a server.
+libcuda() {
+	old="$IFS"
+	IFS=:
+	for d in ${LD_LIBRARY_PATH:-} /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /lib64; do
+		if [ -n "$d" ] && [ -e "$d/libcuda.so.1" ]; then
+			IFS="$old"
+			echo "$d/libcuda.so.1"
+			return
+		fi
+	done
+	IFS="$old"
+	echo none
+}
 alive() { [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; }
 case "$1" in
 -d)
@@ -73,7 +91,7 @@ case "$1" in
 	mkfifo -m 0666 "$pipe/control" || exit 1
 	: > "$pipe/control_lock"
 	echo "x" > "/dev/shm/` + ShmMarker + `.$$" 2>/dev/null
-	log "startup pid=$$ gpu=${CUDA_VISIBLE_DEVICES:-}"
+	log "startup pid=$$ gpu=${CUDA_VISIBLE_DEVICES:-} libcuda=$(libcuda)"
 	echo $$ > "$pidf.tmp" && mv "$pidf.tmp" "$pidf"
 	while :; do
 		while read -r line; do

@@ -196,3 +196,61 @@ func alive(pid int) bool {
 	i := bytes.LastIndexByte(b, ')')
 	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z'
 }
+
+// TestWritePrefix: in each simulated prefix layout the stand-in is the
+// prefix's, and the prefix has none of what a root to chroot into needs;
+// run chrooted into the host's root with LD_LIBRARY_PATH into the
+// prefix's lib64, as Facet runs a driver under a prefix, it starts, finds
+// the prefix's libcuda.so.1 and quits.
+func TestWritePrefix(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chroot and mknod need root: run this test as root to check the stand-in's prefix layout")
+	}
+	for _, prefix := range Prefixes {
+		t.Run(prefix, func(t *testing.T) {
+			host := t.TempDir()
+			for range 2 {
+				if err := WritePrefix(host, prefix); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dir := filepath.Join(host, prefix)
+			if fi, err := os.Stat(filepath.Join(dir, PrefixControlRel)); err != nil || fi.Mode().Perm() != 0o755 {
+				t.Fatalf("the prefix's stand-in: %v %v", fi, err)
+			}
+			for _, absent := range []string{filepath.Join(host, ControlRel), filepath.Join(dir, "tmp"), filepath.Join(dir, "dev"), filepath.Join(dir, "bin/sh")} {
+				if _, err := os.Lstat(absent); err == nil {
+					t.Errorf("%s exists: a prefix layout has its stand-in in the prefix alone, and no root of its own", absent)
+				}
+			}
+			lib := filepath.Join(dir, PrefixLibDir, "libcuda.so.1")
+			if err := os.WriteFile(lib, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			run := func(stdin string, args ...string) {
+				t.Helper()
+				cmd := exec.Command(filepath.Join(prefix, PrefixControlRel), args...)
+				cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: host}
+				cmd.Dir = "/"
+				cmd.Env = []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/pipe", "CUDA_MPS_LOG_DIRECTORY=/tmp/log", "PATH=/usr/bin:/bin", "LD_LIBRARY_PATH=/nowhere:" + filepath.Join(prefix, PrefixLibDir)}
+				cmd.Stdin = strings.NewReader(stdin)
+				if out, err := cmd.CombinedOutput(); err != nil {
+					t.Fatalf("chroot %s %s %v: %v\n%s", host, cmd.Path, args, err, out)
+				}
+			}
+			run("", "-d")
+			b, _ := os.ReadFile(filepath.Join(host, "tmp/log/control.log"))
+			if want := "libcuda=" + filepath.Join(prefix, PrefixLibDir, "libcuda.so.1"); !bytes.Contains(b, []byte(want)) {
+				t.Errorf("control.log has no %q:\n%s", want, b)
+			}
+			run("quit\n")
+			b, _ = os.ReadFile(filepath.Join(host, "tmp/log/control.log"))
+			if !bytes.Contains(b, []byte(" quit\n")) {
+				t.Errorf("control.log has no quit:\n%s", b)
+			}
+		})
+	}
+	if err := WritePrefix(t.TempDir(), "/"); err == nil {
+		t.Error("WritePrefix with the prefix /: no error")
+	}
+}

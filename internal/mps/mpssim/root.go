@@ -87,7 +87,54 @@ func WriteRoot(root string) error {
 	if err := writeRoot(root); err != nil {
 		return fmt.Errorf("MPS stand-in root %s: %w", root, err)
 	}
+	if err := writeFile(filepath.Join(root, ControlRel), []byte(Script), 0o755); err != nil {
+		return fmt.Errorf("MPS stand-in root %s: %w", root, err)
+	}
 	return nil
+}
+
+// Prefixes are where drivers installed under a directory of their own put
+// it, as the simulated prefix layouts (WritePrefix) lay them out, each
+// with its programs in bin/ and its libraries in lib64/: GKE's
+// (/home/kubernetes/bin/nvidia, on Container-Optimized OS) and a runfile
+// install's /usr/local/nvidia (the real H200 and H100 VMs of
+// docs/driver-roots.md).
+var Prefixes = []string{"/home/kubernetes/bin/nvidia", "/usr/local/nvidia"}
+
+// Where WritePrefix puts the stand-in and where a prefix keeps its
+// libraries, relative to the prefix.
+const (
+	PrefixControlRel = "bin/nvidia-cuda-mps-control"
+	PrefixLibDir     = "lib64"
+)
+
+// WritePrefix lays out under hostRoot a host's root with a driver under
+// prefix (one of Prefixes, or any absolute path other than /): what
+// WriteRoot lays out but the stand-in, which goes to
+// <prefix>/bin/nvidia-cuda-mps-control (PrefixControlRel). The prefix gets
+// no loader, libc, /tmp or /dev/shm: like a real one, its programs run
+// only with the host's. Its lib64/ is the caller's to fill (internal/nvml/sim
+// lays out a driver's libraries there); WritePrefix only makes it. It is
+// idempotent, as WriteRoot is.
+func WritePrefix(hostRoot, prefix string) error {
+	if err := writePrefix(hostRoot, prefix); err != nil {
+		return fmt.Errorf("MPS stand-in host root %s, driver prefix %s: %w", hostRoot, prefix, err)
+	}
+	return nil
+}
+
+func writePrefix(hostRoot, prefix string) error {
+	if !filepath.IsAbs(prefix) || filepath.Clean(prefix) == "/" {
+		return errors.New("the prefix must be an absolute path other than /")
+	}
+	if err := writeRoot(hostRoot); err != nil {
+		return err
+	}
+	dir := filepath.Join(hostRoot, prefix)
+	if err := writeFile(filepath.Join(dir, PrefixControlRel), []byte(Script), 0o755); err != nil {
+		return err
+	}
+	return os.MkdirAll(filepath.Join(dir, PrefixLibDir), 0o755)
 }
 
 func writeRoot(root string) error {
@@ -139,9 +186,6 @@ func writeRoot(root string) error {
 		if err := writeFile(filepath.Join(root, f.rel), data, 0o755); err != nil {
 			return err
 		}
-	}
-	if err := writeFile(filepath.Join(root, ControlRel), []byte(Script), 0o755); err != nil {
-		return err
 	}
 	for _, a := range applets {
 		if err := symlink(filepath.Join(root, "bin", a), "busybox"); err != nil {

@@ -268,30 +268,107 @@ func SimulatedLibraryDir() string {
 // The MPS stand-in's shell and commands are copied from this system, which
 // needs dash (or a dynamically linked /bin/sh) and busybox-static.
 func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error {
+	machine, err := checkLayout(root, driverVersion, gpuMinors)
+	if err != nil {
+		return err
+	}
+	triplet, _, _ := libraryTriplet()
+	l := &layout{root: root}
+	if err := l.driver(filepath.Join("usr", "lib", triplet), filepath.Join("usr", "bin"), driverVersion, machine); err != nil {
+		return err
+	}
+	// The MPS control daemon runs, chrooted into the root, as the real
+	// one runs chrooted into the host's driver root: its stand-in comes
+	// with a shell, a loader and a libc of the root's own.
+	if err := mpssim.WriteRoot(root); err != nil {
+		return err
+	}
+
+	// Firmware.
+	for _, fw := range simFirmware {
+		content := fmt.Appendf(nil, "simulated NVIDIA GSP firmware %s for driver %s (Facet)\n", fw, driverVersion)
+		if err := l.file(filepath.Join("lib", "firmware", "nvidia", driverVersion, fw), content, 0o644); err != nil {
+			return err
+		}
+	}
+	if err := l.procFiles(gpuMinors); err != nil {
+		return err
+	}
+	return l.devices(gpuMinors)
+}
+
+// LayoutPrefixDriverRoot lays out under hostRoot a simulated host whose
+// NVIDIA driver is installed under a prefix of its own, as GKE installs it
+// at /home/kubernetes/bin/nvidia and a runfile install at /usr/local/nvidia
+// (mpssim.Prefixes; docs/driver-roots.md): the driver root is
+// <hostRoot>/<prefix>, the plugin's --driver-root, and its device nodes
+// are in the host's /dev, the plugin's --dev-root hostRoot.
+//
+//	<prefix>/lib64/<lib>.so.<ver>, links   the driver libraries, as in
+//	                                       LayoutDriverRoot
+//	<prefix>/bin/nvidia-smi, ...           the driver's programs;
+//	<prefix>/bin/nvidia-cuda-mps-control   the MPS stand-in (mpssim.WritePrefix)
+//	<prefix>/proc/...                      the simulated node's proc files,
+//	                                       where a simulated plugin reads them
+//	                                       (in its driver root)
+//	bin/sh, bin/busybox, the loader,       the host's own root, whose loader
+//	usr/lib/<triplet>/libc.so.6, tmp,      and libc run the prefix's programs
+//	dev/shm, dev/null                      (chrooted into it, mps.Locate)
+//	dev/nvidiactl, dev/nvidia<minor>, ...  the device nodes, as in
+//	                                       LayoutDriverRoot
+//
+// The prefix has no loader, libc, tmp or dev/shm, and no firmware (nvcdi
+// finds none there, as on a node whose firmware is elsewhere). prefix
+// must be absolute and not /. It is idempotent, and needs what
+// LayoutDriverRoot needs (root for mknod; dash and busybox-static).
+func LayoutPrefixDriverRoot(hostRoot, prefix, driverVersion string, gpuMinors []int) error {
+	machine, err := checkLayout(hostRoot, driverVersion, gpuMinors)
+	if err != nil {
+		return err
+	}
+	if !filepath.IsAbs(prefix) || filepath.Clean(prefix) == "/" {
+		return fmt.Errorf("simulated host root %s: driver prefix %q must be an absolute path other than /", hostRoot, prefix)
+	}
+	l := &layout{root: filepath.Join(hostRoot, prefix)}
+	if err := l.driver(mpssim.PrefixLibDir, filepath.Dir(mpssim.PrefixControlRel), driverVersion, machine); err != nil {
+		return err
+	}
+	if err := mpssim.WritePrefix(hostRoot, prefix); err != nil {
+		return err
+	}
+	if err := l.procFiles(gpuMinors); err != nil {
+		return err
+	}
+	return (&layout{root: hostRoot}).devices(gpuMinors)
+}
+
+// checkLayout checks a layout's arguments and returns the ELF machine of
+// its libraries.
+func checkLayout(root, driverVersion string, gpuMinors []int) (elf.Machine, error) {
 	if root == "" || !filepath.IsAbs(root) {
-		return fmt.Errorf("simulated driver root %q: must be an absolute path", root)
+		return 0, fmt.Errorf("simulated driver root %q: must be an absolute path", root)
 	}
 	if driverVersion == "" || strings.ContainsAny(driverVersion, "/*?[ ") || !strings.Contains(driverVersion, ".") {
-		return fmt.Errorf("simulated driver root %s: invalid driver version %q", root, driverVersion)
+		return 0, fmt.Errorf("simulated driver root %s: invalid driver version %q", root, driverVersion)
 	}
 	seen := map[int]bool{}
 	for _, m := range gpuMinors {
 		if m < 0 || m >= migMaxGPUs {
-			return fmt.Errorf("simulated driver root %s: GPU minor %d out of range 0-%d", root, m, migMaxGPUs-1)
+			return 0, fmt.Errorf("simulated driver root %s: GPU minor %d out of range 0-%d", root, m, migMaxGPUs-1)
 		}
 		if seen[m] {
-			return fmt.Errorf("simulated driver root %s: GPU minor %d listed twice", root, m)
+			return 0, fmt.Errorf("simulated driver root %s: GPU minor %d listed twice", root, m)
 		}
 		seen[m] = true
 	}
-	triplet, machine, err := libraryTriplet()
-	if err != nil {
-		return err
-	}
-	l := &layout{root: root}
+	_, machine, err := libraryTriplet()
+	return machine, err
+}
 
-	// Libraries.
-	libDir := filepath.Join("usr", "lib", triplet)
+// driver writes the driver's libraries into libDir and its programs but
+// the MPS control program (the caller's, from mpssim) into binDir, both
+// relative to l.root.
+func (l *layout) driver(libDir, binDir, driverVersion string, machine elf.Machine) error {
 	if err := l.removeOtherVersions(libDir, driverVersion); err != nil {
 		return err
 	}
@@ -303,7 +380,7 @@ func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error 
 		}
 		data, err := stubSharedObject(machine, soname)
 		if err != nil {
-			return fmt.Errorf("simulated driver root %s: %s: %w", root, file, err)
+			return fmt.Errorf("simulated driver root %s: %s: %w", l.root, file, err)
 		}
 		if err := l.file(filepath.Join(libDir, file), data, 0o755); err != nil {
 			return err
@@ -319,34 +396,23 @@ func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error 
 			}
 		}
 	}
-
-	// Binaries. The MPS control daemon runs, chrooted into the root, as
-	// the real one runs chrooted into the host's driver root: its stand-in
-	// comes with a shell, a loader and a libc of the root's own.
 	for _, bin := range simBinaries {
 		if bin == mps.ControlName {
 			continue
 		}
-		if err := l.file(filepath.Join("usr", "bin", bin), simBinary(bin, driverVersion), 0o755); err != nil {
+		if err := l.file(filepath.Join(binDir, bin), simBinary(bin, driverVersion), 0o755); err != nil {
 			return err
 		}
 	}
-	if err := mpssim.WriteRoot(root); err != nil {
-		return err
-	}
+	return nil
+}
 
-	// Firmware.
-	for _, fw := range simFirmware {
-		content := fmt.Appendf(nil, "simulated NVIDIA GSP firmware %s for driver %s (Facet)\n", fw, driverVersion)
-		if err := l.file(filepath.Join("lib", "firmware", "nvidia", driverVersion, fw), content, 0o644); err != nil {
-			return err
-		}
-	}
-
-	// The driver's proc files: the MIG capability table (also read by nvcdi
-	// at the fixed host path /proc/driver/nvidia-caps/mig-minors, see
-	// BindSimulatedProcDriver), the capabilities' access files, and the
-	// character device majors (nvml.ReadMIGCapDevices reads all three).
+// procFiles writes the driver's proc files below l.root/proc: the MIG
+// capability table (also read by nvcdi at the fixed host path
+// /proc/driver/nvidia-caps/mig-minors, see BindSimulatedProcDriver), the
+// capabilities' access files, and the character device majors
+// (nvml.ReadMIGCapDevices reads all three).
+func (l *layout) procFiles(gpuMinors []int) error {
 	if err := l.file(filepath.Join("proc", "driver", "nvidia-caps", "mig-minors"), migMinorsFile(), 0o444); err != nil {
 		return err
 	}
@@ -358,6 +424,12 @@ func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error 
 			return err
 		}
 	}
+	return nil
+}
+
+// devices makes the device nodes below l.root/dev, with the modes the
+// driver gives them.
+func (l *layout) devices(gpuMinors []int) error {
 	// No node for a GPU or compute instance's capability (nvidia-cap3 and
 	// up): a host has one only where something created it, never for an
 	// instance carved at prepare. Nodes an earlier layout made are removed.
@@ -365,12 +437,10 @@ func LayoutDriverRoot(root string, driverVersion string, gpuMinors []int) error 
 	for _, p := range stale {
 		if n, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(p), "nvidia-cap")); err == nil && n >= migFirstGPUCapMinor {
 			if err := os.Remove(p); err != nil {
-				return fmt.Errorf("simulated driver root %s: %w", root, err)
+				return fmt.Errorf("simulated driver root %s: %w", l.root, err)
 			}
 		}
 	}
-
-	// Device nodes, with the modes the driver gives them.
 	nodes := []struct {
 		path string
 		mode uint32

@@ -1,5 +1,6 @@
 // Package mps runs one NVIDIA MPS control daemon (nvidia-cuda-mps-control
-// from the driver root, chrooted into it: launch.go) per GPU whose vGPU
+// from the driver root, chrooted into it, or, for a driver under a prefix
+// of its own, into the host's root: Locate, launch.go) per GPU whose vGPU
 // shares or slots it partitions, and writes what each share's CDI spec
 // needs to join it: the GPU's pipe directory and shared-memory tmpfs as
 // mounts, and CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.
@@ -110,12 +111,16 @@ const (
 
 // Options configure a Manager.
 type Options struct {
-	// Root is the driver root as this process sees it (facet-mps's
-	// mount of the host's); the daemons run chrooted into it.
+	// Root is the root the daemons run chrooted into, as this process
+	// sees it (Layout.Root): the driver root (facet-mps's mount of the
+	// host's), or the host's root for a driver under a prefix.
 	Root string
 	// Control is nvidia-cuda-mps-control's path inside Root
-	// (FindControl).
+	// (Layout.Control).
 	Control string
+	// LibraryPath, when set, is the daemons' LD_LIBRARY_PATH inside Root
+	// (Layout.LibraryPath): a prefix's library directory.
+	LibraryPath string
 	// Dir holds a directory per GPU: pipe/, log/, shm/ and daemon.json.
 	// It should be on a tmpfs (e.g. /run/facet/mps); a record of another
 	// boot is distrusted either way. Its path is the host's too: the CDI
@@ -591,22 +596,25 @@ func (m *Manager) start(ctx context.Context, uuid string, dirs Dirs) (err error)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
 		msg, _ := os.ReadFile(out.Name())
-		return fmt.Errorf("%s -d (chrooted into %s): %w: %s%s", m.opts.Control, m.opts.Root, err, bytes.TrimSpace(msg), launchHint(err))
+		return fmt.Errorf("%s -d (chrooted into %s%s): %w: %s%s", m.opts.Control, m.opts.Root, m.libraryPathNote(), err, bytes.TrimSpace(msg), launchHint(err))
 	}
 	return nil
 }
 
-// launch is the control program with args, chrooted into the driver root
+// launch is the control program with args, chrooted into Options.Root
 // with the GPU's directories (launch.go).
 func (m *Manager) launch(ctx context.Context, dirs Dirs, args ...string) *exec.Cmd {
 	return launch(ctx, launchSpec{Root: m.opts.Root, Control: m.opts.Control, Pipe: dirs.Pipe, Log: dirs.Log, Shm: dirs.Shm, Args: args})
 }
 
 // env is the control program's environment, as it sees its directories
-// in its chroot. No LD_LIBRARY_PATH: the driver root's own loader finds
-// the driver root's libraries.
+// in its chroot. LD_LIBRARY_PATH only for a driver under a prefix, whose
+// libraries are in none of the host loader's directories: chrooted into a
+// driver root, its own loader finds its libraries, and a path set in the
+// daemon's environment alone reaches no client (each share's container
+// gets the driver's libraries from its CDI spec).
 func (m *Manager) env(uuid string, dirs Dirs) []string {
-	return []string{
+	env := []string{
 		EnvPipeDirectory + "=" + ContainerPipeDir,
 		EnvLogDirectory + "=" + chrootLogDir,
 		"CUDA_VISIBLE_DEVICES=" + uuid,
@@ -614,6 +622,19 @@ func (m *Manager) env(uuid string, dirs Dirs) []string {
 		// The daemon starts nvidia-cuda-mps-server, next to it.
 		"PATH=" + filepath.Dir(m.opts.Control) + ":/usr/sbin:/usr/bin:/sbin:/bin",
 	}
+	if m.opts.LibraryPath != "" {
+		env = append(env, "LD_LIBRARY_PATH="+m.opts.LibraryPath)
+	}
+	return env
+}
+
+// libraryPathNote names LD_LIBRARY_PATH in a failed start's error, where
+// it is set.
+func (m *Manager) libraryPathNote() string {
+	if m.opts.LibraryPath == "" {
+		return ""
+	}
+	return ", LD_LIBRARY_PATH=" + m.opts.LibraryPath
 }
 
 // shmTmpfs makes the GPU's shm directory a tmpfs of ShmSize bytes, empty:

@@ -26,6 +26,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -93,11 +94,17 @@ type Options struct {
 	// MPS partitions the share's and the slot's SMs with MPS, as the
 	// plugin does by default: the check runs an MPS control daemon of
 	// its own for the GPU (an mps.Manager, as facet-mps runs it: chrooted
-	// into DriverRoot, its directories in the scratch directory, its
-	// /dev/shm a tmpfs), and the probe joins it as a container would.
-	// Off, or without nvidia-cuda-mps-control in the driver root, they
-	// are time-sliced, and the log says why.
+	// into DriverRoot, or into HostRoot for a driver under a prefix,
+	// mps.Locate; its directories in the scratch directory, its /dev/shm
+	// a tmpfs), and the probe joins it as a container would. Off, or
+	// without nvidia-cuda-mps-control in the driver root, or where
+	// neither root can run it, they are time-sliced, and the log says
+	// why.
 	MPS bool
+	// HostRoot is the host's / as this process sees it (facet-mps's
+	// --host-root; "/" on the host), for a driver under a prefix, of
+	// which DriverRoot is then a directory; "": none.
+	HostRoot string
 	// ScratchParent is where the scratch directory is made ("": the
 	// system's temporary directory). KeepScratch leaves it in place (for
 	// tests that inspect it); it is empty unless a step failed to clean.
@@ -219,7 +226,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	// the slot are then time-sliced, and measured so.
 	c.mpsErr = fmt.Errorf("the check runs without MPS (--mps=false): %w", sharing.ErrOff)
 	if o.MPS {
-		c.mps, c.mpsErr = openMPS(o.DriverRoot, filepath.Join(scratch, "mps"))
+		c.mps, c.mpsErr = openMPS(o.DriverRoot, o.HostRoot, filepath.Join(scratch, "mps"))
 	}
 	if c.mpsErr != nil {
 		c.logf("MPS unavailable, the share and the slot are time-sliced by HAMi-core: %v", c.mpsErr)
@@ -266,16 +273,13 @@ type checker struct {
 const mpsShmBytes = 256 << 20
 
 // openMPS is the check's own MPS daemon manager, as facet-mps makes it.
-func openMPS(driverRoot, dir string) (*mps.Manager, error) {
-	control, err := mps.FindControl(driverRoot)
+func openMPS(driverRoot, hostRoot, dir string) (*mps.Manager, error) {
+	l, err := mps.Locate(driverRoot, hostRoot)
 	if err != nil {
 		return nil, err
 	}
-	if err := mps.CheckRoot(driverRoot, control); err != nil {
-		return nil, err
-	}
 	boot, _ := os.ReadFile(driver.DefaultBootIDPath)
-	return mps.New(mps.Options{Root: driverRoot, Control: control, Dir: dir, ShmSize: mpsShmBytes, BootID: strings.TrimSpace(string(boot))})
+	return mps.New(mps.Options{Root: l.Root, Control: l.Control, LibraryPath: l.LibraryPath, Dir: dir, ShmSize: mpsShmBytes, BootID: strings.TrimSpace(string(boot))})
 }
 
 // probePod is the pod the check's claims are reserved for: the probe
@@ -362,6 +366,18 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 		row.PublishedMiB, row.Cores = uint64(c.o.ShareMemoryBytes)/probe.MiB, c.o.ShareCores
 	case ClaimSlot:
 		row.Cores = dev.Slot.Cores
+	}
+	if kind != ClaimWhole && c.mps == nil && !sharing.Off(c.mpsErr) {
+		// MPS configured but unavailable: the node publishes its shares
+		// and slots as time-sliced, which only the best-effort classes
+		// select, so the check prepares them as such a claim is
+		// (docs/mps.md, "Compute policy"), and measures what they get.
+		claim.Status.Allocation.Devices.Config = []resourceapi.DeviceAllocationConfiguration{{
+			Source: resourceapi.AllocationConfigSourceClass, Requests: []string{"gpu"},
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: names.Driver, Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"VgpuConfig","partitioning":"best-effort"}`)},
+			}},
+		}}
 	}
 
 	store, err := checkpoint.Open(c.claimsDir)

@@ -76,25 +76,30 @@ func (f Config) sharingOptions() (sharing.Options, error) {
 		return o, fmt.Errorf("--mps=%q: want auto or off", f.MPS.Mode)
 	}
 	client := service.NewClient(f.MPS.Dir)
-	probe := func(ctx context.Context) error {
+	probe := func(ctx context.Context) (*service.Info, error) {
 		ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 		defer cancel()
 		info, err := client.Info(ctx)
 		if err != nil {
-			return err
-		}
-		if info.Control == "" {
-			return fmt.Errorf("facet-mps has no MPS control program: %s", info.ControlError)
-		}
-		return nil
-	}
-	o.OpenMPS = func(ctx context.Context) (sharing.Partitioner, error) {
-		if err := probe(ctx); err != nil {
 			return nil, err
 		}
+		if info.Control == "" {
+			return nil, fmt.Errorf("facet-mps has no MPS control program: %s", info.ControlError)
+		}
+		return info, nil
+	}
+	o.OpenMPS = func(ctx context.Context) (sharing.Partitioner, error) {
+		info, err := probe(ctx)
+		if err != nil {
+			return nil, err
+		}
+		klog.FromContext(ctx).Info("MPS partitions vGPU shares and slots by default", "facetMPS", info.Instance, "control", info.Control, "driverRoot", info.Root, "hostRoot", info.HostRoot, "dir", info.Dir, "shmSize", info.ShmSize)
 		return client, nil
 	}
-	o.ProbeMPS = func(ctx context.Context, _ sharing.Partitioner) error { return probe(ctx) }
+	o.ProbeMPS = func(ctx context.Context, _ sharing.Partitioner) error {
+		_, err := probe(ctx)
+		return err
+	}
 	return o, nil
 }
 

@@ -388,9 +388,11 @@ func TestLiveChartPlugin(t *testing.T) {
 		t.Errorf("the plugin did not check its nvidia-cdi-hook:\n%s", log)
 	}
 	// facet-mps runs MPS's control daemons, chrooted into its view of
-	// the driver root; the plugin reaches it.
-	if !strings.Contains(log, `control="/usr/bin/nvidia-cuda-mps-control" driverRoot="/driver-root"`) {
-		t.Errorf("the plugin did not reach a facet-mps with nvidia-cuda-mps-control in its /driver-root:\n%s", log)
+	// the driver root: a root of its own, not the host's /, which it
+	// reads under its mount of the host's / (templates/mps.yaml); the
+	// plugin reaches it.
+	if want := fmt.Sprintf(`control="/usr/bin/nvidia-cuda-mps-control" driverRoot=%q hostRoot=""`, "/host"+filepath.Join(r.RunDir, "driver-root")); !strings.Contains(log, want) {
+		t.Errorf("the plugin did not reach a facet-mps with nvidia-cuda-mps-control in its driver root (%s):\n%s", want, log)
 	}
 	t.Logf("%d demo pods Running (%s)", len(pods), r.since())
 

@@ -45,8 +45,12 @@ type Info struct {
 	Control      string `json:"control,omitempty"`
 	ControlError string `json:"controlError,omitempty"`
 	Root         string `json:"root"`
-	Dir          string `json:"dir"`
-	ShmSize      int64  `json:"shmSize"`
+	// HostRoot is the host's root the daemons run chrooted into, with
+	// Control under Root's prefix there, when the driver is under a
+	// prefix of its own; empty when they run in Root.
+	HostRoot string `json:"hostRoot,omitempty"`
+	Dir      string `json:"dir"`
+	ShmSize  int64  `json:"shmSize"`
 }
 
 type acquireRequest struct {

@@ -16,8 +16,8 @@ const bootIDPath = "/proc/sys/kernel/random/boot_id"
 
 // Flags are facet-mps's command line.
 type Flags struct {
-	Root, Dir, ShmSize string
-	StopTimeout        time.Duration
+	Root, HostRoot, Dir, ShmSize string
+	StopTimeout                  time.Duration
 	// Probe, when set, asks the running facet-mps for its info and exits
 	// 0 if it answers (the chart's probes).
 	Probe bool
@@ -25,7 +25,8 @@ type Flags struct {
 
 // AddFlags registers the flags.
 func (f *Flags) AddFlags(fs *flag.FlagSet) {
-	fs.StringVar(&f.Root, "driver-root", "/driver-root", "the host's driver root as this process sees it; each MPS control daemon runs chrooted into it")
+	fs.StringVar(&f.Root, "driver-root", "/driver-root", "the host's driver root as this process sees it; each MPS control daemon runs chrooted into it, or, for a driver under a prefix of its own (no loader, libc, /tmp or /dev/shm in it), into --host-root, of which it must then be a directory")
+	fs.StringVar(&f.HostRoot, "host-root", "", "the host's / as this process sees it (the chart mounts it at /host where kubeletPlugin.driver.root is not /), for a driver under a prefix: its daemons run chrooted there with the host's loader and libc, executing <prefix>/bin/nvidia-cuda-mps-control with LD_LIBRARY_PATH the prefix's library directory; empty: none")
 	fs.StringVar(&f.Dir, "mps-dir", "/run/facet/mps", "host directory (a tmpfs) of the per-GPU MPS pipe, log and shared-memory directories and of the socket (facet-mps.sock); the same path here as on the host, and the kubelet plugin's --mps-dir")
 	fs.StringVar(&f.ShmSize, "shm-size", "1Gi", "size of each GPU's /dev/shm tmpfs, which its MPS daemon, servers and every share of the GPU share (a Kubernetes quantity)")
 	fs.DurationVar(&f.StopTimeout, "stop-timeout", 10*time.Second, "how long a daemon gets to start, and to quit before it is killed")
@@ -55,6 +56,10 @@ func Main(ctx context.Context, f Flags) error {
 			fmt.Printf("facet-mps %s serves %s; no MPS control program in %s: %s\n", info.Instance, info.Dir, info.Root, info.ControlError)
 			return nil
 		}
+		if info.HostRoot != "" {
+			fmt.Printf("facet-mps %s serves %s with %s in %s, run from the host's root %s\n", info.Instance, info.Dir, info.Control, info.Root, info.HostRoot)
+			return nil
+		}
 		fmt.Printf("facet-mps %s serves %s with %s in %s\n", info.Instance, info.Dir, info.Control, info.Root)
 		return nil
 	}
@@ -66,7 +71,7 @@ func Main(ctx context.Context, f Flags) error {
 	if err != nil {
 		return fmt.Errorf("read the boot ID, which tells a daemon record of this boot from an older one: %w", err)
 	}
-	s, err := NewServer(Config{Root: f.Root, Dir: f.Dir, ShmSize: size, BootID: strings.TrimSpace(string(boot)), StopTimeout: f.StopTimeout})
+	s, err := NewServer(Config{Root: f.Root, HostRoot: f.HostRoot, Dir: f.Dir, ShmSize: size, BootID: strings.TrimSpace(string(boot)), StopTimeout: f.StopTimeout})
 	if err != nil {
 		return err
 	}

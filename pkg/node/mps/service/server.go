@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -23,8 +24,13 @@ import (
 // Config configures facet-mps.
 type Config struct {
 	// Root is the driver root as facet-mps sees it (the chart mounts the
-	// host's at /driver-root).
+	// host's at /driver-root, or, where it is not /, the host's / at
+	// /host and passes the driver root under it).
 	Root string
+	// HostRoot is the host's / as facet-mps sees it, "" if it has none:
+	// the daemons of a driver under a prefix run chrooted there
+	// (mps.Locate).
+	HostRoot string
 	// Dir is the MPS directory, the same path on the host and here
 	// (mps.Options.Dir); the socket is Dir/SocketName.
 	Dir string
@@ -45,9 +51,12 @@ type Server struct {
 	cfg      Config
 	instance string
 
-	mu         sync.Mutex
-	mgr        *mps.Manager
-	control    string
+	mu      sync.Mutex
+	mgr     *mps.Manager
+	control string
+	// hostRoot is the host's root the daemons run from, when the
+	// driver is under a prefix.
+	hostRoot   string
 	controlErr error
 }
 
@@ -55,6 +64,9 @@ type Server struct {
 func NewServer(cfg Config) (*Server, error) {
 	if !filepath.IsAbs(cfg.Root) || !filepath.IsAbs(cfg.Dir) {
 		return nil, fmt.Errorf("--driver-root %q and --mps-dir %q must be absolute paths", cfg.Root, cfg.Dir)
+	}
+	if cfg.HostRoot != "" && !filepath.IsAbs(cfg.HostRoot) {
+		return nil, fmt.Errorf("--host-root %q must be an absolute path", cfg.HostRoot)
 	}
 	if cfg.ShmSize <= 0 {
 		return nil, fmt.Errorf("--shm-size %d: must be positive", cfg.ShmSize)
@@ -73,13 +85,17 @@ func (s *Server) manager() (*mps.Manager, error) {
 	if s.mgr != nil {
 		return s.mgr, nil
 	}
-	control, err := mps.FindControl(s.cfg.Root)
+	l, err := mps.Locate(s.cfg.Root, s.cfg.HostRoot)
 	if err == nil {
-		err = mps.CheckRoot(s.cfg.Root, control)
+		s.mgr, err = mps.New(mps.Options{Root: l.Root, Control: l.Control, LibraryPath: l.LibraryPath, Dir: s.cfg.Dir, ShmSize: s.cfg.ShmSize, BootID: s.cfg.BootID, StopTimeout: s.cfg.StopTimeout})
 	}
 	if err == nil {
-		s.mgr, err = mps.New(mps.Options{Root: s.cfg.Root, Control: control, Dir: s.cfg.Dir, ShmSize: s.cfg.ShmSize, BootID: s.cfg.BootID, StopTimeout: s.cfg.StopTimeout})
-		s.control = control
+		// The program's path in the driver root, as the plugin and the
+		// probe report it; under a prefix, the host's root it runs from.
+		s.control = strings.TrimPrefix(l.Control, strings.TrimSuffix(l.Prefix, "/"))
+		if l.Prefix != "/" {
+			s.hostRoot = l.Root
+		}
 	}
 	s.controlErr = err
 	return s.mgr, err
@@ -122,11 +138,11 @@ func (s *Server) Run(ctx context.Context) error {
 				return err == nil, nil
 			})
 			if _, err := s.manager(); err == nil {
-				logger.Info("Found the MPS control program; serving MPS control daemons", "root", s.cfg.Root, "dir", s.cfg.Dir, "socket", sock)
+				logger.Info("Found the MPS control program; serving MPS control daemons", "root", s.cfg.Root, "hostRoot", s.hostRootNow(), "dir", s.cfg.Dir, "socket", sock)
 			}
 		}()
 	} else {
-		logger.Info("Serving MPS control daemons", "control", s.control, "root", s.cfg.Root, "dir", s.cfg.Dir, "shmSize", s.cfg.ShmSize, "socket", sock)
+		logger.Info("Serving MPS control daemons", "control", s.control, "root", s.cfg.Root, "hostRoot", s.hostRootNow(), "dir", s.cfg.Dir, "shmSize", s.cfg.ShmSize, "socket", sock)
 	}
 	srv := &http.Server{Handler: s.Handler(ctx), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -141,6 +157,14 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
+// hostRootNow is the host's root the daemons run from, "" when they run
+// in the driver root.
+func (s *Server) hostRootNow() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.hostRoot
+}
+
 // Handler is the API; each request's work runs under base's logger.
 func (s *Server) Handler(base context.Context) http.Handler {
 	logger := klog.FromContext(base)
@@ -150,6 +174,7 @@ func (s *Server) Handler(base context.Context) http.Handler {
 		info := Info{Instance: s.instance, Root: s.cfg.Root, Dir: s.cfg.Dir, ShmSize: s.cfg.ShmSize}
 		s.mu.Lock()
 		info.Control = s.control
+		info.HostRoot = s.hostRoot
 		s.mu.Unlock()
 		if err != nil {
 			info.ControlError = err.Error()

@@ -50,9 +50,16 @@ func newNode(t *testing.T) *node {
 // serve starts a facet-mps on the node until the returned stop is called.
 func (n *node) serve() (stop func()) {
 	n.t.Helper()
+	return n.serveFrom(n.root, "")
+}
+
+// serveFrom starts a facet-mps with the driver root root and the host
+// root host ("": none) until the returned stop is called.
+func (n *node) serveFrom(root, host string) (stop func()) {
+	n.t.Helper()
 	_, ctx := ktesting.NewTestContext(n.t)
 	ctx, cancel := context.WithCancel(ctx)
-	s, err := NewServer(Config{Root: n.root, Dir: n.dir, ShmSize: 1 << 20, BootID: "boot-1", ControlPoll: 50 * time.Millisecond})
+	s, err := NewServer(Config{Root: root, HostRoot: host, Dir: n.dir, ShmSize: 1 << 20, BootID: "boot-1", ControlPoll: 50 * time.Millisecond})
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -135,6 +142,72 @@ func TestClient(t *testing.T) {
 	}
 	if got := c.Daemon(gpu); got != nil {
 		t.Fatalf("daemon %+v after the last release", got)
+	}
+}
+
+// TestDriverUnderAPrefix: facet-mps given the host's root (--host-root)
+// runs the daemons of a driver under a prefix from there, and says so;
+// without it, it serves no MPS and says what is missing.
+func TestDriverUnderAPrefix(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		hostRoot  bool
+		wantError string
+	}{
+		{name: "with the host's root", hostRoot: true},
+		{name: "without it", wantError: "nor from the host's root: none given (facet-mps --host-root"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			const prefix = "/home/kubernetes/bin/nvidia"
+			if err := mpssim.WritePrefix(n.root, prefix); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(n.root, prefix, mpssim.PrefixLibDir, "libcuda.so.580.159.04"), nil, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			host := ""
+			if tc.hostRoot {
+				host = n.root
+			}
+			stop := n.serveFrom(filepath.Join(n.root, prefix), host)
+			defer stop()
+			_, ctx := ktesting.NewTestContext(t)
+			var info *Info
+			deadline := time.Now().Add(10 * time.Second)
+			for err := errors.New("not asked"); err != nil; info, err = NewClient(n.dir).Info(ctx) {
+				if time.Now().After(deadline) {
+					t.Fatalf("facet-mps does not answer: %v", err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if tc.wantError != "" {
+				if info.Control != "" || !strings.Contains(info.ControlError, tc.wantError) {
+					t.Fatalf("info %+v, want no control program and an error with %q", info, tc.wantError)
+				}
+				return
+			}
+			if info.Control != "/bin/"+mps.ControlName || info.HostRoot != n.root || info.ControlError != "" {
+				t.Fatalf("info %+v, want the prefix's /bin/%s run from the host's root %s", info, mps.ControlName, n.root)
+			}
+			c, err := Dial(ctx, n.dir, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Acquire(ctx, gpu, "claim-1", 1000); err != nil {
+				t.Fatal(err)
+			}
+			d := c.Daemon(gpu)
+			if d == nil {
+				t.Fatal("no daemon after Acquire")
+			}
+			if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", d.PID)); err != nil || root != n.root {
+				t.Errorf("daemon's root %q (%v), want the host's %s", root, err, n.root)
+			}
+			if err := c.Release(ctx, "claim-1"); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 
