@@ -39,7 +39,7 @@ func main() {
 	fs.StringVar(&opts.KeyFile, "tls-private-key-file", "", "serving certificate's private key (PEM), re-read when it changes; required")
 	fs.DurationVar(&opts.ReloadInterval, "tls-reload-interval", time.Second, "how often, at most, to look for a new certificate (on a TLS handshake)")
 	fs.BoolVar(&mutatePods, "mutate-pods", false, "serve "+webhook.MutatePath+", which rewrites pods' extended resources into DRA claims (needs API access)")
-	fs.StringVar(&mode, "mutate-extended-resources", string(webhook.ModeAuto),
+	fs.StringVar(&mode, "mutate-extended-resources", string(webhook.RewriteAuto),
 		"when "+webhook.MutatePath+" rewrites pods: auto (per resource: those no DeviceClass maps in spec.extendedResourceName, which the API server keeps only with DRAExtendedResource; so every mapped one where the gate is off, and vGPU sizes where it is on), always, never")
 	fs.StringVar(&kueue, "kueue", string(webhook.KueueOff),
 		"write claims Kueue's deviceClassMappings can count (docs/kueue.md): on (vGPU sizes become claims of the sized DeviceClasses of facetctl classes, with no CEL and no config, and pods are rewritten whatever DRAExtendedResource), off, or auto (on while the API server serves kueue.x-k8s.io)")
@@ -69,7 +69,7 @@ func run(ctx context.Context, opts webhook.ServerOptions, mutatePods, preferMIG 
 		return webhook.Serve(ctx, opts)
 	}
 	logger := klog.FromContext(ctx)
-	m, err := webhook.ParseMode(mode)
+	m, err := webhook.ParseRewriteMode(mode)
 	if err != nil {
 		return fmt.Errorf("--mutate-extended-resources: %w", err)
 	}
@@ -116,7 +116,7 @@ func run(ctx context.Context, opts webhook.ServerOptions, mutatePods, preferMIG 
 	}
 
 	mutator, err := webhook.NewMutator(logger.WithName("mutate-pods"), webhook.MutatorOptions{
-		Map: table, Mode: m, Classes: lister, Client: client, Kueue: km, PreferExistingMIG: preferMIG,
+		Map: table, RewriteMode: m, Classes: lister, Client: client, Kueue: km, PreferExistingMIG: preferMIG,
 	})
 	if err != nil {
 		return err

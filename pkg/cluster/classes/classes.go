@@ -148,7 +148,7 @@ func Generate(in []*resourceapi.ResourceSlice, opts Options) (Result, error) {
 				} else if !slices.Contains(products[fam], p) {
 					products[fam] = append(products[fam], p)
 				}
-				if m := str(d, names.AttrMode); m == "shared" || m == "dynamic" {
+				if m := str(d, names.AttrMode); m == names.ModeShared || m == names.ModeDynamic {
 					if q, ok := d.Capacity[names.CapacityMemory]; ok {
 						shareGPUs = append(shareGPUs, q.Value.Value())
 					}
@@ -285,7 +285,7 @@ func ShareClass(s Size) (*resourceapi.DeviceClass, error) {
 	c := &resourceapi.DeviceClass{ObjectMeta: meta("vgpu-"+s.suffix()+".facet.dev", ShapeShare)}
 	c.Annotations = sizeAnnotations(s)
 	c.Spec.Selectors = cel(typeIs(names.KindGPU),
-		fmt.Sprintf(`device.attributes[%q].%s in ["shared", "dynamic"]`, names.Driver, names.AttrMode), mpsPartitioned(),
+		fmt.Sprintf(`device.attributes[%q].%s in [%q, %q]`, names.Driver, names.AttrMode, names.ModeShared, names.ModeDynamic), mpsPartitioned(),
 		fmt.Sprintf("device.capacity[%q].%s.compareTo(quantity(%q)) >= 0", names.Driver, names.CapacityMemory, fmt.Sprintf("%dMi", s.MemoryMiB)))
 	c.Spec.Config = []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
 		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: names.Driver, Parameters: runtime.RawExtension{Raw: raw}},

@@ -201,7 +201,7 @@ func (e explainer) blocked(d *occupancy.Device, req resourceapi.ExactDeviceReque
 			return fmt.Sprintf("%s: held by %s", d.Device.Name, d.Holders[0]), false
 		}
 	case occupancy.TypeMIG:
-		if g.Mode == "static-mig" {
+		if g.Mode == names.ModeStaticMIG {
 			if len(d.Holders) > 0 {
 				return fmt.Sprintf("%s: held by %s", d.Device.Name, d.Holders[0]), false
 			}

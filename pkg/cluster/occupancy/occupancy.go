@@ -23,11 +23,12 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/names"
 )
 
-// Device types, as published in the `type` attribute.
+// Device types, as published in the `type` attribute (package names has
+// the words).
 const (
-	TypeGPU  = "gpu"
-	TypeMIG  = "mig"
-	TypeSlot = "vgpu-slot"
+	TypeGPU  = names.KindGPU
+	TypeMIG  = names.KindMIG
+	TypeSlot = names.KindVGPUSlot
 )
 
 // Health of a GPU.

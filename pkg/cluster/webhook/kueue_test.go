@@ -50,7 +50,7 @@ func newKueueMutator(t *testing.T, mode KueueMode, table ExtendedResourceMap, cl
 		}}
 	}
 	m, err := NewMutator(ktesting.NewLogger(t, ktesting.NewConfig()), MutatorOptions{
-		Map: table, Mode: ModeAuto, Kueue: mode,
+		Map: table, RewriteMode: RewriteAuto, Kueue: mode,
 		Classes: resourcelisters.NewDeviceClassLister(indexer), Client: client,
 	})
 	if err != nil {

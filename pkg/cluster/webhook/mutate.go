@@ -67,11 +67,12 @@ const (
 	templateRequest = "devices"
 )
 
-// Mode says when the mutator rewrites pods.
-type Mode string
+// RewriteMode says when the mutator rewrites pods (not a GPU's mode,
+// inventory.Mode).
+type RewriteMode string
 
 const (
-	// ModeAuto decides per resource: an extended resource that some
+	// RewriteAuto decides per resource: an extended resource that some
 	// DeviceClass names in spec.extendedResourceName, which the API server
 	// keeps only where the DRAExtendedResource gate is on, is left to the
 	// scheduler, which serves it from the class; the rest is rewritten. A
@@ -79,23 +80,23 @@ const (
 	// volcano.sh/vgpu-*) is rewritten whole unless every resource of it is
 	// mapped. With the gate off no class keeps the field, so every mapped
 	// resource is rewritten.
-	ModeAuto Mode = "auto"
-	// ModeAlways rewrites pods whatever the gate, e.g. where the API
+	RewriteAuto RewriteMode = "auto"
+	// RewriteAlways rewrites pods whatever the gate, e.g. where the API
 	// server's gate is on but the scheduler's is off.
-	ModeAlways Mode = "always"
-	// ModeNever leaves every pod alone.
-	ModeNever Mode = "never"
+	RewriteAlways RewriteMode = "always"
+	// RewriteNever leaves every pod alone.
+	RewriteNever RewriteMode = "never"
 )
 
-// ParseMode parses --mutate-extended-resources.
-func ParseMode(s string) (Mode, error) {
-	return names.Parse(s, "mode", ModeAuto, ModeAlways, ModeNever)
+// ParseRewriteMode parses --mutate-extended-resources.
+func ParseRewriteMode(s string) (RewriteMode, error) {
+	return names.Parse(s, "mode", RewriteAuto, RewriteAlways, RewriteNever)
 }
 
 // MutatorOptions configures NewMutator.
 type MutatorOptions struct {
-	Map  ExtendedResourceMap
-	Mode Mode
+	Map         ExtendedResourceMap
+	RewriteMode RewriteMode
 	// Classes lists the cluster's DeviceClasses, from an informer: the
 	// extendedResourceNames they keep decide ModeAuto, and a claim is made
 	// only for a class that exists.
@@ -129,10 +130,10 @@ func NewMutator(logger klog.Logger, opts MutatorOptions) (*Mutator, error) {
 	if err := opts.Map.Validate(); err != nil {
 		return nil, fmt.Errorf("extended resource map: %w", err)
 	}
-	if opts.Mode == "" {
-		opts.Mode = ModeAuto
+	if opts.RewriteMode == "" {
+		opts.RewriteMode = RewriteAuto
 	}
-	if _, err := ParseMode(string(opts.Mode)); err != nil {
+	if _, err := ParseRewriteMode(string(opts.RewriteMode)); err != nil {
 		return nil, fmt.Errorf("mode: %w", err)
 	}
 	if opts.Kueue == "" {
@@ -186,16 +187,16 @@ func (m *Mutator) current() decision {
 		case d.rewrite:
 			msg = "Extended resources: rewriting pods into claims"
 		}
-		m.logger.Info(msg, "mode", m.opts.Mode, "reason", d.why)
+		m.logger.Info(msg, "mode", m.opts.RewriteMode, "reason", d.why)
 	}
 	return d
 }
 
 func (m *Mutator) decide() decision {
-	switch m.opts.Mode {
-	case ModeAlways:
+	switch m.opts.RewriteMode {
+	case RewriteAlways:
 		return decision{rewrite: true, why: "--mutate-extended-resources=always"}
-	case ModeNever:
+	case RewriteNever:
 		return decision{why: "--mutate-extended-resources=never"}
 	}
 	classes, err := m.opts.Classes.List(labels.Everything())
@@ -460,8 +461,8 @@ func templateFor(s shape) *resourceapi.ResourceClaimTemplate {
 // in order, as demo/mig/prefer-existing.yaml writes them: each adds its
 // CEL to the shape's selectors (none for the last).
 var migPreferences = []struct{ name, cel string }{
-	{"existing", `device.attributes["` + names.Driver + `"].mode == "static-mig"`},
-	{"split", `device.attributes["` + names.Driver + `"].mode in ["mig", "dynamic"] && device.attributes["` + names.Driver + `"].migInUse`},
+	{"existing", fmt.Sprintf("device.attributes[%q].%s == %q", names.Driver, names.AttrMode, names.ModeStaticMIG)},
+	{"split", fmt.Sprintf("device.attributes[%q].%s in [%q, %q] && device.attributes[%q].%s", names.Driver, names.AttrMode, names.ModeMIG, names.ModeDynamic, names.Driver, names.AttrMIGInUse)},
 	{"carved", ""},
 }
 

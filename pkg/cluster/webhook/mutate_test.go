@@ -40,7 +40,7 @@ func deviceClass(name, extendedResourceName string) *resourceapi.DeviceClass {
 	return c
 }
 
-func newTestMutator(t *testing.T, mode Mode, classes []*resourceapi.DeviceClass, objects ...runtime.Object) (*Mutator, *fake.Clientset) {
+func newTestMutator(t *testing.T, mode RewriteMode, classes []*resourceapi.DeviceClass, objects ...runtime.Object) (*Mutator, *fake.Clientset) {
 	t.Helper()
 	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	for _, c := range classes {
@@ -50,7 +50,7 @@ func newTestMutator(t *testing.T, mode Mode, classes []*resourceapi.DeviceClass,
 	}
 	client := fake.NewClientset(objects...)
 	m, err := NewMutator(ktesting.NewLogger(t, ktesting.NewConfig()), MutatorOptions{
-		Map: DefaultExtendedResourceMap(), Mode: mode,
+		Map: DefaultExtendedResourceMap(), RewriteMode: mode,
 		Classes: resourcelisters.NewDeviceClassLister(indexer), Client: client,
 	})
 	if err != nil {
@@ -299,7 +299,7 @@ func TestMutatePods(t *testing.T) {
 			if classes == nil {
 				classes = stock()
 			}
-			m, client := newTestMutator(t, ModeAuto, classes)
+			m, client := newTestMutator(t, RewriteAuto, classes)
 			resp := m.Review(context.Background(), podRequest(t, tc.pod, admissionv1.Create))
 			if !resp.Allowed {
 				t.Fatalf("denied: %s", resp.Result.Message)
@@ -486,7 +486,7 @@ func TestMutatePodsDenied(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m, client := newTestMutator(t, ModeAuto, stock())
+			m, client := newTestMutator(t, RewriteAuto, stock())
 			resp := m.Review(context.Background(), podRequest(t, tc.pod, admissionv1.Create))
 			if resp.Allowed {
 				t.Fatalf("allowed (patch %s), want denied", resp.Patch)
@@ -512,18 +512,18 @@ func TestMutatePodsGate(t *testing.T) {
 	volcanoPod := testPod(ctr("cuda", res("volcano.sh/vgpu-number=1", "volcano.sh/vgpu-memory=2000")))
 	for _, tc := range []struct {
 		name    string
-		mode    Mode
+		mode    RewriteMode
 		classes []*resourceapi.DeviceClass
 		pod     *corev1.Pod
 		mutated bool
 	}{
-		{"auto, gate off: rewritten", ModeAuto, stock(), gpuPod, true},
-		{"auto, gate on: a mapped resource is left to the scheduler", ModeAuto, gateOn, gpuPod, false},
-		{"auto, gate on: a vGPU size is rewritten", ModeAuto, gateOn, volcanoPod, true},
-		{"auto, only another driver's class keeps the field: nvidia.com/gpu is nobody's, rewritten", ModeAuto, append(stock(), deviceClass("gpu.example.com", "example.com/gpu")), gpuPod, true},
-		{"always, gate on: rewritten", ModeAlways, gateOn, gpuPod, true},
-		{"never, gate off: left alone", ModeNever, stock(), gpuPod, false},
-		{"never, gate on: a vGPU size is left alone too", ModeNever, gateOn, volcanoPod, false},
+		{"auto, gate off: rewritten", RewriteAuto, stock(), gpuPod, true},
+		{"auto, gate on: a mapped resource is left to the scheduler", RewriteAuto, gateOn, gpuPod, false},
+		{"auto, gate on: a vGPU size is rewritten", RewriteAuto, gateOn, volcanoPod, true},
+		{"auto, only another driver's class keeps the field: nvidia.com/gpu is nobody's, rewritten", RewriteAuto, append(stock(), deviceClass("gpu.example.com", "example.com/gpu")), gpuPod, true},
+		{"always, gate on: rewritten", RewriteAlways, gateOn, gpuPod, true},
+		{"never, gate off: left alone", RewriteNever, stock(), gpuPod, false},
+		{"never, gate on: a vGPU size is left alone too", RewriteNever, gateOn, volcanoPod, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, _ := newTestMutator(t, tc.mode, tc.classes)
@@ -538,7 +538,7 @@ func TestMutatePodsGate(t *testing.T) {
 	}
 
 	t.Run("gate on: a malformed mapped resource is left to the API server", func(t *testing.T) {
-		m, _ := newTestMutator(t, ModeAuto, gateOn)
+		m, _ := newTestMutator(t, RewriteAuto, gateOn)
 		resp := m.Review(context.Background(), podRequest(t, testPod(ctr("cuda", res("nvidia.com/gpu=500m"))), admissionv1.Create))
 		if !resp.Allowed || resp.Patch != nil {
 			t.Errorf("allowed %v patch %s", resp.Allowed, resp.Patch)
@@ -546,7 +546,7 @@ func TestMutatePodsGate(t *testing.T) {
 	})
 
 	t.Run("gate on: a malformed vGPU size is refused", func(t *testing.T) {
-		m, _ := newTestMutator(t, ModeAuto, gateOn)
+		m, _ := newTestMutator(t, RewriteAuto, gateOn)
 		resp := m.Review(context.Background(), podRequest(t, testPod(ctr("cuda", res("nvidia.com/gpu=1", "nvidia.com/gpumem=1500m"))), admissionv1.Create))
 		if resp.Allowed || !strings.Contains(resp.Result.Message, `container "cuda": nvidia.com/gpumem: 1500m is not a whole number`) {
 			t.Errorf("allowed %v: %+v", resp.Allowed, resp.Result)
@@ -558,7 +558,7 @@ func TestMutatePodsTemplates(t *testing.T) {
 	pod := testPod(ctr("cuda", res("nvidia.com/gpu=1")))
 
 	t.Run("one template per shape and namespace, created once", func(t *testing.T) {
-		m, client := newTestMutator(t, ModeAuto, stock())
+		m, client := newTestMutator(t, RewriteAuto, stock())
 		for range 3 {
 			if resp := m.Review(context.Background(), podRequest(t, pod, admissionv1.Create)); resp.Patch == nil {
 				t.Fatalf("no patch: %+v", resp.Result)
@@ -580,7 +580,7 @@ func TestMutatePodsTemplates(t *testing.T) {
 	})
 
 	t.Run("dry run creates nothing", func(t *testing.T) {
-		m, client := newTestMutator(t, ModeAuto, stock())
+		m, client := newTestMutator(t, RewriteAuto, stock())
 		req := podRequest(t, pod, admissionv1.Create)
 		req.DryRun = ref(true)
 		if resp := m.Review(context.Background(), req); resp.Patch == nil {
@@ -594,7 +594,7 @@ func TestMutatePodsTemplates(t *testing.T) {
 	t.Run("a template of the name that the webhook did not make is refused", func(t *testing.T) {
 		name := templateFor(shape{class: "gpu.facet.dev", count: 1, resources: []corev1.ResourceName{"nvidia.com/gpu"}, values: map[corev1.ResourceName]int64{"nvidia.com/gpu": 1}}).Name
 		other := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"}}
-		m, _ := newTestMutator(t, ModeAuto, stock(), other)
+		m, _ := newTestMutator(t, RewriteAuto, stock(), other)
 		resp := m.Review(context.Background(), podRequest(t, pod, admissionv1.Create))
 		if resp.Allowed || !strings.Contains(resp.Result.Message, `container "cuda": ResourceClaimTemplate ns/`+name+` exists without the label`) {
 			t.Errorf("allowed %v: %+v", resp.Allowed, resp.Result)
@@ -602,7 +602,7 @@ func TestMutatePodsTemplates(t *testing.T) {
 	})
 
 	t.Run("a pod that already has the claim name is left alone with a warning", func(t *testing.T) {
-		m, _ := newTestMutator(t, ModeAuto, stock())
+		m, _ := newTestMutator(t, RewriteAuto, stock())
 		p := testPod(ctr("cuda", res("nvidia.com/gpu=1")))
 		p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "facet-c0-0", ResourceClaimName: ref("x")}}
 		resp := m.Review(context.Background(), podRequest(t, p, admissionv1.Create))
@@ -612,7 +612,7 @@ func TestMutatePodsTemplates(t *testing.T) {
 	})
 
 	t.Run("updates and other kinds are not touched", func(t *testing.T) {
-		m, _ := newTestMutator(t, ModeAuto, stock())
+		m, _ := newTestMutator(t, RewriteAuto, stock())
 		if resp := m.Review(context.Background(), podRequest(t, pod, admissionv1.Update)); !resp.Allowed || resp.Patch != nil {
 			t.Errorf("update: %+v", resp)
 		}
@@ -626,7 +626,7 @@ func TestMutatePodsTemplates(t *testing.T) {
 }
 
 func TestMutatorHTTP(t *testing.T) {
-	m, _ := newTestMutator(t, ModeAuto, stock())
+	m, _ := newTestMutator(t, RewriteAuto, stock())
 	srv := httptest.NewServer(m)
 	defer srv.Close()
 	review := admissionv1.AdmissionReview{
@@ -715,7 +715,7 @@ func TestMutatorLogsDecisionChanges(t *testing.T) {
 	}
 	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
 	m, err := NewMutator(logger, MutatorOptions{
-		Map: DefaultExtendedResourceMap(), Mode: ModeAuto,
+		Map: DefaultExtendedResourceMap(), RewriteMode: RewriteAuto,
 		Classes: resourcelisters.NewDeviceClassLister(indexer), Client: fake.NewClientset(),
 	})
 	if err != nil {
@@ -772,7 +772,7 @@ func TestMutatePreferExistingMIG(t *testing.T) {
 		{"a MIG profile in Kueue mode", true, "nvidia.com/mig-1g.10gb=1", []string{"exactly:mig-1g.10gb.facet.dev:1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, client := newTestMutator(t, ModeAlways, stock())
+			m, client := newTestMutator(t, RewriteAlways, stock())
 			m.opts.PreferExistingMIG = true
 			if tc.kueue {
 				m.opts.Kueue = KueueOn

@@ -42,6 +42,8 @@ import (
 )
 
 // Mode says how a physical GPU may be used. Modes are exclusive per GPU.
+// Their words, published as the mode attribute, live in package names, the
+// one home of published words, which the cluster wing reads.
 type Mode string
 
 const (
@@ -49,33 +51,33 @@ const (
 	// resolveAuto.
 	ModeAuto Mode = "auto"
 	// ModeExclusive publishes gpu-<i> alone, for one claim at a time.
-	ModeExclusive Mode = "exclusive"
+	ModeExclusive Mode = names.ModeExclusive
 	// ModeMIG publishes gpu-<i> for one claim at a time plus every MIG
 	// profile × placement as its own device. A shared counter set encodes
 	// which placements fit together; gpu-<i> consumes all of it, so the
 	// whole GPU and MIG instances exclude each other. Non-MIG GPUs fall back
 	// to ModeExclusive.
-	ModeMIG Mode = "mig"
+	ModeMIG Mode = names.ModeMIG
 	// ModeShared publishes gpu-<i> as a multi-allocatable device with
 	// consumable `memory` and `cores` capacity (vGPU shares enforced by
 	// HAMi-core at prepare). No MIG, no counters.
-	ModeShared Mode = "shared"
+	ModeShared Mode = names.ModeShared
 	// ModeDynamic is ModeShared plus every MIG placement: gpu-<i> consumes
 	// all of the GPU's counters (charged once, by its first share), so vGPU
 	// shares and MIG instances exclude each other per GPU. Non-MIG GPUs fall
 	// back to ModeShared. On Kubernetes 1.35 this mode meets two allocator
 	// bugs (kubernetes#139034, kubernetes#140436); see resolveAuto.
-	ModeDynamic Mode = "dynamic"
+	ModeDynamic Mode = names.ModeDynamic
 	// ModeStaticMIG publishes each MIG instance that exists on the GPU (made
 	// by mig-parted, the GPU Operator, an admin, or Facet applying a
 	// layout at start) as a plain device. Prepare carves and destroys
 	// nothing. GA fields only: works on stock Kubernetes 1.35.
-	ModeStaticMIG Mode = "static-mig"
+	ModeStaticMIG Mode = names.ModeStaticMIG
 	// ModeSlots splits the GPU into fixed-size vGPU slots (a SlotLayout),
 	// each a plain device with its memory and compute share as capacity,
 	// enforced by HAMi-core at prepare, like NVIDIA vGPU profiles. GA fields
 	// only: works on stock Kubernetes 1.35.
-	ModeSlots Mode = "slots"
+	ModeSlots Mode = names.ModeSlots
 )
 
 // Needs lists the DRA feature gates a mode's ResourceSlices need the

@@ -98,6 +98,18 @@ const (
 	AttrFabricClique  = "fabricCliqueID"
 )
 
+// Values of AttrMode: the mode a GPU is published in (inventory.Mode,
+// whose documentation says what each offers). The cluster wing matches
+// devices on these words.
+const (
+	ModeExclusive = "exclusive"
+	ModeMIG       = "mig"
+	ModeShared    = "shared"
+	ModeDynamic   = "dynamic"
+	ModeStaticMIG = "static-mig"
+	ModeSlots     = "slots"
+)
+
 // The shipped DeviceClasses of vGPU shares and slots whose compute limit
 // is best effort (deployments/deviceclasses.yaml): they also match shares
 // and slots whose computePartitioning is "time-sliced", which the plain
