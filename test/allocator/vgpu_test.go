@@ -313,3 +313,120 @@ func TestK8s140436RollbackLeak(t *testing.T) {
 		t.Errorf("pair-one-pcie-root.yaml fits in %d of %d random slice orders; the leak should show in some, not all", fits, trials)
 	}
 }
+
+// TestK8s140433ShareChargedTwice records a Kubernetes 1.36 allocator bug
+// (kubernetes#140433, fixed in 1.37.0; the 1.36 backport was declined). A
+// multi-allocatable device that consumes counters is meant to pay them
+// once, with its first share: a later share skips the counter check when
+// the device already has capacity in use (deviceCapacityInUse). That check
+// reads only AggregatedCapacity, so it misses a share saved with a shareID
+// but no consumedCapacity (a device that publishes no capacity), which is
+// recorded in AllocatedSharedDeviceIDs alone. From 1.36.2 the rebuilt
+// counters subtract that share (the fix of kubernetes#139034), and the next
+// share of the device charges them again: "Insufficient counters", and a
+// pod that fits stays Pending. On 1.35, #139034 hides it: the saved share
+// is not charged at all, so the next one fits.
+//
+// Facet's shares never take that shape: every shareable device publishes
+// memory, cores and clients, memory and clients with a minimum above zero,
+// so every share records a consumedCapacity that is never all zero, and its
+// device stays in AggregatedCapacity while any share holds it. So the test
+// shows the bug on Facet's dynamic slices with gpu-<i>'s capacity taken
+// off, and that the slices as published do not meet it on any version;
+// inventory.AllocatorDefects lists it with no mode.
+func TestK8s140433ShareChargedTwice(t *testing.T) {
+	// The bug shows from the #139034 fix (1.36.2) to its own (1.37.0).
+	charged := fixedIn(t, "v0.36.2")
+	fixed := fixedIn(t, "v0.37.0")
+	slices := nodeSlices(t, "dgx-h100", "node-a", "--mode", "dynamic")
+
+	t.Run("a share saved without consumedCapacity", func(t *testing.T) {
+		c := NewCluster(withoutShareCapacity(slices), deviceClasses(t))
+		first := share("first", "", "", onGPU(0))
+		res, err := c.Allocate(context.Background(), "node-a", first)
+		if err != nil || len(Devices(res)) != 1 || Devices(res)[0] != "gpu-0" {
+			t.Fatalf("first share: %v %v, want gpu-0", Devices(res), err)
+		}
+		// The shape of the bug: a share, recorded by shareID alone.
+		if r := res.Devices.Results[0]; r.ShareID == nil || len(r.ConsumedCapacity) > 0 {
+			t.Fatalf("first share: shareID %v, consumedCapacity %v; want a shareID and no capacity", r.ShareID, r.ConsumedCapacity)
+		}
+		second := []string{"gpu-0"}
+		if charged && !fixed {
+			second = nil // correct: [gpu-0]; gpu-0's counters charged twice
+		}
+		mig := []string(nil)
+		if !charged {
+			mig = []string{"gpu-0-mig-1g10gb-6"} // kubernetes#139034: the saved share charged nothing
+		}
+		run(t, c, "node-a", []step{
+			{share("second", "", "", onGPU(0)), second},
+			// Charged once, not twice and not never: no MIG instance
+			// beside the shares (the fix did not just skip the charge).
+			{migClaim("mig", onGPU(0)), mig},
+		})
+	})
+
+	t.Run("Facet's shares, as published", func(t *testing.T) {
+		for _, d := range multiAllocatable(slices) {
+			if len(d.ConsumesCounters) > 0 && !nonzeroCapacity(d) {
+				t.Errorf("%s: a shareable device that consumes counters without a capacity whose minimum is above zero meets kubernetes#140433 before 1.37", d.Name)
+			}
+		}
+		c := NewCluster(slices, deviceClasses(t))
+		res, err := c.Allocate(context.Background(), "node-a", share("first", "1Gi", "10", onGPU(0)))
+		if err != nil || res == nil {
+			t.Fatalf("first share: %v %v", res, err)
+		}
+		if got := consumed(t, res); got != "1Gi/10" {
+			t.Errorf("first share: consumed %s, want 1Gi/10", got)
+		}
+		run(t, c, "node-a", []step{
+			{share("second", "1Gi", "10", onGPU(0)), []string{"gpu-0"}},
+			{share("third", "1Gi", "10", onGPU(0)), []string{"gpu-0"}},
+		})
+	})
+}
+
+// withoutShareCapacity deep-copies slices and takes the capacity off every
+// multi-allocatable device, so that its shares record no consumedCapacity.
+func withoutShareCapacity(in []*resourceapi.ResourceSlice) []*resourceapi.ResourceSlice {
+	var out []*resourceapi.ResourceSlice
+	for _, s := range in {
+		s = s.DeepCopy()
+		for i := range s.Spec.Devices {
+			if d := &s.Spec.Devices[i]; d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
+				d.Capacity = nil
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// multiAllocatable lists the multi-allocatable devices of slices.
+func multiAllocatable(slices []*resourceapi.ResourceSlice) []resourceapi.Device {
+	var out []resourceapi.Device
+	for _, s := range slices {
+		for _, d := range s.Spec.Devices {
+			if d.AllowMultipleAllocations != nil && *d.AllowMultipleAllocations {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+// nonzeroCapacity reports whether every share of d consumes some capacity:
+// one of its capacities has a request policy whose minimum is above zero.
+// Then the share's consumedCapacity is never all zero, and the allocator's
+// AggregatedCapacity keeps an entry for the device while a share holds it
+// (ConsumedCapacityCollection.Remove drops an entry that sums to zero).
+func nonzeroCapacity(d resourceapi.Device) bool {
+	for _, c := range d.Capacity {
+		if p := c.RequestPolicy; p != nil && p.ValidRange != nil && p.ValidRange.Min != nil && p.ValidRange.Min.Sign() > 0 {
+			return true
+		}
+	}
+	return false
+}

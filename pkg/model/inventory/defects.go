@@ -18,7 +18,9 @@ type AllocatorDefect struct {
 	// FixedIn is the first release with the fix; every earlier version,
 	// 1.35's patch releases included, has the defect.
 	FixedIn *utilversion.Version
-	// Modes are the modes whose slices meet it.
+	// Modes are the modes whose slices meet it. None: Facet checked the
+	// defect (Test) and publishes nothing that meets it, so no mode is
+	// refused or warned about on any version.
 	Modes []Mode
 	// Effect says what a user sees.
 	Effect string
@@ -31,10 +33,11 @@ type AllocatorDefect struct {
 	Test string
 }
 
-// AllocatorDefects are the defects Facet knows. Both reproduce on the
-// 1.35.4 allocator and are fixed in the versions named, which test/allocator
-// checks on each minor (docs/design/resource-model.md, "Two 1.35 allocator
-// bugs").
+// AllocatorDefects are the defects Facet knows, each reproduced in
+// test/allocator on the allocator of every minor, which checks that it is
+// fixed in the version named (docs/design/resource-model.md, "Known
+// allocator bugs"). #139034 and #140436 reproduce on 1.35.4, #140433 on
+// 1.36.3.
 //
 // kubernetes#140436 is a warning, not a refusal: it never allocates a GPU
 // twice, it keeps counters the allocator tried and backtracked over, so a
@@ -42,6 +45,23 @@ type AllocatorDefect struct {
 // scheduler's shuffled slice order lets it through. Refusing mig mode on 1.35
 // for it would take MIG away from every 1.35 cluster for a delay; the
 // operator is told instead, with the modes that avoid it.
+//
+// kubernetes#140433 is neither: no mode meets it. A later share of a
+// multi-allocatable device that consumes counters skips the counter check
+// only if the allocator's AggregatedCapacity has the device, so a share
+// saved with a shareID and no consumedCapacity (a device that publishes no
+// capacity) has its counters charged again by the next share, which then
+// fails with "Insufficient counters". That is a warning's kind of harm (a
+// pod waits, nothing is double-booked), but Facet's only such device,
+// gpu-<i> in dynamic mode, publishes memory and clients with a minimum above
+// zero, so every share records a consumedCapacity that never sums to zero
+// and the device stays in AggregatedCapacity while a share holds it.
+// Warning dynamic-mode operators on 1.36 of a Pending pod they cannot meet
+// would be noise; test/allocator reproduces the bug with gpu-<i>'s capacity
+// taken off and checks that the slices as published keep the capacity that
+// avoids it. On 1.35 it does not show: #139034 charges a saved share
+// nothing. It is fixed in 1.37.0; the backport to 1.36 was declined, so
+// every 1.36 patch release has it.
 var AllocatorDefects = []AllocatorDefect{
 	{
 		Issue: "kubernetes#139034", FixedIn: utilversion.MustParseGeneric("1.36.2"), Modes: []Mode{ModeDynamic}, Refuse: true,
@@ -54,6 +74,12 @@ var AllocatorDefects = []AllocatorDefect{
 		Effect: "the allocator keeps the counters of a device it backtracks over, so a pod that fits " +
 			"(a multi-GPU claim with matchAttribute, a share beside MIG) can stay Pending for a scheduling cycle or more",
 		Test: "TestK8s140436RollbackLeak",
+	},
+	{
+		Issue: "kubernetes#140433", FixedIn: utilversion.MustParseGeneric("1.37.0"), Modes: nil,
+		Effect: "the allocator charges a multi-allocatable device's counters again for each later share when a saved share records no consumedCapacity, " +
+			"so a share that fits fails with \"Insufficient counters\" and its pod stays Pending; every Facet share records its consumed memory, cores and clients",
+		Test: "TestK8s140433ShareChargedTwice",
 	},
 }
 
@@ -75,11 +101,16 @@ func defectsOf(mode Mode, gates features.Set) []AllocatorDefect {
 // DefectsAt lists the issues of AllocatorDefects that a cluster at
 // gitVersion has, whatever the modes: the plugin restarts when an upgrade
 // or downgrade of its control plane changes them, so that what it refuses
-// or warns about follows the version.
+// or warns about follows the version. A defect that no mode meets is left
+// out: crossing its fix changes nothing the plugin publishes, so it is no
+// reason to restart.
 func DefectsAt(gitVersion string) []string {
 	v, err := utilversion.ParseGeneric(gitVersion)
 	var out []string
 	for _, d := range AllocatorDefects {
+		if len(d.Modes) == 0 {
+			continue
+		}
 		if err != nil || !v.AtLeast(d.FixedIn) {
 			out = append(out, d.Issue)
 		}

@@ -78,6 +78,9 @@ func TestModesOnTheCluster(t *testing.T) {
 			wantWarnings: []string{"mode mig on Kubernetes v1.35.4: the allocator keeps the counters of a device it backtracks over, so a pod that fits"}},
 		{name: "1.36.3 takes dynamic without a warning", cfg: Config{Features: cluster("v1.36.3", features.PartitionableDevices, features.ConsumableCapacity), DefaultMode: ModeDynamic},
 			want: []Mode{ModeDynamic, ModeDynamic, ModeShared}, wantNotes: 1},
+		// kubernetes#140433 is in every 1.36 allocator, but no mode meets it.
+		{name: "1.36.6 takes dynamic without a warning", cfg: Config{Features: cluster("v1.36.6", features.PartitionableDevices, features.ConsumableCapacity), DefaultMode: ModeDynamic},
+			want: []Mode{ModeDynamic, ModeDynamic, ModeShared}, wantNotes: 1},
 		{name: "static-mig on a GPU without MIG falls back", cfg: Config{Features: stock, DefaultMode: ModeStaticMIG, MIGInstances: carved},
 			want: []Mode{ModeStaticMIG, ModeStaticMIG, ModeExclusive}, wantNotes: 2}, // GPU 0 has no instance, GPU 2 no MIG
 	}
