@@ -245,3 +245,38 @@ func TestPluginToleratesGPUTaints(t *testing.T) {
 		}
 	}
 }
+
+// TestNotesOnHAMiCore: NOTES.txt says where HAMi-core is installed from
+// and how to see on which nodes it is, or, with install: false, where the
+// operator must put it; nothing without HAMi-core.
+func TestNotesOnHAMiCore(t *testing.T) {
+	for _, tc := range []struct {
+		values      string
+		want, never []string
+	}{
+		{"", []string{"by the DaemonSets facet-hami-core-<group>", "cannot pull projecthami/hami:v2.9.0", "-l app.kubernetes.io/component=hami-core"}, []string{"install is false"}},
+		{"kubeletPlugin: {hamiCore: {install: false, hostDir: /opt/hami/}}", []string{"install is false: put the libvgpu.so you vetted at /opt/hami/libvgpu.so"}, []string{"facet-hami-core-", "pulled by tag"}},
+		{"kubeletPlugin: {hamiCore: {enabled: false}}", nil, []string{"HAMi-core", "libvgpu.so"}},
+	} {
+		out, err := renderErr(t, values(t, tc.values), releaseName, releaseNamespace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var notes string
+		for f, s := range out {
+			if strings.HasSuffix(f, "NOTES.txt") {
+				notes = strings.Join(strings.Fields(s), " ")
+			}
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(notes, w) {
+				t.Errorf("values %q: NOTES.txt lacks %q:\n%s", tc.values, w, notes)
+			}
+		}
+		for _, n := range tc.never {
+			if strings.Contains(notes, n) {
+				t.Errorf("values %q: NOTES.txt says %q:\n%s", tc.values, n, notes)
+			}
+		}
+	}
+}
