@@ -161,7 +161,7 @@ allocator-matrix:
 # CHART_ONCE: the chart's live tests whose outcome does not depend on the
 # Kubernetes version (docs/contributing.md, "Which chart live tests run on
 # every round"): they run in the 1.36.3 round only.
-CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment|TestLiveChartWebhookDown)$$
+CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment|TestLiveChartWebhookDown|TestLiveChartHAMiCoreUnpullable)$$
 # FACET_E2E_PARALLEL: how many rounds run side by side, each on a node of
 # its own (hack/e2e-rounds.sh; default 4, all at once; 1: one after
 # another).
