@@ -35,13 +35,13 @@ image-sim:
 
 ## build-release: the shipped binaries, without the simulator, in bin/release/
 build-release:
-	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-preemptor
+	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-preemptor ./cmd/facet-install
 	$(MAKE) verify-release
 
 ## verify-release: fail if a shipped daemon links go-nvml's mock, the
 ## simulator or the MPS stand-in
 verify-release:
-	@for b in facet-kubeletplugin facet-webhook facet-mps facet-preemptor; do \
+	@for b in facet-kubeletplugin facet-webhook facet-mps facet-preemptor facet-install; do \
 	  syms=$$($(GO) tool nm $(BIN)/release/$$b) || exit 1; \
 	  if grep -qE 'go-nvml/pkg/nvml/mock|facet-gpu/facet/internal/' <<<"$$syms"; then \
 	    echo "bin/release/$$b links simulator code" >&2; exit 1; fi; \
@@ -161,7 +161,7 @@ allocator-matrix:
 # CHART_ONCE: the chart's live tests whose outcome does not depend on the
 # Kubernetes version (docs/contributing.md, "Which chart live tests run on
 # every round"): they run in the 1.36.3 round only.
-CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment|TestLiveChartWebhookDown)$$
+CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment|TestLiveChartWebhookDown|TestLiveChartHAMiCoreUnpullable)$$
 # FACET_E2E_PARALLEL: how many rounds run side by side, each on a node of
 # its own (hack/e2e-rounds.sh; default 4, all at once; 1: one after
 # another).

@@ -15,7 +15,7 @@
 # cluster: the simulator image (make image-sim) imported into the node's
 # containerd, and the chart installed with Helm's Go library
 # (test/helm/chartinstall), its DaemonSet's pod serving the claims and its
-# init container installing the stand-in libvgpu.so. FACET_DEMO_PLUGIN=host
+# hami-core DaemonSet installing the stand-in libvgpu.so. FACET_DEMO_PLUGIN=host
 # runs the plugin as a host process instead (hack/plugin.sh), for debugging.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -100,7 +100,8 @@ kubeletPlugin:
   nvidiaCDIHook: {install: true, hostDir: "${RUN_DIR}/cdi-hook"}
   # facet-mps's socket and the GPUs' MPS directories, in the run directory.
   mps: {dir: "${RUN_DIR}/mps-chart"}
-  # The simulator image plays HAMi's: it holds the stand-in libvgpu.so.
+  # The simulator image plays HAMi's: it holds the stand-in libvgpu.so,
+  # which the hami-core DaemonSet installs (chartinstall waits for it).
   hamiCore:
     enabled: true
     hostDir: "${RUN_DIR}/hami"

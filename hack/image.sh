@@ -9,17 +9,23 @@
 #
 # --sim builds facet-kubeletplugin with -tags facetsim (the simulator and
 # --machine, for the demo and the e2e node); never ship that image. It also
-# plays HAMi's image for the chart's init container (a stand-in libvgpu.so
-# at /k8s-vgpu/lib/nvidia/libvgpu.so and a static busybox shell), and carries
-# Debian 12's dash for the simulated driver root's MPS stand-in.
+# plays HAMi's image for the chart's hami-core DaemonSet (a stand-in
+# libvgpu.so at /k8s-vgpu/lib/nvidia/libvgpu.so), carries a static busybox
+# for the simulated driver root's MPS stand-in, and Debian 12's dash for it.
 #
 # Contents (/usr/bin): facet-kubeletplugin, facet-webhook, facetctl,
 # facet-preemptor, facet-mps (the MPS daemons' keeper: static, it links no
-# NVML and runs the driver's MPS programs chrooted into the driver root), and NVIDIA's nvidia-cdi-hook (hack/tools/cdihook), which
+# NVML and runs the driver's MPS programs chrooted into the driver root),
+# facet-install (static: the chart's hami-core DaemonSet copies it into an
+# emptyDir and runs it in HAMi's image, whatever libc that has, to install
+# libvgpu.so without a shell of that image), and NVIDIA's nvidia-cdi-hook (hack/tools/cdihook), which
 # the chart's init container copies onto nodes without the NVIDIA Container
 # Toolkit (`facetctl install-cdi-hook`), where the CDI specs' hooks run it;
-# it is static (hack/build-cdi-hook.sh). The webhook is static
-# (CGO_ENABLED=0; in the --sim image it is linked like the rest, below).
+# it is static (hack/build-cdi-hook.sh). The webhook, facet-mps and
+# facet-install are static (CGO_ENABLED=0); in the --sim image they are
+# linked like the rest, below, which leaves facet-install static all the
+# same: it imports no package with cgo (its TestStatic), and the build
+# checks it.
 # The plugin, facetctl and facet-preemptor (through
 # pkg/cluster/occupancy's MIG profile tables) link go-nvml, whose bindings dlopen
 # libnvidia-ml.so.1 through cgo: they are linked dynamically against glibc,
@@ -163,16 +169,23 @@ for platform in ${PLATFORMS}; do
   # client-go and the rest without cgo once more. The shipped webhook is
   # static.
   if ${SIM}; then
-    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor, facet-webhook, facet-mps)"
+    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor, facet-webhook, facet-mps; facet-install)"
     GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
       "${GO}" build "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" \
-      ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor ./cmd/facet-webhook ./cmd/facet-mps
+      ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-install
   else
-    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor; static: facet-webhook, facet-mps)"
+    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor; static: facet-webhook, facet-mps, facet-install)"
     GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
       "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor
     GOOS=linux GOARCH="${arch}" CGO_ENABLED=0 \
-      "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook ./cmd/facet-mps
+      "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-install
+  fi
+  # The hami-core DaemonSet runs facet-install in HAMi's image: a dynamic
+  # one would fail there with "no such file or directory" (its loader).
+  # (readelf, of gcc's binutils, reads any architecture's headers.)
+  if readelf -l "${app}/usr/bin/facet-install" | grep -q "program interpreter"; then
+    echo "image: ${app}/usr/bin/facet-install is dynamically linked; it must run in images without Facet's glibc" >&2
+    exit 1
   fi
   log "${platform}: go build nvidia-cdi-hook (static, hack/build-cdi-hook.sh)"
   GO="${GO}" "${REPO}/hack/build-cdi-hook.sh" "${app}/usr/bin/nvidia-cdi-hook" "${arch}" "${cc}"
@@ -181,17 +194,17 @@ for platform in ${PLATFORMS}; do
     mkdir -p "${app}/usr/share/facet/machines"
     cp demo/machines/*.yaml "${app}/usr/share/facet/machines/"
     # The image also stands in for HAMi's, whose libvgpu.so the chart's
-    # init container copies to the node with a shell: the demo's stand-in
-    # libvgpu.so at HAMi's path, and a static busybox for sh, cp, chmod, mv
-    # and cmp (hack/images.sh checks that /bin/busybox is static).
+    # hami-core DaemonSet installs on the node with facet-install: the
+    # demo's stand-in libvgpu.so at HAMi's path.
     sim_root="$(mktemp -d)"
     "${app}/usr/bin/facetctl" sim-driver-root --machine demo/machines/dgx-h100.yaml --root "${sim_root}" \
       --hami-library "${app}/k8s-vgpu/lib/nvidia/libvgpu.so" >/dev/null
     rm -rf "${sim_root}"
+    # A static busybox (hack/images.sh checks that /bin/busybox is static)
+    # for the simulated driver root's nvidia-cuda-mps-control stand-in
+    # (internal/mps/mpssim), which the plugin runs.
     mkdir -p "${app}/bin"
     cp "${BUSYBOX_BIN:-/bin/busybox}" "${app}/bin/busybox"
-    # The simulated driver root's nvidia-cuda-mps-control stand-in
-    # (internal/mps/mpssim), which the plugin runs, needs the rest.
     for applet in sh cp chmod mv cmp cat date id kill mkdir mkfifo rm setsid sleep; do ln -sf busybox "${app}/bin/${applet}"; done
     dash_bin "${arch}" "${app}"
   fi

@@ -8,8 +8,8 @@ import (
 
 // TestShippedBuildLinksNoSimulator checks the builds that ship (no build
 // tags): no daemon of the image, the kubelet plugin, facet-mps,
-// facet-webhook and facet-preemptor, may link Facet's simulator, its MPS
-// stand-in or go-nvml's mock GPUs. Only `-tags facetsim` (make build, for
+// facet-webhook, facet-preemptor and facet-install, may link Facet's
+// simulator, its MPS stand-in or go-nvml's mock GPUs. Only `-tags facetsim` (make build, for
 // the demo and the end-to-end tests) links them into the plugin.
 func TestShippedBuildLinksNoSimulator(t *testing.T) {
 	if testing.Short() {
@@ -24,6 +24,7 @@ func TestShippedBuildLinksNoSimulator(t *testing.T) {
 		{"../facet-mps", "", false},
 		{"../facet-webhook", "", false},
 		{"../facet-preemptor", "", false},
+		{"../facet-install", "", false},
 	} {
 		out, err := exec.Command("go", "list", "-tags", tc.tags, "-deps", tc.pkg).CombinedOutput()
 		if err != nil {

@@ -312,27 +312,12 @@ func TestPluginMountsEveryHostPathItUses(t *testing.T) {
 					t.Errorf("service account %q", sa)
 				}
 
-				// HAMi-core: the init container installs the file the
-				// plugin is pointed at.
-				if lib, ok := args.set["hami-library"]; ok {
-					ic := container(t, spec, "install-hami-core", true)
-					var dir string
-					for _, e := range ic.Env {
-						if e.Name == "HAMI_CORE_DIR" {
-							dir = e.Value
-						}
-					}
-					if path.Join(dir, "libvgpu.so") != lib {
-						t.Errorf("init container installs into %q, the plugin loads %s", dir, lib)
-					}
-					if m, vol := mountFor(spec, ic, lib); m == nil || vol == nil || vol.HostPath == nil || m.ReadOnly || vol.HostPath.Path != m.MountPath {
-						t.Errorf("init container cannot write %s on the host", lib)
-					}
-				} else {
-					for _, ic := range spec.InitContainers {
-						if ic.Name == "install-hami-core" {
-							t.Error("HAMi-core is installed without --hami-library")
-						}
+				// HAMi-core is installed by the hami-core DaemonSet
+				// (TestHAMiCoreDaemonSet), never in the plugin's pod: a
+				// node that cannot pull HAMi's image must still run it.
+				for _, ic := range spec.InitContainers {
+					if ic.Name == "install-hami-core" || ic.Image == hamiCoreImage(t, vals) {
+						t.Errorf("the plugin's pod installs HAMi-core (init container %s, image %s)", ic.Name, ic.Image)
 					}
 				}
 			})
@@ -591,8 +576,9 @@ kubeletPlugin:
 
 // TestHAMiCorePinned: by default HAMi-core's image is pulled by tag and its
 // library not hashed, and NOTES.txt says so; with a digest and a SHA-256,
-// the init container pulls repository@digest and the plugin gets
-// --hami-library-sha256, and NOTES.txt says nothing.
+// the hami-core DaemonSet pulls repository@digest and installs only a
+// library of that hash, the plugin gets --hami-library-sha256, and
+// NOTES.txt says nothing.
 func TestHAMiCorePinned(t *testing.T) {
 	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	const sum = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210"
@@ -621,10 +607,17 @@ func TestHAMiCorePinned(t *testing.T) {
 				t.Errorf("NOTES.txt lacks %q:\n%s", tc.notes, notes)
 			}
 			flags := pluginFlags(t)
-			for _, ds := range daemonSets(t, render(t, values(t, tc.values))) {
-				if c := container(t, &ds.Spec.Template.Spec, "install-hami-core", true); c.Image != tc.image {
+			objs := render(t, values(t, tc.values))
+			for _, ds := range daemonSetsOf(t, objs, "hami-core") {
+				c := container(t, &ds.Spec.Template.Spec, "install-hami-core", true)
+				if c.Image != tc.image {
 					t.Errorf("%s: install-hami-core image %s, want %s", ds.Name, c.Image, tc.image)
 				}
+				if got := installerFlags(t, c)["sha256"]; got != tc.sha {
+					t.Errorf("%s: install-hami-core --sha256=%q, want %q", ds.Name, got, tc.sha)
+				}
+			}
+			for _, ds := range daemonSets(t, objs) {
 				c := container(t, &ds.Spec.Template.Spec, "plugin", false)
 				got, _ := parsePluginArgs(t, flags, c.Args).value(flags, "hami-library-sha256")
 				if got != tc.sha {
@@ -873,16 +866,16 @@ func TestPluginSeesTheDriverAndTheHook(t *testing.T) {
 	}{
 		{
 			name: "defaults: driver in the host's /", root: "/", dev: "/", hook: installed, install: true,
-			wantInitContainers: 2,
+			wantInitContainers: 1,
 		},
 		{
 			name: "driver root / spelt //", values: "kubeletPlugin: {driver: {root: //, devRoot: /}}",
-			root: "/", dev: "/", hook: installed, install: true, wantInitContainers: 2,
+			root: "/", dev: "/", hook: installed, install: true, wantInitContainers: 1,
 		},
 		{
 			name:   "GPU Operator",
 			values: "kubeletPlugin: {driver: {root: /run/nvidia/driver}}",
-			root:   "/run/nvidia/driver", dev: "/", hook: installed, install: true, wantDevMount: true, wantInitContainers: 2,
+			root:   "/run/nvidia/driver", dev: "/", hook: installed, install: true, wantDevMount: true, wantInitContainers: 1,
 		},
 		{
 			name: "GPU Operator with its toolkit's hook and NVML on RHEL",
@@ -897,18 +890,18 @@ func TestPluginSeesTheDriverAndTheHook(t *testing.T) {
 			name:   "/usr/local/nvidia with lib64",
 			values: "kubeletPlugin: {driver: {root: /usr/local/nvidia, nvmlLibrary: /usr/local/nvidia/lib64/libnvidia-ml.so.1}, nvidiaCDIHook: {hostDir: /opt/facet/bin}}",
 			root:   "/usr/local/nvidia", dev: "/", hook: "/opt/facet/bin/nvidia-cdi-hook", install: true,
-			nvml: "/driver-root/lib64/libnvidia-ml.so.1", wantDevMount: true, wantInitContainers: 2,
+			nvml: "/driver-root/lib64/libnvidia-ml.so.1", wantDevMount: true, wantInitContainers: 1,
 		},
 		{
 			name:   "host's / with NVML named, the toolkit package's hook",
 			values: "kubeletPlugin: {driver: {nvmlLibrary: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1}, nvidiaCDIHook: {install: false}}",
 			root:   "/", dev: "/", hook: "/usr/bin/nvidia-cdi-hook",
-			nvml: "/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", wantInitContainers: 1,
+			nvml: "/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
 		},
 		{
 			name:   "dev root is the driver root",
 			values: "kubeletPlugin: {driver: {root: /run/nvidia/driver, devRoot: /run/nvidia/driver}}",
-			root:   "/run/nvidia/driver", dev: "/run/nvidia/driver", hook: installed, install: true, wantInitContainers: 2,
+			root:   "/run/nvidia/driver", dev: "/run/nvidia/driver", hook: installed, install: true, wantInitContainers: 1,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

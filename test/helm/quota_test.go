@@ -108,13 +108,14 @@ func TestCriticalPodsQuota(t *testing.T) {
 }
 
 // TestPriorityClasses: every pod of the chart has a priority that keeps it
-// from being evicted for the workloads it serves: the node's plugin and
-// facet-mps system-node-critical, the webhook (which claims with a Facet
+// from being evicted for the workloads it serves: the node's plugin,
+// facet-mps and hami-core (which installs the library every enforced vGPU
+// share needs) system-node-critical, the webhook (which claims with a Facet
 // config wait on) and the preemptor system-cluster-critical; and the
 // critical-pods quota covers them all.
 func TestPriorityClasses(t *testing.T) {
 	objs := render(t, values(t, "preemptor: {enabled: true}"))
-	want := map[string]string{"kubelet-plugin": "system-node-critical", "mps": "system-node-critical", "webhook": "system-cluster-critical", "preemptor": "system-cluster-critical"}
+	want := map[string]string{"kubelet-plugin": "system-node-critical", "mps": "system-node-critical", "hami-core": "system-node-critical", "webhook": "system-cluster-critical", "preemptor": "system-cluster-critical"}
 	seen := map[string]bool{}
 	for _, o := range objs {
 		spec, ok := podSpecOf(t, o)
@@ -142,25 +143,55 @@ func TestPriorityClasses(t *testing.T) {
 	}
 }
 
-// TestResourceRequests: every container of every pod the chart runs asks
-// for CPU and memory (measured defaults, values.yaml), so that no pod is
-// BestEffort, the first evicted under node pressure; and none has a
-// memory limit by default (an OOM kill mid-prepare).
+// oneShot are the containers whose work is bounded (a copy, or a pause),
+// by pod component: they have a memory limit. The daemons have none: an
+// OOM kill of the plugin mid-prepare costs a retry, of facet-mps the
+// node's MPS daemons.
+var oneShot = map[string]map[string]bool{
+	"kubelet-plugin": {"install-nvidia-cdi-hook": true},
+	"hami-core":      {"stage-installer": true, "install-hami-core": true, "hold": true},
+}
+
+// TestResourceRequests: every container of every pod the chart runs, init
+// containers included, asks for CPU and memory (measured defaults,
+// values.yaml), so that no pod is BestEffort, the first evicted under node
+// pressure; the daemons have no memory limit by default, and the one-shot
+// containers one no lower than their request. No container has a CPU
+// limit, which would only slow it.
 func TestResourceRequests(t *testing.T) {
+	seen := map[string]bool{}
 	for cfgName, vals := range configurations(t) {
 		for _, o := range render(t, vals) {
 			spec, ok := podSpecOf(t, o)
 			if !ok {
 				continue
 			}
-			for _, c := range spec.Containers {
+			component := o.GetLabels()["app.kubernetes.io/component"]
+			for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
+				seen[component+"/"+c.Name] = true
 				req := c.Resources.Requests
 				if req.Cpu().IsZero() || req.Memory().IsZero() {
 					t.Errorf("%s: %s %s container %s requests %v: want cpu and memory", cfgName, o.GetKind(), o.GetName(), c.Name, req)
 				}
-				if _, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+				if _, ok := c.Resources.Limits[corev1.ResourceCPU]; ok {
+					t.Errorf("%s: %s %s container %s has a CPU limit by default", cfgName, o.GetKind(), o.GetName(), c.Name)
+				}
+				limit, limited := c.Resources.Limits[corev1.ResourceMemory]
+				switch {
+				case oneShot[component][c.Name] && !limited:
+					t.Errorf("%s: %s %s container %s has no memory limit; its work is bounded", cfgName, o.GetKind(), o.GetName(), c.Name)
+				case oneShot[component][c.Name] && limit.Cmp(*req.Memory()) < 0:
+					t.Errorf("%s: %s %s container %s: memory limit %s under its request %s", cfgName, o.GetKind(), o.GetName(), c.Name, limit.String(), req.Memory())
+				case !oneShot[component][c.Name] && limited:
 					t.Errorf("%s: %s %s container %s has a memory limit by default", cfgName, o.GetKind(), o.GetName(), c.Name)
 				}
+			}
+		}
+	}
+	for component, names := range oneShot {
+		for name := range names {
+			if !seen[component+"/"+name] {
+				t.Errorf("no container %s of component %s rendered: oneShot is stale", name, component)
 			}
 		}
 	}

@@ -52,7 +52,9 @@ func TestLiveChartMPS(t *testing.T) {
 	r.install(t, r.values(t, r.tag, group))
 	plugin := r.waitPlugin(t, r.tag, 2*time.Minute)
 	mpsPod := r.waitMPS(t)
-	t.Logf("plugin pod %s and facet-mps pod %s Ready (%s)", plugin.Name, mpsPod.Name, r.since())
+	// The share needs HAMi-core, which its own pod installs.
+	r.waitHAMiCore(t, 2*time.Minute)
+	t.Logf("plugin pod %s, facet-mps pod %s and hami-core Ready (%s)", plugin.Name, mpsPod.Name, r.since())
 
 	r.Must(t, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+mpsNS+"}\n", "apply", "-f", "-")
 	t.Cleanup(func() { _, _ = r.Run("", "delete", "namespace", mpsNS, "--wait=true", "--timeout=120s") })

@@ -69,6 +69,7 @@ const (
 	chartNS      = "facet-chart-live"
 	chartRelease = "facet"
 	pluginPods   = "app.kubernetes.io/component=kubelet-plugin"
+	hamiCorePods = "app.kubernetes.io/component=hami-core"
 )
 
 func newChartRig(t *testing.T) *chartRig {
@@ -178,7 +179,7 @@ kubeletPlugin:
   driver: {root: %[5]q, devRoot: %[5]q}
   nvidiaCDIHook: {install: true, hostDir: %[6]q}
   # The simulator image plays HAMi's: the demo's stand-in libvgpu.so at
-  # HAMi's path, copied to the node by the chart's init container.
+  # HAMi's path, copied to the node by the chart's hami-core DaemonSet.
   hamiCore:
     enabled: true
     hostDir: %[7]q
@@ -212,8 +213,8 @@ func (r *chartRig) install(t *testing.T, vals map[string]any) {
 			t.Errorf("helm uninstall: %v", err)
 		}
 		// Wait for the plugin's pods to go: later tests start their own.
-		testenv.WaitFor(t, "plugin and facet-mps pods gone", 2*time.Minute, func() (bool, error) {
-			pods, err := r.Client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component in (kubelet-plugin,mps)"})
+		testenv.WaitFor(t, "plugin, facet-mps and hami-core pods gone", 2*time.Minute, func() (bool, error) {
+			pods, err := r.Client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/component in (kubelet-plugin,mps,hami-core)"})
 			return err == nil && len(pods.Items) == 0, err
 		})
 	})
@@ -255,6 +256,26 @@ func (r *chartRig) waitPlugin(t testing.TB, tag string, timeout time.Duration) *
 	return pod
 }
 
+// waitHAMiCore waits for the one hami-core pod Ready, which it is only once
+// its init containers installed libvgpu.so on the node, and returns it.
+func (r *chartRig) waitHAMiCore(t testing.TB, timeout time.Duration) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	testenv.WaitFor(t, "the hami-core pod Ready (libvgpu.so installed)", timeout, func() (bool, error) {
+		pods, err := r.Client.CoreV1().Pods(chartNS).List(context.Background(), metav1.ListOptions{LabelSelector: hamiCorePods})
+		if err != nil || len(pods.Items) != 1 {
+			return false, fmt.Errorf("%d hami-core pods: %v", len(pods.Items), err)
+		}
+		pod = &pods.Items[0]
+		return podReady(pod) && pod.DeletionTimestamp == nil, fmt.Errorf("phase %s, init container statuses %+v", pod.Status.Phase, pod.Status.InitContainerStatuses)
+	})
+	return pod
+}
+
+// hamiLibrary is libvgpu.so where the chart's values (values) install it on
+// the local node.
+func (r *chartRig) hamiLibrary() string { return filepath.Join(r.RunDir, "hami-chart", "libvgpu.so") }
+
 // claimOf returns the pod's only claim.
 func (r *chartRig) claimOf(t testing.TB, ns, pod string) *resourceapi.ResourceClaim {
 	t.Helper()
@@ -291,7 +312,7 @@ func (r *chartRig) record(uid types.UID) (*checkpoint.Claim, error) {
 // slices, and the demo's pods run with claims prepared through it (CDI
 // specs, the containers run): with the alpha gates on, whole GPUs, a MIG
 // instance carved at prepare and vGPU shares enforced by the stand-in
-// HAMi-core that the chart's init container installed; on stock 1.35,
+// HAMi-core that the chart's hami-core DaemonSet installed; on stock 1.35,
 // whole GPUs, a static MIG device and vGPU slots. Each claim is
 // unprepared when its pod goes.
 func TestLiveChartPlugin(t *testing.T) {
@@ -310,6 +331,10 @@ func TestLiveChartPlugin(t *testing.T) {
 	if log := r.pluginLog(plugin.Name); strings.Contains(log, "MIG devices cannot get CDI edits") {
 		t.Errorf("the plugin pod could not bind the simulated /proc/driver:\n%s", log)
 	}
+	// The shares need HAMi-core, which its own pod installs beside the
+	// plugin's (the plugin adopts it when it appears).
+	hami := r.waitHAMiCore(t, 2*time.Minute)
+	t.Logf("hami-core pod %s Ready: libvgpu.so installed (%s)", hami.Name, r.since())
 
 	const demoNS = "facet-demo"
 	r.Must(t, "", "apply", "-f", filepath.Join(r.repo, "demo", "gpu", "namespace.yaml"))
@@ -380,8 +405,8 @@ func TestLiveChartPlugin(t *testing.T) {
 		}
 		t.Logf("pod %s Running with %v (%s) through the chart's plugin", name, devices, kind)
 	}
-	if _, err := os.Stat(filepath.Join(r.RunDir, "hami-chart", "libvgpu.so")); err != nil {
-		t.Errorf("the init container installed no libvgpu.so: %v", err)
+	if _, err := os.Stat(r.hamiLibrary()); err != nil {
+		t.Errorf("the hami-core DaemonSet installed no libvgpu.so: %v", err)
 	}
 	log := r.pluginLog(plugin.Name)
 	if !strings.Contains(log, "nvidia-cdi-hook runs") {

@@ -52,6 +52,25 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end }}
 {{- end }}
 
+{{/*
+facet.restrictedSecurityContext: a container's security context as Pod
+Security's "restricted" profile asks, but for the user, .user: no privilege
+escalation, no capability, the runtime's seccomp profile, a read-only root
+filesystem. .user is 0 only where a root-owned host directory is written
+(each caller says why); the image's own default user is 65532.
+*/}}
+{{- define "facet.restrictedSecurityContext" -}}
+allowPrivilegeEscalation: false
+capabilities:
+  drop: [ALL]
+readOnlyRootFilesystem: true
+seccompProfile:
+  type: RuntimeDefault
+runAsUser: {{ .user }}
+runAsGroup: {{ .user }}
+runAsNonRoot: {{ ne (int .user) 0 }}
+{{- end }}
+
 {{- define "facet.pluginServiceAccount" -}}
 {{- .Values.kubeletPlugin.serviceAccount.name | default (printf "%s-kubelet-plugin" (include "facet.fullname" .)) }}
 {{- end }}
