@@ -90,7 +90,7 @@ func parseFlags(args []string) (flags, error) {
 	fs.Float64Var(&f.KubeAPIQPS, "kube-api-qps", 1000, "queries per second to the API server")
 	fs.IntVar(&f.KubeAPIBurst, "kube-api-burst", 1000, "burst of queries to the API server")
 	fs.StringVar(&f.HAMiLibrarySHA256, "hami-library-sha256", "", "SHA-256 (64 hex digits) --hami-library must have; when it differs, enforced vGPU shares fail to prepare, naming both hashes (the library is preloaded into every tenant's container)")
-	fs.StringVar(&f.HAMiLibrary, "hami-library", "", "host path of HAMi-core's libvgpu.so, which enforces vGPU shares (installed by the DaemonSet's init container); without it, claims for enforced shares fail")
+	fs.StringVar(&f.HAMiLibrary, "hami-library", "", "host path of HAMi-core's libvgpu.so, which enforces vGPU shares (installed by the chart's hami-core DaemonSet); looked for every --mps-check-interval and adopted when it appears; without it, claims for enforced shares fail")
 	fs.StringVar(&f.MPS.Mode, "mps", "auto", "MPS partitioning of vGPU shares and slots (docs/mps.md): auto (the default partitioning wherever the driver root has nvidia-cuda-mps-control) or off (HAMi-core time-slicing only; claims asking for partitioning mps fail)")
 	fs.StringVar(&f.MPS.Dir, "mps-dir", "/run/facet/mps", "host directory (a tmpfs) of the per-GPU MPS pipe, log and shared-memory directories and of facet-mps's socket, the same as facet-mps's --mps-dir; the CDI specs mount them by this path")
 	fs.DurationVar(&f.MPS.CheckEvery, "mps-check-interval", 10*time.Second, "how often facet-mps and HAMi-core are looked for (adopted when they arrive, dropped when they go, the slices republished) and MPS control daemons checked (a dead one is restarted, with an Event on its claims)")

@@ -63,7 +63,8 @@ type Share struct {
 // Options locate HAMi-core on the host.
 type Options struct {
 	// LibraryPath is the host path of libvgpu.so (installed by the
-	// DaemonSet's init container).
+	// chart's hami-core DaemonSet, beside the plugin: package sharing
+	// opens an Editor once it is there).
 	LibraryPath string
 	// StateDir is a host directory Facet owns: it holds the ld.so.preload
 	// file and one cache directory per claim.
