@@ -71,6 +71,10 @@ start_plugin() {
   # facet-mps mounts each GPU's /dev/shm tmpfs in its MPS directory with
   # Bidirectional propagation, which needs a shared mount too.
   mkdir -p "${RUN_DIR}/mps-chart"
+  # facet-mps mounts the host's / at /host, HostToContainer, where the
+  # driver root is not / (templates/mps.yaml): / must be a shared mount,
+  # as systemd makes a real node's.
+  [[ "$(findmnt -n -o PROPAGATION /)" == *shared* ]] || mount --make-rshared /
   for dir in "${RUN_DIR}/driver-root" "${RUN_DIR}/mps-chart"; do
     mountpoint -q "${dir}" || mount --bind "${dir}" "${dir}"
     mount --make-rshared "${dir}"

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/facet-gpu/facet/internal/testenv"
-
 	"helm.sh/helm/v3/pkg/action"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/facet-gpu/facet/internal/testenv"
 )
 
 // TestLiveChartHAMiCoreUnpullable: a node that cannot pull HAMi's image
@@ -76,9 +76,14 @@ func TestLiveChartHAMiCoreUnpullable(t *testing.T) {
 	}
 	t.Logf("helm upgrade (revision %d): hami-core pod %s installed libvgpu.so (%s)", rel.Version, hami.Name, r.since())
 
+	// The plugin adopts the library at its next check (--mps-check-interval):
+	// a share prepared before that fails, and the kubelet's retry backs off.
+	testenv.WaitFor(t, "the plugin adopting HAMi-core", 2*time.Minute, func() (bool, error) {
+		log := r.pluginLog(plugin.Name)
+		return strings.Contains(log, `"Sharing mechanism available" mechanism="hami-core"`), fmt.Errorf("not yet in the plugin's log")
+	})
+	t.Logf("the plugin adopted HAMi-core without a restart (%s)", r.since())
 	r.Must(t, "", "apply", "-f", filepath.Join(r.repo, share))
-	// The plugin adopts the library at its next check: until then the
-	// share's prepare fails and the kubelet retries it.
 	r.waitRunning(t, demoNS, sharePod, 3*time.Minute)
 	out := r.Must(t, "", "exec", "-n", demoNS, sharePod, "--", "sh", "-c", "env; cat /etc/ld.so.preload")
 	if !strings.Contains(out, "CUDA_DEVICE_MEMORY_LIMIT_0=") || !strings.Contains(out, "libvgpu.so") {

@@ -113,6 +113,12 @@ func newChartRig(t *testing.T) *chartRig {
 	if err := os.MkdirAll(r.mpsDir(), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// facet-mps mounts the host's / itself at /host, HostToContainer,
+	// where the driver root is not / (templates/mps.yaml): as on a real
+	// node, / must be a shared mount for containerd to allow it.
+	if err := sharedRoot(); err != nil {
+		t.Fatal(err)
+	}
 	for _, dir := range []string{driverRoot, r.mpsDir()} {
 		for _, args := range [][]string{{"--bind", dir, dir}, {"--make-rshared", dir}} {
 			if out, err := exec.Command("mount", args...).CombinedOutput(); err != nil {
@@ -438,4 +444,21 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// sharedRoot makes / a shared mount, as systemd makes a real node's, where
+// it is private (a container or chroot running the test node); a no-op
+// where it is shared already.
+func sharedRoot() error {
+	out, err := exec.Command("findmnt", "-n", "-o", "PROPAGATION", "/").Output()
+	if err != nil {
+		return fmt.Errorf("findmnt /: %w", err)
+	}
+	if strings.Contains(string(out), "shared") {
+		return nil
+	}
+	if out, err := exec.Command("mount", "--make-rshared", "/").CombinedOutput(); err != nil {
+		return fmt.Errorf("mount --make-rshared /: %v\n%s", err, out)
+	}
+	return nil
 }
