@@ -41,9 +41,6 @@ const (
 	MPS Mechanism = "mps"
 )
 
-// Mechanisms lists every mechanism, in a fixed order.
-var Mechanisms = []Mechanism{HAMiCore, MPS}
-
 // ShareEditor sets up HAMi-core for a claim's enforced vGPU shares
 // (package hami).
 type ShareEditor interface {
@@ -211,13 +208,6 @@ func (s *Set) ComputePartitioning() string {
 		return names.PartitioningMPS
 	}
 	return names.PartitioningTimeSliced
-}
-
-// Available reports each mechanism's state, for the metric.
-func (s *Set) Available() map[Mechanism]bool {
-	h, _ := s.HAMi()
-	p, _ := s.MPS()
-	return map[Mechanism]bool{HAMiCore: h != nil, MPS: p != nil}
 }
 
 // Refresh opens the mechanisms that are missing and probes the ones that
