@@ -127,7 +127,7 @@ STAGE := hack/stage.sh
 unit:
 	$(STAGE) "unit: go vet" $(GO) vet ./...
 	$(STAGE) "unit: go vet -tags facetsim" $(GO) vet -tags facetsim ./cmd/...
-	# -timeout: go test's default is 10 minutes per package; pkg/node/driver
+	# -timeout: go test's default is 10 minutes per package; pkg/node/dradriver
 	# (its crash matrix) took over 10 minutes for -count=3 on 2 cores at
 	# load 35-50, which leaves one run little margin on a loaded machine.
 	# The bound only turns a hang into a failure.
@@ -197,7 +197,7 @@ FUZZ_TARGETS := \
 	./api/gpu.facet.dev/v1alpha1:FuzzDecode \
 	./pkg/node/checkpoint:FuzzDecode \
 	./internal/nvml/sim:FuzzParseMachine \
-	./pkg/node/cdi:FuzzDeviceNames \
+	./pkg/node/claimcdi:FuzzDeviceNames \
 	./pkg/node/claimuid:FuzzValidate
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -18,13 +18,13 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/node/healthz"
-	"github.com/facet-gpu/facet/pkg/node/plugin"
+	"github.com/facet-gpu/facet/pkg/node/nodeplugin"
 )
 
 // flags is the command line: the plugin's configuration, and --probe,
 // which asks a running plugin instead.
 type flags struct {
-	plugin.Config
+	nodeplugin.Config
 	probe string
 }
 
@@ -61,7 +61,7 @@ func main() {
 func run(ctx context.Context, f flags) error {
 	c := f.Config
 	c.OpenMachine, c.BindSimulatedProcDriver, c.Failpoint = openMachine, bindSimulatedProcDriver, failpoint(ctx)
-	return plugin.Run(ctx, c)
+	return nodeplugin.Run(ctx, c)
 }
 
 // parseFlags parses the command line. Errors (and -h) are printed with the
@@ -100,7 +100,7 @@ func parseFlags(args []string) (flags, error) {
 	fs.DurationVar(&f.FeaturesEvery, "feature-detection-interval", 5*time.Minute, "how often to re-detect the cluster's DRA features; on a change the plugin exits to republish")
 	fs.StringVar(&f.HealthAddr, "health-addr", "", "address of the HTTP probes /healthz (gRPC sockets answer) and /readyz (also registered with the kubelet, slices published), e.g. :8081, or unix:<path> for a unix socket; empty: none")
 	fs.StringVar(&f.probe, "probe", "", "instead of running the plugin, ask the running one's health server at --health-addr for this path (/healthz or /readyz) and exit 0 if it is ok, 1 if not: an exec probe")
-	fs.StringVar(&f.PodUID, "pod-uid", os.Getenv("POD_UID"), "this plugin pod's UID (env POD_UID, from the downward API): enables rolling updates, where the kubelet may call a new pod and the old one at once, prepares and unprepares taking turns through <state-dir>/"+plugin.NodeLockFile+"; empty: one plugin process per node (Kubernetes 1.33+ kubelets support it)")
+	fs.StringVar(&f.PodUID, "pod-uid", os.Getenv("POD_UID"), "this plugin pod's UID (env POD_UID, from the downward API): enables rolling updates, where the kubelet may call a new pod and the old one at once, prepares and unprepares taking turns through <state-dir>/"+nodeplugin.NodeLockFile+"; empty: one plugin process per node (Kubernetes 1.33+ kubelets support it)")
 	fs.DurationVar(&f.HealthProbe, "gpu-health-probe-interval", 5*time.Second, "how often each GPU is queried through NVML for health (XID and ECC events are watched continuously); 0 turns GPU health monitoring off")
 	fs.DurationVar(&f.HealthQuiet, "gpu-health-quiet-period", 5*time.Minute, "how long a GPU with a recoverable fault must answer NVML without a new fault before its devices are offered again (fatal faults need `facetctl health recover`)")
 	f.Modes.Register(fs)

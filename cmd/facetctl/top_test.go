@@ -9,27 +9,27 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/facet-gpu/facet/pkg/node/metrics"
+	"github.com/facet-gpu/facet/pkg/node/nodemetrics"
 )
 
 type topClaims struct {
-	c []metrics.Claim
-	u []metrics.ClaimUsage
+	c []nodemetrics.Claim
+	u []nodemetrics.ClaimUsage
 }
 
-func (t topClaims) ClaimState() ([]metrics.Claim, []metrics.ClaimUsage) { return t.c, t.u }
+func (t topClaims) ClaimState() ([]nodemetrics.Claim, []nodemetrics.ClaimUsage) { return t.c, t.u }
 
 type oneGPU struct{}
 
-func (oneGPU) GPUState() []metrics.GPU {
-	return []metrics.GPU{{Index: 2, UUID: "GPU-c", Product: "NVIDIA H100 80GB HBM3", Mode: "exclusive"}}
+func (oneGPU) GPUState() []nodemetrics.GPU {
+	return []nodemetrics.GPU{{Index: 2, UUID: "GPU-c", Product: "NVIDIA H100 80GB HBM3", Mode: "exclusive"}}
 }
 func (oneGPU) PreparedClaims() int { return 3 }
 
 type oneUsage struct{}
 
-func (oneUsage) GPUUsage(uuid string) (metrics.GPUUsage, error) {
-	return metrics.GPUUsage{UtilizationPercent: 87, MemoryUsedBytes: 60 << 30}, nil
+func (oneUsage) GPUUsage(uuid string) (nodemetrics.GPUUsage, error) {
+	return nodemetrics.GPUUsage{UtilizationPercent: 87, MemoryUsedBytes: 60 << 30}, nil
 }
 
 // TestTop: facetctl top reads what the plugin's own collector serves (the
@@ -38,13 +38,13 @@ func (oneUsage) GPUUsage(uuid string) (metrics.GPUUsage, error) {
 // filtered by namespace.
 func TestTop(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(&metrics.Collector{GPUs: oneGPU{}, Usage: oneUsage{}, Claims: topClaims{
-		c: []metrics.Claim{
+	reg.MustRegister(&nodemetrics.Collector{GPUs: oneGPU{}, Usage: oneUsage{}, Claims: topClaims{
+		c: []nodemetrics.Claim{
 			{Namespace: "ml", Name: "train", Device: "gpu-2", GPUIndex: 2, GPUUUID: "GPU-c", GIID: -1, Shape: "whole", Compute: "none", MemoryBytes: 80 << 30, ComputePercent: 100, Pods: []string{"train-0", "train-1"}},
 			{Namespace: "ml", Name: "infer", Device: "gpu-0-mig-1g10gb-6", GPUUUID: "GPU-a", GIID: 13, Profile: "1g.10gb", MIGUUID: "MIG-x", Shape: "mig", Compute: "mig", MemoryBytes: 9984 << 20, ComputePercent: 14},
 			{Namespace: "nb", Name: "lab", Device: "gpu-1", GPUIndex: 1, GPUUUID: "GPU-b", GIID: -1, Shape: "share", Compute: "mps", MemoryBytes: 2 << 30, ComputePercent: 20},
 		},
-		u: []metrics.ClaimUsage{{Namespace: "nb", Name: "lab", UsedBytes: 1536 << 20, ComputeUsedPercent: -1}},
+		u: []nodemetrics.ClaimUsage{{Namespace: "nb", Name: "lab", UsedBytes: 1536 << 20, ComputeUsedPercent: -1}},
 	}})
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()

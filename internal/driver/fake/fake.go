@@ -1,5 +1,5 @@
 // Package fake holds in-memory stand-ins for what the driver reaches through
-// its interfaces (package driver: EditSource, MIGManager, SpecWriter, Store,
+// its interfaces (package dradriver: EditSource, MIGManager, SpecWriter, Store,
 // ShareEditor), so driver tests run as an ordinary user, without a driver
 // root, NVML or a mount namespace. Each fake is safe for concurrent use.
 package fake
@@ -18,8 +18,8 @@ import (
 
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
-	"github.com/facet-gpu/facet/pkg/node/cdi"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
+	"github.com/facet-gpu/facet/pkg/node/claimcdi"
 	"github.com/facet-gpu/facet/pkg/node/hami"
 )
 
@@ -54,10 +54,10 @@ type Specs struct {
 // NewSpecs returns an empty spec directory.
 func NewSpecs() *Specs { return &Specs{specs: map[types.UID][]byte{}} }
 
-// WriteClaim stores the spec as cdi.Writer would write it (JSON), with the
+// WriteClaim stores the spec as claimcdi.Writer would write it (JSON), with the
 // same names and IDs.
-func (s *Specs) WriteClaim(claimUID types.UID, common *cdispec.ContainerEdits, devices []cdi.Device) (string, []string, string, error) {
-	spec := &cdispec.Spec{Version: cdispec.CurrentVersion, Kind: cdi.Kind}
+func (s *Specs) WriteClaim(claimUID types.UID, common *cdispec.ContainerEdits, devices []claimcdi.Device) (string, []string, string, error) {
+	spec := &cdispec.Spec{Version: cdispec.CurrentVersion, Kind: claimcdi.Kind}
 	if common != nil {
 		spec.ContainerEdits = *common
 	}
@@ -65,7 +65,7 @@ func (s *Specs) WriteClaim(claimUID types.UID, common *cdispec.ContainerEdits, d
 	for i, d := range devices {
 		devNames[i] = d.Name
 	}
-	cdiNames := cdi.DeviceNames(claimUID, devNames)
+	cdiNames := claimcdi.DeviceNames(claimUID, devNames)
 	ids := make([]string, 0, len(devices))
 	for i, d := range devices {
 		dev := cdispec.Device{Name: cdiNames[i]}
@@ -73,7 +73,7 @@ func (s *Specs) WriteClaim(claimUID types.UID, common *cdispec.ContainerEdits, d
 			dev.ContainerEdits = *d.Edits
 		}
 		spec.Devices = append(spec.Devices, dev)
-		ids = append(ids, cdi.Kind+"="+cdiNames[i])
+		ids = append(ids, claimcdi.Kind+"="+cdiNames[i])
 	}
 	data, err := json.Marshal(spec)
 	if err != nil {
@@ -82,7 +82,7 @@ func (s *Specs) WriteClaim(claimUID types.UID, common *cdispec.ContainerEdits, d
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.specs[claimUID] = data
-	return cdi.SpecName(claimUID) + ".json", ids, cdi.Hash(data), nil
+	return claimcdi.SpecName(claimUID) + ".json", ids, claimcdi.Hash(data), nil
 }
 
 // Verify fails unless the claim's spec exists with the given hash.
@@ -93,7 +93,7 @@ func (s *Specs) Verify(claimUID types.UID, hash string) error {
 	switch {
 	case !ok:
 		return fmt.Errorf("CDI spec of claim %s is missing", claimUID)
-	case cdi.Hash(data) != hash:
+	case claimcdi.Hash(data) != hash:
 		return fmt.Errorf("CDI spec of claim %s was changed", claimUID)
 	}
 	return nil

@@ -1,5 +1,5 @@
 // Package top is `facetctl top`: who uses what, from the kubelet plugins'
-// own /metrics (their per-claim series, package pkg/node/metrics): each
+// own /metrics (their per-claim series, package pkg/node/nodemetrics): each
 // prepared claim's pods, devices, shape, and memory and compute used
 // against allocated, per node and namespace.
 package top

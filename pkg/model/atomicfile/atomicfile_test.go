@@ -35,7 +35,7 @@ func TestWrite(t *testing.T) {
 }
 
 // TestWriteWith: the options of the one atomic writer: the mode, the
-// temporary file's pattern (the sweeps of pkg/node/cdi and pkg/node/checkpoint find
+// temporary file's pattern (the sweeps of pkg/node/claimcdi and pkg/node/checkpoint find
 // leftovers by it), and no leftover when the rename fails.
 func TestWriteWith(t *testing.T) {
 	for _, tc := range []struct {

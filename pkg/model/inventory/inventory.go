@@ -4,7 +4,7 @@
 // claim that names it is prepared.
 //
 // Data flows one way: nvml.Node (discovery) → Inventory → ResourceSlices
-// (package slices) and → prepare (package driver).
+// (package slices) and → prepare (package dradriver).
 //
 // The model is described in docs/design/resource-model.md; in short,
 // per physical GPU i:

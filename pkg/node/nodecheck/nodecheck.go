@@ -1,6 +1,6 @@
 // Package nodecheck proves on a GPU node that what Facet publishes is what
 // a workload gets. It prepares, through the plugin's own code (package
-// driver over pkg/node/cdi, pkg/node/checkpoint and pkg/node/hami) but in scratch
+// driver over pkg/node/claimcdi, pkg/node/checkpoint and pkg/node/hami) but in scratch
 // directories of its own, three claims on one GPU in turn: the whole GPU
 // (exclusive mode), a vGPU share of it (shared mode) and the smallest slot
 // of the node's slot layout (slots mode). For each it starts the CUDA probe
@@ -37,13 +37,13 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 	"github.com/facet-gpu/facet/pkg/model/sharemem"
-	"github.com/facet-gpu/facet/pkg/node/cdi"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
-	"github.com/facet-gpu/facet/pkg/node/driver"
+	"github.com/facet-gpu/facet/pkg/node/claimcdi"
+	"github.com/facet-gpu/facet/pkg/node/dradriver"
 	"github.com/facet-gpu/facet/pkg/node/hami"
 	"github.com/facet-gpu/facet/pkg/node/mps"
-	"github.com/facet-gpu/facet/pkg/node/sharing"
 	"github.com/facet-gpu/facet/pkg/node/nodecheck/probe"
+	"github.com/facet-gpu/facet/pkg/node/sharing"
 )
 
 // NodeName is the pool the check's claims are allocated from. It is no
@@ -262,7 +262,7 @@ type checker struct {
 	node                       *nvml.Node
 	rep                        *Report
 	cdiDir, claimsDir, vgpuDir string
-	edits                      driver.EditSource
+	edits                      dradriver.EditSource
 	hami                       *hami.Editor
 	hamiErr                    error
 	mps                        *mps.Manager
@@ -278,7 +278,7 @@ func openMPS(driverRoot, hostRoot, dir string) (*mps.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	boot, _ := os.ReadFile(driver.DefaultBootIDPath)
+	boot, _ := os.ReadFile(dradriver.DefaultBootIDPath)
 	return mps.New(mps.Options{Root: l.Root, Control: l.Control, LibraryPath: l.LibraryPath, Dir: dir, ShmSize: mpsShmBytes, BootID: strings.TrimSpace(string(boot))})
 }
 
@@ -288,7 +288,7 @@ const probePod = "probe"
 
 // pods answers the driver's read of the claim's pod: the probe process,
 // as a pod of this process's UID that uses the claim.
-func (c *checker) pods(claimName string) driver.PodGetter {
+func (c *checker) pods(claimName string) dradriver.PodGetter {
 	return func(_ context.Context, namespace, name string) (*corev1.Pod, error) {
 		uid := int64(os.Geteuid())
 		return &corev1.Pod{
@@ -389,11 +389,11 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 			row.UnprepareErr = fmt.Errorf("close checkpoint: %w", err)
 		}
 	}()
-	writer, err := cdi.NewWriter(c.cdiDir)
+	writer, err := claimcdi.NewWriter(c.cdiDir)
 	if err != nil {
 		return fail(err)
 	}
-	drv, err := driver.New(ctx, driver.Options{NodeName: NodeName, Inventory: inv, Store: store, CDI: writer, Edits: c.edits,
+	drv, err := dradriver.New(ctx, dradriver.Options{NodeName: NodeName, Inventory: inv, Store: store, CDI: writer, Edits: c.edits,
 		Sharing: sharing.Fixed(c.hami, c.hamiErr, c.mps, c.mpsErr), Pods: c.pods(claim.Name)})
 	if err != nil {
 		return fail(fmt.Errorf("start the plugin's driver: %w", err))
@@ -427,7 +427,7 @@ func (c *checker) claim(ctx context.Context, kind string, wholeIters int) (row *
 	if c.o.prepared != nil {
 		c.o.prepared(kind)
 	}
-	spec, err := readSpec(filepath.Join(c.cdiDir, cdi.SpecName(claim.UID)+".json"))
+	spec, err := readSpec(filepath.Join(c.cdiDir, claimcdi.SpecName(claim.UID)+".json"))
 	if err != nil {
 		row.ProbeErr = err
 		return row

@@ -27,7 +27,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
-	"github.com/facet-gpu/facet/pkg/node/metrics"
+	"github.com/facet-gpu/facet/pkg/node/nodemetrics"
 )
 
 // Events of GPU health, on the Node.
@@ -89,7 +89,7 @@ type Options struct {
 	Monitor *gpuhealth.Monitor
 	Events  Events
 	// Metrics, when set, counts the published slices and devices.
-	Metrics *metrics.Metrics
+	Metrics *nodemetrics.Metrics
 	// MIGUse, when set, is read on every publish; without it every GPU
 	// in mig or dynamic mode is published with migInUse false.
 	MIGUse MIGUse
@@ -112,7 +112,7 @@ type Publisher struct {
 	drv      FaultSink
 	mon      *gpuhealth.Monitor
 	ev       Events
-	metrics  *metrics.Metrics
+	metrics  *nodemetrics.Metrics
 	migUse   MIGUse
 	part     func() string
 

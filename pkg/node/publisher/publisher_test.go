@@ -19,7 +19,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
-	"github.com/facet-gpu/facet/pkg/node/metrics"
+	"github.com/facet-gpu/facet/pkg/node/nodemetrics"
 )
 
 type sink struct {
@@ -104,7 +104,7 @@ func newRig(t *testing.T, gates features.Set) *rig {
 	r := &rig{sink: &sink{}, faults: &faultSink{}, ev: &events{}, mon: mon, gpus: gpus}
 	r.p = New(Options{
 		Sink: r.sink, Inventory: inv, Unusable: map[string]string{gpus[3]: "broken at start"},
-		Gates: gates, Node: "node-a", Faults: r.faults, Monitor: mon, Events: r.ev, Metrics: metrics.New(),
+		Gates: gates, Node: "node-a", Faults: r.faults, Monitor: mon, Events: r.ev, Metrics: nodemetrics.New(),
 	})
 	return r
 }

@@ -24,7 +24,7 @@ const (
 )
 
 // Metrics are facet-preemptor's, on a registry of its own (as
-// pkg/node/metrics), with the Kubernetes naming conventions. A nil *Metrics
+// pkg/node/nodemetrics), with the Kubernetes naming conventions. A nil *Metrics
 // records nothing.
 type Metrics struct {
 	reg                            *prometheus.Registry
