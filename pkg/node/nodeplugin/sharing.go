@@ -113,7 +113,10 @@ func (p *process) sharingChanged(ctx context.Context, changes []sharing.Change) 
 	logger := klog.FromContext(ctx)
 	republish := false
 	for _, c := range changes {
-		p.m.SetMechanism(string(c.Mechanism), c.Available)
+		if !c.Off {
+			// A mechanism turned off has no series: nothing to alert on.
+			p.m.SetMechanism(string(c.Mechanism), c.Available)
+		}
 		msg := mechanismMessage(c)
 		switch {
 		case c.Available:
