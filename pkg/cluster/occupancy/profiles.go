@@ -122,12 +122,3 @@ var knownTables = tables{
 		"7g.141gb":   {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
 	},
 }
-
-// truncate is what pkg/model/resourceslices does to a productName longer than the API
-// allows.
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64]
-	}
-	return s
-}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
 // TestKnownProfilesMatchTheSimulator: the MIG tables compiled into
@@ -51,7 +52,7 @@ func (t tables) add(g nvml.GPU) {
 	for _, p := range g.MIGProfiles {
 		byName[p.Name] = Profile{MemorySlices: p.MemorySlices, ComputeSlices: p.SliceCount, GPUMemorySlices: mem, GPUComputeSlices: compute}
 	}
-	t[truncate(g.ProductName)] = byName
+	t[resourceslices.Truncate(g.ProductName)] = byName
 }
 
 // goSource is the table as profiles.go spells knownTables' entries.
