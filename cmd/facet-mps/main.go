@@ -7,8 +7,6 @@ package main
 
 import (
 	"context"
-	"flag"
-	"os"
 
 	"github.com/facet-gpu/facet/pkg/daemon"
 	"github.com/facet-gpu/facet/pkg/node/mps/service"
@@ -16,7 +14,5 @@ import (
 
 func main() {
 	var f service.Flags
-	fs := flag.NewFlagSet("facet-mps", flag.ExitOnError)
-	f.AddFlags(fs)
-	daemon.Main(fs, os.Args[1:], func(ctx context.Context) error { return service.Main(ctx, f) })
+	daemon.Main("facet-mps", f.AddFlags, func(ctx context.Context) error { return service.Main(ctx, f) })
 }

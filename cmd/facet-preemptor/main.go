@@ -6,8 +6,6 @@ package main
 
 import (
 	"context"
-	"flag"
-	"os"
 
 	"github.com/facet-gpu/facet/pkg/cluster/preempt/controller"
 	"github.com/facet-gpu/facet/pkg/daemon"
@@ -15,9 +13,7 @@ import (
 
 func main() {
 	var cfg controller.Config
-	fs := flag.NewFlagSet("facet-preemptor", flag.ExitOnError)
-	cfg.AddFlags(fs)
-	daemon.Main(fs, os.Args[1:], func(ctx context.Context) error {
+	daemon.Main("facet-preemptor", cfg.AddFlags, func(ctx context.Context) error {
 		if err := cfg.Complete(); err != nil {
 			return err
 		}

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"time"
 
 	"k8s.io/client-go/informers"
@@ -30,21 +29,22 @@ func main() {
 	var kube daemon.Kube
 	var mapFile, mode, kueue string
 	var recheck time.Duration
-	fs := flag.NewFlagSet("facet-webhook", flag.ExitOnError)
-	fs.StringVar(&opts.Address, "bind-address", ":8443", "address to serve HTTPS on")
-	fs.StringVar(&opts.CertFile, "tls-cert-file", "", "serving certificate (PEM), re-read when it changes; required")
-	fs.StringVar(&opts.KeyFile, "tls-private-key-file", "", "serving certificate's private key (PEM), re-read when it changes; required")
-	fs.DurationVar(&opts.ReloadInterval, "tls-reload-interval", time.Second, "how often, at most, to look for a new certificate (on a TLS handshake)")
-	fs.BoolVar(&mutatePods, "mutate-pods", false, "serve "+webhook.MutatePath+", which rewrites pods' extended resources into DRA claims (needs API access)")
-	fs.StringVar(&mode, "mutate-extended-resources", string(webhook.ModeAuto),
-		"when "+webhook.MutatePath+" rewrites pods: auto (per resource: those no DeviceClass maps in spec.extendedResourceName, which the API server keeps only with DRAExtendedResource; so every mapped one where the gate is off, and vGPU sizes where it is on), always, never")
-	fs.StringVar(&kueue, "kueue", string(webhook.KueueOff),
-		"write claims Kueue's deviceClassMappings can count (docs/kueue.md): on (vGPU sizes become claims of the sized DeviceClasses of facetctl classes, with no CEL and no config, and pods are rewritten whatever DRAExtendedResource), off, or auto (on while the API server serves kueue.x-k8s.io)")
-	fs.BoolVar(&preferMIG, "prefer-existing-mig", true, "write a MIG claim as a prioritized list: an instance that exists (static-mig), then a carve on a GPU already in MIG use, then any carve (needs DRAPrioritizedList, on by default from Kubernetes 1.34; not in Kueue mode)")
-	fs.StringVar(&mapFile, "extended-resource-map", "", "YAML or JSON file of the extended resources to rewrite and their DeviceClasses; default: the built-in table (see pkg/cluster/webhook DefaultExtendedResourceMap)")
-	fs.DurationVar(&recheck, "extended-resource-recheck-interval", time.Minute, "how often to re-check, and log a change of, whether pods are rewritten")
-	kube.AddFlags(fs)
-	daemon.Main(fs, os.Args[1:], func(ctx context.Context) error {
+	addFlags := func(fs *flag.FlagSet) {
+		fs.StringVar(&opts.Address, "bind-address", ":8443", "address to serve HTTPS on")
+		fs.StringVar(&opts.CertFile, "tls-cert-file", "", "serving certificate (PEM), re-read when it changes; required")
+		fs.StringVar(&opts.KeyFile, "tls-private-key-file", "", "serving certificate's private key (PEM), re-read when it changes; required")
+		fs.DurationVar(&opts.ReloadInterval, "tls-reload-interval", time.Second, "how often, at most, to look for a new certificate (on a TLS handshake)")
+		fs.BoolVar(&mutatePods, "mutate-pods", false, "serve "+webhook.MutatePath+", which rewrites pods' extended resources into DRA claims (needs API access)")
+		fs.StringVar(&mode, "mutate-extended-resources", string(webhook.ModeAuto),
+			"when "+webhook.MutatePath+" rewrites pods: auto (per resource: those no DeviceClass maps in spec.extendedResourceName, which the API server keeps only with DRAExtendedResource; so every mapped one where the gate is off, and vGPU sizes where it is on), always, never")
+		fs.StringVar(&kueue, "kueue", string(webhook.KueueOff),
+			"write claims Kueue's deviceClassMappings can count (docs/kueue.md): on (vGPU sizes become claims of the sized DeviceClasses of facetctl classes, with no CEL and no config, and pods are rewritten whatever DRAExtendedResource), off, or auto (on while the API server serves kueue.x-k8s.io)")
+		fs.BoolVar(&preferMIG, "prefer-existing-mig", true, "write a MIG claim as a prioritized list: an instance that exists (static-mig), then a carve on a GPU already in MIG use, then any carve (needs DRAPrioritizedList, on by default from Kubernetes 1.34; not in Kueue mode)")
+		fs.StringVar(&mapFile, "extended-resource-map", "", "YAML or JSON file of the extended resources to rewrite and their DeviceClasses; default: the built-in table (see pkg/cluster/webhook DefaultExtendedResourceMap)")
+		fs.DurationVar(&recheck, "extended-resource-recheck-interval", time.Minute, "how often to re-check, and log a change of, whether pods are rewritten")
+		kube.AddFlags(fs)
+	}
+	daemon.Main("facet-webhook", addFlags, func(ctx context.Context) error {
 		return run(ctx, opts, mutatePods, preferMIG, kube, mapFile, mode, kueue, recheck)
 	})
 }

@@ -8,7 +8,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -28,20 +27,18 @@ func AddLogFlags(fs *flag.FlagSet) {
 	klog.InitFlags(fs)
 }
 
-// Main is a daemon's main: it parses args with fs, klog's flags added,
-// and runs run as Run does. It does not return when the flags are wrong
-// (exit 2), -h is asked for (exit 0) or run fails (exit 1).
-func Main(fs *flag.FlagSet, args []string, run func(context.Context) error) {
+// Main is a daemon's main: it parses the command line with the flags
+// addFlags registers and klog's, and runs run as Run does. It does not
+// return when the flags are wrong (exit 2), -h is asked for (exit 0) or
+// run fails (exit 1).
+func Main(name string, addFlags func(*flag.FlagSet), run func(context.Context) error) {
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
+	addFlags(fs)
 	AddLogFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		// The flag set has printed the error and the usage (a flag set
-		// made with flag.ExitOnError has exited already).
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		os.Exit(2)
-	}
-	Run(fs.Name(), run)
+	// ExitOnError: Parse prints the error or the usage and exits 2, or 0
+	// for -h.
+	_ = fs.Parse(os.Args[1:])
+	Run(name, run)
 }
 
 // Run runs run with a context that SIGINT and SIGTERM cancel and that
