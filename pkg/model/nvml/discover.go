@@ -1,9 +1,10 @@
 package nvml
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -277,20 +278,17 @@ func discoverMIGProfiles(devlib nvdev.Interface, dev gonvml.Device, deviceMemory
 		profiles = append(profiles, p)
 	}
 	nameUniquely(profiles)
-	sort.SliceStable(profiles, func(i, j int) bool {
-		a, b := profiles[i], profiles[j]
-		if a.MemoryBytes != b.MemoryBytes {
-			return a.MemoryBytes < b.MemoryBytes
+	// Plain before variants ("+me"): the scarce media engines are only
+	// taken when asked for.
+	variant := func(p MIGProfile) int {
+		if strings.ContainsAny(p.Name, "+-") {
+			return 1
 		}
-		if a.SliceCount != b.SliceCount {
-			return a.SliceCount < b.SliceCount
-		}
-		// Plain before variants ("+me"): the scarce media engines are
-		// only taken when asked for.
-		if va, vb := strings.ContainsAny(a.Name, "+-"), strings.ContainsAny(b.Name, "+-"); va != vb {
-			return !va
-		}
-		return a.GIProfileID < b.GIProfileID
+		return 0
+	}
+	slices.SortStableFunc(profiles, func(a, b MIGProfile) int {
+		return cmp.Or(cmp.Compare(a.MemoryBytes, b.MemoryBytes), cmp.Compare(a.SliceCount, b.SliceCount),
+			cmp.Compare(variant(a), variant(b)), cmp.Compare(a.GIProfileID, b.GIProfileID))
 	})
 	return profiles, nil
 }
