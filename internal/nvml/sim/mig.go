@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -354,31 +355,25 @@ func (g *simGPU) fits(profile gonvml.GpuInstanceProfileInfo, p gonvml.GpuInstanc
 	if g.migMode != gonvml.DEVICE_MIG_ENABLE {
 		return gonvml.ERROR_NOT_SUPPORTED
 	}
-	legal := false
-	for _, q := range g.cfg.GpuInstancePlacements[g.key(profile)] {
-		legal = legal || q == p
-	}
-	if !legal {
+	if !slices.Contains(g.cfg.GpuInstancePlacements[g.key(profile)], p) {
 		return gonvml.ERROR_INVALID_ARGUMENT
 	}
-	var same uint32
+	if same, clash := crowding(g.gis, profile.Id, p.Start, p.Size); clash || same >= profile.InstanceCount {
+		return gonvml.ERROR_INSUFFICIENT_RESOURCES
+	}
 	var used engines
 	for _, gi := range g.gis {
-		if gi.profile.Id == profile.Id {
-			same++
-		}
-		if gi.placement.Start < p.Start+p.Size && p.Start < gi.placement.Start+gi.placement.Size {
-			return gonvml.ERROR_INSUFFICIENT_RESOURCES
-		}
 		used = used.add(engineCounts(gi.profile))
-	}
-	if same >= profile.InstanceCount {
-		return gonvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	if !used.add(engineCounts(profile)).within(engineCounts(g.full)) {
 		return gonvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	return gonvml.SUCCESS
+}
+
+// sharesSlices says whether two placements [start, start+size) share a slice.
+func sharesSlices(aStart, aSize, bStart, bSize uint32) bool {
+	return aStart < bStart+bSize && bStart < aStart+aSize
 }
 
 // engines counts what a GPU instance takes of the GPU.
@@ -424,7 +419,7 @@ func (g *simGPU) choose(profile gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstan
 		score := 0
 		for _, pls := range g.cfg.GpuInstancePlacements {
 			for _, q := range pls {
-				if q.Start < p.Start+p.Size && p.Start < q.Start+q.Size {
+				if sharesSlices(q.Start, q.Size, p.Start, p.Size) {
 					score++
 				}
 			}
@@ -515,12 +510,9 @@ func (gi *simGI) install() {
 	h := &mock.GpuInstance{}
 	gi.handle = h
 	h.GetInfoFunc = func() (gonvml.GpuInstanceInfo, gonvml.Return) {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if gi.destroyed {
-			return gonvml.GpuInstanceInfo{}, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		return gonvml.GpuInstanceInfo{Device: g.dev, Id: uint32(gi.id), ProfileId: gi.profile.Id, Placement: gi.placement}, gonvml.SUCCESS
+		return liveInfo(g, &gi.destroyed, func() gonvml.GpuInstanceInfo {
+			return gonvml.GpuInstanceInfo{Device: g.dev, Id: uint32(gi.id), ProfileId: gi.profile.Id, Placement: gi.placement}
+		})
 	}
 	h.GetComputeInstanceProfileInfoFunc = func(ciProfile, engProfile int) (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
 		if ciProfile < 0 || ciProfile >= gonvml.COMPUTE_INSTANCE_PROFILE_COUNT || engProfile < 0 || engProfile >= gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT {
@@ -546,22 +538,9 @@ func (gi *simGI) install() {
 	gic := callsOf(gi)
 	h.CreateComputeInstanceFunc, h.CreateComputeInstanceWithPlacementFunc = gic.create, gic.createAt
 	h.GetComputeInstanceRemainingCapacityFunc, h.GetComputeInstancesFunc, h.GetComputeInstanceByIdFunc = gic.remaining, gic.list, gic.byID
+	// A GPU instance with compute instances is in use.
 	h.DestroyFunc = func() gonvml.Return {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if gi.destroyed {
-			return gonvml.ERROR_INVALID_ARGUMENT
-		}
-		if len(gi.cis) > 0 {
-			return gonvml.ERROR_IN_USE
-		}
-		delete(g.gis, gi.id)
-		if ret := g.persist(); ret != gonvml.SUCCESS {
-			g.gis[gi.id] = gi
-			return ret
-		}
-		gi.destroyed = true
-		return gonvml.SUCCESS
+		return destroy(g, &gi.destroyed, g.gis, gi.id, func() bool { return len(gi.cis) > 0 }, nil)
 	}
 }
 
@@ -597,23 +576,10 @@ func (gi *simGI) ciPlacements(profile gonvml.ComputeInstanceProfileInfo) []gonvm
 // compute slice shared with another compute instance
 // (ERROR_INSUFFICIENT_RESOURCES). gi.gpu.mu is held.
 func (gi *simGI) fits(profile gonvml.ComputeInstanceProfileInfo, p gonvml.ComputeInstancePlacement) gonvml.Return {
-	legal := false
-	for _, q := range gi.ciPlacements(profile) {
-		legal = legal || q == p
-	}
-	if !legal {
+	if !slices.Contains(gi.ciPlacements(profile), p) {
 		return gonvml.ERROR_INVALID_ARGUMENT
 	}
-	var same uint32
-	for _, ci := range gi.cis {
-		if ci.profile.Id == profile.Id {
-			same++
-		}
-		if ci.placement.Start < p.Start+p.Size && p.Start < ci.placement.Start+ci.placement.Size {
-			return gonvml.ERROR_INSUFFICIENT_RESOURCES
-		}
-	}
-	if same >= profile.InstanceCount || len(gi.cis) >= migMaxComputeInsts {
+	if same, clash := crowding(gi.cis, profile.Id, p.Start, p.Size); clash || same >= profile.InstanceCount || len(gi.cis) >= migMaxComputeInsts {
 		return gonvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	return gonvml.SUCCESS
@@ -671,35 +637,22 @@ func (ci *simCI) install() {
 	h := &mock.ComputeInstance{}
 	ci.handle = h
 	h.GetInfoFunc = func() (gonvml.ComputeInstanceInfo, gonvml.Return) {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if ci.destroyed {
-			return gonvml.ComputeInstanceInfo{}, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		// nvml.h calls the device "Parent device", yet NVIDIA's DRA driver
-		// reads the MIG device's UUID from it (dra-driver-nvidia-gpu,
-		// cmd/gpu-kubelet-plugin/nvlib.go), so the driver must give the MIG
-		// device; a machine can ask for the documented parent instead.
-		dev := gonvml.Device(ci.mig)
-		if g.node.ciInfoParent {
-			dev = g.dev
-		}
-		return gonvml.ComputeInstanceInfo{Device: dev, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: ci.profile.Id, Placement: ci.placement}, gonvml.SUCCESS
+		return liveInfo(g, &ci.destroyed, func() gonvml.ComputeInstanceInfo {
+			// nvml.h calls the device "Parent device", yet NVIDIA's DRA
+			// driver reads the MIG device's UUID from it
+			// (dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/nvlib.go), so
+			// the driver must give the MIG device; a machine can ask for
+			// the documented parent instead.
+			dev := gonvml.Device(ci.mig)
+			if g.node.ciInfoParent {
+				dev = g.dev
+			}
+			return gonvml.ComputeInstanceInfo{Device: dev, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: ci.profile.Id, Placement: ci.placement}
+		})
 	}
+	// The MIG device goes with its compute instance.
 	h.DestroyFunc = func() gonvml.Return {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if ci.destroyed {
-			return gonvml.ERROR_INVALID_ARGUMENT
-		}
-		delete(gi.cis, ci.id)
-		if ret := g.persist(); ret != gonvml.SUCCESS {
-			gi.cis[ci.id] = ci
-			return ret
-		}
-		ci.destroyed = true
-		g.node.migs.Delete(ci.uuid)
-		return gonvml.SUCCESS
+		return destroy(g, &ci.destroyed, gi.cis, ci.id, nil, func() { g.node.migs.Delete(ci.uuid) })
 	}
 
 	cfg := g.dev.Config

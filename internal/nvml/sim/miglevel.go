@@ -172,6 +172,60 @@ func (m migCalls[Info, Place, C, H]) byID(id int) (H, gonvml.Return) {
 	return c.handleOf(), gonvml.SUCCESS
 }
 
+// crowding counts the instances of a profile among a level's, and says
+// whether one of them shares a slice with [start, start+size): what a new
+// instance's placement must be clear of on either level.
+func crowding[C interface {
+	profileID() uint32
+	span() (start, size uint32)
+}](in map[int]C, profileID, start, size uint32) (same uint32, clash bool) {
+	for _, c := range in {
+		if c.profileID() == profileID {
+			same++
+		}
+		s, n := c.span()
+		clash = clash || sharesSlices(s, n, start, size)
+	}
+	return same, clash
+}
+
+// liveInfo is a GPU or compute instance's GetInfo: ERROR_INVALID_ARGUMENT
+// once it is destroyed.
+func liveInfo[T any](g *simGPU, destroyed *bool, info func() T) (T, gonvml.Return) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if *destroyed {
+		var none T
+		return none, gonvml.ERROR_INVALID_ARGUMENT
+	}
+	return info(), gonvml.SUCCESS
+}
+
+// destroy is a GPU or compute instance's Destroy: ERROR_IN_USE while busy
+// (nil: never), else the instance leaves its level's instances, for good
+// once the state is saved, and gone (nil: nothing) runs under the lock.
+func destroy[C any](g *simGPU, destroyed *bool, in map[int]C, id int, busy func() bool, gone func()) gonvml.Return {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if *destroyed {
+		return gonvml.ERROR_INVALID_ARGUMENT
+	}
+	if busy != nil && busy() {
+		return gonvml.ERROR_IN_USE
+	}
+	c := in[id]
+	delete(in, id)
+	if ret := g.persist(); ret != gonvml.SUCCESS {
+		in[id] = c
+		return ret
+	}
+	*destroyed = true
+	if gone != nil {
+		gone()
+	}
+	return gonvml.SUCCESS
+}
+
 // sortedByID are a level's instances in the order of their IDs.
 func sortedByID[C any](m map[int]C) []C {
 	out := make([]C, 0, len(m))
@@ -204,6 +258,7 @@ func (g *simGPU) locker() sync.Locker       { return &g.mu }
 
 func (gi *simGI) handleOf() gonvml.GpuInstance { return gi.handle }
 func (gi *simGI) profileID() uint32            { return gi.profile.Id }
+func (gi *simGI) span() (start, size uint32)   { return gi.placement.Start, gi.placement.Size }
 
 // A GPU instance's level: its compute instances.
 
@@ -228,3 +283,4 @@ func (gi *simGI) locker() sync.Locker       { return &gi.gpu.mu }
 
 func (ci *simCI) handleOf() gonvml.ComputeInstance { return ci.handle }
 func (ci *simCI) profileID() uint32                { return ci.profile.Id }
+func (ci *simCI) span() (start, size uint32)       { return ci.placement.Start, ci.placement.Size }
