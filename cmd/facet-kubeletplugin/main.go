@@ -10,12 +10,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
-	"k8s.io/klog/v2"
-
+	"github.com/facet-gpu/facet/pkg/daemon"
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/node/healthz"
 	"github.com/facet-gpu/facet/pkg/node/nodeplugin"
@@ -46,15 +43,7 @@ func main() {
 		os.Exit(0)
 	}
 
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	ctx = klog.NewContext(ctx, klog.Background())
-	err = run(ctx, f)
-	cancel()
-	if err != nil {
-		klog.FromContext(ctx).Error(err, "facet-kubeletplugin failed")
-		klog.Flush()
-		os.Exit(1)
-	}
+	daemon.Run("facet-kubeletplugin", func(ctx context.Context) error { return run(ctx, f) })
 }
 
 // run runs the plugin of f with this build's simulator and failpoints.
@@ -68,9 +57,10 @@ func run(ctx context.Context, f flags) error {
 // usage by the flag set; flag.ErrHelp means -h.
 func parseFlags(args []string) (flags, error) {
 	var f flags
+	var kube daemon.Kube
 	fs := flag.NewFlagSet("facet-kubeletplugin", flag.ContinueOnError)
 	fs.StringVar(&f.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name: the pool's name (env NODE_NAME)")
-	fs.StringVar(&f.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
+	kube.AddFlags(fs)
 	fs.StringVar(&f.Machine, "machine", "", "simulate the node described by this machine file instead of loading NVML (builds with -tags facetsim only)")
 	fs.StringVar(&f.NVMLLibrary, "nvml-library", "", "path of libnvidia-ml.so.1 as the plugin sees it (default: found in --container-driver-root as nvcdi finds the driver's libraries)")
 	fs.StringVar(&f.DriverRoot, "driver-root", "/", "host path of the NVIDIA driver's files: / for a driver in the host's root, /run/nvidia/driver with the GPU Operator, or a prefix such as /usr/local/nvidia")
@@ -87,8 +77,7 @@ func parseFlags(args []string) (flags, error) {
 	// QPS and even 50 did (about 53 claims/s). The GETs come only as
 	// fast as the kubelet starts pods; API Priority and Fairness guards
 	// the server.
-	fs.Float64Var(&f.KubeAPIQPS, "kube-api-qps", 1000, "queries per second to the API server")
-	fs.IntVar(&f.KubeAPIBurst, "kube-api-burst", 1000, "burst of queries to the API server")
+	kube.AddRateFlags(fs, 1000, 1000)
 	fs.StringVar(&f.HAMiLibrarySHA256, "hami-library-sha256", "", "SHA-256 (64 hex digits) --hami-library must have; when it differs, enforced vGPU shares fail to prepare, naming both hashes (the library is preloaded into every tenant's container)")
 	fs.StringVar(&f.HAMiLibrary, "hami-library", "", "host path of HAMi-core's libvgpu.so, which enforces vGPU shares (installed by the chart's hami-core DaemonSet); looked for every --mps-check-interval and adopted when it appears; without it, claims for enforced shares fail")
 	fs.StringVar(&f.MPS.Mode, "mps", "auto", "MPS partitioning of vGPU shares and slots (docs/mps.md): auto (the default partitioning wherever the driver root has nvidia-cuda-mps-control) or off (HAMi-core time-slicing only; claims asking for partitioning mps fail)")
@@ -104,7 +93,8 @@ func parseFlags(args []string) (flags, error) {
 	fs.DurationVar(&f.HealthProbe, "gpu-health-probe-interval", 5*time.Second, "how often each GPU is queried through NVML for health (XID and ECC events are watched continuously); 0 turns GPU health monitoring off")
 	fs.DurationVar(&f.HealthQuiet, "gpu-health-quiet-period", 5*time.Minute, "how long a GPU with a recoverable fault must answer NVML without a new fault before its devices are offered again (fatal faults need `facetctl health recover`)")
 	f.Modes.Register(fs)
-	klog.InitFlags(fs)
+	daemon.AddLogFlags(fs)
 	err := fs.Parse(args)
+	f.Kubeconfig, f.KubeAPIQPS, f.KubeAPIBurst = kube.Kubeconfig, kube.QPS, kube.Burst
 	return f, err
 }

@@ -6,35 +6,17 @@ package main
 
 import (
 	"context"
-	"flag"
-	"os"
-	"os/signal"
-	"syscall"
-
-	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/cluster/preempt/controller"
+	"github.com/facet-gpu/facet/pkg/daemon"
 )
 
 func main() {
 	var cfg controller.Config
-	fs := flag.NewFlagSet("facet-preemptor", flag.ExitOnError)
-	cfg.AddFlags(fs)
-	klog.InitFlags(fs)
-	fs.Parse(os.Args[1:])
-
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	logger := klog.Background()
-	ctx = klog.NewContext(ctx, logger)
-	err := cfg.Complete()
-	if err == nil {
-		err = controller.Main(ctx, cfg)
-	}
-	cancel()
-	if err != nil {
-		logger.Error(err, "facet-preemptor failed")
-		klog.Flush()
-		os.Exit(1)
-	}
-	klog.Flush()
+	daemon.Main("facet-preemptor", cfg.AddFlags, func(ctx context.Context) error {
+		if err := cfg.Complete(); err != nil {
+			return err
+		}
+		return controller.Main(ctx, cfg)
+	})
 }

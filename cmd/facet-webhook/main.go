@@ -13,58 +13,43 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/cluster/webhook"
+	"github.com/facet-gpu/facet/pkg/daemon"
 )
 
 func main() {
 	var opts webhook.ServerOptions
 	var mutatePods, preferMIG bool
-	var kubeconfig, mapFile, mode, kueue string
+	var kube daemon.Kube
+	var mapFile, mode, kueue string
 	var recheck time.Duration
-	fs := flag.NewFlagSet("facet-webhook", flag.ExitOnError)
-	fs.StringVar(&opts.Address, "bind-address", ":8443", "address to serve HTTPS on")
-	fs.StringVar(&opts.CertFile, "tls-cert-file", "", "serving certificate (PEM), re-read when it changes; required")
-	fs.StringVar(&opts.KeyFile, "tls-private-key-file", "", "serving certificate's private key (PEM), re-read when it changes; required")
-	fs.DurationVar(&opts.ReloadInterval, "tls-reload-interval", time.Second, "how often, at most, to look for a new certificate (on a TLS handshake)")
-	fs.BoolVar(&mutatePods, "mutate-pods", false, "serve "+webhook.MutatePath+", which rewrites pods' extended resources into DRA claims (needs API access)")
-	fs.StringVar(&mode, "mutate-extended-resources", string(webhook.RewriteAuto),
-		"when "+webhook.MutatePath+" rewrites pods: auto (per resource: those no DeviceClass maps in spec.extendedResourceName, which the API server keeps only with DRAExtendedResource; so every mapped one where the gate is off, and vGPU sizes where it is on), always, never")
-	fs.StringVar(&kueue, "kueue", string(webhook.KueueOff),
-		"write claims Kueue's deviceClassMappings can count (docs/kueue.md): on (vGPU sizes become claims of the sized DeviceClasses of facetctl classes, with no CEL and no config, and pods are rewritten whatever DRAExtendedResource), off, or auto (on while the API server serves kueue.x-k8s.io)")
-	fs.BoolVar(&preferMIG, "prefer-existing-mig", true, "write a MIG claim as a prioritized list: an instance that exists (static-mig), then a carve on a GPU already in MIG use, then any carve (needs DRAPrioritizedList, on by default from Kubernetes 1.34; not in Kueue mode)")
-	fs.StringVar(&mapFile, "extended-resource-map", "", "YAML or JSON file of the extended resources to rewrite and their DeviceClasses; default: the built-in table (see pkg/cluster/webhook DefaultExtendedResourceMap)")
-	fs.DurationVar(&recheck, "extended-resource-recheck-interval", time.Minute, "how often to re-check, and log a change of, whether pods are rewritten")
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig for --mutate-pods; default: the in-cluster service account")
-	klog.InitFlags(fs)
-	fs.Parse(os.Args[1:])
-
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	logger := klog.Background()
-	ctx = klog.NewContext(ctx, logger)
-	// No defer: os.Exit would skip it.
-	err := run(ctx, opts, mutatePods, preferMIG, kubeconfig, mapFile, mode, kueue, recheck)
-	cancel()
-	if err != nil {
-		logger.Error(err, "facet-webhook failed")
-		klog.Flush()
-		os.Exit(1)
+	addFlags := func(fs *flag.FlagSet) {
+		fs.StringVar(&opts.Address, "bind-address", ":8443", "address to serve HTTPS on")
+		fs.StringVar(&opts.CertFile, "tls-cert-file", "", "serving certificate (PEM), re-read when it changes; required")
+		fs.StringVar(&opts.KeyFile, "tls-private-key-file", "", "serving certificate's private key (PEM), re-read when it changes; required")
+		fs.DurationVar(&opts.ReloadInterval, "tls-reload-interval", time.Second, "how often, at most, to look for a new certificate (on a TLS handshake)")
+		fs.BoolVar(&mutatePods, "mutate-pods", false, "serve "+webhook.MutatePath+", which rewrites pods' extended resources into DRA claims (needs API access)")
+		fs.StringVar(&mode, "mutate-extended-resources", string(webhook.RewriteAuto),
+			"when "+webhook.MutatePath+" rewrites pods: auto (per resource: those no DeviceClass maps in spec.extendedResourceName, which the API server keeps only with DRAExtendedResource; so every mapped one where the gate is off, and vGPU sizes where it is on), always, never")
+		fs.StringVar(&kueue, "kueue", string(webhook.KueueOff),
+			"write claims Kueue's deviceClassMappings can count (docs/kueue.md): on (vGPU sizes become claims of the sized DeviceClasses of facetctl classes, with no CEL and no config, and pods are rewritten whatever DRAExtendedResource), off, or auto (on while the API server serves kueue.x-k8s.io)")
+		fs.BoolVar(&preferMIG, "prefer-existing-mig", true, "write a MIG claim as a prioritized list: an instance that exists (static-mig), then a carve on a GPU already in MIG use, then any carve (needs DRAPrioritizedList, on by default from Kubernetes 1.34; not in Kueue mode)")
+		fs.StringVar(&mapFile, "extended-resource-map", "", "YAML or JSON file of the extended resources to rewrite and their DeviceClasses; default: the built-in table (see pkg/cluster/webhook DefaultExtendedResourceMap)")
+		fs.DurationVar(&recheck, "extended-resource-recheck-interval", time.Minute, "how often to re-check, and log a change of, whether pods are rewritten")
+		kube.AddFlags(fs)
 	}
-	klog.Flush()
+	daemon.Main("facet-webhook", addFlags, func(ctx context.Context) error {
+		return run(ctx, opts, mutatePods, preferMIG, kube, mapFile, mode, kueue, recheck)
+	})
 }
 
-func run(ctx context.Context, opts webhook.ServerOptions, mutatePods, preferMIG bool, kubeconfig, mapFile, mode, kueue string, recheck time.Duration) error {
+func run(ctx context.Context, opts webhook.ServerOptions, mutatePods, preferMIG bool, kube daemon.Kube, mapFile, mode, kueue string, recheck time.Duration) error {
 	if !mutatePods {
 		return webhook.Serve(ctx, opts)
 	}
@@ -83,19 +68,10 @@ func run(ctx context.Context, opts webhook.ServerOptions, mutatePods, preferMIG 
 			return err
 		}
 	}
-	var cfg *rest.Config
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	kube.UserAgent = "facet-webhook"
+	client, err := kube.Client()
 	if err != nil {
-		return fmt.Errorf("API client for --mutate-pods: %w", err)
-	}
-	cfg.UserAgent = "facet-webhook"
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
+		return fmt.Errorf("--mutate-pods: %w", err)
 	}
 
 	// An informer, not a GET per pod: every pod needs the classes, and a

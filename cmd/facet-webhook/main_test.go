@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/facet-gpu/facet/pkg/cluster/webhook"
+	"github.com/facet-gpu/facet/pkg/daemon"
 )
 
 // TestRunRefusesBadPodMutatorSettings: a bad setting stops the webhook at
@@ -29,12 +30,12 @@ func TestRunRefusesBadPodMutatorSettings(t *testing.T) {
 		{"unknown mode", "", "", "sometimes", "off", `--mutate-extended-resources: unknown mode "sometimes" (known: auto, always, never)`},
 		{"missing table", "", filepath.Join(dir, "absent.yaml"), "auto", "off", "extended resource map: open"},
 		{"bad table", "", badMap, "auto", "off", `devices[0]: "gpu" is not an extended resource name`},
-		{"no API", filepath.Join(dir, "absent.kubeconfig"), "", "auto", "off", "API client for --mutate-pods"},
+		{"no API", filepath.Join(dir, "absent.kubeconfig"), "", "auto", "off", "--mutate-pods: API client: --kubeconfig "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			err := run(ctx, webhook.ServerOptions{}, true, true, tc.kubeconfig, tc.mapFile, tc.mode, tc.kueue, time.Minute)
+			err := run(ctx, webhook.ServerOptions{}, true, true, daemon.Kube{Kubeconfig: tc.kubeconfig}, tc.mapFile, tc.mode, tc.kueue, time.Minute)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want an error containing %q", err, tc.want)
 			}

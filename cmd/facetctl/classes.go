@@ -17,7 +17,7 @@ import (
 // by name (pkg/cluster/classes), for the shapes the nodes publish.
 func runClasses(args []string) error {
 	fs := flag.NewFlagSet("classes", flag.ExitOnError)
-	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster whose ResourceSlices to read (default $KUBECONFIG)")
+	kube := kubeFlag(fs)
 	file := fs.String("slices", "", "read the ResourceSlices from this YAML file (e.g. `facetctl slices` output, or - for stdin) instead of a cluster")
 	sizes := fs.String("share-sizes", "", `vGPU share sizes to make classes for, MEMORY/PERCENT joined by ",", e.g. "2000Mi/20,10Gi/50"`)
 	fs.Usage = func() {
@@ -48,7 +48,7 @@ func runClasses(args []string) error {
 			return fmt.Errorf("--slices %s: %w", *file, err)
 		}
 	} else {
-		client, err := clientFor(*kubeconfig)
+		client, err := kube.Client()
 		if err != nil {
 			return err
 		}

@@ -15,7 +15,7 @@ import (
 
 func runFit(args []string) error {
 	fs := flag.NewFlagSet("fit", flag.ExitOnError)
-	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster (default $KUBECONFIG)")
+	kube := kubeFlag(fs)
 	file := fs.String("f", "", "YAML file with a ResourceClaim, a ResourceClaimTemplate, or a Pod and its templates, - for standard input (required)")
 	node := fs.String("node", "", "try only this node (default: every node with Facet GPUs)")
 	gates := fs.String("feature-gates", "", "the kube-scheduler's DRA gates where they differ from what the API server enforces (DRAPartitionableDevices=true,...); applied over detection")
@@ -36,7 +36,7 @@ func runFit(args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", *file, err)
 	}
-	client, err := clientFor(*kubeconfig)
+	client, err := kube.Client()
 	if err != nil {
 		return err
 	}

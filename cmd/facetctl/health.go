@@ -98,14 +98,14 @@ func runHealth(args []string) error {
 		return fmt.Errorf("want 'health recover'")
 	}
 	fs := flag.NewFlagSet("health recover", flag.ExitOnError)
-	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file")
+	kube := kubeFlag(fs)
 	node := fs.String("node", "", "the node (required)")
 	gpu := fs.String("gpu", "", "the GPU's UUID, NVML index, or \"all\" (required)")
 	fs.Parse(args[1:])
 	if *node == "" || *gpu == "" {
 		return fmt.Errorf("--node and --gpu are required")
 	}
-	client, err := clientFor(*kubeconfig)
+	client, err := kube.Client()
 	if err != nil {
 		return err
 	}

@@ -13,8 +13,6 @@ import (
 	"text/tabwriter"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/features"
@@ -208,14 +206,10 @@ func writeSlices(w io.Writer, objs []*resourceapi.ResourceSlice) error {
 
 func runFeatures(args []string) error {
 	fs := flag.NewFlagSet("features", flag.ExitOnError)
-	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster (default $KUBECONFIG)")
+	kube := kubeFlag(fs)
 	node := fs.String("node", "facetctl-probe", "node name the probe ResourceSlice names (nothing is created: dry-run)")
 	fs.Parse(args)
-	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := kube.Client()
 	if err != nil {
 		return err
 	}

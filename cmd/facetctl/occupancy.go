@@ -6,15 +6,12 @@ import (
 	"fmt"
 	"os"
 
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
-
 	"github.com/facet-gpu/facet/pkg/cluster/occupancy"
 )
 
 func runOccupancy(args []string) error {
 	fs := flag.NewFlagSet("occupancy", flag.ExitOnError)
-	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster (default $KUBECONFIG)")
+	kube := kubeFlag(fs)
 	node := fs.String("node", "", "show only this node's GPUs (default: every node with Facet GPUs)")
 	output := fs.String("o", "table", "output: table, picture (a bar of memory slices per GPU) or yaml")
 	fs.Parse(args)
@@ -26,7 +23,7 @@ func runOccupancy(args []string) error {
 	if render == nil {
 		return fmt.Errorf("-o %q: want table, picture or yaml", *output)
 	}
-	client, err := clientFor(*kubeconfig)
+	client, err := kube.Client()
 	if err != nil {
 		return err
 	}
@@ -45,13 +42,4 @@ func runOccupancy(args []string) error {
 		return fmt.Errorf("no node publishes Facet devices")
 	}
 	return render(os.Stdout, c)
-}
-
-// clientFor builds a clientset from a kubeconfig path ("" for in-cluster).
-func clientFor(kubeconfig string) (kubernetes.Interface, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	return kubernetes.NewForConfig(cfg)
 }

@@ -28,7 +28,7 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
 func runTop(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("top", flag.ExitOnError)
-	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig of the cluster (default $KUBECONFIG)")
+	kube := kubeFlag(fs)
 	namespace := fs.String("namespace", "", "only the claims of this namespace")
 	node := fs.String("node", "", "only this node's plugin")
 	pluginNS := fs.String("plugin-namespace", "", "the kubelet plugin pods' namespace (default: all)")
@@ -57,7 +57,7 @@ func runTop(args []string, out io.Writer) error {
 			scrapes = append(scrapes, scrape{u, body})
 		}
 	} else {
-		client, err := clientFor(*kubeconfig)
+		client, err := kube.Client()
 		if err != nil {
 			return err
 		}

@@ -2,7 +2,6 @@ package scale
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -11,6 +10,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
 // NVIDIA's DRA driver for GPUs (github.com/NVIDIA/k8s-dra-driver-gpu,
@@ -125,15 +125,17 @@ func NVIDIAStaticMIG(inv *inventory.Inventory, node string) []*resourceapi.Resou
 }
 
 // nvidiaCommon are the attributes NVIDIA's driver gives a GPU and each of
-// its MIG devices alike.
+// its MIG devices alike. Its versions are semver.MustParse(v).String(),
+// which spells them as Facet's resourceslices.Version does ("9.0" becomes
+// "9.0.0", "580.159.04" becomes "580.159.4").
 func nvidiaCommon(inv *inventory.Inventory, g *inventory.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		"productName":           str(g.ProductName),
 		"brand":                 str(g.Brand),
 		"architecture":          str(g.Architecture),
-		"cudaComputeCapability": version(g.CUDAComputeCapability),
-		"driverVersion":         version(inv.DriverVersion),
-		"cudaDriverVersion":     version(inv.CUDADriverVersion),
+		"cudaComputeCapability": resourceslices.Version(g.CUDAComputeCapability),
+		"driverVersion":         resourceslices.Version(inv.DriverVersion),
+		"cudaDriverVersion":     resourceslices.Version(inv.CUDADriverVersion),
 		nvidiaPCIBusID:          str(g.PCIBusID),
 	}
 	if g.PCIeRoot != "" {
@@ -162,20 +164,3 @@ func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttrib
 func count(n int) resource.Quantity { return *resource.NewQuantity(int64(n), resource.DecimalSI) }
 
 func bytesQ(n uint64) resource.Quantity { return *resource.NewQuantity(int64(n), resource.BinarySI) }
-
-// version is NVIDIA's semver.MustParse(v).String(): "9.0" becomes "9.0.0",
-// and leading zeros go ("580.159.04" becomes "580.159.4"), as the API
-// server's semantic versions require.
-func version(v string) resourceapi.DeviceAttribute {
-	parts := strings.Split(v, ".")
-	if len(parts) == 2 {
-		parts = append(parts, "0")
-	}
-	for i, p := range parts {
-		if n, err := strconv.ParseUint(p, 10, 64); err == nil {
-			parts[i] = strconv.FormatUint(n, 10)
-		}
-	}
-	v = strings.Join(parts, ".")
-	return resourceapi.DeviceAttribute{VersionValue: &v}
-}

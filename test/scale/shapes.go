@@ -6,6 +6,7 @@
 package scale
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -62,33 +63,26 @@ func Shapes(machine string) ([]Shape, error) {
 		return nil, err
 	}
 	stock, on := features.Stock("scale"), features.AllOn("scale")
-	build := func(cfg inventory.Config, layouts map[int]string) (*inventory.Inventory, error) {
-		return nodemodel.Build(node, cfg, nodemodel.Options{Layouts: layouts})
-	}
-
-	excl, err := build(inventory.Config{DefaultMode: inventory.ModeExclusive, Features: &stock}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("exclusive: %w", err)
+	// build is the node's inventory in one mode; a failure names the mode.
+	var errs []error
+	build := func(mode inventory.Mode, set *features.Set, layouts map[int]string) *inventory.Inventory {
+		inv, err := nodemodel.Build(node, inventory.Config{DefaultMode: mode, Features: set}, nodemodel.Options{Layouts: layouts})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", mode, err))
+		}
+		return inv
 	}
 	allSmall := make(map[int]string, len(node.GPUs))
 	for _, g := range node.GPUs {
 		allSmall[g.Index] = "all-1g.10gb"
 	}
-	static, err := build(inventory.Config{DefaultMode: inventory.ModeStaticMIG, Features: &stock}, allSmall)
-	if err != nil {
-		return nil, fmt.Errorf("static-mig: %w", err)
-	}
-	mig, err := build(inventory.Config{DefaultMode: inventory.ModeMIG, Features: &on}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("mig: %w", err)
-	}
-	shared, err := build(inventory.Config{DefaultMode: inventory.ModeShared, Features: &on}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("shared: %w", err)
-	}
-	slots, err := build(inventory.Config{DefaultMode: inventory.ModeSlots, Features: &stock}, nil)
-	if err != nil {
-		return nil, fmt.Errorf("slots: %w", err)
+	excl := build(inventory.ModeExclusive, &stock, nil)
+	static := build(inventory.ModeStaticMIG, &stock, allSmall)
+	mig := build(inventory.ModeMIG, &on, nil)
+	shared := build(inventory.ModeShared, &on, nil)
+	slots := build(inventory.ModeSlots, &stock, nil)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	gpus := len(node.GPUs)
 	profile := func(name string) *resourceapi.ResourceClaim {

@@ -18,16 +18,12 @@ type GpuConfig struct {
 
 // NewGpuConfig returns a GpuConfig with its apiVersion and kind set.
 func NewGpuConfig() *GpuConfig {
-	return &GpuConfig{TypeMeta: metav1.TypeMeta{
-		APIVersion: SchemeGroupVersion.String(),
-		Kind:       GpuConfigKind,
-	}}
+	return &GpuConfig{TypeMeta: typeMeta(GpuConfigKind)}
 }
 
 // Default sets apiVersion and kind; there is nothing else to default.
 func (c *GpuConfig) Default() {
-	c.APIVersion = SchemeGroupVersion.String()
-	c.Kind = GpuConfigKind
+	c.TypeMeta = typeMeta(GpuConfigKind)
 }
 
 // Validate has nothing to check: a GpuConfig has no fields, and strict

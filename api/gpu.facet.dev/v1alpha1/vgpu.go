@@ -145,16 +145,12 @@ type VgpuConfig struct {
 
 // NewVgpuConfig returns an empty VgpuConfig with its apiVersion and kind set.
 func NewVgpuConfig() *VgpuConfig {
-	return &VgpuConfig{TypeMeta: metav1.TypeMeta{
-		APIVersion: SchemeGroupVersion.String(),
-		Kind:       VgpuConfigKind,
-	}}
+	return &VgpuConfig{TypeMeta: typeMeta(VgpuConfigKind)}
 }
 
 // Default sets apiVersion and kind, and every unset field to its default.
 func (c *VgpuConfig) Default() {
-	c.APIVersion = SchemeGroupVersion.String()
-	c.Kind = VgpuConfigKind
+	c.TypeMeta = typeMeta(VgpuConfigKind)
 	if c.Enforcement == nil {
 		c.Enforcement = ptr.To(EnforcementEnabled)
 	}

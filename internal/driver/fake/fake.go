@@ -279,30 +279,23 @@ func (m *MIG) gpu(uuid string) (nvml.GPU, error) {
 }
 
 // EnableMIG turns MIG mode on, reporting whether it was off.
-func (m *MIG) EnableMIG(parentUUID string) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, err := m.gpu(parentUUID); err != nil {
-		return false, err
-	}
-	changed := !m.enabled[parentUUID]
-	m.enabled[parentUUID] = true
-	return changed, nil
-}
+func (m *MIG) EnableMIG(parentUUID string) (bool, error) { return m.setMIG(parentUUID, true) }
 
 // DisableMIG turns MIG mode off, reporting whether it was on; it fails
 // while the GPU has instances.
-func (m *MIG) DisableMIG(parentUUID string) (bool, error) {
+func (m *MIG) DisableMIG(parentUUID string) (bool, error) { return m.setMIG(parentUUID, false) }
+
+func (m *MIG) setMIG(parentUUID string, on bool) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, err := m.gpu(parentUUID); err != nil {
 		return false, err
 	}
-	if len(m.instances[parentUUID]) > 0 {
+	if !on && len(m.instances[parentUUID]) > 0 {
 		return false, fmt.Errorf("GPU %s: MIG instances exist (in use)", parentUUID)
 	}
-	changed := m.enabled[parentUUID]
-	m.enabled[parentUUID] = false
+	changed := m.enabled[parentUUID] != on
+	m.enabled[parentUUID] = on
 	return changed, nil
 }
 

@@ -211,6 +211,23 @@ func (s *faultSource) activeOn(index int) (Fault, bool) {
 	return Fault{}, false
 }
 
+// queryFails is what a query of GPU index returns while a lasting fault
+// is injected on it (SUCCESS when none is): a GPU off the bus is lost,
+// any other fault fails the query. A nil source has no faults.
+func (s *faultSource) queryFails(index int) gonvml.Return {
+	if s == nil {
+		return gonvml.SUCCESS
+	}
+	f, ok := s.activeOn(index)
+	switch {
+	case !ok:
+		return gonvml.SUCCESS
+	case f.Kind == FaultLost:
+		return gonvml.ERROR_GPU_IS_LOST
+	}
+	return gonvml.ERROR_UNKNOWN
+}
+
 // next returns the first undelivered event of a GPU whose events are
 // registered, and marks it delivered.
 func (s *faultSource) next(registered func(index int, eventType uint64) bool) (Fault, bool) {
@@ -255,25 +272,15 @@ func (n *simNode) installEvents(srv *server.Server, src *faultSource) {
 		}
 		memInfo := dev.GetMemoryInfoFunc
 		dev.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) {
-			if src != nil {
-				if f, ok := src.activeOn(i); ok {
-					if f.Kind == FaultLost {
-						return gonvml.Memory{}, gonvml.ERROR_GPU_IS_LOST
-					}
-					return gonvml.Memory{}, gonvml.ERROR_UNKNOWN
-				}
+			if ret := src.queryFails(i); ret != gonvml.SUCCESS {
+				return gonvml.Memory{}, ret
 			}
 			return memInfo()
 		}
 		memInfoV2 := dev.GetMemoryInfo_v2Func
 		dev.GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
-			if src != nil {
-				if f, ok := src.activeOn(i); ok {
-					if f.Kind == FaultLost {
-						return gonvml.Memory_v2{}, gonvml.ERROR_GPU_IS_LOST
-					}
-					return gonvml.Memory_v2{}, gonvml.ERROR_UNKNOWN
-				}
+			if ret := src.queryFails(i); ret != gonvml.SUCCESS {
+				return gonvml.Memory_v2{}, ret
 			}
 			return memInfoV2()
 		}

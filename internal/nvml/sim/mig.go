@@ -2,7 +2,7 @@ package sim
 
 import (
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,7 +29,7 @@ import (
 //     ERROR_IN_USE, and creating instances while it is off fails with
 //     ERROR_NOT_SUPPORTED ("device doesn't have MIG mode enabled").
 //   - A GPU instance is created only at one of its profile's placements
-//     (CreateGpuInstance chooses one like the driver does, see bestFit)
+//     (CreateGpuInstance chooses one like the driver does, see simGPU.choose)
 //     (ERROR_INVALID_ARGUMENT otherwise) and only if it fits next to the
 //     existing ones (ERROR_INSUFFICIENT_RESOURCES otherwise); see
 //     simGPU.fits for the rules.
@@ -274,104 +274,10 @@ func (g *simGPU) install() {
 		}
 		return append([]gonvml.GpuInstancePlacement(nil), pl...), gonvml.SUCCESS
 	}
-	d.GetGpuInstanceRemainingCapacityFunc = func(info *gonvml.GpuInstanceProfileInfo) (int, gonvml.Return) {
-		profile, ret := g.profile(info)
-		if ret != gonvml.SUCCESS {
-			return 0, ret
-		}
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if g.migMode != gonvml.DEVICE_MIG_ENABLE {
-			return 0, gonvml.ERROR_NOT_SUPPORTED
-		}
-		// Add instances greedily to a copy of the GPU's instances.
-		var added []*simGI
-		defer func() {
-			for _, gi := range added {
-				delete(g.gis, gi.id)
-			}
-		}()
-		for {
-			p, ok := g.bestFit(profile)
-			if !ok {
-				return len(added), gonvml.SUCCESS
-			}
-			gi := &simGI{gpu: g, id: g.freeGIID(p), profile: profile, placement: p}
-			g.gis[gi.id] = gi
-			added = append(added, gi)
-		}
-	}
-	d.CreateGpuInstanceFunc = func(info *gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstance, gonvml.Return) {
-		profile, ret := g.profile(info)
-		if ret != gonvml.SUCCESS {
-			return nil, ret
-		}
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if g.migMode != gonvml.DEVICE_MIG_ENABLE {
-			return nil, gonvml.ERROR_NOT_SUPPORTED
-		}
-		p, ok := g.bestFit(profile)
-		if !ok {
-			return nil, gonvml.ERROR_INSUFFICIENT_RESOURCES
-		}
-		gi, ret := g.createGI(profile, p, -1)
-		if ret != gonvml.SUCCESS {
-			return nil, ret
-		}
-		return gi.handle, gonvml.SUCCESS
-	}
-	d.CreateGpuInstanceWithPlacementFunc = func(info *gonvml.GpuInstanceProfileInfo, placement *gonvml.GpuInstancePlacement) (gonvml.GpuInstance, gonvml.Return) {
-		profile, ret := g.profile(info)
-		if ret != gonvml.SUCCESS {
-			return nil, ret
-		}
-		if placement == nil {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if ret := g.fits(profile, *placement); ret != gonvml.SUCCESS {
-			return nil, ret
-		}
-		gi, ret := g.createGI(profile, *placement, -1)
-		if ret != gonvml.SUCCESS {
-			return nil, ret
-		}
-		return gi.handle, gonvml.SUCCESS
-	}
-	d.GetGpuInstancesFunc = func(info *gonvml.GpuInstanceProfileInfo) ([]gonvml.GpuInstance, gonvml.Return) {
-		if info == nil {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if g.migMode != gonvml.DEVICE_MIG_ENABLE {
-			return nil, gonvml.ERROR_NOT_SUPPORTED
-		}
-		var out []gonvml.GpuInstance
-		for _, gi := range g.sortedGIs() {
-			if gi.profile.Id == info.Id {
-				out = append(out, gi.handle)
-			}
-		}
-		return out, gonvml.SUCCESS
-	}
-	d.GetGpuInstanceByIdFunc = func(id int) (gonvml.GpuInstance, gonvml.Return) {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if g.migMode != gonvml.DEVICE_MIG_ENABLE {
-			return nil, gonvml.ERROR_NOT_SUPPORTED
-		}
-		if id < 0 || id >= migMaxGPUInstances {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		gi, ok := g.gis[id]
-		if !ok {
-			return nil, gonvml.ERROR_NOT_FOUND
-		}
-		return gi.handle, gonvml.SUCCESS
-	}
+	// NVML's calls on the GPU instances, alike on both levels (migLevel).
+	gc := callsOf(g)
+	d.CreateGpuInstanceFunc, d.CreateGpuInstanceWithPlacementFunc = gc.create, gc.createAt
+	d.GetGpuInstanceRemainingCapacityFunc, d.GetGpuInstancesFunc, d.GetGpuInstanceByIdFunc = gc.remaining, gc.list, gc.byID
 	// As many MIG devices as compute slices: seven 1-slice compute
 	// instances, or four on an A30.
 	d.GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return int(g.full.SliceCount), gonvml.SUCCESS }
@@ -390,9 +296,9 @@ func (g *simGPU) install() {
 	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (gonvml.Device, gonvml.Return) { return nil, gonvml.ERROR_INVALID_ARGUMENT }
 }
 
-// profile returns the GPU's own table entry for the profile info a caller
+// lookup returns the GPU's own table entry for the profile info a caller
 // passed (NVML looks the profile up by ID, too).
-func (g *simGPU) profile(info *gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstanceProfileInfo, gonvml.Return) {
+func (g *simGPU) lookup(info *gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstanceProfileInfo, gonvml.Return) {
 	if info == nil {
 		return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
 	}
@@ -449,31 +355,25 @@ func (g *simGPU) fits(profile gonvml.GpuInstanceProfileInfo, p gonvml.GpuInstanc
 	if g.migMode != gonvml.DEVICE_MIG_ENABLE {
 		return gonvml.ERROR_NOT_SUPPORTED
 	}
-	legal := false
-	for _, q := range g.cfg.GpuInstancePlacements[g.key(profile)] {
-		legal = legal || q == p
-	}
-	if !legal {
+	if !slices.Contains(g.cfg.GpuInstancePlacements[g.key(profile)], p) {
 		return gonvml.ERROR_INVALID_ARGUMENT
 	}
-	var same uint32
+	if same, clash := crowding(g.gis, profile.Id, p.Start, p.Size); clash || same >= profile.InstanceCount {
+		return gonvml.ERROR_INSUFFICIENT_RESOURCES
+	}
 	var used engines
 	for _, gi := range g.gis {
-		if gi.profile.Id == profile.Id {
-			same++
-		}
-		if gi.placement.Start < p.Start+p.Size && p.Start < gi.placement.Start+gi.placement.Size {
-			return gonvml.ERROR_INSUFFICIENT_RESOURCES
-		}
 		used = used.add(engineCounts(gi.profile))
-	}
-	if same >= profile.InstanceCount {
-		return gonvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	if !used.add(engineCounts(profile)).within(engineCounts(g.full)) {
 		return gonvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	return gonvml.SUCCESS
+}
+
+// sharesSlices says whether two placements [start, start+size) share a slice.
+func sharesSlices(aStart, aSize, bStart, bSize uint32) bool {
+	return aStart < bStart+bSize && bStart < aStart+aSize
 }
 
 // engines counts what a GPU instance takes of the GPU.
@@ -499,7 +399,7 @@ func (e engines) within(limit engines) bool {
 	return true
 }
 
-// bestFit returns the placement nvmlDeviceCreateGpuInstance would use for
+// choose returns the placement nvmlDeviceCreateGpuInstance would use for
 // profile, if any fits. NVML does not document its choice; the simulation
 // takes, among the placements where the instance fits, the one that
 // overlaps the fewest placements of all profiles (it blocks the least),
@@ -510,7 +410,7 @@ func (e engines) within(limit engines) bool {
 // without placements, like mig-parted: creating 3g, 2g, 1g, 1g (its
 // "all-balanced" layout) in that order fits, while "first free" would put
 // the 3g on 0 and leave no room for the second 1g. g.mu is held.
-func (g *simGPU) bestFit(profile gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstancePlacement, bool) {
+func (g *simGPU) choose(profile gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstancePlacement, bool) {
 	best, bestScore := gonvml.GpuInstancePlacement{}, -1
 	for _, p := range g.cfg.GpuInstancePlacements[g.key(profile)] {
 		if g.fits(profile, p) != gonvml.SUCCESS {
@@ -519,7 +419,7 @@ func (g *simGPU) bestFit(profile gonvml.GpuInstanceProfileInfo) (gonvml.GpuInsta
 		score := 0
 		for _, pls := range g.cfg.GpuInstancePlacements {
 			for _, q := range pls {
-				if q.Start < p.Start+p.Size && p.Start < q.Start+q.Size {
+				if sharesSlices(q.Start, q.Size, p.Start, p.Size) {
 					score++
 				}
 			}
@@ -582,23 +482,13 @@ func (g *simGPU) createGI(profile gonvml.GpuInstanceProfileInfo, p gonvml.GpuIns
 	return gi, gonvml.SUCCESS
 }
 
-// sortedGIs returns the GPU instances by ID. g.mu is held.
-func (g *simGPU) sortedGIs() []*simGI {
-	out := make([]*simGI, 0, len(g.gis))
-	for _, gi := range g.gis {
-		out = append(out, gi)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
-	return out
-}
-
 // migDevices returns the MIG devices (compute instances) by GPU instance
 // ID, then compute instance ID: the order of GetMigDeviceHandleByIndex.
 // g.mu is held.
 func (g *simGPU) migDevices() []*simCI {
 	var out []*simCI
-	for _, gi := range g.sortedGIs() {
-		out = append(out, gi.sortedCIs()...)
+	for _, gi := range sortedByID(g.gis) {
+		out = append(out, sortedByID(gi.cis)...)
 	}
 	return out
 }
@@ -620,12 +510,9 @@ func (gi *simGI) install() {
 	h := &mock.GpuInstance{}
 	gi.handle = h
 	h.GetInfoFunc = func() (gonvml.GpuInstanceInfo, gonvml.Return) {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if gi.destroyed {
-			return gonvml.GpuInstanceInfo{}, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		return gonvml.GpuInstanceInfo{Device: g.dev, Id: uint32(gi.id), ProfileId: gi.profile.Id, Placement: gi.placement}, gonvml.SUCCESS
+		return liveInfo(g, &gi.destroyed, func() gonvml.GpuInstanceInfo {
+			return gonvml.GpuInstanceInfo{Device: g.dev, Id: uint32(gi.id), ProfileId: gi.profile.Id, Placement: gi.placement}
+		})
 	}
 	h.GetComputeInstanceProfileInfoFunc = func(ciProfile, engProfile int) (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
 		if ciProfile < 0 || ciProfile >= gonvml.COMPUTE_INSTANCE_PROFILE_COUNT || engProfile < 0 || engProfile >= gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT {
@@ -641,131 +528,25 @@ func (gi *simGI) install() {
 		return info, gonvml.SUCCESS
 	}
 	h.GetComputeInstancePossiblePlacementsFunc = func(info *gonvml.ComputeInstanceProfileInfo) ([]gonvml.ComputeInstancePlacement, gonvml.Return) {
-		profile, ret := gi.ciProfile(info)
+		profile, ret := gi.lookup(info)
 		if ret != gonvml.SUCCESS {
 			return nil, ret
 		}
 		return gi.ciPlacements(profile), gonvml.SUCCESS
 	}
-	h.GetComputeInstanceRemainingCapacityFunc = func(info *gonvml.ComputeInstanceProfileInfo) (int, gonvml.Return) {
-		profile, ret := gi.ciProfile(info)
-		if ret != gonvml.SUCCESS {
-			return 0, ret
-		}
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		var added []int
-		defer func() {
-			for _, id := range added {
-				delete(gi.cis, id)
-			}
-		}()
-		for {
-			p, ok := gi.firstFit(profile)
-			if !ok {
-				return len(added), gonvml.SUCCESS
-			}
-			id := gi.freeCIID()
-			gi.cis[id] = &simCI{gi: gi, id: id, profile: profile, placement: p}
-			added = append(added, id)
-		}
-	}
-	h.CreateComputeInstanceFunc = func(info *gonvml.ComputeInstanceProfileInfo) (gonvml.ComputeInstance, gonvml.Return) {
-		profile, ret := gi.ciProfile(info)
-		if ret != gonvml.SUCCESS {
-			return nil, ret
-		}
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if gi.destroyed {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		p, ok := gi.firstFit(profile)
-		if !ok {
-			return nil, gonvml.ERROR_INSUFFICIENT_RESOURCES
-		}
-		ci, ret := gi.createCI(profile, p, -1, "")
-		if ret != gonvml.SUCCESS {
-			return nil, ret
-		}
-		return ci.handle, gonvml.SUCCESS
-	}
-	h.CreateComputeInstanceWithPlacementFunc = func(info *gonvml.ComputeInstanceProfileInfo, placement *gonvml.ComputeInstancePlacement) (gonvml.ComputeInstance, gonvml.Return) {
-		profile, ret := gi.ciProfile(info)
-		if ret != gonvml.SUCCESS {
-			return nil, ret
-		}
-		if placement == nil {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if gi.destroyed {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		if ret := gi.ciFits(profile, *placement); ret != gonvml.SUCCESS {
-			return nil, ret
-		}
-		ci, ret := gi.createCI(profile, *placement, -1, "")
-		if ret != gonvml.SUCCESS {
-			return nil, ret
-		}
-		return ci.handle, gonvml.SUCCESS
-	}
-	h.GetComputeInstancesFunc = func(info *gonvml.ComputeInstanceProfileInfo) ([]gonvml.ComputeInstance, gonvml.Return) {
-		if info == nil {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if gi.destroyed {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		var out []gonvml.ComputeInstance
-		for _, ci := range gi.sortedCIs() {
-			if ci.profile.Id == info.Id {
-				out = append(out, ci.handle)
-			}
-		}
-		return out, gonvml.SUCCESS
-	}
-	h.GetComputeInstanceByIdFunc = func(id int) (gonvml.ComputeInstance, gonvml.Return) {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if gi.destroyed {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		if id < 0 || id >= migMaxComputeInsts {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		ci, ok := gi.cis[id]
-		if !ok {
-			return nil, gonvml.ERROR_NOT_FOUND
-		}
-		return ci.handle, gonvml.SUCCESS
-	}
+	// NVML's calls on the compute instances, alike on both levels (migLevel).
+	gic := callsOf(gi)
+	h.CreateComputeInstanceFunc, h.CreateComputeInstanceWithPlacementFunc = gic.create, gic.createAt
+	h.GetComputeInstanceRemainingCapacityFunc, h.GetComputeInstancesFunc, h.GetComputeInstanceByIdFunc = gic.remaining, gic.list, gic.byID
+	// A GPU instance with compute instances is in use.
 	h.DestroyFunc = func() gonvml.Return {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if gi.destroyed {
-			return gonvml.ERROR_INVALID_ARGUMENT
-		}
-		if len(gi.cis) > 0 {
-			return gonvml.ERROR_IN_USE
-		}
-		delete(g.gis, gi.id)
-		if ret := g.persist(); ret != gonvml.SUCCESS {
-			g.gis[gi.id] = gi
-			return ret
-		}
-		gi.destroyed = true
-		return gonvml.SUCCESS
+		return destroy(g, &gi.destroyed, g.gis, gi.id, func() bool { return len(gi.cis) > 0 }, nil)
 	}
 }
 
-// ciProfile returns the table entry for a compute instance profile of this
+// lookup returns the table entry for a compute instance profile of this
 // GPU instance.
-func (gi *simGI) ciProfile(info *gonvml.ComputeInstanceProfileInfo) (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
+func (gi *simGI) lookup(info *gonvml.ComputeInstanceProfileInfo) (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
 	if info == nil {
 		return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
 	}
@@ -790,36 +571,26 @@ func (gi *simGI) ciPlacements(profile gonvml.ComputeInstanceProfileInfo) []gonvm
 	return out
 }
 
-// ciFits reports whether a compute instance of profile fits at p: a legal
+// fits reports whether a compute instance of profile fits at p: a legal
 // placement (ERROR_INVALID_ARGUMENT), the profile's InstanceCount, and no
 // compute slice shared with another compute instance
 // (ERROR_INSUFFICIENT_RESOURCES). gi.gpu.mu is held.
-func (gi *simGI) ciFits(profile gonvml.ComputeInstanceProfileInfo, p gonvml.ComputeInstancePlacement) gonvml.Return {
-	legal := false
-	for _, q := range gi.ciPlacements(profile) {
-		legal = legal || q == p
-	}
-	if !legal {
+func (gi *simGI) fits(profile gonvml.ComputeInstanceProfileInfo, p gonvml.ComputeInstancePlacement) gonvml.Return {
+	if !slices.Contains(gi.ciPlacements(profile), p) {
 		return gonvml.ERROR_INVALID_ARGUMENT
 	}
-	var same uint32
-	for _, ci := range gi.cis {
-		if ci.profile.Id == profile.Id {
-			same++
-		}
-		if ci.placement.Start < p.Start+p.Size && p.Start < ci.placement.Start+ci.placement.Size {
-			return gonvml.ERROR_INSUFFICIENT_RESOURCES
-		}
-	}
-	if same >= profile.InstanceCount || len(gi.cis) >= migMaxComputeInsts {
+	if same, clash := crowding(gi.cis, profile.Id, p.Start, p.Size); clash || same >= profile.InstanceCount || len(gi.cis) >= migMaxComputeInsts {
 		return gonvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	return gonvml.SUCCESS
 }
 
-func (gi *simGI) firstFit(profile gonvml.ComputeInstanceProfileInfo) (gonvml.ComputeInstancePlacement, bool) {
+// choose returns the first placement where a compute instance of profile
+// fits: the simulation's choice for CreateComputeInstance. gi.gpu.mu is
+// held.
+func (gi *simGI) choose(profile gonvml.ComputeInstanceProfileInfo) (gonvml.ComputeInstancePlacement, bool) {
 	for _, p := range gi.ciPlacements(profile) {
-		if gi.ciFits(profile, p) == gonvml.SUCCESS {
+		if gi.fits(profile, p) == gonvml.SUCCESS {
 			return p, true
 		}
 	}
@@ -833,15 +604,6 @@ func (gi *simGI) freeCIID() int {
 		}
 	}
 	return -1
-}
-
-func (gi *simGI) sortedCIs() []*simCI {
-	out := make([]*simCI, 0, len(gi.cis))
-	for _, ci := range gi.cis {
-		out = append(out, ci)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
-	return out
 }
 
 // createCI creates a compute instance that fits; id < 0 picks the lowest
@@ -875,35 +637,22 @@ func (ci *simCI) install() {
 	h := &mock.ComputeInstance{}
 	ci.handle = h
 	h.GetInfoFunc = func() (gonvml.ComputeInstanceInfo, gonvml.Return) {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if ci.destroyed {
-			return gonvml.ComputeInstanceInfo{}, gonvml.ERROR_INVALID_ARGUMENT
-		}
-		// nvml.h calls the device "Parent device", yet NVIDIA's DRA driver
-		// reads the MIG device's UUID from it (dra-driver-nvidia-gpu,
-		// cmd/gpu-kubelet-plugin/nvlib.go), so the driver must give the MIG
-		// device; a machine can ask for the documented parent instead.
-		dev := gonvml.Device(ci.mig)
-		if g.node.ciInfoParent {
-			dev = g.dev
-		}
-		return gonvml.ComputeInstanceInfo{Device: dev, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: ci.profile.Id, Placement: ci.placement}, gonvml.SUCCESS
+		return liveInfo(g, &ci.destroyed, func() gonvml.ComputeInstanceInfo {
+			// nvml.h calls the device "Parent device", yet NVIDIA's DRA
+			// driver reads the MIG device's UUID from it
+			// (dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/nvlib.go), so
+			// the driver must give the MIG device; a machine can ask for
+			// the documented parent instead.
+			dev := gonvml.Device(ci.mig)
+			if g.node.ciInfoParent {
+				dev = g.dev
+			}
+			return gonvml.ComputeInstanceInfo{Device: dev, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: ci.profile.Id, Placement: ci.placement}
+		})
 	}
+	// The MIG device goes with its compute instance.
 	h.DestroyFunc = func() gonvml.Return {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if ci.destroyed {
-			return gonvml.ERROR_INVALID_ARGUMENT
-		}
-		delete(gi.cis, ci.id)
-		if ret := g.persist(); ret != gonvml.SUCCESS {
-			gi.cis[ci.id] = ci
-			return ret
-		}
-		ci.destroyed = true
-		g.node.migs.Delete(ci.uuid)
-		return gonvml.SUCCESS
+		return destroy(g, &ci.destroyed, gi.cis, ci.id, nil, func() { g.node.migs.Delete(ci.uuid) })
 	}
 
 	cfg := g.dev.Config

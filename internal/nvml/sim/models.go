@@ -229,38 +229,14 @@ var models = map[string]model{
 	"A30-PCIE-24GB":  calibrated(gpus.A30_PCIE_24GB, "", 24576, 145<<20, srcReservedEstimate),
 	// NVIDIA L4 (Ada, AD104): 24 GB GDDR6 of which the driver reports
 	// 23034 MiB, compute capability 8.9, no MIG. PCI device ID 0x27B8.
-	"L4": {Config: gpus.Config{
-		Name:         "NVIDIA L4",
-		Architecture: gonvml.DEVICE_ARCH_ADA,
-		Brand:        gonvml.BRAND_NVIDIA,
-		MemoryMB:     23034,
-		CudaMajor:    8,
-		CudaMinor:    9,
-		PciDeviceId:  0x27B810DE,
-	}, ReservedBytes: 136 << 20, ReservedSource: srcReservedEstimate},
+	"L4": calibrated(noMIG("NVIDIA L4", gonvml.DEVICE_ARCH_ADA, gonvml.BRAND_NVIDIA, 8, 9, 0x27B810DE), "", 23034, 136<<20, srcReservedEstimate),
 	// NVIDIA L40S (Ada, AD102): 48 GB GDDR6 (46068 MiB reported), compute
 	// capability 8.9, no MIG and no NVLink (NVIDIA L40S datasheet). PCI
 	// device ID 0x26B9.
-	"L40S": {Config: gpus.Config{
-		Name:         "NVIDIA L40S",
-		Architecture: gonvml.DEVICE_ARCH_ADA,
-		Brand:        gonvml.BRAND_NVIDIA,
-		MemoryMB:     46068,
-		CudaMajor:    8,
-		CudaMinor:    9,
-		PciDeviceId:  0x26B910DE,
-	}, ReservedBytes: 272 << 20, ReservedSource: srcReservedEstimate},
+	"L40S": calibrated(noMIG("NVIDIA L40S", gonvml.DEVICE_ARCH_ADA, gonvml.BRAND_NVIDIA, 8, 9, 0x26B910DE), "", 46068, 272<<20, srcReservedEstimate),
 	// NVIDIA T4 (Turing, TU104): 16 GB GDDR6 (15360 MiB reported), compute
 	// capability 7.5, no MIG. PCI device ID 0x1EB8.
-	"T4": {Config: gpus.Config{
-		Name:         "Tesla T4",
-		Architecture: gonvml.DEVICE_ARCH_TURING,
-		Brand:        gonvml.BRAND_TESLA,
-		MemoryMB:     15360,
-		CudaMajor:    7,
-		CudaMinor:    5,
-		PciDeviceId:  0x1EB810DE,
-	}, ReservedBytes: 91 << 20, ReservedSource: srcReservedEstimate},
+	"T4": calibrated(noMIG("Tesla T4", gonvml.DEVICE_ARCH_TURING, gonvml.BRAND_TESLA, 7, 5, 0x1EB810DE), "", 15360, 91<<20, srcReservedEstimate),
 }
 
 // h100NVL is go-nvml's H100 with the NVL card's PCI device ID.
@@ -279,6 +255,13 @@ func gb200() gpus.Config {
 	c.PciDeviceId = 0x294110DE
 	c.MIGProfiles = gpus.MIGProfileConfig{}
 	return c
+}
+
+// noMIG is the config of a GPU without MIG, which go-nvml does not
+// model: its name, architecture and brand as NVML reports them, its
+// compute capability and its PCI device ID.
+func noMIG(name string, arch gonvml.DeviceArchitecture, brand gonvml.BrandType, cudaMajor, cudaMinor int, pciDeviceID uint32) gpus.Config {
+	return gpus.Config{Name: name, Architecture: arch, Brand: brand, CudaMajor: cudaMajor, CudaMinor: cudaMinor, PciDeviceId: pciDeviceID}
 }
 
 // calibrated returns go-nvml's config c with its name (when not ""), memory

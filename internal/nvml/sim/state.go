@@ -106,9 +106,9 @@ type simPlacement struct {
 // snapshot returns the GPU's state. g.mu is held.
 func (g *simGPU) snapshot() simGPUState {
 	st := simGPUState{Index: g.index, UUID: g.dev.UUID, Model: g.model, MIGEnabled: g.migMode == gonvml.DEVICE_MIG_ENABLE}
-	for _, gi := range g.sortedGIs() {
+	for _, gi := range sortedByID(g.gis) {
 		gs := simGIState{ID: gi.id, ProfileID: g.key(gi.profile), Placement: simPlacement{Start: int(gi.placement.Start), Size: int(gi.placement.Size)}}
-		for _, ci := range gi.sortedCIs() {
+		for _, ci := range sortedByID(gi.cis) {
 			gs.ComputeInstances = append(gs.ComputeInstances, simCIState{
 				ID: ci.id, ProfileID: int(ci.profile.Id), UUID: ci.uuid,
 				Placement: simPlacement{Start: int(ci.placement.Start), Size: int(ci.placement.Size)},
@@ -246,7 +246,7 @@ func (g *simGPU) restore(st simGPUState) error {
 				return fmt.Errorf("GPU instance %d compute instance %d: no compute instance profile %d", gs.ID, cs.ID, cs.ProfileID)
 			}
 			cp := gonvml.ComputeInstancePlacement{Start: uint32(cs.Placement.Start), Size: uint32(cs.Placement.Size)}
-			if ret := gi.ciFits(ciProfile, cp); ret != gonvml.SUCCESS {
+			if ret := gi.fits(ciProfile, cp); ret != gonvml.SUCCESS {
 				return fmt.Errorf("GPU instance %d compute instance %d cannot be recreated: %s", gs.ID, cs.ID, gonvml.ErrorString(ret))
 			}
 			if len(cs.UUID) <= len("MIG-") || cs.UUID[:4] != "MIG-" {

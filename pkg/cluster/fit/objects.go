@@ -50,33 +50,33 @@ func Decode(r io.Reader) (*Stream, error) {
 		}
 		switch meta.Kind {
 		case "ResourceSlice":
-			var o resourceapi.ResourceSlice
-			err = yaml.UnmarshalStrict(doc, &o)
-			s.Slices = append(s.Slices, &o)
+			_, err = appendStrict(doc, &s.Slices)
 		case "DeviceClass":
-			var o resourceapi.DeviceClass
-			err = yaml.UnmarshalStrict(doc, &o)
-			s.Classes = append(s.Classes, &o)
+			_, err = appendStrict(doc, &s.Classes)
 		case "ResourceClaim":
-			var o resourceapi.ResourceClaim
-			err = yaml.UnmarshalStrict(doc, &o)
-			if o.UID == "" {
+			var o *resourceapi.ResourceClaim
+			if o, err = appendStrict(doc, &s.Claims); o.UID == "" {
 				o.UID = types.UID("uid-" + o.Name)
 			}
-			s.Claims = append(s.Claims, &o)
 		case "ResourceClaimTemplate":
-			var o resourceapi.ResourceClaimTemplate
-			err = yaml.UnmarshalStrict(doc, &o)
-			s.Templates = append(s.Templates, &o)
+			_, err = appendStrict(doc, &s.Templates)
 		case "Pod":
-			var o v1.Pod
-			err = yaml.UnmarshalStrict(doc, &o)
-			s.Pods = append(s.Pods, &o)
+			_, err = appendStrict(doc, &s.Pods)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s %s: %w", meta.Kind, meta.Metadata.Name, err)
 		}
 	}
+}
+
+// appendStrict decodes doc strictly as a T and appends it to list: one
+// body for every kind Decode reads. On an error Decode drops the stream,
+// so what was appended does not matter.
+func appendStrict[T any](doc []byte, list *[]*T) (*T, error) {
+	o := new(T)
+	err := yaml.UnmarshalStrict(doc, o)
+	*list = append(*list, o)
+	return o, err
 }
 
 // FromTemplate is the claim the resourceclaim controller would create from

@@ -1,5 +1,11 @@
 package occupancy
 
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
 // Profile is what the occupancy picture needs of a MIG profile and that
 // ResourceSlices do not carry: how many memory slices a placement spans,
 // and the profile's share of the GPU's compute slices.
@@ -41,93 +47,49 @@ func (t tables) Lookup(product, profile string) (Profile, bool) {
 // when a model changes.
 func KnownProfiles() ProfileTable { return knownTables }
 
-var knownTables = tables{
-	"NVIDIA A100-PCIE-40GB": {
-		"1g.10gb":   {MemorySlices: 2, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.5gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.5gb+me": {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"2g.10gb":   {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"3g.20gb":   {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"4g.20gb":   {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"7g.40gb":   {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
-	},
-	"NVIDIA A100-PCIE-80GB": {
-		"1g.10gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.10gb+me": {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.20gb":    {MemorySlices: 2, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"2g.20gb":    {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"3g.40gb":    {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"4g.40gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"7g.80gb":    {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
-	},
-	"NVIDIA A100-SXM4-40GB": {
-		"1g.10gb":   {MemorySlices: 2, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.5gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.5gb+me": {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"2g.10gb":   {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"3g.20gb":   {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"4g.20gb":   {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"7g.40gb":   {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
-	},
-	"NVIDIA A100-SXM4-80GB": {
-		"1g.10gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.10gb+me": {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.20gb":    {MemorySlices: 2, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"2g.20gb":    {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"3g.40gb":    {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"4g.40gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"7g.80gb":    {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
-	},
-	"NVIDIA A30-PCIE-24GB": {
-		"1g.6gb":     {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 4, GPUComputeSlices: 4},
-		"1g.6gb+me":  {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 4, GPUComputeSlices: 4},
-		"2g.12gb":    {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 4, GPUComputeSlices: 4},
-		"2g.12gb+me": {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 4, GPUComputeSlices: 4},
-		"4g.24gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 4, GPUComputeSlices: 4},
-	},
-	"NVIDIA B200": {
-		"1g.23gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.23gb+me": {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.45gb":    {MemorySlices: 2, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"2g.45gb":    {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"3g.90gb":    {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"4g.90gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"7g.180gb":   {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
-	},
-	"NVIDIA H100 80GB HBM3": {
-		"1g.10gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.10gb+me": {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.20gb":    {MemorySlices: 2, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"2g.20gb":    {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"3g.40gb":    {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"4g.40gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"7g.80gb":    {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
-	},
-	"NVIDIA H100 NVL": {
-		"1g.12gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.12gb+me": {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.24gb":    {MemorySlices: 2, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"2g.24gb":    {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"3g.47gb":    {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"4g.47gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"7g.94gb":    {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
-	},
-	"NVIDIA H200": {
-		"1g.18gb":    {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.18gb+me": {MemorySlices: 1, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"1g.35gb":    {MemorySlices: 2, ComputeSlices: 1, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"2g.35gb":    {MemorySlices: 2, ComputeSlices: 2, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"3g.71gb":    {MemorySlices: 4, ComputeSlices: 3, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"4g.71gb":    {MemorySlices: 4, ComputeSlices: 4, GPUMemorySlices: 8, GPUComputeSlices: 7},
-		"7g.141gb":   {MemorySlices: 8, ComputeSlices: 7, GPUMemorySlices: 8, GPUComputeSlices: 7},
-	},
+// knownTables are knownProducts, parsed once.
+var knownTables = parseProducts(knownProducts)
+
+// product is a GPU product's MIG table, in a line: the whole GPU's memory
+// and compute slices, and its profiles as "name=memory slices" (those a
+// placement spans), separated by spaces. A profile's compute slices are
+// its name's "<n>g". One line a product, so that the table reads as the
+// data it is and products with the same table show as the same line.
+type product struct {
+	memory, compute int
+	profiles        string
 }
 
-// truncate is what pkg/model/resourceslices does to a productName longer than the API
-// allows.
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64]
+var knownProducts = map[string]product{
+	"NVIDIA A100-PCIE-40GB": {8, 7, "1g.10gb=2 1g.5gb=1 1g.5gb+me=1 2g.10gb=2 3g.20gb=4 4g.20gb=4 7g.40gb=8"},
+	"NVIDIA A100-PCIE-80GB": {8, 7, "1g.10gb=1 1g.10gb+me=1 1g.20gb=2 2g.20gb=2 3g.40gb=4 4g.40gb=4 7g.80gb=8"},
+	"NVIDIA A100-SXM4-40GB": {8, 7, "1g.10gb=2 1g.5gb=1 1g.5gb+me=1 2g.10gb=2 3g.20gb=4 4g.20gb=4 7g.40gb=8"},
+	"NVIDIA A100-SXM4-80GB": {8, 7, "1g.10gb=1 1g.10gb+me=1 1g.20gb=2 2g.20gb=2 3g.40gb=4 4g.40gb=4 7g.80gb=8"},
+	"NVIDIA A30-PCIE-24GB":  {4, 4, "1g.6gb=1 1g.6gb+me=1 2g.12gb=2 2g.12gb+me=2 4g.24gb=4"},
+	"NVIDIA B200":           {8, 7, "1g.23gb=1 1g.23gb+me=1 1g.45gb=2 2g.45gb=2 3g.90gb=4 4g.90gb=4 7g.180gb=8"},
+	"NVIDIA H100 80GB HBM3": {8, 7, "1g.10gb=1 1g.10gb+me=1 1g.20gb=2 2g.20gb=2 3g.40gb=4 4g.40gb=4 7g.80gb=8"},
+	"NVIDIA H100 NVL":       {8, 7, "1g.12gb=1 1g.12gb+me=1 1g.24gb=2 2g.24gb=2 3g.47gb=4 4g.47gb=4 7g.94gb=8"},
+	"NVIDIA H200":           {8, 7, "1g.18gb=1 1g.18gb+me=1 1g.35gb=2 2g.35gb=2 3g.71gb=4 4g.71gb=4 7g.141gb=8"},
+}
+
+// parseProducts turns products into tables. The products are compiled in
+// and TestKnownProfilesMatchTheSimulator reads every one, so a malformed
+// entry is a programming error: it panics.
+func parseProducts(products map[string]product) tables {
+	t := tables{}
+	for name, p := range products {
+		byName := map[string]Profile{}
+		for _, f := range strings.Fields(p.profiles) {
+			profile, mem, ok := strings.Cut(f, "=")
+			compute, _, gOK := strings.Cut(profile, "g.")
+			m, mErr := strconv.Atoi(mem)
+			c, cErr := strconv.Atoi(compute)
+			if !ok || !gOK || mErr != nil || cErr != nil {
+				panic(fmt.Sprintf("occupancy: MIG table of %q: %q is not <n>g.<memory>=<memory slices>", name, f))
+			}
+			byName[profile] = Profile{MemorySlices: m, ComputeSlices: c, GPUMemorySlices: p.memory, GPUComputeSlices: p.compute}
+		}
+		t[name] = byName
 	}
-	return s
+	return t
 }

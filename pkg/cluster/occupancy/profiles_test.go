@@ -9,6 +9,7 @@ import (
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
 // TestKnownProfilesMatchTheSimulator: the MIG tables compiled into
@@ -51,10 +52,10 @@ func (t tables) add(g nvml.GPU) {
 	for _, p := range g.MIGProfiles {
 		byName[p.Name] = Profile{MemorySlices: p.MemorySlices, ComputeSlices: p.SliceCount, GPUMemorySlices: mem, GPUComputeSlices: compute}
 	}
-	t[truncate(g.ProductName)] = byName
+	t[resourceslices.Truncate(g.ProductName)] = byName
 }
 
-// goSource is the table as profiles.go spells knownTables' entries.
+// goSource is the table as profiles.go spells knownProducts' entries.
 func (t tables) goSource() string {
 	var b strings.Builder
 	products := make([]string, 0, len(t))
@@ -63,17 +64,33 @@ func (t tables) goSource() string {
 	}
 	sort.Strings(products)
 	for _, p := range products {
-		fmt.Fprintf(&b, "\t%q: {\n", p)
 		names := make([]string, 0, len(t[p]))
 		for n := range t[p] {
 			names = append(names, n)
 		}
 		sort.Strings(names)
+		var whole Profile
+		profiles := make([]string, 0, len(names))
 		for _, n := range names {
-			pr := t[p][n]
-			fmt.Fprintf(&b, "\t\t%q: {MemorySlices: %d, ComputeSlices: %d, GPUMemorySlices: %d, GPUComputeSlices: %d},\n", n, pr.MemorySlices, pr.ComputeSlices, pr.GPUMemorySlices, pr.GPUComputeSlices)
+			whole = t[p][n]
+			profiles = append(profiles, fmt.Sprintf("%s=%d", n, whole.MemorySlices))
 		}
-		b.WriteString("\t},\n")
+		fmt.Fprintf(&b, "\t%q: {%d, %d, %q},\n", p, whole.GPUMemorySlices, whole.GPUComputeSlices, strings.Join(profiles, " "))
 	}
 	return b.String()
+}
+
+// TestMalformedProductPanics: a product line that does not parse stops
+// the program at start rather than drop a profile unseen.
+func TestMalformedProductPanics(t *testing.T) {
+	for _, line := range []string{"1g.10gb", "1g.10gb=x", "big.10gb=1", "1x.10gb=1"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%q: no panic", line)
+				}
+			}()
+			parseProducts(map[string]product{"p": {8, 7, line}})
+		}()
+	}
 }

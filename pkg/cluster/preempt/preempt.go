@@ -236,24 +236,26 @@ func Decide(ctx context.Context, s Snapshot, pod *v1.Pod) (Decision, error) {
 			terminating[p.UID] = true
 		}
 	}
-	for _, n := range nodes {
-		devs, err := d.fits(ctx, n, nil)
-		if err != nil {
-			return Decision{}, err
-		}
-		if devs != nil {
-			return Decision{Outcome: Fits, Node: n, Devices: devs, Why: "its claims fit on node " + n + " without preemption"}, nil
-		}
-	}
-	if len(terminating) > 0 {
+	// fitsOn decides outcome on the first node where the claims fit with
+	// the pods of gone gone; done is false where they fit on none.
+	fitsOn := func(gone map[types.UID]bool, outcome Outcome, why string) (dec Decision, done bool, err error) {
 		for _, n := range nodes {
-			devs, err := d.fits(ctx, n, terminating)
+			devs, err := d.fits(ctx, n, gone)
 			if err != nil {
-				return Decision{}, err
+				return Decision{}, true, err
 			}
 			if devs != nil {
-				return Decision{Outcome: Wait, Node: n, Devices: devs, Why: "its claims fit on node " + n + " once the pods terminating there are gone"}, nil
+				return Decision{Outcome: outcome, Node: n, Devices: devs, Why: "its claims fit on node " + n + why}, true, nil
 			}
+		}
+		return Decision{}, false, nil
+	}
+	if dec, done, err := fitsOn(nil, Fits, " without preemption"); done {
+		return dec, err
+	}
+	if len(terminating) > 0 {
+		if dec, done, err := fitsOn(terminating, Wait, " once the pods terminating there are gone"); done {
+			return dec, err
 		}
 	}
 

@@ -5,9 +5,10 @@
 package top
 
 import (
+	"cmp"
 	"fmt"
 	"io"
-	"sort"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -88,15 +89,8 @@ func Parse(node string, r io.Reader) ([]Row, error) {
 			rows[i].Pods = append(rows[i].Pods, pod)
 		}
 	}
-	sort.Slice(rows, func(i, j int) bool {
-		a, b := rows[i], rows[j]
-		if a.Namespace != b.Namespace {
-			return a.Namespace < b.Namespace
-		}
-		if a.Claim != b.Claim {
-			return a.Claim < b.Claim
-		}
-		return a.Device < b.Device
+	slices.SortFunc(rows, func(a, b Row) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Claim, b.Claim), cmp.Compare(a.Device, b.Device))
 	})
 	for i := range rows {
 		if i > 0 && rows[i-1].Namespace == rows[i].Namespace && rows[i-1].Claim == rows[i].Claim {

@@ -1,9 +1,10 @@
 package nvml
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -87,12 +88,12 @@ func discoverGPU(lib gonvml.Interface, devlib nvdev.Interface, dev gonvml.Device
 	if ret != gonvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetArchitecture", ret)
 	}
-	gpu.Architecture = architectureName(arch)
+	gpu.Architecture = nameOr(architectureNames, arch, "unknown")
 	brand, ret := dev.GetBrand()
 	if ret != gonvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetBrand", ret)
 	}
-	gpu.Brand = brandName(brand)
+	gpu.Brand = nameOr(brandNames, brand, "unknown")
 	major, minor, ret := dev.GetCudaComputeCapability()
 	if ret != gonvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetCudaComputeCapability", ret)
@@ -208,7 +209,7 @@ func MIGModeFixedReason(arch gonvml.DeviceArchitecture, vgpuGuest bool) string {
 		return "the GPU is a vGPU in a virtual machine: its MIG mode and instances are the hypervisor's vGPU profile"
 	case arch < gonvml.DEVICE_ARCH_HOPPER:
 		return fmt.Sprintf("this %s GPU applies a MIG mode change only after a GPU reset (Hopper and later apply it at once); "+
-			"Facet never leaves a change pending, so MIG mode on this GPU is the admin's (nvidia-smi -i <index> -mig 1 to turn it on, -mig 0 off, then a GPU reset or reboot)", architectureName(arch))
+			"Facet never leaves a change pending, so MIG mode on this GPU is the admin's (nvidia-smi -i <index> -mig 1 to turn it on, -mig 0 off, then a GPU reset or reboot)", nameOr(architectureNames, arch, "unknown"))
 	}
 	return ""
 }
@@ -277,20 +278,17 @@ func discoverMIGProfiles(devlib nvdev.Interface, dev gonvml.Device, deviceMemory
 		profiles = append(profiles, p)
 	}
 	nameUniquely(profiles)
-	sort.SliceStable(profiles, func(i, j int) bool {
-		a, b := profiles[i], profiles[j]
-		if a.MemoryBytes != b.MemoryBytes {
-			return a.MemoryBytes < b.MemoryBytes
+	// Plain before variants ("+me"): the scarce media engines are only
+	// taken when asked for.
+	variant := func(p MIGProfile) int {
+		if strings.ContainsAny(p.Name, "+-") {
+			return 1
 		}
-		if a.SliceCount != b.SliceCount {
-			return a.SliceCount < b.SliceCount
-		}
-		// Plain before variants ("+me"): the scarce media engines are
-		// only taken when asked for.
-		if va, vb := strings.ContainsAny(a.Name, "+-"), strings.ContainsAny(b.Name, "+-"); va != vb {
-			return !va
-		}
-		return a.GIProfileID < b.GIProfileID
+		return 0
+	}
+	slices.SortStableFunc(profiles, func(a, b MIGProfile) int {
+		return cmp.Or(cmp.Compare(a.MemoryBytes, b.MemoryBytes), cmp.Compare(a.SliceCount, b.SliceCount),
+			cmp.Compare(variant(a), variant(b)), cmp.Compare(a.GIProfileID, b.GIProfileID))
 	})
 	return profiles, nil
 }
@@ -326,23 +324,15 @@ func nameUniquely(profiles []MIGProfile) {
 // fullComputeInstanceProfile maps a GPU instance's compute slice count to
 // the compute instance profile that takes all of it.
 func fullComputeInstanceProfile(slices int) (int, bool) {
-	switch slices {
-	case 1:
-		return gonvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, true
-	case 2:
-		return gonvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, true
-	case 3:
-		return gonvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, true
-	case 4:
-		return gonvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, true
-	case 6:
-		return gonvml.COMPUTE_INSTANCE_PROFILE_6_SLICE, true
-	case 7:
-		return gonvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, true
-	case 8:
-		return gonvml.COMPUTE_INSTANCE_PROFILE_8_SLICE, true
-	}
-	return 0, false
+	p, ok := fullComputeInstanceProfiles[slices]
+	return p, ok
+}
+
+var fullComputeInstanceProfiles = map[int]int{
+	1: gonvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: gonvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
+	3: gonvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: gonvml.COMPUTE_INSTANCE_PROFILE_4_SLICE,
+	6: gonvml.COMPUTE_INSTANCE_PROFILE_6_SLICE, 7: gonvml.COMPUTE_INSTANCE_PROFILE_7_SLICE,
+	8: gonvml.COMPUTE_INSTANCE_PROFILE_8_SLICE,
 }
 
 func busIDString(raw [32]int8) string {
@@ -365,52 +355,26 @@ func normalizeBusID(id string) string {
 	return id
 }
 
-func architectureName(a gonvml.DeviceArchitecture) string {
-	switch a {
-	case gonvml.DEVICE_ARCH_KEPLER:
-		return "kepler"
-	case gonvml.DEVICE_ARCH_MAXWELL:
-		return "maxwell"
-	case gonvml.DEVICE_ARCH_PASCAL:
-		return "pascal"
-	case gonvml.DEVICE_ARCH_VOLTA:
-		return "volta"
-	case gonvml.DEVICE_ARCH_TURING:
-		return "turing"
-	case gonvml.DEVICE_ARCH_AMPERE:
-		return "ampere"
-	case gonvml.DEVICE_ARCH_ADA:
-		return "ada"
-	case gonvml.DEVICE_ARCH_HOPPER:
-		return "hopper"
-	case gonvml.DEVICE_ARCH_BLACKWELL:
-		return "blackwell"
-	case gonvml.DEVICE_ARCH_RUBIN:
-		return "rubin"
-	}
-	return "unknown"
+// architectureNames and brandNames are how Facet publishes NVML's
+// architecture and brand (attributes architecture and brand).
+var architectureNames = map[gonvml.DeviceArchitecture]string{
+	gonvml.DEVICE_ARCH_KEPLER: "kepler", gonvml.DEVICE_ARCH_MAXWELL: "maxwell", gonvml.DEVICE_ARCH_PASCAL: "pascal",
+	gonvml.DEVICE_ARCH_VOLTA: "volta", gonvml.DEVICE_ARCH_TURING: "turing", gonvml.DEVICE_ARCH_AMPERE: "ampere",
+	gonvml.DEVICE_ARCH_ADA: "ada", gonvml.DEVICE_ARCH_HOPPER: "hopper", gonvml.DEVICE_ARCH_BLACKWELL: "blackwell",
+	gonvml.DEVICE_ARCH_RUBIN: "rubin",
 }
 
-func brandName(b gonvml.BrandType) string {
-	switch b {
-	case gonvml.BRAND_QUADRO:
-		return "quadro"
-	case gonvml.BRAND_TESLA:
-		return "tesla"
-	case gonvml.BRAND_NVS:
-		return "nvs"
-	case gonvml.BRAND_GRID:
-		return "grid"
-	case gonvml.BRAND_GEFORCE:
-		return "geforce"
-	case gonvml.BRAND_TITAN:
-		return "titan"
-	case gonvml.BRAND_NVIDIA_RTX:
-		return "nvidia-rtx"
-	case gonvml.BRAND_NVIDIA:
-		return "nvidia"
-	case gonvml.BRAND_GEFORCE_RTX:
-		return "geforce-rtx"
+var brandNames = map[gonvml.BrandType]string{
+	gonvml.BRAND_QUADRO: "quadro", gonvml.BRAND_TESLA: "tesla", gonvml.BRAND_NVS: "nvs", gonvml.BRAND_GRID: "grid",
+	gonvml.BRAND_GEFORCE: "geforce", gonvml.BRAND_TITAN: "titan", gonvml.BRAND_NVIDIA_RTX: "nvidia-rtx",
+	gonvml.BRAND_NVIDIA: "nvidia", gonvml.BRAND_GEFORCE_RTX: "geforce-rtx",
+}
+
+// nameOr is NVML's enum value v by its name in names, or unknown for a
+// value Facet does not know (a newer driver's).
+func nameOr[V comparable](names map[V]string, v V, unknown string) string {
+	if n, ok := names[v]; ok {
+		return n
 	}
-	return "unknown"
+	return unknown
 }

@@ -98,27 +98,11 @@ type Pair struct {
 	P2P string
 }
 
-// nvlinkVersion names NVML's NVLink version enum.
-func nvlinkVersion(v gonvml.NvlinkVersion) string {
-	switch v {
-	case gonvml.NVLINK_VERSION_1_0:
-		return "1.0"
-	case gonvml.NVLINK_VERSION_2_0:
-		return "2.0"
-	case gonvml.NVLINK_VERSION_2_2:
-		return "2.2"
-	case gonvml.NVLINK_VERSION_3_0:
-		return "3.0"
-	case gonvml.NVLINK_VERSION_3_1:
-		return "3.1"
-	case gonvml.NVLINK_VERSION_4_0:
-		return "4.0"
-	case gonvml.NVLINK_VERSION_5_0:
-		return "5.0"
-	case gonvml.NVLINK_VERSION_6_0:
-		return "6.0"
-	}
-	return ""
+// nvlinkVersions names NVML's NVLink version enum.
+var nvlinkVersions = map[gonvml.NvlinkVersion]string{
+	gonvml.NVLINK_VERSION_1_0: "1.0", gonvml.NVLINK_VERSION_2_0: "2.0", gonvml.NVLINK_VERSION_2_2: "2.2",
+	gonvml.NVLINK_VERSION_3_0: "3.0", gonvml.NVLINK_VERSION_3_1: "3.1", gonvml.NVLINK_VERSION_4_0: "4.0",
+	gonvml.NVLINK_VERSION_5_0: "5.0", gonvml.NVLINK_VERSION_6_0: "6.0",
 }
 
 // NVLinkGBpsPerLink is one link's bandwidth in GB/s, both directions
@@ -149,7 +133,7 @@ func discoverNVLinks(dev gonvml.Device, haveRemoteType bool) (links []NVLink, su
 		}
 		link := NVLink{Link: l}
 		if v, ret := dev.GetNvLinkVersion(l); ret == gonvml.SUCCESS {
-			link.Version = nvlinkVersion(gonvml.NvlinkVersion(v))
+			link.Version = nameOr(nvlinkVersions, gonvml.NvlinkVersion(v), "")
 		}
 		if pci, ret := dev.GetNvLinkRemotePciInfo(l); ret == gonvml.SUCCESS {
 			link.RemoteBusID = normalizeBusID(busIDString(pci.BusId))

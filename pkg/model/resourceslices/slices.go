@@ -248,12 +248,12 @@ func device(inv *inventory.Inventory, d *inventory.Device) resourceapi.Device {
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		names.AttrType:                  str(string(d.Kind)),
 		names.AttrIndex:                 intAttr(g.Index),
-		names.AttrProductName:           str(truncate(g.ProductName)),
+		names.AttrProductName:           str(Truncate(g.ProductName)),
 		names.AttrArchitecture:          str(g.Architecture),
 		names.AttrBrand:                 str(g.Brand),
-		names.AttrCUDAComputeCapability: version(g.CUDAComputeCapability),
-		names.AttrDriverVersion:         version(inv.DriverVersion),
-		names.AttrCUDADriverVersion:     version(inv.CUDADriverVersion),
+		names.AttrCUDAComputeCapability: Version(g.CUDAComputeCapability),
+		names.AttrDriverVersion:         Version(inv.DriverVersion),
+		names.AttrCUDADriverVersion:     Version(inv.CUDADriverVersion),
 		names.AttrMode:                  str(string(g.Mode)),
 	}
 	if g.NUMANode >= 0 {
@@ -452,13 +452,13 @@ func intAttr(i int) resourceapi.DeviceAttribute {
 
 func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
 
-// version turns NVIDIA's "12.4" or "580.159.04" into semver ("12.4.0",
+// Version turns NVIDIA's "12.4" or "580.159.04" into semver ("12.4.0",
 // "580.159.4"). Semantic versions forbid leading zeros, and NVIDIA's driver
 // versions have them (580.159.04, 535.104.05): published as they are, the
 // API server rejects the ResourceSlice and CEL cannot compare them. A part
 // that is not a number is left alone (and the slice then fails validation
 // with an error naming the attribute).
-func version(v string) resourceapi.DeviceAttribute {
+func Version(v string) resourceapi.DeviceAttribute {
 	parts := strings.Split(v, ".")
 	if len(parts) == 2 {
 		parts = append(parts, "0")
@@ -472,8 +472,11 @@ func version(v string) resourceapi.DeviceAttribute {
 	return resourceapi.DeviceAttribute{VersionValue: &v}
 }
 
-// truncate keeps string attributes within the API's 64 characters.
-func truncate(s string) string {
+// Truncate keeps a string attribute within the API's length
+// (resourceapi.DeviceAttributeMaxValueLength), as Facet publishes it: a
+// reader that keys on a published string (occupancy's MIG tables by
+// productName) must cut it the same way.
+func Truncate(s string) string {
 	if len(s) > resourceapi.DeviceAttributeMaxValueLength {
 		return s[:resourceapi.DeviceAttributeMaxValueLength]
 	}

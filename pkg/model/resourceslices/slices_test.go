@@ -402,9 +402,9 @@ func TestVersionIsSemver(t *testing.T) {
 		"535.104.05": "535.104.5",
 		"550.54.15":  "550.54.15",
 	} {
-		got := *version(in).VersionValue
+		got := *Version(in).VersionValue
 		if got != want {
-			t.Errorf("version(%q) = %q, want %q", in, got, want)
+			t.Errorf("Version(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -57,46 +57,46 @@ func New() *Metrics {
 	// from 1 ms to about 33 s.
 	buckets := prometheus.ExponentialBuckets(0.001, 2, 16)
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
-		prepareSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: namespace, Name: "prepare_duration_seconds",
-			Help:    "Time to prepare one ResourceClaim (NodePrepareResources), by device kind, failures included.",
-			Buckets: buckets,
-		}, []string{"kind"}),
-		unprepareSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: namespace, Name: "unprepare_duration_seconds",
-			Help:    "Time to unprepare one ResourceClaim (NodeUnprepareResources), by device kind, failures included.",
-			Buckets: buckets,
-		}, []string{"kind"}),
-		prepareErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Name: "prepare_errors_total",
-			Help: "ResourceClaim prepares that failed, by device kind. The kubelet retries, so one claim may count many times.",
-		}, []string{"kind"}),
-		unprepareErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Name: "unprepare_errors_total",
-			Help: "ResourceClaim unprepares that failed, by device kind.",
-		}, []string{"kind"}),
-		slices: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: namespace, Name: "resource_slices_published",
-			Help: "ResourceSlices this node's plugin publishes.",
-		}),
-		devices: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: namespace, Name: "devices_published",
-			Help: "Devices in this node's published ResourceSlices.",
-		}),
-		feature: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: namespace, Name: "cluster_feature_enabled",
-			Help: "Whether the cluster enforces a DRA feature gate, as detected (or set by --feature-gates) at start: 1 on, 0 off.",
-		}, []string{"feature"}),
-		mechanism: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: namespace, Name: "sharing_mechanism_available",
-			Help: "Whether a sharing mechanism of vGPU shares and slots is available now: mechanism hami-core (memory limits) or mps (SM partitions; 0: shares and slots are published as time-sliced). 1 available, 0 not.",
-		}, []string{"mechanism"}),
+		reg:              prometheus.NewRegistry(),
+		prepareSeconds:   histogramVec("prepare_duration_seconds", "Time to prepare one ResourceClaim (NodePrepareResources), by device kind, failures included.", buckets, []string{"kind"}),
+		unprepareSeconds: histogramVec("unprepare_duration_seconds", "Time to unprepare one ResourceClaim (NodeUnprepareResources), by device kind, failures included.", buckets, []string{"kind"}),
+		prepareErrors:    counterVec("prepare_errors_total", "ResourceClaim prepares that failed, by device kind. The kubelet retries, so one claim may count many times.", []string{"kind"}),
+		unprepareErrors:  counterVec("unprepare_errors_total", "ResourceClaim unprepares that failed, by device kind.", []string{"kind"}),
+		slices:           gauge("resource_slices_published", "ResourceSlices this node's plugin publishes."),
+		devices:          gauge("devices_published", "Devices in this node's published ResourceSlices."),
+		feature:          gaugeVec("cluster_feature_enabled", "Whether the cluster enforces a DRA feature gate, as detected (or set by --feature-gates) at start: 1 on, 0 off.", []string{"feature"}),
+		mechanism:        gaugeVec("sharing_mechanism_available", "Whether a sharing mechanism of vGPU shares and slots is available now: mechanism hami-core (memory limits) or mps (SM partitions; 0: shares and slots are published as time-sliced). 1 available, 0 not.", []string{"mechanism"}),
 	}
 	m.reg.MustRegister(m.prepareSeconds, m.unprepareSeconds, m.prepareErrors, m.unprepareErrors,
 		m.slices, m.devices, m.feature, m.mechanism,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// The metrics' constructors, each named facet_<name>.
+
+func histogramVec(name, help string, buckets []float64, labels []string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help, Buckets: buckets}, labels)
+}
+
+func counterVec(name, help string, labels []string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, labels)
+}
+
+func gauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help})
+}
+
+func gaugeVec(name, help string, labels []string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, labels)
+}
+
+// gaugeBool is a yes or no as a gauge's 1 or 0.
+func gaugeBool(on bool) float64 {
+	if on {
+		return 1
+	}
+	return 0
 }
 
 // Registry is where the metrics are registered, for Collector and tests.
@@ -113,34 +113,29 @@ func (m *Metrics) SetMechanism(mechanism string, available bool) {
 	if m == nil {
 		return
 	}
-	v := 0.0
-	if available {
-		v = 1
-	}
-	m.mechanism.WithLabelValues(mechanism).Set(v)
+	m.mechanism.WithLabelValues(mechanism).Set(gaugeBool(available))
 }
 
 // ObservePrepare records one claim's prepare: how long it took, and an
 // error if err is not nil. kind is the claim's device kind (names.Kind*,
 // KindMixed or KindUnknown).
 func (m *Metrics) ObservePrepare(kind string, took time.Duration, err error) {
-	if m == nil {
-		return
-	}
-	m.prepareSeconds.WithLabelValues(kind).Observe(took.Seconds())
-	if err != nil {
-		m.prepareErrors.WithLabelValues(kind).Inc()
+	if m != nil {
+		observe(m.prepareSeconds, m.prepareErrors, kind, took, err)
 	}
 }
 
 // ObserveUnprepare is ObservePrepare for unprepare.
 func (m *Metrics) ObserveUnprepare(kind string, took time.Duration, err error) {
-	if m == nil {
-		return
+	if m != nil {
+		observe(m.unprepareSeconds, m.unprepareErrors, kind, took, err)
 	}
-	m.unprepareSeconds.WithLabelValues(kind).Observe(took.Seconds())
+}
+
+func observe(seconds *prometheus.HistogramVec, errors *prometheus.CounterVec, kind string, took time.Duration, err error) {
+	seconds.WithLabelValues(kind).Observe(took.Seconds())
 	if err != nil {
-		m.unprepareErrors.WithLabelValues(kind).Inc()
+		errors.WithLabelValues(kind).Inc()
 	}
 }
 
@@ -160,11 +155,7 @@ func (m *Metrics) SetFeatures(enabled map[string]bool) {
 		return
 	}
 	for name, on := range enabled {
-		v := 0.0
-		if on {
-			v = 1
-		}
-		m.feature.WithLabelValues(name).Set(v)
+		m.feature.WithLabelValues(name).Set(gaugeBool(on))
 	}
 }
 
@@ -334,6 +325,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector. A checkpoint that cannot be read
 // is reported as an invalid metric, which fails the scrape visibly.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
 	// usage is each GPU's NVML reading of this scrape, by UUID: read
 	// once per GPU, for its own series and its claims'.
 	usage := map[string]GPUUsage{}
@@ -344,18 +338,15 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, g := range c.GPUs.GPUState() {
 			l := []string{strconv.Itoa(g.Index), g.UUID, g.Product}
-			ch <- prometheus.MustNewConstMetric(descMode, prometheus.GaugeValue, 1, append(l, g.Mode)...)
-			ch <- prometheus.MustNewConstMetric(descMemory, prometheus.GaugeValue, float64(g.MemoryBytes), l...)
-			ch <- prometheus.MustNewConstMetric(descAllocMem, prometheus.GaugeValue, float64(g.AllocatedMemoryBytes), l...)
-			ch <- prometheus.MustNewConstMetric(descAllocComp, prometheus.GaugeValue, float64(g.AllocatedComputePercent), l...)
+			gauge(descMode, 1, append(l, g.Mode)...)
+			gauge(descMemory, float64(g.MemoryBytes), l...)
+			gauge(descAllocMem, float64(g.AllocatedMemoryBytes), l...)
+			gauge(descAllocComp, float64(g.AllocatedComputePercent), l...)
 			for profile, n := range g.MIGInUse {
-				ch <- prometheus.MustNewConstMetric(descMIG, prometheus.GaugeValue, float64(n), append(l, profile)...)
+				gauge(descMIG, float64(n), append(l, profile)...)
 			}
-			healthy := 1.0
-			if _, bad := unhealthy[g.UUID]; bad {
-				healthy = 0
-			}
-			ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, healthy, l...)
+			_, bad := unhealthy[g.UUID]
+			gauge(descHealthy, gaugeBool(!bad), l...)
 			if c.Usage == nil {
 				continue
 			}
@@ -367,16 +358,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 			usage[g.UUID] = u
 			if u.UtilizationPercent >= 0 {
-				ch <- prometheus.MustNewConstMetric(descUtil, prometheus.GaugeValue, float64(u.UtilizationPercent), l...)
+				gauge(descUtil, float64(u.UtilizationPercent), l...)
 			}
 			if u.MemoryUsedBytes >= 0 {
-				ch <- prometheus.MustNewConstMetric(descMemUsed, prometheus.GaugeValue, float64(u.MemoryUsedBytes), l...)
+				gauge(descMemUsed, float64(u.MemoryUsedBytes), l...)
 			}
 			for gi, used := range u.MIG {
-				ch <- prometheus.MustNewConstMetric(descMIGUsed, prometheus.GaugeValue, float64(used), append(l, strconv.Itoa(gi))...)
+				gauge(descMIGUsed, float64(used), append(l, strconv.Itoa(gi))...)
 			}
 		}
-		ch <- prometheus.MustNewConstMetric(descPrepared, prometheus.GaugeValue, float64(c.GPUs.PreparedClaims()))
+		gauge(descPrepared, float64(c.GPUs.PreparedClaims()))
 	}
 	if c.Claims != nil {
 		claims, regions := c.Claims.ClaimState()
@@ -391,18 +382,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				pods = []string{""}
 			}
 			for _, pod := range pods {
-				ch <- prometheus.MustNewConstMetric(descClaimInfo, prometheus.GaugeValue, 1,
+				gauge(descClaimInfo, 1,
 					append(l, pod, strconv.Itoa(cl.GPUIndex), cl.GPUUUID, gi, cl.Profile, cl.MIGUUID, cl.Shape, cl.Compute)...)
 			}
-			ch <- prometheus.MustNewConstMetric(descClaimMem, prometheus.GaugeValue, float64(cl.MemoryBytes), l...)
-			ch <- prometheus.MustNewConstMetric(descClaimComp, prometheus.GaugeValue, float64(cl.ComputePercent), l...)
+			gauge(descClaimMem, float64(cl.MemoryBytes), l...)
+			gauge(descClaimComp, float64(cl.ComputePercent), l...)
 		}
 		for _, u := range claimsUsed(claims, regions, usage) {
 			if u.memKnown {
-				ch <- prometheus.MustNewConstMetric(descClaimMemUsed, prometheus.GaugeValue, float64(u.mem), u.namespace, u.name)
+				gauge(descClaimMemUsed, float64(u.mem), u.namespace, u.name)
 			}
 			if u.compKnown {
-				ch <- prometheus.MustNewConstMetric(descClaimCompUsed, prometheus.GaugeValue, float64(u.comp), u.namespace, u.name)
+				gauge(descClaimCompUsed, float64(u.comp), u.namespace, u.name)
 			}
 		}
 	}
@@ -412,8 +403,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.NewInvalidMetric(descCkptBytes, err)
 			return
 		}
-		ch <- prometheus.MustNewConstMetric(descCkptBytes, prometheus.GaugeValue, float64(bytes))
-		ch <- prometheus.MustNewConstMetric(descCkptRecs, prometheus.GaugeValue, float64(records))
+		gauge(descCkptBytes, float64(bytes))
+		gauge(descCkptRecs, float64(records))
 	}
 }
 

@@ -869,39 +869,25 @@ func (c *Controller) forgetGone() {
 			c.endAttempt(uid)
 		}
 	}
-	for uid := range c.backoffs {
-		if !live[uid] {
-			delete(c.backoffs, uid)
-		}
+	dropGone(c.backoffs, live)
+	dropGone(c.told, live)
+	dropGone(c.toldUnfit, live)
+	if dropGone(c.unfit, live) {
+		c.countUnfit()
 	}
-	for uid := range c.told {
-		if !live[uid] {
-			delete(c.told, uid)
-		}
-	}
-	for uid := range c.toldUnfit {
-		if !live[uid] {
-			delete(c.toldUnfit, uid)
-		}
-	}
+	dropGone(c.nominated, live)
+	dropGone(c.observed, live)
+}
+
+// dropGone deletes the entries of pods not live from one of the
+// controller's per-pod maps, and says whether there were any.
+func dropGone[V any](m map[types.UID]V, live map[types.UID]bool) bool {
 	gone := false
-	for uid := range c.unfit {
+	for uid := range m {
 		if !live[uid] {
-			delete(c.unfit, uid)
+			delete(m, uid)
 			gone = true
 		}
 	}
-	if gone {
-		c.countUnfit()
-	}
-	for uid := range c.nominated {
-		if !live[uid] {
-			delete(c.nominated, uid)
-		}
-	}
-	for uid := range c.observed {
-		if !live[uid] {
-			delete(c.observed, uid)
-		}
-	}
+	return gone
 }

@@ -65,49 +65,22 @@ func (u *unallocatable) Collect(ch chan<- prometheus.Metric) {
 // NewMetrics registers the metrics, the Go runtime's and the process's.
 func NewMetrics() *Metrics {
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
-		preemptions: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "facet", Subsystem: "preemptor", Name: "preemptions_total",
-			Help: "Preemptions carried out: a pending pod's victims evicted so that its ResourceClaims fit.",
-		}),
-		victims: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "facet", Subsystem: "preemptor", Name: "victims_total",
-			Help: "Pods evicted by preemptions.",
-		}),
-		refusals: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "facet", Subsystem: "preemptor", Name: "evictions_refused_total",
-			Help: "Evictions a PodDisruptionBudget refused (dry run), after which other victims were sought.",
-		}),
-		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "facet", Subsystem: "preemptor", Name: "outcomes_total",
-			Help: "How preemptions ended: scheduled (the preemptor was bound), lost (the freed devices went to another pod first), timed_out, blocked (evictions refused, no other victims).",
-		}, []string{"outcome"}),
-		wouldPreempt: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "facet", Subsystem: "preemptor", Name: "observed_preemptions_total",
-			Help: "Preemptions decided in observe-only mode (--observe-only) and not carried out; each decision once.",
-		}),
-		wouldEvict: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "facet", Subsystem: "preemptor", Name: "observed_victims_total",
-			Help: "Pods that observed preemptions would have evicted.",
-		}),
-		observeOnly: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "facet", Subsystem: "preemptor", Name: "observe_only",
-			Help: "1 where --observe-only is set: decisions and Events, no evictions.",
-		}),
-		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "facet", Subsystem: "preemptor", Name: "waits_total",
-			Help: "Times a decided preemption was held back, by why: eviction_budget (--max-evictions-per-minute spent), node_busy (another preemption in flight on its node).",
-		}, []string{"reason"}),
+		reg:          prometheus.NewRegistry(),
+		preemptions:  counter("preemptions_total", "Preemptions carried out: a pending pod's victims evicted so that its ResourceClaims fit."),
+		victims:      counter("victims_total", "Pods evicted by preemptions."),
+		refusals:     counter("evictions_refused_total", "Evictions a PodDisruptionBudget refused (dry run), after which other victims were sought."),
+		outcomes:     counterVec("outcomes_total", "How preemptions ended: scheduled (the preemptor was bound), lost (the freed devices went to another pod first), timed_out, blocked (evictions refused, no other victims).", []string{"outcome"}),
+		wouldPreempt: counter("observed_preemptions_total", "Preemptions decided in observe-only mode (--observe-only) and not carried out; each decision once."),
+		wouldEvict:   counter("observed_victims_total", "Pods that observed preemptions would have evicted."),
+		observeOnly:  gauge("observe_only", "1 where --observe-only is set: decisions and Events, no evictions."),
+		waits:        counterVec("waits_total", "Times a decided preemption was held back, by why: eviction_budget (--max-evictions-per-minute spent), node_busy (another preemption in flight on its node).", []string{"reason"}),
 		unallocatable: &unallocatable{desc: prometheus.NewDesc("facet_preemptor_unallocatable_requests",
 			"Requests (a count, not pods or devices) of pending pods' ResourceClaims that fit on no node now: the pods with a standing FacetUnallocatable Event. "+
 				"By the DeviceClass a request names and the MIG profile every device it can match is of (\"\" where not one profile); "+
 				"a firstAvailable request counts once per subrequest. Only the leading replica counts. "+
 				"A label pair whose count drops to 0 has no series: at most one per DeviceClass and MIG profile.",
 			[]string{"device_class", "mig_profile"}, nil)},
-		active: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "facet", Subsystem: "preemptor", Name: "active",
-			Help: "1 while this replica leads and preempts; 0 while it waits for the lease or stays idle because the kube-scheduler preempts for DRA claims itself.",
-		}),
+		active: gauge("active", "1 while this replica leads and preempts; 0 while it waits for the lease or stays idle because the kube-scheduler preempts for DRA claims itself."),
 	}
 	for _, o := range []string{OutcomeScheduled, OutcomeLost, OutcomeTimedOut, OutcomeBlocked} {
 		m.outcomes.WithLabelValues(o)
@@ -120,6 +93,32 @@ func NewMetrics() *Metrics {
 	return m
 }
 
+// opts names a metric facet_preemptor_<name>.
+func opts(name, help string) prometheus.Opts {
+	return prometheus.Opts{Namespace: "facet", Subsystem: "preemptor", Name: name, Help: help}
+}
+
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts(opts(name, help)))
+}
+
+func counterVec(name, help string, labels []string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts(opts(name, help)), labels)
+}
+
+func gauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts(opts(name, help)))
+}
+
+// setBool sets a yes-or-no gauge: 1 or 0.
+func setBool(g prometheus.Gauge, on bool) {
+	v := 0.0
+	if on {
+		v = 1
+	}
+	g.Set(v)
+}
+
 // Handler serves the metrics.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
@@ -127,14 +126,9 @@ func (m *Metrics) Handler() http.Handler {
 
 // SetActive sets facet_preemptor_active.
 func (m *Metrics) SetActive(on bool) {
-	if m == nil {
-		return
+	if m != nil {
+		setBool(m.active, on)
 	}
-	v := 0.0
-	if on {
-		v = 1
-	}
-	m.active.Set(v)
 }
 
 func (m *Metrics) preemption() {
@@ -169,14 +163,9 @@ func (m *Metrics) wait(why string) {
 
 // SetObserveOnly sets facet_preemptor_observe_only.
 func (m *Metrics) SetObserveOnly(on bool) {
-	if m == nil {
-		return
+	if m != nil {
+		setBool(m.observeOnly, on)
 	}
-	v := 0.0
-	if on {
-		v = 1
-	}
-	m.observeOnly.Set(v)
 }
 
 func (m *Metrics) observed(victims int) {

@@ -16,11 +16,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
@@ -28,13 +25,15 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/cluster/fit"
 	"github.com/facet-gpu/facet/pkg/cluster/preempt"
+	"github.com/facet-gpu/facet/pkg/daemon"
 	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
 // Config is facet-preemptor's command line.
 type Config struct {
-	// Kubeconfig; empty: the in-cluster service account.
-	Kubeconfig string
+	// Kube reaches the API server: --kubeconfig, or the in-cluster
+	// service account.
+	Kube daemon.Kube
 	// FeatureGates override the DRA gates read from the API server, for a
 	// kube-scheduler that runs others (features.ParseOverrides syntax).
 	FeatureGates string
@@ -69,7 +68,7 @@ type Config struct {
 
 // AddFlags defines facet-preemptor's flags on fs; Complete checks them.
 func (c *Config) AddFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig; default: the in-cluster service account")
+	c.Kube.AddFlags(fs)
 	fs.StringVar(&c.FeatureGates, "feature-gates", "", "the kube-scheduler's DRA gates where they differ from the API server's (DRAPartitionableDevices=true,...); applied over what its /metrics says")
 	fs.StringVar(&c.mode, "scheduler-preempts-claims", string(SchedulerAuto), "auto (read the API server's feature gates), true (the kube-scheduler preempts for DRA claims: stay idle) or false (it does not: preempt)")
 	fs.StringVar(&c.gates, "scheduler-preemption-gates", strings.Join(SchedulerPreemptionGates, ","), "feature gates that give the kube-scheduler DRA preemption, for auto")
@@ -136,18 +135,9 @@ func envOr(name, def string) string {
 // Main runs facet-preemptor until ctx ends.
 func Main(ctx context.Context, cfg Config) error {
 	logger := klog.FromContext(ctx)
-	var rc *rest.Config
-	var err error
-	if cfg.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return fmt.Errorf("API client: %w", err)
-	}
-	rc.UserAgent = "facet-preemptor"
-	client, err := kubernetes.NewForConfig(rc)
+	kube := cfg.Kube
+	kube.UserAgent = "facet-preemptor"
+	client, err := kube.Client()
 	if err != nil {
 		return err
 	}
