@@ -20,11 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/facet-gpu/facet/pkg/daemon"
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/miglayout"
@@ -236,7 +235,7 @@ func (p *process) openNVML() error {
 // a spec whose containers would all fail.
 func (p *process) connect(ctx context.Context) error {
 	var err error
-	if p.client, err = kubeClient(p.f.Kubeconfig, p.f.KubeAPIQPS, p.f.KubeAPIBurst); err != nil {
+	if p.client, err = (daemon.Kube{Kubeconfig: p.f.Kubeconfig, QPS: p.f.KubeAPIQPS, Burst: p.f.KubeAPIBurst}).Client(); err != nil {
 		return err
 	}
 	if err := checkCDIHook(ctx, p.client, p.f); err != nil {
@@ -523,21 +522,6 @@ func reportPublished(ctx context.Context, client kubernetes.Interface, node stri
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func kubeClient(kubeconfig string, qps float64, burst int) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("kube client configuration: %w", err)
-	}
-	cfg.QPS, cfg.Burst = float32(qps), burst
-	return kubernetes.NewForConfig(cfg)
 }
 
 // nvmlUsage reads a GPU's usage for the plugin's /metrics (nvml.Usage):
