@@ -101,7 +101,9 @@ promtool-tool: $(PROMTOOL)
 
 $(PROMTOOL):
 	mkdir -p $(FACET_CACHE)/bin
-	cd test/promrules && $(GO) build -o $@.tmp github.com/prometheus/prometheus/cmd/promtool && mv $@.tmp $@
+	# A temporary name of its own: two builds at once (make tools beside
+	# make unit) never write one file.
+	tmp=$$(mktemp $@.XXXXXX) && cd test/promrules && $(GO) build -o $$tmp github.com/prometheus/prometheus/cmd/promtool && mv $$tmp $@
 
 ## lint-tool: build golangci-lint (once per machine, cached)
 lint-tool: $(GOLANGCI_LINT)
