@@ -41,9 +41,27 @@ func pluginFlags(t testing.TB) map[string]pluginFlag {
 		t.Fatal(err)
 	}
 	out := map[string]pluginFlag{}
+	// The flags pkg/daemon's Kube registers for every daemon
+	// (kube.AddFlags(fs), kube.AddRateFlags(fs, qps, burst)).
+	daemonFlags := map[string][]pluginFlag{
+		"AddFlags":     {{name: "kubeconfig", kind: "StringVar"}},
+		"AddRateFlags": {{name: "kube-api-qps", kind: "Float64Var"}, {name: "kube-api-burst", kind: "IntVar"}},
+	}
 	ast.Inspect(f, func(n ast.Node) bool {
 		call, ok := n.(*ast.CallExpr)
-		if !ok || len(call.Args) < 3 {
+		if !ok {
+			return true
+		}
+		if sel, ok := call.Fun.(*ast.SelectorExpr); ok && len(call.Args) >= 1 {
+			if x, ok := sel.X.(*ast.Ident); ok && x.Name == "kube" {
+				if arg, ok := call.Args[0].(*ast.Ident); ok && arg.Name == "fs" {
+					for _, pf := range daemonFlags[sel.Sel.Name] {
+						out[pf.name] = pf
+					}
+				}
+			}
+		}
+		if len(call.Args) < 3 {
 			return true
 		}
 		sel, ok := call.Fun.(*ast.SelectorExpr)

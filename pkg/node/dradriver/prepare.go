@@ -383,7 +383,7 @@ func (d *Driver) buildSpec(ctx context.Context, claim *resourceapi.ResourceClaim
 				shares[i].Cores = 0
 			}
 		}
-		edits, err := d.spec.hamiEdits(rec.UID, shares, vgpu, keepRegion)
+		edits, err := d.spec.hamiEdits(ctx, rec.UID, shares, vgpu, keepRegion)
 		if err != nil {
 			return err
 		}

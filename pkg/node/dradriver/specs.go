@@ -1,6 +1,7 @@
 package dradriver
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -125,8 +126,8 @@ func (s *specs) claimCommon(rec *checkpoint.Claim, devs claimDevices) cdispec.Co
 // hamiEdits are HAMi-core's edits for a claim's shares (memory in bytes,
 // cores in percent, 0: no throttle). keepRegion rebuilds a prepared
 // claim's edits without resetting the region its containers use.
-func (s *specs) hamiEdits(uid types.UID, shares []hami.Share, vgpu *configapi.VgpuConfig, keepRegion bool) (*cdispec.ContainerEdits, error) {
-	h, why := s.sharing.HAMi()
+func (s *specs) hamiEdits(ctx context.Context, uid types.UID, shares []hami.Share, vgpu *configapi.VgpuConfig, keepRegion bool) (*cdispec.ContainerEdits, error) {
+	h, why := s.sharing.OpenHAMi(ctx)
 	if h == nil {
 		if why != nil {
 			return nil, fmt.Errorf("vGPU shares need HAMi-core, which is unavailable on this node: %w", why)

@@ -150,6 +150,9 @@ type Set struct {
 	// known: each mechanism's state has been decided once (by Refresh or
 	// Fixed), so the first Refresh reports every mechanism.
 	known bool
+	// pending are changes made outside Refresh (OpenHAMi), which the next
+	// Refresh reports.
+	pending []Change
 }
 
 // New returns the mechanisms Options describe, none open yet: call Refresh.
@@ -185,6 +188,33 @@ func (s *Set) HAMi() (ShareEditor, error) {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	return s.hami, s.hamiErr
+}
+
+// OpenHAMi is HAMi at once for a claim that needs it: where HAMi-core is
+// configured but was missing at the last look, it looks again now, so a
+// share prepared right after the hami-core DaemonSet installed the library
+// does not wait for the next Refresh (and the kubelet's back-off after a
+// failed prepare). The next Refresh reports the arrival.
+func (s *Set) OpenHAMi(ctx context.Context) (ShareEditor, error) {
+	if h, why := s.HAMi(); h != nil || s == nil || s.o.OpenHAMi == nil {
+		return h, why
+	}
+	h, err := s.o.OpenHAMi(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.hami != nil:
+		// Refresh adopted it meanwhile.
+	case err != nil || h == nil:
+		if err == nil {
+			err = errors.New("opener returned nothing")
+		}
+		s.hamiErr = err
+	default:
+		s.hami, s.hamiErr = h, nil
+		s.pending = append(s.pending, Change{Mechanism: HAMiCore, Available: true})
+	}
 	return s.hami, s.hamiErr
 }
 
@@ -225,10 +255,14 @@ func (s *Set) Refresh(ctx context.Context) []Change {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []Change
-	if s.o.OpenHAMi != nil {
+	out := s.pending
+	s.pending = nil
+	// OpenHAMi adopted HAMi-core meanwhile: reported above, kept.
+	raced := s.hami != h
+	if s.o.OpenHAMi != nil && !raced {
 		s.hami, s.hamiErr = newH, hErr
 	}
+	hChanged = hChanged && !raced
 	if s.o.OpenMPS != nil {
 		s.mps, s.mpsErr = newP, pErr
 	}

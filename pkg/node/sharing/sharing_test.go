@@ -84,3 +84,36 @@ func TestFixed(t *testing.T) {
 		t.Fatal("a fixed partitioner is not offered")
 	}
 }
+
+// TestOpenHAMi: a claim that needs HAMi-core looks for it at once, between
+// two refreshes, and the next refresh reports the arrival once.
+func TestOpenHAMi(t *testing.T) {
+	ctx := context.Background()
+	there := false
+	s := New(Options{
+		OpenHAMi: func(context.Context) (ShareEditor, error) {
+			if !there {
+				return nil, errors.New("libvgpu.so: no such file")
+			}
+			return fakeHAMi{}, nil
+		},
+		MPSOff: fmt.Errorf("--mps=off: %w", ErrOff),
+	})
+	s.Refresh(ctx)
+	if h, why := s.OpenHAMi(ctx); h != nil || why == nil {
+		t.Fatalf("without the library: %v, %v", h, why)
+	}
+	there = true
+	if h, why := s.OpenHAMi(ctx); h == nil || why != nil {
+		t.Fatalf("library installed: %v, %v", h, why)
+	}
+	if c := s.Refresh(ctx); len(c) != 1 || c[0] != (Change{Mechanism: HAMiCore, Available: true}) {
+		t.Fatalf("the refresh after: %+v, want HAMi-core available, once", c)
+	}
+	if c := s.Refresh(ctx); len(c) != 0 {
+		t.Fatalf("reported again: %+v", c)
+	}
+}
+
+// fakeHAMi is a ShareEditor whose methods no test here calls.
+type fakeHAMi struct{ ShareEditor }
