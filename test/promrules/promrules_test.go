@@ -73,6 +73,87 @@ func exported(t *testing.T) map[string]bool {
 			}
 			return ""
 		}
+		// Constructors that take a metric's name (histogramVec(name, ...),
+		// or counter(name, ...) through opts(name, ...)): the name's prefix
+		// from their Opts literal, and whether it is a histogram.
+		type ctor struct {
+			prefix string
+			hist   bool
+		}
+		ctors := map[string]ctor{}
+		optsPrefix := func(x *ast.CompositeLit) (string, bool) {
+			var parts []string
+			byName := false
+			for _, el := range x.Elts {
+				kv, ok := el.(*ast.KeyValueExpr)
+				if !ok {
+					continue
+				}
+				k, ok := kv.Key.(*ast.Ident)
+				if !ok {
+					continue
+				}
+				switch k.Name {
+				case "Namespace", "Subsystem":
+					if v := str(kv.Value); v != "" {
+						parts = append(parts, v)
+					}
+				case "Name":
+					if id, ok := kv.Value.(*ast.Ident); ok && id.Name == "name" {
+						byName = true
+					}
+				}
+			}
+			return strings.Join(parts, "_"), byName
+		}
+		for range 2 { // constructors that call constructors
+			for _, d := range file.Decls {
+				fd, ok := d.(*ast.FuncDecl)
+				if !ok || fd.Body == nil || fd.Recv != nil {
+					continue
+				}
+				ast.Inspect(fd.Body, func(n ast.Node) bool {
+					switch x := n.(type) {
+					case *ast.CompositeLit:
+						if sel, ok := x.Type.(*ast.SelectorExpr); ok && strings.HasSuffix(sel.Sel.Name, "Opts") {
+							if prefix, byName := optsPrefix(x); byName {
+								ctors[fd.Name.Name] = ctor{prefix: prefix, hist: sel.Sel.Name == "HistogramOpts"}
+							}
+						}
+					case *ast.CallExpr:
+						if id, ok := x.Fun.(*ast.Ident); ok && len(x.Args) > 0 {
+							if arg, ok := x.Args[0].(*ast.Ident); ok && arg.Name == "name" {
+								if c, ok := ctors[id.Name]; ok {
+									if _, seen := ctors[fd.Name.Name]; !seen {
+										ctors[fd.Name.Name] = c
+									}
+								}
+							}
+						}
+					}
+					return true
+				})
+			}
+		}
+		ast.Inspect(file, func(n ast.Node) bool {
+			if call, ok := n.(*ast.CallExpr); ok {
+				if id, ok := call.Fun.(*ast.Ident); ok && len(call.Args) > 0 {
+					if c, ok := ctors[id.Name]; ok {
+						if lit, ok := call.Args[0].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+							name, _ := strconv.Unquote(lit.Value)
+							full := c.prefix + "_" + name
+							out[full] = true
+							if c.hist {
+								for _, s := range []string{"_bucket", "_sum", "_count"} {
+									out[full+s] = true
+								}
+							}
+						}
+					}
+				}
+			}
+			return true
+		})
 		ast.Inspect(file, func(n ast.Node) bool {
 			switch x := n.(type) {
 			case *ast.CompositeLit:
