@@ -4,7 +4,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/claimcdi"
 )
@@ -30,11 +30,11 @@ type EditSource interface {
 type MIGManager interface {
 	EnableMIG(parentUUID string) (bool, error)
 	DisableMIG(parentUUID string) (bool, error)
-	CreateMIG(parentUUID string, giProfileID, placementStart int) (nvml.MIGInstance, error)
+	CreateMIG(parentUUID string, giProfileID, placementStart int) (nvmlgpu.MIGInstance, error)
 	DestroyMIG(parentUUID string, giID, ciID int) error
 	// ListMIGOn lists one GPU's instances, so an NVML error on one GPU
 	// fails that GPU alone.
-	ListMIGOn(parentUUID string) ([]nvml.MIGInstance, error)
+	ListMIGOn(parentUUID string) ([]nvmlgpu.MIGInstance, error)
 }
 
 // SpecWriter writes and removes the claims' CDI specs (package claimcdi).
@@ -68,8 +68,8 @@ type Store interface {
 }
 
 var (
-	_ EditSource = (*nvml.DriverEditor)(nil)
-	_ MIGManager = (*nvml.Library)(nil)
+	_ EditSource = (*nvmlgpu.DriverEditor)(nil)
+	_ MIGManager = (*nvmlgpu.Library)(nil)
 	_ SpecWriter = (*claimcdi.Writer)(nil)
 	_ Store      = (*checkpoint.Store)(nil)
 )
