@@ -12,7 +12,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/atomicfile"
 )
 
-// MIG is what applying a layout needs of NVML (package nvml's Library).
+// MIG is what applying a layout needs of NVML (package nvmlgpu's Library).
 type MIG interface {
 	EnableMIG(parentUUID string) (bool, error)
 	CreateMIG(parentUUID string, giProfileID, placementStart int) (nvmlgpu.MIGInstance, error)

@@ -15,7 +15,7 @@ import (
 // calls. The production types satisfy them (checked below); tests may
 // substitute in-memory fakes.
 
-// EditSource yields the NVIDIA driver's CDI edits (package nvml, via nvcdi).
+// EditSource yields the NVIDIA driver's CDI edits (package nvmlgpu, via nvcdi).
 type EditSource interface {
 	// CommonEdits are what every GPU container needs: control device
 	// nodes, driver libraries and binaries, hooks.
@@ -26,7 +26,7 @@ type EditSource interface {
 	MIGEdits(parentUUID string, giID, ciID int) (*cdispec.ContainerEdits, error)
 }
 
-// MIGManager creates and destroys MIG instances (package nvml).
+// MIGManager creates and destroys MIG instances (package nvmlgpu).
 type MIGManager interface {
 	EnableMIG(parentUUID string) (bool, error)
 	DisableMIG(parentUUID string) (bool, error)
