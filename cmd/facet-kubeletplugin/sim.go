@@ -6,14 +6,14 @@ import (
 	"path/filepath"
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // openMachine simulates the node of a machine file; its MIG state lives in
 // stateFile, so that plugin restarts see the instances, as on a real GPU.
 // Faults injected with `facetctl fault` reach it through the state
 // directory's sim.FaultFileName.
-func openMachine(path, stateFile string) (*nvml.Library, error) {
+func openMachine(path, stateFile string) (*nvmlgpu.Library, error) {
 	return sim.OpenMachine(path, sim.WithStateFile(stateFile), sim.WithFaultFile(filepath.Join(filepath.Dir(stateFile), sim.FaultFileName)))
 }
 

@@ -19,7 +19,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/nodemodel"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 	"github.com/facet-gpu/facet/pkg/model/sharemem"
 )
@@ -229,11 +229,11 @@ func runFeatures(args []string) error {
 	return nil
 }
 
-func openLibrary(machine string) (*nvml.Library, error) {
+func openLibrary(machine string) (*nvmlgpu.Library, error) {
 	if machine != "" {
 		return sim.OpenMachine(machine)
 	}
-	return nvml.OpenReal("")
+	return nvmlgpu.OpenReal("")
 }
 
 func runSimDriverRoot(args []string) error {
@@ -283,10 +283,10 @@ func layoutSimulatedRoot(machine, root string) (string, int, error) {
 func runMIGInstances(args []string) error {
 	fs := flag.NewFlagSet("mig-instances", flag.ExitOnError)
 	machine := fs.String("machine", "", "machine file of a simulated node (default: the demo node's in --run-dir, else the real NVML of this host)")
-	state := fs.String("nvml-state", "", "with --machine: the plugin's simulated NVML state file (<state-dir>/simulated-nvml.json)")
+	state := fs.String("nvml-state", "", "with --machine: the plugin's simulated NVML state file (<state-dir>/simulated-nvmlgpu.json)")
 	runDir := fs.String("run-dir", defaultRunDir(), "without --machine: the demo node's run directory (make demo's RUN_DIR), searched for its machine file and NVML state")
 	fs.Parse(args)
-	var lib *nvml.Library
+	var lib *nvmlgpu.Library
 	var err error
 	switch {
 	case *machine != "" && *state != "":
@@ -304,7 +304,7 @@ func runMIGInstances(args []string) error {
 			lib, err = sim.OpenMachine(demo.machine, sim.WithStateFile(demo.state))
 		case errors.Is(err, errNoDemoNode):
 			var realErr error
-			if lib, realErr = nvml.OpenReal(""); realErr != nil {
+			if lib, realErr = nvmlgpu.OpenReal(""); realErr != nil {
 				return fmt.Errorf("no NVML on this host (%v), and %w; pass --machine FILE --nvml-state FILE, or --run-dir DIR", realErr, err)
 			}
 			err = nil

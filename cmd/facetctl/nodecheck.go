@@ -17,7 +17,7 @@ import (
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/nodecheck"
 	"github.com/facet-gpu/facet/pkg/node/nodecheck/probe"
 )
@@ -136,7 +136,7 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("find facetctl's own path for the probe process: %w", exeErr)
 		}
 		opts.Prober = nodecheck.ExecProber{Path: self, Args: []string{"node-check", "probe"}}
-		opts.Library, err = nvml.OpenDriver(*a.driverRoot, *a.nvmlLib)
+		opts.Library, err = nvmlgpu.OpenDriver(*a.driverRoot, *a.nvmlLib)
 	}
 	if err != nil {
 		return err

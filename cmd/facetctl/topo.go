@@ -9,7 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
@@ -32,7 +32,7 @@ func runTopo(args []string) error {
 // printTopo prints the node's GPU matrix as `nvidia-smi topo -m` does (NV#
 // where NVLink joins two GPUs, else their closest common PCIe ancestor),
 // its legend, and each GPU's published topology attributes.
-func printTopo(out io.Writer, node *nvml.Node) error {
+func printTopo(out io.Writer, node *nvmlgpu.Node) error {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	header := []string{""}
 	for _, g := range node.GPUs {
@@ -95,7 +95,7 @@ Legend:
 	return nil
 }
 
-func topoCell(node *nvml.Node, i, j int) string {
+func topoCell(node *nvmlgpu.Node, i, j int) string {
 	if i == j {
 		return "X"
 	}
@@ -106,7 +106,7 @@ func topoCell(node *nvml.Node, i, j int) string {
 	switch {
 	case p.NVLinks > 0:
 		return fmt.Sprintf("NV%d", p.NVLinks)
-	case p.Ancestor != nvml.TopologyUnknown:
+	case p.Ancestor != nvmlgpu.TopologyUnknown:
 		return string(p.Ancestor)
 	}
 	return "?"

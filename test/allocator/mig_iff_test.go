@@ -11,14 +11,14 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // The "iff" property: for every MIG-capable model, a set of MIG placements
 // on one GPU is allocated by the upstream allocator, fed Facet's slices, if
 // and only if the hardware can create those GPU instances together.
 //
-// "The hardware" is pkg/model/nvml's simulated NVML ((*nvml.Library)
+// "The hardware" is pkg/model/nvmlgpu's simulated NVML ((*nvmlgpu.Library)
 // CanCreateTogether), which refuses what NVML refuses: overlapping memory
 // slices, a profile's InstanceCount exceeded, more compute slices or engines
 // than the GPU has (which makes "+me" unique). refAllows below is an
@@ -50,8 +50,8 @@ import (
 
 // placement is one MIG profile at one placement, as discovery reports it.
 type placement struct {
-	profile nvml.MIGProfile
-	pl      nvml.Placement
+	profile nvmlgpu.MIGProfile
+	pl      nvmlgpu.Placement
 }
 
 func (p placement) String() string { return fmt.Sprintf("%s@%d", p.profile.Name, p.pl.Start) }
@@ -78,7 +78,7 @@ func refAllows(full int, set []placement) bool {
 // iffRig holds one model's GPU, its hardware simulation and its slices.
 type iffRig struct {
 	model      string
-	lib        *nvml.Library
+	lib        *nvmlgpu.Library
 	uuid       string
 	full       int
 	placements []placement
@@ -122,10 +122,10 @@ func (r *iffRig) reset() { r.cluster = NewCluster(r.slices, r.classes) }
 
 // hardware asks the simulated NVML.
 func (r *iffRig) hardware(t *testing.T, set []int) bool {
-	var want []nvml.MIGPlacement
+	var want []nvmlgpu.MIGPlacement
 	for _, i := range set {
 		p := r.placements[i]
-		want = append(want, nvml.MIGPlacement{GIProfileID: p.profile.GIProfileID, Start: p.pl.Start})
+		want = append(want, nvmlgpu.MIGPlacement{GIProfileID: p.profile.GIProfileID, Start: p.pl.Start})
 	}
 	ok, err := r.lib.CanCreateTogether(r.uuid, want)
 	if err != nil {

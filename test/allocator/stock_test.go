@@ -13,7 +13,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/miglayout"
 	"github.com/facet-gpu/facet/pkg/model/names"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
@@ -28,7 +28,7 @@ func stockNode(t testing.TB, name string) []*resourceapi.ResourceSlice {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var instances []nvml.MIGInstance
+	var instances []nvmlgpu.MIGInstance
 	for i, layout := range []string{"all-balanced", "all-balanced", "all-1g.10gb", "all-1g.10gb"} {
 		plan, err := miglayout.Plan(layout, node.GPUs[i].MIGProfiles)
 		if err != nil {

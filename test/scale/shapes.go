@@ -20,7 +20,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/nodemodel"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
@@ -175,7 +175,7 @@ func NVIDIAShape(inv *inventory.Inventory, node string) []*resourceapi.ResourceS
 	var sets []resourceapi.CounterSet
 	full := map[string]map[string]resourceapi.Counter{}
 	for _, g := range inv.GPUs {
-		var top nvml.MIGProfile
+		var top nvmlgpu.MIGProfile
 		for _, p := range g.MIGProfiles {
 			if p.SliceCount > top.SliceCount {
 				top = p

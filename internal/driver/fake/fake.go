@@ -17,7 +17,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/claimcdi"
 	"github.com/facet-gpu/facet/pkg/node/hami"
@@ -248,26 +248,26 @@ func (s *Store) Corrupt(uid types.UID, salvaged *checkpoint.Claim) {
 // MIG is an in-memory MIG manager for the GPUs it is given: it places
 // instances by their profiles' memory slices and refuses overlaps, and
 // (like NVML) refuses to turn MIG mode off while instances exist. Its
-// errors are plain ones: nvml.IsInUse and IsInsufficientResources do not
+// errors are plain ones: nvmlgpu.IsInUse and IsInsufficientResources do not
 // recognise them.
 type MIG struct {
 	mu        sync.Mutex
-	gpus      map[string]nvml.GPU
+	gpus      map[string]nvmlgpu.GPU
 	enabled   map[string]bool
-	instances map[string][]nvml.MIGInstance
+	instances map[string][]nvmlgpu.MIGInstance
 	nextID    int
 }
 
 // NewMIG manages MIG on gpus.
-func NewMIG(gpus []nvml.GPU) *MIG {
-	m := &MIG{gpus: map[string]nvml.GPU{}, enabled: map[string]bool{}, instances: map[string][]nvml.MIGInstance{}, nextID: 1}
+func NewMIG(gpus []nvmlgpu.GPU) *MIG {
+	m := &MIG{gpus: map[string]nvmlgpu.GPU{}, enabled: map[string]bool{}, instances: map[string][]nvmlgpu.MIGInstance{}, nextID: 1}
 	for _, g := range gpus {
 		m.gpus[g.UUID] = g
 	}
 	return m
 }
 
-func (m *MIG) gpu(uuid string) (nvml.GPU, error) {
+func (m *MIG) gpu(uuid string) (nvmlgpu.GPU, error) {
 	g, ok := m.gpus[uuid]
 	if !ok {
 		return g, fmt.Errorf("no GPU %s", uuid)
@@ -300,32 +300,32 @@ func (m *MIG) setMIG(parentUUID string, on bool) (bool, error) {
 }
 
 // CreateMIG creates an instance of a profile at a placement.
-func (m *MIG) CreateMIG(parentUUID string, giProfileID, placementStart int) (nvml.MIGInstance, error) {
+func (m *MIG) CreateMIG(parentUUID string, giProfileID, placementStart int) (nvmlgpu.MIGInstance, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	g, err := m.gpu(parentUUID)
 	if err != nil {
-		return nvml.MIGInstance{}, err
+		return nvmlgpu.MIGInstance{}, err
 	}
 	if !m.enabled[parentUUID] {
-		return nvml.MIGInstance{}, fmt.Errorf("GPU %s: %w", parentUUID, nvml.ErrMIGDisabled)
+		return nvmlgpu.MIGInstance{}, fmt.Errorf("GPU %s: %w", parentUUID, nvmlgpu.ErrMIGDisabled)
 	}
-	var prof *nvml.MIGProfile
+	var prof *nvmlgpu.MIGProfile
 	for i := range g.MIGProfiles {
 		if g.MIGProfiles[i].GIProfileID == giProfileID {
 			prof = &g.MIGProfiles[i]
 		}
 	}
 	if prof == nil {
-		return nvml.MIGInstance{}, fmt.Errorf("GPU %s: no GI profile with NVML index %d", parentUUID, giProfileID)
+		return nvmlgpu.MIGInstance{}, fmt.Errorf("GPU %s: no GI profile with NVML index %d", parentUUID, giProfileID)
 	}
-	p := nvml.Placement{Start: placementStart, Size: prof.MemorySlices}
+	p := nvmlgpu.Placement{Start: placementStart, Size: prof.MemorySlices}
 	for _, in := range m.instances[parentUUID] {
 		if p.Start < in.Placement.Start+in.Placement.Size && in.Placement.Start < p.Start+p.Size {
-			return nvml.MIGInstance{}, fmt.Errorf("GPU %s: placement %d overlaps GI %d (insufficient resources)", parentUUID, p.Start, in.GIID)
+			return nvmlgpu.MIGInstance{}, fmt.Errorf("GPU %s: placement %d overlaps GI %d (insufficient resources)", parentUUID, p.Start, in.GIID)
 		}
 	}
-	in := nvml.MIGInstance{ParentUUID: parentUUID, ParentIndex: g.Index, Profile: prof.Name, GIProfileID: giProfileID, GIProfileInfoID: prof.GIProfileInfoID, CIProfileID: prof.CIProfileID,
+	in := nvmlgpu.MIGInstance{ParentUUID: parentUUID, ParentIndex: g.Index, Profile: prof.Name, GIProfileID: giProfileID, GIProfileInfoID: prof.GIProfileInfoID, CIProfileID: prof.CIProfileID,
 		Placement: p, GIID: m.nextID, CIID: 0, UUID: fmt.Sprintf("MIG-fake-%s-%d", parentUUID, m.nextID)}
 	m.nextID++
 	m.instances[parentUUID] = append(m.instances[parentUUID], in)
@@ -347,13 +347,13 @@ func (m *MIG) DestroyMIG(parentUUID string, giID, ciID int) error {
 }
 
 // ListMIGOn lists a GPU's instances.
-func (m *MIG) ListMIGOn(parentUUID string) ([]nvml.MIGInstance, error) {
+func (m *MIG) ListMIGOn(parentUUID string) ([]nvmlgpu.MIGInstance, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, err := m.gpu(parentUUID); err != nil {
 		return nil, err
 	}
-	return append([]nvml.MIGInstance(nil), m.instances[parentUUID]...), nil
+	return append([]nvmlgpu.MIGInstance(nil), m.instances[parentUUID]...), nil
 }
 
 // Count is the number of instances on all GPUs.

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // measuredProfile is one row of a measured card's MIG table
@@ -20,13 +20,13 @@ type measuredProfile struct {
 	memMiB                  uint64
 	sms                     int
 	ce, dec, jpeg, enc, ofa int
-	placements              []nvml.Placement
+	placements              []nvmlgpu.Placement
 }
 
-func pls(size int, starts ...int) []nvml.Placement {
-	var out []nvml.Placement
+func pls(size int, starts ...int) []nvmlgpu.Placement {
+	var out []nvmlgpu.Placement
 	for _, s := range starts {
-		out = append(out, nvml.Placement{Start: s, Size: size})
+		out = append(out, nvmlgpu.Placement{Start: s, Size: size})
 	}
 	return out
 }
@@ -91,7 +91,7 @@ func TestSimulatedCardsMatchMeasured(t *testing.T) {
 				{"reserved MiB", g.ReservedMemoryBytes >> 20, card.reservedMiB},
 				{"usable MiB (published)", g.MemoryBytes >> 20, card.usableMiB},
 				{"usable is whole MiB", g.MemoryBytes % (1 << 20), uint64(0)},
-				{"memory source", g.MemorySource, nvml.MemorySourceV2},
+				{"memory source", g.MemorySource, nvmlgpu.MemorySourceV2},
 				{"profiles", len(g.MIGProfiles), len(card.profiles)},
 			} {
 				if f.got != f.want {
@@ -103,7 +103,7 @@ func TestSimulatedCardsMatchMeasured(t *testing.T) {
 			if v1.Free>>20 != card.usableMiB || v1.Total>>20 != card.totalMiB {
 				t.Errorf("memory info v1: total %d MiB free %d MiB, measured %d and %d", v1.Total>>20, v1.Free>>20, card.totalMiB, card.usableMiB)
 			}
-			byName := map[string]nvml.MIGProfile{}
+			byName := map[string]nvmlgpu.MIGProfile{}
 			for _, p := range g.MIGProfiles {
 				byName[p.Name] = p
 			}
@@ -141,7 +141,7 @@ func TestSimulatedCardsMatchMeasured(t *testing.T) {
 	}
 }
 
-func names(ps []nvml.MIGProfile) []string {
+func names(ps []nvmlgpu.MIGProfile) []string {
 	var out []string
 	for _, p := range ps {
 		out = append(out, p.Name)
@@ -155,13 +155,13 @@ func names(ps []nvml.MIGProfile) []string {
 func TestMemoryFallsBackToV1Total(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		ret     gonvml.Return
+		ret     nvml.Return
 		wantErr bool
 		driver  string
 	}{
-		{name: "not supported", ret: gonvml.ERROR_NOT_SUPPORTED},
-		{name: "function not found", ret: gonvml.ERROR_FUNCTION_NOT_FOUND},
-		{name: "unknown error", ret: gonvml.ERROR_UNKNOWN, wantErr: true},
+		{name: "not supported", ret: nvml.ERROR_NOT_SUPPORTED},
+		{name: "function not found", ret: nvml.ERROR_FUNCTION_NOT_FOUND},
+		{name: "unknown error", ret: nvml.ERROR_UNKNOWN, wantErr: true},
 		// A driver before R510 has no nvmlDeviceGetMemoryInfo_v2 at all:
 		// the simulated one panics if it is called, as the real loader
 		// ends the process.
@@ -179,8 +179,8 @@ func TestMemoryFallsBackToV1Total(t *testing.T) {
 			}
 			defer lib.Close()
 			if tc.driver == "" {
-				srv.Devices[0].(*server.Device).GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
-					return gonvml.Memory_v2{}, tc.ret
+				srv.Devices[0].(*server.Device).GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+					return nvml.Memory_v2{}, tc.ret
 				}
 			}
 			node, err := lib.Discover()
@@ -194,7 +194,7 @@ func TestMemoryFallsBackToV1Total(t *testing.T) {
 				t.Fatal(err)
 			}
 			g := node.GPUs[0]
-			if g.MemorySource != nvml.MemorySourceV1Total || g.MemoryBytes != 81559<<20 || g.ReservedMemoryBytes != 0 {
+			if g.MemorySource != nvmlgpu.MemorySourceV1Total || g.MemoryBytes != 81559<<20 || g.ReservedMemoryBytes != 0 {
 				t.Errorf("memory %d bytes, reserved %d, source %s; want v1's 81559 MiB", g.MemoryBytes, g.ReservedMemoryBytes, g.MemorySource)
 			}
 			// MIG profile names derive from the total either way.
@@ -209,7 +209,7 @@ func TestMemoryFallsBackToV1Total(t *testing.T) {
 // Facet needs; each NVML function newer than R470 is missing from a
 // simulated driver before its branch and present from it on.
 func TestDriverBranches(t *testing.T) {
-	open := func(t *testing.T, driver string) (*nvml.Library, *server.Server) {
+	open := func(t *testing.T, driver string) (*nvmlgpu.Library, *server.Server) {
 		m := &Machine{Name: "branch", DriverVersion: driver, CUDADriverVersion: "11.4", GPUs: []MachineGPU{{Model: "A100-SXM4-40GB"}}}
 		lib, srv, err := openSimulated(m)
 		if err != nil {
@@ -222,10 +222,10 @@ func TestDriverBranches(t *testing.T) {
 	if _, err := lib.Discover(); err == nil || !strings.Contains(err.Error(), "R470") {
 		t.Errorf("R460: error %v, want one naming R470", err)
 	}
-	for name, first := range nvml.NewerSymbols {
-		for _, branch := range []int{nvml.OldestSupportedDriver, first - 1, first} {
+	for name, first := range nvmlgpu.NewerSymbols {
+		for _, branch := range []int{nvmlgpu.OldestSupportedDriver, first - 1, first} {
 			_, srv := open(t, fmt.Sprintf("%d.10.01", branch))
-			if got, want := nvml.HasSymbol(srv, name), branch >= first; got != want {
+			if got, want := nvmlgpu.HasSymbol(srv, name), branch >= first; got != want {
 				t.Errorf("R%d: HasSymbol(%s) = %v, want %v", branch, name, got, want)
 			}
 		}
@@ -301,7 +301,7 @@ func TestMIGCapFilesMatchTheH200(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	gi, ci, err := nvml.ReadMIGCapDevices(root, 0, 1, 0)
+	gi, ci, err := nvmlgpu.ReadMIGCapDevices(root, 0, 1, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

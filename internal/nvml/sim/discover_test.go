@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 func machinePath(name string) string {
@@ -16,7 +16,7 @@ func machinePath(name string) string {
 
 // discoverMachine opens the demo machine file called name, as the plugin's
 // --machine does, and discovers its node; the library closes when t ends.
-func discoverMachine(t testing.TB, name string, opts ...Option) (*nvml.Library, *nvml.Node) {
+func discoverMachine(t testing.TB, name string, opts ...Option) (*nvmlgpu.Library, *nvmlgpu.Node) {
 	t.Helper()
 	lib, err := OpenMachine(machinePath(name), opts...)
 	return lib, discovered(t, lib, err)
@@ -24,7 +24,7 @@ func discoverMachine(t testing.TB, name string, opts ...Option) (*nvml.Library, 
 
 // discoverSimulated serves m on a simulated NVML and discovers its node;
 // the library closes when t ends.
-func discoverSimulated(t testing.TB, m *Machine) (*server.Server, *nvml.Node) {
+func discoverSimulated(t testing.TB, m *Machine) (*server.Server, *nvmlgpu.Node) {
 	t.Helper()
 	lib, srv, err := openSimulated(m)
 	return srv, discovered(t, lib, err)
@@ -32,7 +32,7 @@ func discoverSimulated(t testing.TB, m *Machine) (*server.Server, *nvml.Node) {
 
 // discovered fails t on the error of opening lib, else closes lib when t
 // ends and returns the node it discovers.
-func discovered(t testing.TB, lib *nvml.Library, openErr error) *nvml.Node {
+func discovered(t testing.TB, lib *nvmlgpu.Library, openErr error) *nvmlgpu.Node {
 	t.Helper()
 	if openErr != nil {
 		t.Fatal(openErr)
@@ -81,7 +81,7 @@ func TestDiscoverMachineFiles(t *testing.T) {
 				if g.ProductName != tc.product || g.Architecture != tc.arch || g.CUDAComputeCapability != tc.cc {
 					t.Errorf("GPU %d: %q %q %q", i, g.ProductName, g.Architecture, g.CUDAComputeCapability)
 				}
-				if g.MemoryBytes != tc.memoryMiB<<20 || g.TotalMemoryBytes != tc.totalMiB<<20 || g.MemorySource != nvml.MemorySourceV2 {
+				if g.MemoryBytes != tc.memoryMiB<<20 || g.TotalMemoryBytes != tc.totalMiB<<20 || g.MemorySource != nvmlgpu.MemorySourceV2 {
 					t.Errorf("GPU %d: memory %d bytes of %d (%s), want %d MiB of %d from memory info v2",
 						i, g.MemoryBytes, g.TotalMemoryBytes, g.MemorySource, tc.memoryMiB, tc.totalMiB)
 				}
@@ -191,7 +191,7 @@ func TestSimulatedNUMA(t *testing.T) {
 		if got := node.GPUs[i].NUMANode; got != want {
 			t.Errorf("GPU %d: NUMA node %d, want %d", i, got, want)
 		}
-		if _, ret := srv.Devices[i].GetNumaNodeId(); ret != gonvml.ERROR_NOT_SUPPORTED {
+		if _, ret := srv.Devices[i].GetNumaNodeId(); ret != nvml.ERROR_NOT_SUPPORTED {
 			t.Errorf("GPU %d: nvmlDeviceGetNumaNodeId returned %v, want Not Supported", i, ret)
 		}
 	}

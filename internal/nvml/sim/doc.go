@@ -16,7 +16,7 @@
 // processes (state.go). root.go lays out a simulated driver root (libraries,
 // binaries, device nodes) for the CDI specs.
 //
-// The tests here also cover package nvml's discovery, MIG and CDI code,
+// The tests here also cover package nvmlgpu's discovery, MIG and CDI code,
 // which needs a node to run on.
 //
 // The shipped facet-kubeletplugin does not link this package: only its

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
@@ -57,11 +57,11 @@ func (f Fault) active() bool { return f.Kind == FaultLost || f.Kind == FaultQuer
 func (f Fault) event() (eventType, data uint64, ok bool) {
 	switch f.Kind {
 	case FaultXID:
-		return gonvml.EventTypeXidCriticalError, f.XID, true
+		return nvml.EventTypeXidCriticalError, f.XID, true
 	case FaultLost:
-		return gonvml.EventTypeXidCriticalError, 79, true
+		return nvml.EventTypeXidCriticalError, 79, true
 	case FaultECC:
-		return gonvml.EventTypeDoubleBitEccError, 0, true
+		return nvml.EventTypeDoubleBitEccError, 0, true
 	}
 	return 0, 0, false
 }
@@ -214,18 +214,18 @@ func (s *faultSource) activeOn(index int) (Fault, bool) {
 // queryFails is what a query of GPU index returns while a lasting fault
 // is injected on it (SUCCESS when none is): a GPU off the bus is lost,
 // any other fault fails the query. A nil source has no faults.
-func (s *faultSource) queryFails(index int) gonvml.Return {
+func (s *faultSource) queryFails(index int) nvml.Return {
 	if s == nil {
-		return gonvml.SUCCESS
+		return nvml.SUCCESS
 	}
 	f, ok := s.activeOn(index)
 	switch {
 	case !ok:
-		return gonvml.SUCCESS
+		return nvml.SUCCESS
 	case f.Kind == FaultLost:
-		return gonvml.ERROR_GPU_IS_LOST
+		return nvml.ERROR_GPU_IS_LOST
 	}
-	return gonvml.ERROR_UNKNOWN
+	return nvml.ERROR_UNKNOWN
 }
 
 // next returns the first undelivered event of a GPU whose events are
@@ -253,50 +253,50 @@ func (n *simNode) installEvents(srv *server.Server, src *faultSource) {
 	var mu sync.Mutex
 	// masks[index] is what the GPU's events are registered for, per set.
 	masks := map[*mock.EventSet]map[int]uint64{}
-	const supported = gonvml.EventTypeXidCriticalError | gonvml.EventTypeDoubleBitEccError | gonvml.EventTypeSingleBitEccError
+	const supported = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError | nvml.EventTypeSingleBitEccError
 	for i, g := range n.gpus {
 		dev := g.dev
-		dev.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return supported, gonvml.SUCCESS }
-		dev.RegisterEventsFunc = func(mask uint64, set gonvml.EventSet) gonvml.Return {
+		dev.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return supported, nvml.SUCCESS }
+		dev.RegisterEventsFunc = func(mask uint64, set nvml.EventSet) nvml.Return {
 			s, ok := set.(*mock.EventSet)
 			if !ok || mask&^supported != 0 {
-				return gonvml.ERROR_INVALID_ARGUMENT
+				return nvml.ERROR_INVALID_ARGUMENT
 			}
 			mu.Lock()
 			defer mu.Unlock()
 			if masks[s] == nil {
-				return gonvml.ERROR_UNINITIALIZED
+				return nvml.ERROR_UNINITIALIZED
 			}
 			masks[s][i] |= mask
-			return gonvml.SUCCESS
+			return nvml.SUCCESS
 		}
 		memInfo := dev.GetMemoryInfoFunc
-		dev.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) {
-			if ret := src.queryFails(i); ret != gonvml.SUCCESS {
-				return gonvml.Memory{}, ret
+		dev.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
+			if ret := src.queryFails(i); ret != nvml.SUCCESS {
+				return nvml.Memory{}, ret
 			}
 			return memInfo()
 		}
 		memInfoV2 := dev.GetMemoryInfo_v2Func
-		dev.GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
-			if ret := src.queryFails(i); ret != gonvml.SUCCESS {
-				return gonvml.Memory_v2{}, ret
+		dev.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+			if ret := src.queryFails(i); ret != nvml.SUCCESS {
+				return nvml.Memory_v2{}, ret
 			}
 			return memInfoV2()
 		}
 	}
-	srv.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) {
+	srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
 		s := &mock.EventSet{}
 		mu.Lock()
 		masks[s] = map[int]uint64{}
 		mu.Unlock()
-		s.FreeFunc = func() gonvml.Return {
+		s.FreeFunc = func() nvml.Return {
 			mu.Lock()
 			defer mu.Unlock()
 			delete(masks, s)
-			return gonvml.SUCCESS
+			return nvml.SUCCESS
 		}
-		s.WaitFunc = func(timeoutMs uint32) (gonvml.EventData, gonvml.Return) {
+		s.WaitFunc = func(timeoutMs uint32) (nvml.EventData, nvml.Return) {
 			registered := func(index int, et uint64) bool {
 				mu.Lock()
 				defer mu.Unlock()
@@ -307,19 +307,19 @@ func (n *simNode) installEvents(srv *server.Server, src *faultSource) {
 				if src != nil {
 					if f, ok := src.next(registered); ok {
 						et, data, _ := f.event()
-						return gonvml.EventData{
+						return nvml.EventData{
 							Device: n.gpus[f.GPU].dev, EventType: et, EventData: data,
 							GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF,
-						}, gonvml.SUCCESS
+						}, nvml.SUCCESS
 					}
 				}
 				left := time.Until(deadline)
 				if left <= 0 {
-					return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
 				}
 				time.Sleep(min(left, 100*time.Millisecond))
 			}
 		}
-		return s, gonvml.SUCCESS
+		return s, nvml.SUCCESS
 	}
 }

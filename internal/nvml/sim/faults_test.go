@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // TestHealthFaults injects each kind of fault into a simulated DGX H100
-// and checks what nvml.Library.WatchHealth reports: the same code path a
+// and checks what nvmlgpu.Library.WatchHealth reports: the same code path a
 // real node's plugin runs.
 func TestHealthFaults(t *testing.T) {
 	faults := filepath.Join(t.TempDir(), FaultFileName)
@@ -27,11 +27,11 @@ func TestHealthFaults(t *testing.T) {
 	}
 
 	var mu sync.Mutex
-	var got []nvml.HealthEvent
+	var got []nvmlgpu.HealthEvent
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() {
-		done <- lib.WatchHealth(ctx, uuids, 50*time.Millisecond, func(ev nvml.HealthEvent) {
+		done <- lib.WatchHealth(ctx, uuids, 50*time.Millisecond, func(ev nvmlgpu.HealthEvent) {
 			mu.Lock()
 			got = append(got, ev)
 			mu.Unlock()
@@ -44,7 +44,7 @@ func TestHealthFaults(t *testing.T) {
 		}
 	}()
 	// wait returns the first fault (not Healthy) on gpu after mark.
-	wait := func(gpu string, mark int) (nvml.HealthEvent, int) {
+	wait := func(gpu string, mark int) (nvmlgpu.HealthEvent, int) {
 		t.Helper()
 		deadline := time.Now().Add(2 * time.Minute) // only turns a hang into a failure
 		for time.Now().Before(deadline) {
@@ -60,7 +60,7 @@ func TestHealthFaults(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		t.Fatalf("no fault reported on %s", gpu)
-		return nvml.HealthEvent{}, 0
+		return nvmlgpu.HealthEvent{}, 0
 	}
 	mark := func() int { mu.Lock(); defer mu.Unlock(); return len(got) }
 	healthyAfter := func(gpu string, m int) bool {

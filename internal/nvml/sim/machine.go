@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/google/uuid"
 	"sigs.k8s.io/yaml"
 )
@@ -217,9 +217,9 @@ func (m *Machine) Validate() error {
 }
 
 // nvlinkVersions maps a machine file's NVLink version to NVML's enum.
-var nvlinkVersions = map[string]gonvml.NvlinkVersion{
-	"2.0": gonvml.NVLINK_VERSION_2_0, "3.0": gonvml.NVLINK_VERSION_3_0,
-	"4.0": gonvml.NVLINK_VERSION_4_0, "5.0": gonvml.NVLINK_VERSION_5_0,
+var nvlinkVersions = map[string]nvml.NvlinkVersion{
+	"2.0": nvml.NVLINK_VERSION_2_0, "3.0": nvml.NVLINK_VERSION_3_0,
+	"4.0": nvml.NVLINK_VERSION_4_0, "5.0": nvml.NVLINK_VERSION_5_0,
 }
 
 func (m *Machine) validateNVLink(buses map[string]int) error {
@@ -230,8 +230,8 @@ func (m *Machine) validateNVLink(buses map[string]int) error {
 	if _, ok := nvlinkVersions[nl.Version]; !ok {
 		return fmt.Errorf("nvlink.version: %q is not one of 2.0, 3.0, 4.0, 5.0", nl.Version)
 	}
-	if nl.LinksPerGPU < 1 || nl.LinksPerGPU > gonvml.NVLINK_MAX_LINKS {
-		return fmt.Errorf("nvlink.linksPerGPU: %d is not 1-%d", nl.LinksPerGPU, gonvml.NVLINK_MAX_LINKS)
+	if nl.LinksPerGPU < 1 || nl.LinksPerGPU > nvml.NVLINK_MAX_LINKS {
+		return fmt.Errorf("nvlink.linksPerGPU: %d is not 1-%d", nl.LinksPerGPU, nvml.NVLINK_MAX_LINKS)
 	}
 	if (len(nl.NVSwitches) == 0) == (len(nl.Bridges) == 0) {
 		return fmt.Errorf("nvlink: give nvswitches or bridges, not both nor neither")

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"sync"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
@@ -78,7 +78,7 @@ type simGPU struct {
 	byID map[uint32]int
 	// full is the profile spanning the whole GPU (the 7g, or 4g on an
 	// A30): its slice and engine counts are the GPU's totals.
-	full gonvml.GpuInstanceProfileInfo
+	full nvml.GpuInstanceProfileInfo
 	// memSlices is the number of memory slices: the end of the full
 	// profile's placement.
 	memSlices int
@@ -97,8 +97,8 @@ type simGPU struct {
 type simGI struct {
 	gpu       *simGPU
 	id        int
-	profile   gonvml.GpuInstanceProfileInfo
-	placement gonvml.GpuInstancePlacement
+	profile   nvml.GpuInstanceProfileInfo
+	placement nvml.GpuInstancePlacement
 	handle    *mock.GpuInstance
 	cis       map[int]*simCI // by compute instance ID; guarded by gpu.mu
 	destroyed bool           // guarded by gpu.mu
@@ -108,8 +108,8 @@ type simGI struct {
 type simCI struct {
 	gi        *simGI
 	id        int
-	profile   gonvml.ComputeInstanceProfileInfo
-	placement gonvml.ComputeInstancePlacement
+	profile   nvml.ComputeInstanceProfileInfo
+	placement nvml.ComputeInstancePlacement
 	uuid      string
 	handle    *mock.ComputeInstance
 	mig       *mock.Device
@@ -131,15 +131,15 @@ func newSimNode(srv *server.Server, modelNames []string) *simNode {
 		}
 	}
 	byUUID := srv.DeviceGetHandleByUUIDFunc
-	srv.DeviceGetHandleByUUIDFunc = func(id string) (gonvml.Device, gonvml.Return) {
+	srv.DeviceGetHandleByUUIDFunc = func(id string) (nvml.Device, nvml.Return) {
 		if strings.HasPrefix(id, "MIG-GPU-") {
 			return n.migByIDs(strings.TrimPrefix(id, "MIG-"))
 		}
 		if strings.HasPrefix(id, "MIG-") {
 			if ci, ok := n.migs.Load(id); ok {
-				return ci.(*simCI).mig, gonvml.SUCCESS
+				return ci.(*simCI).mig, nvml.SUCCESS
 			}
-			return nil, gonvml.ERROR_NOT_FOUND
+			return nil, nvml.ERROR_NOT_FOUND
 		}
 		return byUUID(id)
 	}
@@ -150,15 +150,15 @@ func newSimNode(srv *server.Server, modelNames []string) *simNode {
 // besides its UUID, "MIG-<parent UUID>/<GPU instance ID>/<compute instance
 // ID>" (the form MIG UUIDs had before R470, which later drivers accept;
 // NVML API reference, "Change log"), less the "MIG-".
-func (n *simNode) migByIDs(name string) (gonvml.Device, gonvml.Return) {
+func (n *simNode) migByIDs(name string) (nvml.Device, nvml.Return) {
 	parts := strings.Split(name, "/")
 	if len(parts) != 3 {
-		return nil, gonvml.ERROR_INVALID_ARGUMENT
+		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 	giID, err1 := strconv.Atoi(parts[1])
 	ciID, err2 := strconv.Atoi(parts[2])
 	if err1 != nil || err2 != nil {
-		return nil, gonvml.ERROR_INVALID_ARGUMENT
+		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 	for _, g := range n.gpus {
 		if g.dev.UUID != parts[0] {
@@ -168,41 +168,41 @@ func (n *simNode) migByIDs(name string) (gonvml.Device, gonvml.Return) {
 		defer g.mu.Unlock()
 		if gi, ok := g.gis[giID]; ok {
 			if ci, ok := gi.cis[ciID]; ok {
-				return ci.mig, gonvml.SUCCESS
+				return ci.mig, nvml.SUCCESS
 			}
 		}
-		return nil, gonvml.ERROR_NOT_FOUND
+		return nil, nvml.ERROR_NOT_FOUND
 	}
-	return nil, gonvml.ERROR_NOT_FOUND
+	return nil, nvml.ERROR_NOT_FOUND
 }
 
 // installNotSupported makes the MIG functions of a GPU without MIG fail the
 // way NVML fails them on such a GPU.
 func (g *simGPU) installNotSupported() {
 	d := g.dev
-	d.GetMigModeFunc = func() (int, int, gonvml.Return) { return 0, 0, gonvml.ERROR_NOT_SUPPORTED }
-	d.SetMigModeFunc = func(int) (gonvml.Return, gonvml.Return) {
-		return gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_NOT_SUPPORTED
+	d.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED }
+	d.SetMigModeFunc = func(int) (nvml.Return, nvml.Return) {
+		return nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_NOT_SUPPORTED
 	}
-	d.GetGpuInstanceProfileInfoFunc = func(int) (gonvml.GpuInstanceProfileInfo, gonvml.Return) {
-		return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
+	d.GetGpuInstanceProfileInfoFunc = func(int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 	}
-	d.GetGpuInstancePossiblePlacementsFunc = func(*gonvml.GpuInstanceProfileInfo) ([]gonvml.GpuInstancePlacement, gonvml.Return) {
-		return nil, gonvml.ERROR_NOT_SUPPORTED
+	d.GetGpuInstancePossiblePlacementsFunc = func(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+		return nil, nvml.ERROR_NOT_SUPPORTED
 	}
-	d.CreateGpuInstanceFunc = func(*gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstance, gonvml.Return) {
-		return nil, gonvml.ERROR_NOT_SUPPORTED
+	d.CreateGpuInstanceFunc = func(*nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
+		return nil, nvml.ERROR_NOT_SUPPORTED
 	}
-	d.CreateGpuInstanceWithPlacementFunc = func(*gonvml.GpuInstanceProfileInfo, *gonvml.GpuInstancePlacement) (gonvml.GpuInstance, gonvml.Return) {
-		return nil, gonvml.ERROR_NOT_SUPPORTED
+	d.CreateGpuInstanceWithPlacementFunc = func(*nvml.GpuInstanceProfileInfo, *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
+		return nil, nvml.ERROR_NOT_SUPPORTED
 	}
-	d.GetGpuInstancesFunc = func(*gonvml.GpuInstanceProfileInfo) ([]gonvml.GpuInstance, gonvml.Return) {
-		return nil, gonvml.ERROR_NOT_SUPPORTED
+	d.GetGpuInstancesFunc = func(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
+		return nil, nvml.ERROR_NOT_SUPPORTED
 	}
-	d.GetGpuInstanceByIdFunc = func(int) (gonvml.GpuInstance, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
-	d.GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
-	d.GetMigDeviceHandleByIndexFunc = func(int) (gonvml.Device, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
-	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (gonvml.Device, gonvml.Return) { return nil, gonvml.ERROR_INVALID_ARGUMENT }
+	d.GetGpuInstanceByIdFunc = func(int) (nvml.GpuInstance, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+	d.GetMigDeviceHandleByIndexFunc = func(int) (nvml.Device, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) { return nil, nvml.ERROR_INVALID_ARGUMENT }
 }
 
 // install replaces the mock's MIG functions of a MIG-capable GPU.
@@ -219,60 +219,60 @@ func (g *simGPU) install() {
 	}
 
 	d := g.dev
-	d.GetMigModeFunc = func() (int, int, gonvml.Return) {
+	d.GetMigModeFunc = func() (int, int, nvml.Return) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
-		return g.migMode, g.pendingMode, gonvml.SUCCESS
+		return g.migMode, g.pendingMode, nvml.SUCCESS
 	}
-	d.SetMigModeFunc = func(mode int) (gonvml.Return, gonvml.Return) {
-		if mode != gonvml.DEVICE_MIG_ENABLE && mode != gonvml.DEVICE_MIG_DISABLE {
-			return gonvml.ERROR_INVALID_ARGUMENT, gonvml.ERROR_INVALID_ARGUMENT
+	d.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
+		if mode != nvml.DEVICE_MIG_ENABLE && mode != nvml.DEVICE_MIG_DISABLE {
+			return nvml.ERROR_INVALID_ARGUMENT, nvml.ERROR_INVALID_ARGUMENT
 		}
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		// Before Hopper the driver takes the change and holds it for a
 		// GPU reset (NVIDIA's MIG user guide, "Enable MIG Mode"); asking
 		// for the current mode again cancels it.
-		if g.dev.Config.Architecture < gonvml.DEVICE_ARCH_HOPPER {
+		if g.dev.Config.Architecture < nvml.DEVICE_ARCH_HOPPER {
 			g.pendingMode = mode
 			if mode == g.migMode {
-				return gonvml.SUCCESS, gonvml.SUCCESS
+				return nvml.SUCCESS, nvml.SUCCESS
 			}
-			return gonvml.SUCCESS, gonvml.ERROR_RESET_REQUIRED
+			return nvml.SUCCESS, nvml.ERROR_RESET_REQUIRED
 		}
 		if mode == g.migMode {
-			return gonvml.SUCCESS, gonvml.SUCCESS
+			return nvml.SUCCESS, nvml.SUCCESS
 		}
-		if mode == gonvml.DEVICE_MIG_DISABLE && len(g.gis) > 0 {
-			return gonvml.ERROR_IN_USE, gonvml.ERROR_IN_USE
+		if mode == nvml.DEVICE_MIG_DISABLE && len(g.gis) > 0 {
+			return nvml.ERROR_IN_USE, nvml.ERROR_IN_USE
 		}
 		old := g.migMode
 		g.migMode, g.pendingMode = mode, mode
-		if ret := g.persist(); ret != gonvml.SUCCESS {
+		if ret := g.persist(); ret != nvml.SUCCESS {
 			g.migMode, g.pendingMode = old, old
 			return ret, ret
 		}
-		return gonvml.SUCCESS, gonvml.SUCCESS
+		return nvml.SUCCESS, nvml.SUCCESS
 	}
-	d.GetGpuInstanceProfileInfoFunc = func(id int) (gonvml.GpuInstanceProfileInfo, gonvml.Return) {
-		if id < 0 || id >= gonvml.GPU_INSTANCE_PROFILE_COUNT {
-			return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+	d.GetGpuInstanceProfileInfoFunc = func(id int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+		if id < 0 || id >= nvml.GPU_INSTANCE_PROFILE_COUNT {
+			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 		}
 		info, ok := g.cfg.GpuInstanceProfiles[id]
 		if !ok {
-			return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
+			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 		}
-		return info, gonvml.SUCCESS
+		return info, nvml.SUCCESS
 	}
-	d.GetGpuInstancePossiblePlacementsFunc = func(info *gonvml.GpuInstanceProfileInfo) ([]gonvml.GpuInstancePlacement, gonvml.Return) {
+	d.GetGpuInstancePossiblePlacementsFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
 		if info == nil {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
+			return nil, nvml.ERROR_INVALID_ARGUMENT
 		}
 		pl, ok := g.cfg.GpuInstancePlacements[g.key(*info)]
 		if !ok {
-			return nil, gonvml.ERROR_NOT_SUPPORTED
+			return nil, nvml.ERROR_NOT_SUPPORTED
 		}
-		return append([]gonvml.GpuInstancePlacement(nil), pl...), gonvml.SUCCESS
+		return append([]nvml.GpuInstancePlacement(nil), pl...), nvml.SUCCESS
 	}
 	// NVML's calls on the GPU instances, alike on both levels (migLevel).
 	gc := callsOf(g)
@@ -280,38 +280,38 @@ func (g *simGPU) install() {
 	d.GetGpuInstanceRemainingCapacityFunc, d.GetGpuInstancesFunc, d.GetGpuInstanceByIdFunc = gc.remaining, gc.list, gc.byID
 	// As many MIG devices as compute slices: seven 1-slice compute
 	// instances, or four on an A30.
-	d.GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return int(g.full.SliceCount), gonvml.SUCCESS }
-	d.GetMigDeviceHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return int(g.full.SliceCount), nvml.SUCCESS }
+	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		if i < 0 || i >= int(g.full.SliceCount) {
-			return nil, gonvml.ERROR_INVALID_ARGUMENT
+			return nil, nvml.ERROR_INVALID_ARGUMENT
 		}
 		migs := g.migDevices()
 		if i >= len(migs) {
-			return nil, gonvml.ERROR_NOT_FOUND
+			return nil, nvml.ERROR_NOT_FOUND
 		}
-		return migs[i].mig, gonvml.SUCCESS
+		return migs[i].mig, nvml.SUCCESS
 	}
-	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (gonvml.Device, gonvml.Return) { return nil, gonvml.ERROR_INVALID_ARGUMENT }
+	d.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) { return nil, nvml.ERROR_INVALID_ARGUMENT }
 }
 
 // lookup returns the GPU's own table entry for the profile info a caller
 // passed (NVML looks the profile up by ID, too).
-func (g *simGPU) lookup(info *gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstanceProfileInfo, gonvml.Return) {
+func (g *simGPU) lookup(info *nvml.GpuInstanceProfileInfo) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 	if info == nil {
-		return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 	}
 	index, ok := g.byID[info.Id]
 	if !ok {
-		return gonvml.GpuInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 	}
-	return g.cfg.GpuInstanceProfiles[index], gonvml.SUCCESS
+	return g.cfg.GpuInstanceProfiles[index], nvml.SUCCESS
 }
 
 // key returns the index under which g.cfg holds a profile, or -1 for an ID
 // the GPU does not have.
-func (g *simGPU) key(info gonvml.GpuInstanceProfileInfo) int {
+func (g *simGPU) key(info nvml.GpuInstanceProfileInfo) int {
 	if index, ok := g.byID[info.Id]; ok {
 		return index
 	}
@@ -351,24 +351,24 @@ func (g *simGPU) key(info gonvml.GpuInstanceProfileInfo) int {
 // H100/H200 tables the rule would refuse every 1g+me (their 7g has no OFA)
 // and a seventh 1g (5 NVDECs); with its B200 table (7g: 4 OFA) it would
 // leave the limit to InstanceCount.
-func (g *simGPU) fits(profile gonvml.GpuInstanceProfileInfo, p gonvml.GpuInstancePlacement) gonvml.Return {
-	if g.migMode != gonvml.DEVICE_MIG_ENABLE {
-		return gonvml.ERROR_NOT_SUPPORTED
+func (g *simGPU) fits(profile nvml.GpuInstanceProfileInfo, p nvml.GpuInstancePlacement) nvml.Return {
+	if g.migMode != nvml.DEVICE_MIG_ENABLE {
+		return nvml.ERROR_NOT_SUPPORTED
 	}
 	if !slices.Contains(g.cfg.GpuInstancePlacements[g.key(profile)], p) {
-		return gonvml.ERROR_INVALID_ARGUMENT
+		return nvml.ERROR_INVALID_ARGUMENT
 	}
 	if same, clash := crowding(g.gis, profile.Id, p.Start, p.Size); clash || same >= profile.InstanceCount {
-		return gonvml.ERROR_INSUFFICIENT_RESOURCES
+		return nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	var used engines
 	for _, gi := range g.gis {
 		used = used.add(engineCounts(gi.profile))
 	}
 	if !used.add(engineCounts(profile)).within(engineCounts(g.full)) {
-		return gonvml.ERROR_INSUFFICIENT_RESOURCES
+		return nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
-	return gonvml.SUCCESS
+	return nvml.SUCCESS
 }
 
 // sharesSlices says whether two placements [start, start+size) share a slice.
@@ -379,7 +379,7 @@ func sharesSlices(aStart, aSize, bStart, bSize uint32) bool {
 // engines counts what a GPU instance takes of the GPU.
 type engines [6]uint32
 
-func engineCounts(p gonvml.GpuInstanceProfileInfo) engines {
+func engineCounts(p nvml.GpuInstanceProfileInfo) engines {
 	return engines{p.SliceCount, p.CopyEngineCount, p.DecoderCount, p.EncoderCount, p.JpegCount, p.OfaCount}
 }
 
@@ -410,10 +410,10 @@ func (e engines) within(limit engines) bool {
 // without placements, like mig-parted: creating 3g, 2g, 1g, 1g (its
 // "all-balanced" layout) in that order fits, while "first free" would put
 // the 3g on 0 and leave no room for the second 1g. g.mu is held.
-func (g *simGPU) choose(profile gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstancePlacement, bool) {
-	best, bestScore := gonvml.GpuInstancePlacement{}, -1
+func (g *simGPU) choose(profile nvml.GpuInstanceProfileInfo) (nvml.GpuInstancePlacement, bool) {
+	best, bestScore := nvml.GpuInstancePlacement{}, -1
 	for _, p := range g.cfg.GpuInstancePlacements[g.key(profile)] {
-		if g.fits(profile, p) != gonvml.SUCCESS {
+		if g.fits(profile, p) != nvml.SUCCESS {
 			continue
 		}
 		score := 0
@@ -438,7 +438,7 @@ func (g *simGPU) choose(profile gonvml.GpuInstanceProfileInfo) (gonvml.GpuInstan
 // quarters 3-6 and the eighths 7-14; `nvidia-smi mig -cgi` on an A100 or
 // H100 reports exactly these (3g at 4:4 is GI 2, 2g at 0:2 is GI 3, 1g at
 // 2:1 is GI 9). It returns false for a placement that is not a tree node.
-func giIDForPlacement(memSlices int, p gonvml.GpuInstancePlacement) (int, bool) {
+func giIDForPlacement(memSlices int, p nvml.GpuInstancePlacement) (int, bool) {
 	size, start := int(p.Size), int(p.Start)
 	pow2 := func(n int) bool { return n > 0 && n&(n-1) == 0 }
 	if !pow2(memSlices) || !pow2(size) || size > memSlices || start%size != 0 || start+size > memSlices {
@@ -449,7 +449,7 @@ func giIDForPlacement(memSlices int, p gonvml.GpuInstancePlacement) (int, bool) 
 
 // freeGIID returns the ID for a new instance at p: the hardware's, or the
 // lowest free one for a placement outside the tree. g.mu is held.
-func (g *simGPU) freeGIID(p gonvml.GpuInstancePlacement) int {
+func (g *simGPU) freeGIID(p nvml.GpuInstancePlacement) int {
 	if id, ok := giIDForPlacement(g.memSlices, p); ok && id < migMaxGPUInstances {
 		if _, taken := g.gis[id]; !taken {
 			return id
@@ -465,21 +465,21 @@ func (g *simGPU) freeGIID(p gonvml.GpuInstancePlacement) int {
 
 // createGI creates a GPU instance that fits; id < 0 picks the ID. g.mu is
 // held.
-func (g *simGPU) createGI(profile gonvml.GpuInstanceProfileInfo, p gonvml.GpuInstancePlacement, id int) (*simGI, gonvml.Return) {
+func (g *simGPU) createGI(profile nvml.GpuInstanceProfileInfo, p nvml.GpuInstancePlacement, id int) (*simGI, nvml.Return) {
 	if id < 0 {
 		id = g.freeGIID(p)
 	}
 	if _, taken := g.gis[id]; taken || id < 0 || id >= migMaxGPUInstances {
-		return nil, gonvml.ERROR_INSUFFICIENT_RESOURCES
+		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	gi := &simGI{gpu: g, id: id, profile: profile, placement: p, cis: map[int]*simCI{}}
 	gi.install()
 	g.gis[id] = gi
-	if ret := g.persist(); ret != gonvml.SUCCESS {
+	if ret := g.persist(); ret != nvml.SUCCESS {
 		delete(g.gis, id)
 		return nil, ret
 	}
-	return gi, gonvml.SUCCESS
+	return gi, nvml.SUCCESS
 }
 
 // migDevices returns the MIG devices (compute instances) by GPU instance
@@ -494,79 +494,79 @@ func (g *simGPU) migDevices() []*simCI {
 }
 
 // persist writes the GPU's state to the state file, if any. g.mu is held.
-func (g *simGPU) persist() gonvml.Return {
+func (g *simGPU) persist() nvml.Return {
 	if g.node.store == nil {
-		return gonvml.SUCCESS
+		return nvml.SUCCESS
 	}
 	if err := g.node.store.save(g.index, g.snapshot()); err != nil {
 		// What a failing driver would say; the change is undone.
-		return gonvml.ERROR_UNKNOWN
+		return nvml.ERROR_UNKNOWN
 	}
-	return gonvml.SUCCESS
+	return nvml.SUCCESS
 }
 
 func (gi *simGI) install() {
 	g := gi.gpu
 	h := &mock.GpuInstance{}
 	gi.handle = h
-	h.GetInfoFunc = func() (gonvml.GpuInstanceInfo, gonvml.Return) {
-		return liveInfo(g, &gi.destroyed, func() gonvml.GpuInstanceInfo {
-			return gonvml.GpuInstanceInfo{Device: g.dev, Id: uint32(gi.id), ProfileId: gi.profile.Id, Placement: gi.placement}
+	h.GetInfoFunc = func() (nvml.GpuInstanceInfo, nvml.Return) {
+		return liveInfo(g, &gi.destroyed, func() nvml.GpuInstanceInfo {
+			return nvml.GpuInstanceInfo{Device: g.dev, Id: uint32(gi.id), ProfileId: gi.profile.Id, Placement: gi.placement}
 		})
 	}
-	h.GetComputeInstanceProfileInfoFunc = func(ciProfile, engProfile int) (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
-		if ciProfile < 0 || ciProfile >= gonvml.COMPUTE_INSTANCE_PROFILE_COUNT || engProfile < 0 || engProfile >= gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT {
-			return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+	h.GetComputeInstanceProfileInfoFunc = func(ciProfile, engProfile int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
+		if ciProfile < 0 || ciProfile >= nvml.COMPUTE_INSTANCE_PROFILE_COUNT || engProfile < 0 || engProfile >= nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT {
+			return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 		}
-		if engProfile != gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
-			return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
+		if engProfile != nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
+			return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 		}
 		info, ok := g.cfg.ComputeInstanceProfiles[g.key(gi.profile)][ciProfile]
 		if !ok {
-			return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_NOT_SUPPORTED
+			return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 		}
-		return info, gonvml.SUCCESS
+		return info, nvml.SUCCESS
 	}
-	h.GetComputeInstancePossiblePlacementsFunc = func(info *gonvml.ComputeInstanceProfileInfo) ([]gonvml.ComputeInstancePlacement, gonvml.Return) {
+	h.GetComputeInstancePossiblePlacementsFunc = func(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstancePlacement, nvml.Return) {
 		profile, ret := gi.lookup(info)
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, ret
 		}
-		return gi.ciPlacements(profile), gonvml.SUCCESS
+		return gi.ciPlacements(profile), nvml.SUCCESS
 	}
 	// NVML's calls on the compute instances, alike on both levels (migLevel).
 	gic := callsOf(gi)
 	h.CreateComputeInstanceFunc, h.CreateComputeInstanceWithPlacementFunc = gic.create, gic.createAt
 	h.GetComputeInstanceRemainingCapacityFunc, h.GetComputeInstancesFunc, h.GetComputeInstanceByIdFunc = gic.remaining, gic.list, gic.byID
 	// A GPU instance with compute instances is in use.
-	h.DestroyFunc = func() gonvml.Return {
+	h.DestroyFunc = func() nvml.Return {
 		return destroy(g, &gi.destroyed, g.gis, gi.id, func() bool { return len(gi.cis) > 0 }, nil)
 	}
 }
 
 // lookup returns the table entry for a compute instance profile of this
 // GPU instance.
-func (gi *simGI) lookup(info *gonvml.ComputeInstanceProfileInfo) (gonvml.ComputeInstanceProfileInfo, gonvml.Return) {
+func (gi *simGI) lookup(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
 	if info == nil {
-		return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+		return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 	}
 	p, ok := gi.gpu.cfg.ComputeInstanceProfiles[gi.gpu.key(gi.profile)][int(info.Id)]
 	if !ok {
-		return gonvml.ComputeInstanceProfileInfo{}, gonvml.ERROR_INVALID_ARGUMENT
+		return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 	}
-	return p, gonvml.SUCCESS
+	return p, nvml.SUCCESS
 }
 
 // ciPlacements returns the compute slice ranges a compute instance of
 // profile may take inside the GPU instance: the table's, or where the table
 // has none (go-nvml's A100), every aligned range that fits.
-func (gi *simGI) ciPlacements(profile gonvml.ComputeInstanceProfileInfo) []gonvml.ComputeInstancePlacement {
+func (gi *simGI) ciPlacements(profile nvml.ComputeInstanceProfileInfo) []nvml.ComputeInstancePlacement {
 	if pl, ok := gi.gpu.cfg.ComputeInstancePlacements[gi.gpu.key(gi.profile)][int(profile.Id)]; ok && len(pl) > 0 {
-		return append([]gonvml.ComputeInstancePlacement(nil), pl...)
+		return append([]nvml.ComputeInstancePlacement(nil), pl...)
 	}
-	var out []gonvml.ComputeInstancePlacement
+	var out []nvml.ComputeInstancePlacement
 	for s := uint32(0); profile.SliceCount > 0 && s+profile.SliceCount <= gi.profile.SliceCount; s += profile.SliceCount {
-		out = append(out, gonvml.ComputeInstancePlacement{Start: s, Size: profile.SliceCount})
+		out = append(out, nvml.ComputeInstancePlacement{Start: s, Size: profile.SliceCount})
 	}
 	return out
 }
@@ -575,26 +575,26 @@ func (gi *simGI) ciPlacements(profile gonvml.ComputeInstanceProfileInfo) []gonvm
 // placement (ERROR_INVALID_ARGUMENT), the profile's InstanceCount, and no
 // compute slice shared with another compute instance
 // (ERROR_INSUFFICIENT_RESOURCES). gi.gpu.mu is held.
-func (gi *simGI) fits(profile gonvml.ComputeInstanceProfileInfo, p gonvml.ComputeInstancePlacement) gonvml.Return {
+func (gi *simGI) fits(profile nvml.ComputeInstanceProfileInfo, p nvml.ComputeInstancePlacement) nvml.Return {
 	if !slices.Contains(gi.ciPlacements(profile), p) {
-		return gonvml.ERROR_INVALID_ARGUMENT
+		return nvml.ERROR_INVALID_ARGUMENT
 	}
 	if same, clash := crowding(gi.cis, profile.Id, p.Start, p.Size); clash || same >= profile.InstanceCount || len(gi.cis) >= migMaxComputeInsts {
-		return gonvml.ERROR_INSUFFICIENT_RESOURCES
+		return nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
-	return gonvml.SUCCESS
+	return nvml.SUCCESS
 }
 
 // choose returns the first placement where a compute instance of profile
 // fits: the simulation's choice for CreateComputeInstance. gi.gpu.mu is
 // held.
-func (gi *simGI) choose(profile gonvml.ComputeInstanceProfileInfo) (gonvml.ComputeInstancePlacement, bool) {
+func (gi *simGI) choose(profile nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstancePlacement, bool) {
 	for _, p := range gi.ciPlacements(profile) {
-		if gi.fits(profile, p) == gonvml.SUCCESS {
+		if gi.fits(profile, p) == nvml.SUCCESS {
 			return p, true
 		}
 	}
-	return gonvml.ComputeInstancePlacement{}, false
+	return nvml.ComputeInstancePlacement{}, false
 }
 
 func (gi *simGI) freeCIID() int {
@@ -609,13 +609,13 @@ func (gi *simGI) freeCIID() int {
 // createCI creates a compute instance that fits; id < 0 picks the lowest
 // free ID, migUUID "" draws a new UUID (as the driver does for every new
 // MIG device). gi.gpu.mu is held.
-func (gi *simGI) createCI(profile gonvml.ComputeInstanceProfileInfo, p gonvml.ComputeInstancePlacement, id int, migUUID string) (*simCI, gonvml.Return) {
+func (gi *simGI) createCI(profile nvml.ComputeInstanceProfileInfo, p nvml.ComputeInstancePlacement, id int, migUUID string) (*simCI, nvml.Return) {
 	g := gi.gpu
 	if id < 0 {
 		id = gi.freeCIID()
 	}
 	if _, taken := gi.cis[id]; taken || id < 0 || id >= migMaxComputeInsts {
-		return nil, gonvml.ERROR_INSUFFICIENT_RESOURCES
+		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	if migUUID == "" {
 		migUUID = "MIG-" + uuid.NewString()
@@ -623,12 +623,12 @@ func (gi *simGI) createCI(profile gonvml.ComputeInstanceProfileInfo, p gonvml.Co
 	ci := &simCI{gi: gi, id: id, profile: profile, placement: p, uuid: migUUID}
 	ci.install()
 	gi.cis[id] = ci
-	if ret := g.persist(); ret != gonvml.SUCCESS {
+	if ret := g.persist(); ret != nvml.SUCCESS {
 		delete(gi.cis, id)
 		return nil, ret
 	}
 	g.node.migs.Store(migUUID, ci)
-	return ci, gonvml.SUCCESS
+	return ci, nvml.SUCCESS
 }
 
 func (ci *simCI) install() {
@@ -636,45 +636,45 @@ func (ci *simCI) install() {
 	g := gi.gpu
 	h := &mock.ComputeInstance{}
 	ci.handle = h
-	h.GetInfoFunc = func() (gonvml.ComputeInstanceInfo, gonvml.Return) {
-		return liveInfo(g, &ci.destroyed, func() gonvml.ComputeInstanceInfo {
+	h.GetInfoFunc = func() (nvml.ComputeInstanceInfo, nvml.Return) {
+		return liveInfo(g, &ci.destroyed, func() nvml.ComputeInstanceInfo {
 			// nvml.h calls the device "Parent device", yet NVIDIA's DRA
 			// driver reads the MIG device's UUID from it
 			// (dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/nvlib.go), so
 			// the driver must give the MIG device; a machine can ask for
 			// the documented parent instead.
-			dev := gonvml.Device(ci.mig)
+			dev := nvml.Device(ci.mig)
 			if g.node.ciInfoParent {
 				dev = g.dev
 			}
-			return gonvml.ComputeInstanceInfo{Device: dev, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: ci.profile.Id, Placement: ci.placement}
+			return nvml.ComputeInstanceInfo{Device: dev, GpuInstance: gi.handle, Id: uint32(ci.id), ProfileId: ci.profile.Id, Placement: ci.placement}
 		})
 	}
 	// The MIG device goes with its compute instance.
-	h.DestroyFunc = func() gonvml.Return {
+	h.DestroyFunc = func() nvml.Return {
 		return destroy(g, &ci.destroyed, gi.cis, ci.id, nil, func() { g.node.migs.Delete(ci.uuid) })
 	}
 
 	cfg := g.dev.Config
 	m := &mock.Device{}
 	ci.mig = m
-	m.IsMigDeviceHandleFunc = func() (bool, gonvml.Return) { return true, gonvml.SUCCESS }
-	m.GetUUIDFunc = func() (string, gonvml.Return) { return ci.uuid, gonvml.SUCCESS }
-	m.GetGpuInstanceIdFunc = func() (int, gonvml.Return) { return gi.id, gonvml.SUCCESS }
-	m.GetComputeInstanceIdFunc = func() (int, gonvml.Return) { return ci.id, gonvml.SUCCESS }
-	m.GetDeviceHandleFromMigDeviceHandleFunc = func() (gonvml.Device, gonvml.Return) { return g.dev, gonvml.SUCCESS }
-	m.GetIndexFunc = func() (int, gonvml.Return) {
+	m.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return true, nvml.SUCCESS }
+	m.GetUUIDFunc = func() (string, nvml.Return) { return ci.uuid, nvml.SUCCESS }
+	m.GetGpuInstanceIdFunc = func() (int, nvml.Return) { return gi.id, nvml.SUCCESS }
+	m.GetComputeInstanceIdFunc = func() (int, nvml.Return) { return ci.id, nvml.SUCCESS }
+	m.GetDeviceHandleFromMigDeviceHandleFunc = func() (nvml.Device, nvml.Return) { return g.dev, nvml.SUCCESS }
+	m.GetIndexFunc = func() (int, nvml.Return) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		for i, other := range g.migDevices() {
 			if other == ci {
-				return i, gonvml.SUCCESS
+				return i, nvml.SUCCESS
 			}
 		}
-		return 0, gonvml.ERROR_NOT_FOUND
+		return 0, nvml.ERROR_NOT_FOUND
 	}
-	m.GetAttributesFunc = func() (gonvml.DeviceAttributes, gonvml.Return) {
-		return gonvml.DeviceAttributes{
+	m.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
+		return nvml.DeviceAttributes{
 			MultiprocessorCount:       ci.profile.MultiprocessorCount,
 			SharedCopyEngineCount:     gi.profile.CopyEngineCount,
 			SharedDecoderCount:        gi.profile.DecoderCount,
@@ -684,18 +684,18 @@ func (ci *simCI) install() {
 			GpuInstanceSliceCount:     gi.profile.SliceCount,
 			ComputeInstanceSliceCount: ci.profile.SliceCount,
 			MemorySizeMB:              gi.profile.MemorySizeMB,
-		}, gonvml.SUCCESS
+		}, nvml.SUCCESS
 	}
-	m.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) {
+	m.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) {
 		total := gi.profile.MemorySizeMB << 20
-		return gonvml.Memory{Total: total, Free: total}, gonvml.SUCCESS
+		return nvml.Memory{Total: total, Free: total}, nvml.SUCCESS
 	}
-	m.GetMigModeFunc = func() (int, int, gonvml.Return) { return 0, 0, gonvml.ERROR_NOT_SUPPORTED }
-	m.GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
-	m.GetNameFunc = func() (string, gonvml.Return) { return cfg.Name, gonvml.SUCCESS }
-	m.GetArchitectureFunc = func() (gonvml.DeviceArchitecture, gonvml.Return) { return cfg.Architecture, gonvml.SUCCESS }
-	m.GetBrandFunc = func() (gonvml.BrandType, gonvml.Return) { return cfg.Brand, gonvml.SUCCESS }
-	m.GetCudaComputeCapabilityFunc = func() (int, int, gonvml.Return) { return cfg.CudaMajor, cfg.CudaMinor, gonvml.SUCCESS }
+	m.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED }
+	m.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+	m.GetNameFunc = func() (string, nvml.Return) { return cfg.Name, nvml.SUCCESS }
+	m.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) { return cfg.Architecture, nvml.SUCCESS }
+	m.GetBrandFunc = func() (nvml.BrandType, nvml.Return) { return cfg.Brand, nvml.SUCCESS }
+	m.GetCudaComputeCapabilityFunc = func() (int, int, nvml.Return) { return cfg.CudaMajor, cfg.CudaMinor, nvml.SUCCESS }
 }
 
 // String names a simulated GPU in errors.

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
 
@@ -30,7 +30,7 @@ func BenchmarkCarveAndPrepareFullGPU(b *testing.B) {
 			dev := srv.Devices[0].(*server.Device)
 			var walk atomic.Int64
 			byIndex := dev.GetMigDeviceHandleByIndexFunc
-			dev.GetMigDeviceHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+			dev.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 				walk.Add(1)
 				return byIndex(i)
 			}

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,7 +12,7 @@ import (
 	"sync"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 )
@@ -33,7 +33,7 @@ var migModels = []struct {
 
 // migGPU opens a machine of n GPUs of model, enables MIG on the first, and
 // returns the library and that GPU as discovery sees it.
-func migGPU(t *testing.T, model string, n int, opts ...Option) (*nvml.Library, nvml.GPU) {
+func migGPU(t *testing.T, model string, n int, opts ...Option) (*nvmlgpu.Library, nvmlgpu.GPU) {
 	t.Helper()
 	// Before Hopper MIG mode is the admin's (Facet never changes it): the
 	// GPU boots with it on; from Hopper on, Facet turns it on.
@@ -51,7 +51,7 @@ func migGPU(t *testing.T, model string, n int, opts ...Option) (*nvml.Library, n
 }
 
 // profileNamed returns the GPU's profile with this name.
-func profileNamed(t *testing.T, g nvml.GPU, name string) nvml.MIGProfile {
+func profileNamed(t *testing.T, g nvmlgpu.GPU, name string) nvmlgpu.MIGProfile {
 	t.Helper()
 	for _, p := range g.MIGProfiles {
 		if p.Name == name {
@@ -63,10 +63,10 @@ func profileNamed(t *testing.T, g nvml.GPU, name string) nvml.MIGProfile {
 		names = append(names, p.Name)
 	}
 	t.Fatalf("%s has no profile %s (has %v)", g.ProductName, name, names)
-	return nvml.MIGProfile{}
+	return nvmlgpu.MIGProfile{}
 }
 
-func mustCreate(t *testing.T, lib *nvml.Library, uuid string, p nvml.MIGProfile, start int) nvml.MIGInstance {
+func mustCreate(t *testing.T, lib *nvmlgpu.Library, uuid string, p nvmlgpu.MIGProfile, start int) nvmlgpu.MIGInstance {
 	t.Helper()
 	inst, err := lib.CreateMIG(uuid, p.GIProfileID, start)
 	if err != nil {
@@ -75,7 +75,7 @@ func mustCreate(t *testing.T, lib *nvml.Library, uuid string, p nvml.MIGProfile,
 	return inst
 }
 
-func listMIG(t *testing.T, lib *nvml.Library) []nvml.MIGInstance {
+func listMIG(t *testing.T, lib *nvmlgpu.Library) []nvmlgpu.MIGInstance {
 	t.Helper()
 	insts, err := lib.ListMIG()
 	if err != nil {
@@ -97,8 +97,8 @@ func TestMIGEveryProfileEveryPlacement(t *testing.T) {
 					if err != nil {
 						t.Fatalf("%s at %d: %v", p.Name, pl.Start, err)
 					}
-					wantGI, _ := giIDForPlacement(m.memSlices, gonvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
-					want := nvml.MIGInstance{
+					wantGI, _ := giIDForPlacement(m.memSlices, nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
+					want := nvmlgpu.MIGInstance{
 						ParentUUID: g.UUID, ParentIndex: 0, Profile: p.Name,
 						GIProfileID: p.GIProfileID, GIProfileInfoID: p.GIProfileInfoID, CIProfileID: p.CIProfileID,
 						Placement: pl, GIID: wantGI, CIID: 0, UUID: inst.UUID,
@@ -169,20 +169,22 @@ func TestMIGTablesAsDocumented(t *testing.T) {
 			}
 		})
 	}
-	if pl := gpus.H100_SXM5_80GB.MIGProfiles.GpuInstancePlacements[gonvml.GPU_INSTANCE_PROFILE_3_SLICE]; pl[0].Size != 3 {
+	if pl := gpus.H100_SXM5_80GB.MIGProfiles.GpuInstancePlacements[nvml.GPU_INSTANCE_PROFILE_3_SLICE]; pl[0].Size != 3 {
 		t.Errorf("go-nvml's own H100 table was modified: 3g placements %v", pl)
 	}
 }
 
 // migItem is one MIG device Facet publishes: a profile at a placement.
 type migItem struct {
-	p  nvml.MIGProfile
-	pl nvml.Placement
+	p  nvmlgpu.MIGProfile
+	pl nvmlgpu.Placement
 }
 
 func (it migItem) String() string { return fmt.Sprintf("%s@%d", it.p.Name, it.pl.Start) }
 
-func overlap(a, b nvml.Placement) bool { return a.Start < b.Start+b.Size && b.Start < a.Start+a.Size }
+func overlap(a, b nvmlgpu.Placement) bool {
+	return a.Start < b.Start+b.Size && b.Start < a.Start+a.Size
+}
 
 // TestEngineRuleOnlyLimitsMediaExtensions is the hardware side of "the
 // allocator accepts these devices iff NVML can create them together": for
@@ -207,7 +209,7 @@ func TestEngineRuleOnlyLimitsMediaExtensions(t *testing.T) {
 					if !overlap(a.pl, b.pl) {
 						continue
 					}
-					ok, err := lib.CanCreateTogether(g.UUID, []nvml.MIGPlacement{{GIProfileID: a.p.GIProfileID, Start: a.pl.Start}, {GIProfileID: b.p.GIProfileID, Start: b.pl.Start}})
+					ok, err := lib.CanCreateTogether(g.UUID, []nvmlgpu.MIGPlacement{{GIProfileID: a.p.GIProfileID, Start: a.pl.Start}, {GIProfileID: b.p.GIProfileID, Start: b.pl.Start}})
 					if err != nil || ok {
 						t.Fatalf("%v + %v: %v, %v; want refused", a, b, ok, err)
 					}
@@ -220,9 +222,9 @@ func TestEngineRuleOnlyLimitsMediaExtensions(t *testing.T) {
 			walk = func(next int) {
 				if len(set) > 0 {
 					me := 0
-					req := make([]nvml.MIGPlacement, len(set))
+					req := make([]nvmlgpu.MIGPlacement, len(set))
 					for i, it := range set {
-						req[i] = nvml.MIGPlacement{GIProfileID: it.p.GIProfileID, Start: it.pl.Start}
+						req[i] = nvmlgpu.MIGPlacement{GIProfileID: it.p.GIProfileID, Start: it.pl.Start}
 						if strings.HasSuffix(it.p.Name, "+me") {
 							me++
 						}
@@ -267,7 +269,7 @@ func TestMIGOverlapAndMediaExtensions(t *testing.T) {
 	for _, m := range migModels {
 		t.Run(m.model, func(t *testing.T) {
 			lib, g := migGPU(t, m.model, 1)
-			var small, me, full nvml.MIGProfile
+			var small, me, full nvmlgpu.MIGProfile
 			for _, p := range g.MIGProfiles {
 				switch {
 				case strings.HasSuffix(p.Name, "+me") && me.Name == "":
@@ -280,9 +282,9 @@ func TestMIGOverlapAndMediaExtensions(t *testing.T) {
 			}
 			first := mustCreate(t, lib, g.UUID, me, 0)
 			// Overlapping memory slices.
-			for _, p := range []nvml.MIGProfile{small, me, full} {
+			for _, p := range []nvmlgpu.MIGProfile{small, me, full} {
 				_, err := lib.CreateMIG(g.UUID, p.GIProfileID, 0)
-				if !nvml.IsInsufficientResources(err) {
+				if !nvmlgpu.IsInsufficientResources(err) {
 					t.Errorf("%s at 0 over %s at 0: error %v, want insufficient resources", p.Name, me.Name, err)
 				}
 				for _, s := range []string{g.UUID, "GPU 0", p.Name, "at placement 0:", "memory slice"} {
@@ -297,7 +299,7 @@ func TestMIGOverlapAndMediaExtensions(t *testing.T) {
 					continue
 				}
 				last := p.Placements[len(p.Placements)-1]
-				if _, err := lib.CreateMIG(g.UUID, p.GIProfileID, last.Start); !nvml.IsInsufficientResources(err) {
+				if _, err := lib.CreateMIG(g.UUID, p.GIProfileID, last.Start); !nvmlgpu.IsInsufficientResources(err) {
 					t.Errorf("second media extension %s at %d: error %v", p.Name, last.Start, err)
 				}
 			}
@@ -387,19 +389,19 @@ func TestMIGLayouts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lib, g := migGPU(t, tc.model, 1)
-			var made []nvml.MIGInstance
+			var made []nvmlgpu.MIGInstance
 			for _, c := range tc.creates {
 				made = append(made, mustCreate(t, lib, g.UUID, profileNamed(t, g, c.profile), c.start))
 			}
 			p := profileNamed(t, g, tc.next.profile)
-			if _, err := lib.CreateMIG(g.UUID, p.GIProfileID, tc.next.start); !nvml.IsInsufficientResources(err) {
+			if _, err := lib.CreateMIG(g.UUID, p.GIProfileID, tc.next.start); !nvmlgpu.IsInsufficientResources(err) {
 				t.Fatalf("%s at %d: error %v, want insufficient resources", tc.next.profile, tc.next.start, err)
 			}
 			if got := listMIG(t, lib); len(got) != len(made) {
 				t.Fatalf("ListMIG: %d instances, want %d", len(got), len(made))
 			}
 			// Destroying what is in the way makes room.
-			var next nvml.Placement
+			var next nvmlgpu.Placement
 			for _, pl := range p.Placements {
 				if pl.Start == tc.next.start {
 					next = pl
@@ -424,26 +426,26 @@ func TestMIGCreateWithoutPlacement(t *testing.T) {
 	// create makes GPU instances of the named profiles on a fresh A100 80GB
 	// without placements and returns their IDs, then the NVML return code
 	// of one more of the last profile.
-	create := func(names ...string) ([]int, gonvml.Return) {
+	create := func(names ...string) ([]int, nvml.Return) {
 		lib, g := migGPU(t, "A100-SXM4-80GB", 1)
 		dev, _ := serverOf(lib).DeviceGetHandleByIndex(0)
 		var ids []int
-		var info gonvml.GpuInstanceProfileInfo
+		var info nvml.GpuInstanceProfileInfo
 		for _, name := range names {
 			info, _ = dev.GetGpuInstanceProfileInfo(profileNamed(t, g, name).GIProfileID)
 			gi, ret := dev.CreateGpuInstance(&info)
-			if ret != gonvml.SUCCESS {
-				t.Fatalf("%s: %v", name, gonvml.ErrorString(ret))
+			if ret != nvml.SUCCESS {
+				t.Fatalf("%s: %v", name, nvml.ErrorString(ret))
 			}
 			gii, _ := gi.GetInfo()
 			ids = append(ids, int(gii.Id))
 		}
 		n, ret := dev.GetGpuInstanceRemainingCapacity(&info)
-		if ret != gonvml.SUCCESS {
-			t.Fatal(gonvml.ErrorString(ret))
+		if ret != nvml.SUCCESS {
+			t.Fatal(nvml.ErrorString(ret))
 		}
-		if _, ret = dev.CreateGpuInstance(&info); (ret == gonvml.SUCCESS) != (n > 0) {
-			t.Errorf("remaining capacity %d, but one more: %v", n, gonvml.ErrorString(ret))
+		if _, ret = dev.CreateGpuInstance(&info); (ret == nvml.SUCCESS) != (n > 0) {
+			t.Errorf("remaining capacity %d, but one more: %v", n, nvml.ErrorString(ret))
 		}
 		return ids, ret
 	}
@@ -454,8 +456,8 @@ func TestMIGCreateWithoutPlacement(t *testing.T) {
 	}
 	// Seven 1g, where nvidia-smi puts them, and no eighth.
 	ids, ret := create("1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb", "1g.10gb")
-	if fmt.Sprint(ids) != "[13 11 12 7 8 9 10]" || ret != gonvml.ERROR_INSUFFICIENT_RESOURCES {
-		t.Errorf("7 x 1g GI IDs %v, want nvidia-smi's [13 11 12 7 8 9 10]; an 8th: %v", ids, gonvml.ErrorString(ret))
+	if fmt.Sprint(ids) != "[13 11 12 7 8 9 10]" || ret != nvml.ERROR_INSUFFICIENT_RESOURCES {
+		t.Errorf("7 x 1g GI IDs %v, want nvidia-smi's [13 11 12 7 8 9 10]; an 8th: %v", ids, nvml.ErrorString(ret))
 	}
 }
 
@@ -468,20 +470,20 @@ func TestEnableMIGResetRequired(t *testing.T) {
 	node, _ := lib.Discover()
 	g := node.GPUs[1]
 	dev := serverOf(lib).Devices[1].(*server.Device)
-	pending := gonvml.DEVICE_MIG_DISABLE
-	dev.SetMigModeFunc = func(mode int) (gonvml.Return, gonvml.Return) {
+	pending := nvml.DEVICE_MIG_DISABLE
+	dev.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
 		pending = mode
-		return gonvml.SUCCESS, gonvml.ERROR_RESET_REQUIRED
+		return nvml.SUCCESS, nvml.ERROR_RESET_REQUIRED
 	}
-	dev.GetMigModeFunc = func() (int, int, gonvml.Return) { return gonvml.DEVICE_MIG_DISABLE, pending, gonvml.SUCCESS }
+	dev.GetMigModeFunc = func() (int, int, nvml.Return) { return nvml.DEVICE_MIG_DISABLE, pending, nvml.SUCCESS }
 	changed, err := lib.EnableMIG(g.UUID)
 	if err == nil || changed || !strings.Contains(err.Error(), "has not made it") || !strings.Contains(err.Error(), "Facet took the pending change back") || !strings.Contains(err.Error(), g.UUID) {
 		t.Errorf("EnableMIG: %v, %v; want an error saying the pending change was taken back", changed, err)
 	}
-	if pending != gonvml.DEVICE_MIG_DISABLE {
+	if pending != nvml.DEVICE_MIG_DISABLE {
 		t.Errorf("MIG mode left pending %d", pending)
 	}
-	if _, err := lib.CreateMIG(g.UUID, gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0); !errors.Is(err, nvml.ErrMIGDisabled) {
+	if _, err := lib.CreateMIG(g.UUID, nvml.GPU_INSTANCE_PROFILE_1_SLICE, 0); !errors.Is(err, nvmlgpu.ErrMIGDisabled) {
 		t.Errorf("CreateMIG: %v", err)
 	}
 }
@@ -522,7 +524,7 @@ gpus:
 	}
 	for i, change := range []func(string) (bool, error){lib.EnableMIG, lib.DisableMIG, lib.EnableMIG} {
 		changed, err := change(node.GPUs[i].UUID)
-		if changed || !errors.Is(err, nvml.ErrMIGModeFixed) || !strings.Contains(err.Error(), node.GPUs[i].UUID) {
+		if changed || !errors.Is(err, nvmlgpu.ErrMIGModeFixed) || !strings.Contains(err.Error(), node.GPUs[i].UUID) {
 			t.Errorf("GPU %d: changed %v, error %v; want ErrMIGModeFixed", i, changed, err)
 		}
 		dev, _ := serverOf(lib).DeviceGetHandleByIndex(i)
@@ -539,10 +541,10 @@ gpus:
 	}
 	// The simulated A100's own NVML holds a change pending, as the driver.
 	dev, _ := serverOf(lib).DeviceGetHandleByIndex(0)
-	if ret, act := dev.SetMigMode(gonvml.DEVICE_MIG_ENABLE); ret != gonvml.SUCCESS || act != gonvml.ERROR_RESET_REQUIRED {
-		t.Errorf("A100 SetMigMode: %v, activation %v", gonvml.ErrorString(ret), gonvml.ErrorString(act))
+	if ret, act := dev.SetMigMode(nvml.DEVICE_MIG_ENABLE); ret != nvml.SUCCESS || act != nvml.ERROR_RESET_REQUIRED {
+		t.Errorf("A100 SetMigMode: %v, activation %v", nvml.ErrorString(ret), nvml.ErrorString(act))
 	}
-	if current, pending, _ := dev.GetMigMode(); current != gonvml.DEVICE_MIG_DISABLE || pending != gonvml.DEVICE_MIG_ENABLE {
+	if current, pending, _ := dev.GetMigMode(); current != nvml.DEVICE_MIG_DISABLE || pending != nvml.DEVICE_MIG_ENABLE {
 		t.Errorf("A100 after SetMigMode: current %d pending %d, want 0 and 1", current, pending)
 	}
 }
@@ -578,7 +580,7 @@ gpus:
 	for i := range node.GPUs {
 		dev := serverOf(lib).Devices[i].(*server.Device)
 		set := dev.SetMigModeFunc
-		dev.SetMigModeFunc = func(mode int) (gonvml.Return, gonvml.Return) {
+		dev.SetMigModeFunc = func(mode int) (nvml.Return, nvml.Return) {
 			calls[i]++
 			return set(mode)
 		}
@@ -600,7 +602,7 @@ gpus:
 	} {
 		before := calls[tc.gpu]
 		changed, err := tc.change(node.GPUs[tc.gpu].UUID)
-		if changed != tc.changed || errors.Is(err, nvml.ErrMIGModeFixed) != tc.refused || (err != nil && !tc.refused) {
+		if changed != tc.changed || errors.Is(err, nvmlgpu.ErrMIGModeFixed) != tc.refused || (err != nil && !tc.refused) {
 			t.Errorf("%s: changed %v, error %v; want changed %v, refused %v", tc.name, changed, err, tc.changed, tc.refused)
 		}
 		if n := calls[tc.gpu] - before; n != tc.calls {
@@ -612,7 +614,7 @@ gpus:
 func TestMIGIDsReused(t *testing.T) {
 	lib, g := migGPU(t, "H100-SXM5-80GB", 1)
 	one := profileNamed(t, g, "1g.10gb")
-	var made []nvml.MIGInstance
+	var made []nvmlgpu.MIGInstance
 	for s := range 7 {
 		made = append(made, mustCreate(t, lib, g.UUID, one, s))
 	}
@@ -657,7 +659,7 @@ func TestGIIDForPlacement(t *testing.T) {
 		{4, 0, 4, 0, true}, {4, 2, 2, 2, true}, {4, 3, 1, 6, true},
 		{8, 0, 3, 0, false}, {8, 4, 3, 0, false}, {8, 0, 7, 0, false}, {8, 2, 4, 0, false}, {7, 0, 1, 0, false},
 	} {
-		got, ok := giIDForPlacement(tc.slices, gonvml.GpuInstancePlacement{Start: uint32(tc.start), Size: uint32(tc.size)})
+		got, ok := giIDForPlacement(tc.slices, nvml.GpuInstancePlacement{Start: uint32(tc.start), Size: uint32(tc.size)})
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("giIDForPlacement(%d, %d:%d) = %d, %v", tc.slices, tc.start, tc.size, got, ok)
 		}
@@ -674,7 +676,7 @@ func TestListMIG(t *testing.T) {
 		t.Fatalf("MIG off: %+v", got)
 	}
 	g0, g2 := node.GPUs[0], node.GPUs[2]
-	for _, g := range []nvml.GPU{g0, g2} {
+	for _, g := range []nvmlgpu.GPU{g0, g2} {
 		if _, err := lib.EnableMIG(g.UUID); err != nil {
 			t.Fatal(err)
 		}
@@ -687,23 +689,23 @@ func TestListMIG(t *testing.T) {
 	// instance (a crash between the two), and one with two.
 	dev, _ := serverOf(lib).DeviceGetHandleByIndex(2)
 	info, _ := dev.GetGpuInstanceProfileInfo(profileNamed(t, g2, "1g.10gb").GIProfileID)
-	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != gonvml.SUCCESS {
+	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
 	p2 := profileNamed(t, g2, "2g.20gb")
 	info, _ = dev.GetGpuInstanceProfileInfo(p2.GIProfileID)
-	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: 2, Size: 2})
-	if ret != gonvml.SUCCESS {
+	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 2, Size: 2})
+	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
-	ciInfo, _ := gi.GetComputeInstanceProfileInfo(gonvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	ciInfo, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 	for range 2 {
-		if _, ret := gi.CreateComputeInstance(&ciInfo); ret != gonvml.SUCCESS {
+		if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
 			t.Fatal(ret)
 		}
 	}
-	if _, ret := gi.CreateComputeInstance(&ciInfo); ret != gonvml.ERROR_INSUFFICIENT_RESOURCES {
-		t.Errorf("third 1-slice compute instance in a 2g: %v", gonvml.ErrorString(ret))
+	if _, ret := gi.CreateComputeInstance(&ciInfo); ret != nvml.ERROR_INSUFFICIENT_RESOURCES {
+		t.Errorf("third 1-slice compute instance in a 2g: %v", nvml.ErrorString(ret))
 	}
 
 	got := listMIG(t, lib)
@@ -722,7 +724,7 @@ func TestListMIG(t *testing.T) {
 	if fmt.Sprint(brief) != fmt.Sprint(want) {
 		t.Errorf("ListMIG\n got %v\nwant %v", brief, want)
 	}
-	for _, inst := range []nvml.MIGInstance{c, b, a} {
+	for _, inst := range []nvmlgpu.MIGInstance{c, b, a} {
 		found := false
 		for _, g := range got {
 			found = found || g == inst
@@ -732,7 +734,7 @@ func TestListMIG(t *testing.T) {
 		}
 	}
 	// DestroyMIG leaves a GPU instance with another compute instance.
-	if err := lib.DestroyMIG(g2.UUID, 4, 0); !nvml.IsInUse(err) || !strings.Contains(err.Error(), g2.UUID) {
+	if err := lib.DestroyMIG(g2.UUID, 4, 0); !nvmlgpu.IsInUse(err) || !strings.Contains(err.Error(), g2.UUID) {
 		t.Errorf("GI with two CIs: error %v", err)
 	}
 	if err := lib.DestroyMIG(g2.UUID, 4, 1); err != nil {
@@ -778,17 +780,17 @@ func TestMIGModeRequired(t *testing.T) {
 	}
 	one := profileNamed(t, g, "1g.10gb")
 	_, err := lib.CreateMIG(g.UUID, one.GIProfileID, 0)
-	if !errors.Is(err, nvml.ErrMIGDisabled) || !strings.Contains(err.Error(), g.UUID) {
+	if !errors.Is(err, nvmlgpu.ErrMIGDisabled) || !strings.Contains(err.Error(), g.UUID) {
 		t.Fatalf("MIG off: error %v", err)
 	}
-	if _, err := lib.CanCreateTogether(g.UUID, []nvml.MIGPlacement{{GIProfileID: one.GIProfileID, Start: 0}}); !errors.Is(err, nvml.ErrMIGDisabled) {
+	if _, err := lib.CanCreateTogether(g.UUID, []nvmlgpu.MIGPlacement{{GIProfileID: one.GIProfileID, Start: 0}}); !errors.Is(err, nvmlgpu.ErrMIGDisabled) {
 		t.Errorf("CanCreateTogether with MIG off: %v", err)
 	}
 	// NVML itself refuses too.
 	dev, _ := serverOf(lib).DeviceGetHandleByIndex(0)
 	info, _ := dev.GetGpuInstanceProfileInfo(one.GIProfileID)
-	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != gonvml.ERROR_NOT_SUPPORTED {
-		t.Errorf("NVML create with MIG off: %v", gonvml.ErrorString(ret))
+	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("NVML create with MIG off: %v", nvml.ErrorString(ret))
 	}
 	if changed, err := lib.EnableMIG(g.UUID); err != nil || !changed {
 		t.Fatalf("EnableMIG: %v %v", changed, err)
@@ -802,8 +804,8 @@ func TestMIGModeRequired(t *testing.T) {
 	}
 	mustCreate(t, lib, g.UUID, one, 0)
 	// MIG cannot be turned off under instances.
-	if ret, _ := dev.SetMigMode(gonvml.DEVICE_MIG_DISABLE); ret != gonvml.ERROR_IN_USE {
-		t.Errorf("disable MIG with instances: %v", gonvml.ErrorString(ret))
+	if ret, _ := dev.SetMigMode(nvml.DEVICE_MIG_DISABLE); ret != nvml.ERROR_IN_USE {
+		t.Errorf("disable MIG with instances: %v", nvml.ErrorString(ret))
 	}
 }
 
@@ -812,37 +814,37 @@ func TestMIGOnGPUWithoutMIG(t *testing.T) {
 	node, _ := lib.Discover()
 	g := node.GPUs[1]
 	_, err := lib.EnableMIG(g.UUID)
-	if !nvml.IsNotSupported(err) || !strings.Contains(err.Error(), "does not support MIG") || !strings.Contains(err.Error(), g.UUID) || !strings.Contains(err.Error(), "GPU 1") {
+	if !nvmlgpu.IsNotSupported(err) || !strings.Contains(err.Error(), "does not support MIG") || !strings.Contains(err.Error(), g.UUID) || !strings.Contains(err.Error(), "GPU 1") {
 		t.Errorf("EnableMIG on an L4: %v", err)
 	}
-	if _, err := lib.CreateMIG(g.UUID, gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0); !nvml.IsNotSupported(err) || !strings.Contains(err.Error(), "does not support MIG") {
+	if _, err := lib.CreateMIG(g.UUID, nvml.GPU_INSTANCE_PROFILE_1_SLICE, 0); !nvmlgpu.IsNotSupported(err) || !strings.Contains(err.Error(), "does not support MIG") {
 		t.Errorf("CreateMIG on an L4: %v", err)
 	}
 	if got := listMIG(t, lib); len(got) != 0 {
 		t.Errorf("ListMIG: %+v", got)
 	}
 	dev, _ := serverOf(lib).DeviceGetHandleByIndex(1)
-	if _, ret := dev.CreateGpuInstanceWithPlacement(&gonvml.GpuInstanceProfileInfo{}, &gonvml.GpuInstancePlacement{}); ret != gonvml.ERROR_NOT_SUPPORTED {
-		t.Errorf("NVML create on an L4: %v", gonvml.ErrorString(ret))
+	if _, ret := dev.CreateGpuInstanceWithPlacement(&nvml.GpuInstanceProfileInfo{}, &nvml.GpuInstancePlacement{}); ret != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("NVML create on an L4: %v", nvml.ErrorString(ret))
 	}
 }
 
 func TestCanCreateTogether(t *testing.T) {
 	lib, g := migGPU(t, "A100-SXM4-80GB", 1)
-	p := func(name string, start int) nvml.MIGPlacement {
-		return nvml.MIGPlacement{GIProfileID: profileNamed(t, g, name).GIProfileID, Start: start}
+	p := func(name string, start int) nvmlgpu.MIGPlacement {
+		return nvmlgpu.MIGPlacement{GIProfileID: profileNamed(t, g, name).GIProfileID, Start: start}
 	}
 	existing := mustCreate(t, lib, g.UUID, profileNamed(t, g, "1g.10gb"), 6)
 	for _, tc := range []struct {
-		set  []nvml.MIGPlacement
+		set  []nvmlgpu.MIGPlacement
 		want bool
 	}{
-		{[]nvml.MIGPlacement{p("3g.40gb", 0), p("2g.20gb", 4)}, true},
-		{[]nvml.MIGPlacement{p("3g.40gb", 4)}, false},                  // overlaps the existing 1g
-		{[]nvml.MIGPlacement{p("4g.40gb", 0), p("3g.40gb", 0)}, false}, // overlap
-		{[]nvml.MIGPlacement{p("1g.10gb+me", 0), p("1g.10gb+me", 1)}, false},
-		{[]nvml.MIGPlacement{p("1g.10gb+me", 0), p("1g.10gb", 1), p("1g.20gb", 2), p("2g.20gb", 4)}, true},
-		{[]nvml.MIGPlacement{p("7g.80gb", 0)}, false},
+		{[]nvmlgpu.MIGPlacement{p("3g.40gb", 0), p("2g.20gb", 4)}, true},
+		{[]nvmlgpu.MIGPlacement{p("3g.40gb", 4)}, false},                  // overlaps the existing 1g
+		{[]nvmlgpu.MIGPlacement{p("4g.40gb", 0), p("3g.40gb", 0)}, false}, // overlap
+		{[]nvmlgpu.MIGPlacement{p("1g.10gb+me", 0), p("1g.10gb+me", 1)}, false},
+		{[]nvmlgpu.MIGPlacement{p("1g.10gb+me", 0), p("1g.10gb", 1), p("1g.20gb", 2), p("2g.20gb", 4)}, true},
+		{[]nvmlgpu.MIGPlacement{p("7g.80gb", 0)}, false},
 		{nil, true},
 	} {
 		ok, err := lib.CanCreateTogether(g.UUID, tc.set)
@@ -853,7 +855,7 @@ func TestCanCreateTogether(t *testing.T) {
 			t.Fatalf("%v: GPU changed: %+v", tc.set, got)
 		}
 	}
-	if _, err := lib.CanCreateTogether(g.UUID, []nvml.MIGPlacement{p("3g.40gb", 0), {GIProfileID: p("3g.40gb", 0).GIProfileID, Start: 2}}); err == nil || !strings.Contains(err.Error(), "no placement starting at memory slice 2") {
+	if _, err := lib.CanCreateTogether(g.UUID, []nvmlgpu.MIGPlacement{p("3g.40gb", 0), {GIProfileID: p("3g.40gb", 0).GIProfileID, Start: 2}}); err == nil || !strings.Contains(err.Error(), "no placement starting at memory slice 2") {
 		t.Errorf("illegal placement: %v", err)
 	}
 	if got := listMIG(t, lib); len(got) != 1 {
@@ -882,7 +884,7 @@ gpus:
 	}
 	node, _ := lib.Discover()
 	h100, a30 := node.GPUs[0], node.GPUs[2]
-	for _, g := range []nvml.GPU{h100, a30} {
+	for _, g := range []nvmlgpu.GPU{h100, a30} {
 		if _, err := lib.EnableMIG(g.UUID); err != nil {
 			t.Fatal(err)
 		}
@@ -893,7 +895,7 @@ gpus:
 	// A GPU instance whose compute instance was never made.
 	dev, _ := serverOf(lib).DeviceGetHandleByIndex(2)
 	info, _ := dev.GetGpuInstanceProfileInfo(profileNamed(t, a30, "1g.6gb").GIProfileID)
-	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != gonvml.SUCCESS {
+	if _, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
 	before := listMIG(t, lib)
@@ -926,15 +928,15 @@ gpus:
 	}
 	// The reloaded instances are real: they still take their room, MIG
 	// devices resolve by UUID, and they can be destroyed.
-	if _, err := lib.CreateMIG(h100.UUID, profileNamed(t, h100, "1g.10gb+me").GIProfileID, 0); !nvml.IsInsufficientResources(err) {
+	if _, err := lib.CreateMIG(h100.UUID, profileNamed(t, h100, "1g.10gb+me").GIProfileID, 0); !nvmlgpu.IsInsufficientResources(err) {
 		t.Errorf("second +me after reload: %v", err)
 	}
 	for _, inst := range after {
 		if inst.UUID == "" {
 			continue
 		}
-		if d, ret := serverOf(lib).DeviceGetHandleByUUID(inst.UUID); ret != gonvml.SUCCESS {
-			t.Errorf("%s: %v", inst.UUID, gonvml.ErrorString(ret))
+		if d, ret := serverOf(lib).DeviceGetHandleByUUID(inst.UUID); ret != nvml.SUCCESS {
+			t.Errorf("%s: %v", inst.UUID, nvml.ErrorString(ret))
 		} else if gi, _ := d.GetGpuInstanceId(); gi != inst.GIID {
 			t.Errorf("%s: GI %d", inst.UUID, gi)
 		}
@@ -961,7 +963,7 @@ gpus:
 		"other machine": func(s *simState) { s.Machine = "other" },
 		"MIG on an L4":  func(s *simState) { s.GPUs[1].MIGEnabled = true },
 		"overlap": func(s *simState) {
-			s.GPUs[0].GPUInstances = []simGIState{{ID: 1, ProfileID: gonvml.GPU_INSTANCE_PROFILE_4_SLICE, Placement: simPlacement{0, 4}}, {ID: 3, ProfileID: gonvml.GPU_INSTANCE_PROFILE_2_SLICE, Placement: simPlacement{0, 2}}}
+			s.GPUs[0].GPUInstances = []simGIState{{ID: 1, ProfileID: nvml.GPU_INSTANCE_PROFILE_4_SLICE, Placement: simPlacement{0, 4}}, {ID: 3, ProfileID: nvml.GPU_INSTANCE_PROFILE_2_SLICE, Placement: simPlacement{0, 2}}}
 		},
 		"bad MIG UUID": func(s *simState) {
 			s.GPUs[0].GPUInstances = []simGIState{{ID: 7, ProfileID: 0, Placement: simPlacement{0, 1}, ComputeInstances: []simCIState{{ID: 0, ProfileID: 0, Placement: simPlacement{0, 1}, UUID: "x"}}}}
@@ -1013,7 +1015,7 @@ func TestMIGConcurrent(t *testing.T) {
 						return
 					}
 					for range rounds {
-						var made []nvml.MIGInstance
+						var made []nvmlgpu.MIGInstance
 						for s := range 7 {
 							inst, err := lib.CreateMIG(g.UUID, one.GIProfileID, s)
 							if err != nil {
@@ -1022,7 +1024,7 @@ func TestMIGConcurrent(t *testing.T) {
 							}
 							made = append(made, inst)
 						}
-						if _, err := lib.CreateMIG(g.UUID, one.GIProfileID, 0); !nvml.IsInsufficientResources(err) {
+						if _, err := lib.CreateMIG(g.UUID, one.GIProfileID, 0); !nvmlgpu.IsInsufficientResources(err) {
 							errs <- fmt.Errorf("GPU %d: 8th 1g: %v", g.Index, err)
 							return
 						}
@@ -1062,50 +1064,50 @@ func TestSimComputeInstances(t *testing.T) {
 	dev, _ := serverOf(lib).DeviceGetHandleByIndex(0)
 	p := profileNamed(t, g, "3g.40gb")
 	info, _ := dev.GetGpuInstanceProfileInfo(p.GIProfileID)
-	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: 4, Size: 4})
-	if ret != gonvml.SUCCESS {
-		t.Fatal(gonvml.ErrorString(ret))
+	gi, ret := dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 4, Size: 4})
+	if ret != nvml.SUCCESS {
+		t.Fatal(nvml.ErrorString(ret))
 	}
-	full, _ := gi.GetComputeInstanceProfileInfo(p.CIProfileID, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-	one, _ := gi.GetComputeInstanceProfileInfo(gonvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-	if _, ret := gi.GetComputeInstanceProfileInfo(gonvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED); ret != gonvml.ERROR_NOT_SUPPORTED {
-		t.Errorf("7-slice compute instance profile in a 3g: %v", gonvml.ErrorString(ret))
+	full, _ := gi.GetComputeInstanceProfileInfo(p.CIProfileID, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	one, _ := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if _, ret := gi.GetComputeInstanceProfileInfo(nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED); ret != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("7-slice compute instance profile in a 3g: %v", nvml.ErrorString(ret))
 	}
 	ci, ret := gi.CreateComputeInstance(&full)
-	if ret != gonvml.SUCCESS {
-		t.Fatal(gonvml.ErrorString(ret))
+	if ret != nvml.SUCCESS {
+		t.Fatal(nvml.ErrorString(ret))
 	}
-	for _, info := range []gonvml.ComputeInstanceProfileInfo{full, one} {
-		if _, ret := gi.CreateComputeInstance(&info); ret != gonvml.ERROR_INSUFFICIENT_RESOURCES {
-			t.Errorf("compute instance %d next to the full one: %v", info.Id, gonvml.ErrorString(ret))
+	for _, info := range []nvml.ComputeInstanceProfileInfo{full, one} {
+		if _, ret := gi.CreateComputeInstance(&info); ret != nvml.ERROR_INSUFFICIENT_RESOURCES {
+			t.Errorf("compute instance %d next to the full one: %v", info.Id, nvml.ErrorString(ret))
 		}
 	}
-	if ret := gi.Destroy(); ret != gonvml.ERROR_IN_USE {
-		t.Errorf("destroy GPU instance with a compute instance: %v", gonvml.ErrorString(ret))
+	if ret := gi.Destroy(); ret != nvml.ERROR_IN_USE {
+		t.Errorf("destroy GPU instance with a compute instance: %v", nvml.ErrorString(ret))
 	}
 	cii, _ := ci.GetInfo()
 	mig, ret := dev.GetMigDeviceHandleByIndex(0)
-	if ret != gonvml.SUCCESS {
-		t.Fatal(gonvml.ErrorString(ret))
+	if ret != nvml.SUCCESS {
+		t.Fatal(nvml.ErrorString(ret))
 	}
 	attrs, _ := mig.GetAttributes()
 	if isMig, _ := mig.IsMigDeviceHandle(); !isMig || attrs.MemorySizeMB != 40448 || attrs.GpuInstanceSliceCount != 3 || cii.Id != 0 {
 		t.Errorf("MIG device: %v %+v, CI %d", isMig, attrs, cii.Id)
 	}
-	if _, ret := dev.GetMigDeviceHandleByIndex(1); ret != gonvml.ERROR_NOT_FOUND {
-		t.Errorf("second MIG device: %v", gonvml.ErrorString(ret))
+	if _, ret := dev.GetMigDeviceHandleByIndex(1); ret != nvml.ERROR_NOT_FOUND {
+		t.Errorf("second MIG device: %v", nvml.ErrorString(ret))
 	}
-	if ret := ci.Destroy(); ret != gonvml.SUCCESS {
-		t.Fatal(gonvml.ErrorString(ret))
+	if ret := ci.Destroy(); ret != nvml.SUCCESS {
+		t.Fatal(nvml.ErrorString(ret))
 	}
-	if ret := ci.Destroy(); ret == gonvml.SUCCESS {
+	if ret := ci.Destroy(); ret == nvml.SUCCESS {
 		t.Error("compute instance destroyed twice")
 	}
-	if ret := gi.Destroy(); ret != gonvml.SUCCESS {
-		t.Fatal(gonvml.ErrorString(ret))
+	if ret := gi.Destroy(); ret != nvml.SUCCESS {
+		t.Fatal(nvml.ErrorString(ret))
 	}
-	if _, ret := dev.GetGpuInstanceById(2); ret != gonvml.ERROR_NOT_FOUND {
-		t.Errorf("destroyed GPU instance: %v", gonvml.ErrorString(ret))
+	if _, ret := dev.GetGpuInstanceById(2); ret != nvml.ERROR_NOT_FOUND {
+		t.Errorf("destroyed GPU instance: %v", nvml.ErrorString(ret))
 	}
 }
 
@@ -1126,7 +1128,7 @@ func TestDisableMIG(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lib.DisableMIG(gpu.UUID); !nvml.IsInUse(err) {
+	if _, err := lib.DisableMIG(gpu.UUID); !nvmlgpu.IsInUse(err) {
 		t.Fatalf("disable with an instance: %v, want ERROR_IN_USE", err)
 	}
 	if err := lib.DestroyMIG(gpu.UUID, in.GIID, in.CIID); err != nil {

@@ -5,10 +5,10 @@ import (
 	"sync/atomic"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // migCounters counts the NVML calls a MIG device UUID lookup can make on
@@ -24,16 +24,16 @@ func countMIGLookups(srv *server.Server, failByIDs bool) *migCounters {
 	c := &migCounters{}
 	dev := srv.Devices[0].(*server.Device)
 	byIndex := dev.GetMigDeviceHandleByIndexFunc
-	dev.GetMigDeviceHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+	dev.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 		c.walk.Add(1)
 		return byIndex(i)
 	}
 	byUUID := srv.DeviceGetHandleByUUIDFunc
-	srv.DeviceGetHandleByUUIDFunc = func(id string) (gonvml.Device, gonvml.Return) {
+	srv.DeviceGetHandleByUUIDFunc = func(id string) (nvml.Device, nvml.Return) {
 		if strings.HasPrefix(id, "MIG-GPU-") {
 			c.byIDs.Add(1)
 			if failByIDs {
-				return nil, gonvml.ERROR_NOT_FOUND
+				return nil, nvml.ERROR_NOT_FOUND
 			}
 		}
 		return byUUID(id)
@@ -42,7 +42,7 @@ func countMIGLookups(srv *server.Server, failByIDs bool) *migCounters {
 }
 
 // openMIGMachine opens one GPU of model with MIG on.
-func openMIGMachine(t *testing.T, model string, ciInfoParent bool) (*nvml.Library, *server.Server, nvml.GPU) {
+func openMIGMachine(t *testing.T, model string, ciInfoParent bool) (*nvmlgpu.Library, *server.Server, nvmlgpu.GPU) {
 	t.Helper()
 	m := &Machine{Name: "uuid-" + strings.ToLower(model), DriverVersion: simDriverVersion, CUDADriverVersion: "13.0",
 		GPUs: []MachineGPU{{Model: model, PCIBusID: "0000:80:00.0", MIGEnabled: true}}, CIInfoParentDevice: ciInfoParent}
@@ -95,8 +95,8 @@ func TestMIGDeviceUUIDLookup(t *testing.T) {
 				}
 				// The UUID is the MIG device's of these instance IDs.
 				dev, ret := srv.DeviceGetHandleByUUID(inst.UUID)
-				if ret != gonvml.SUCCESS {
-					t.Fatalf("UUID %q: %s", inst.UUID, gonvml.ErrorString(ret))
+				if ret != nvml.SUCCESS {
+					t.Fatalf("UUID %q: %s", inst.UUID, nvml.ErrorString(ret))
 				}
 				giID, _ := dev.GetGpuInstanceId()
 				ciID, _ := dev.GetComputeInstanceId()
@@ -113,8 +113,8 @@ func TestMIGDeviceUUIDLookup(t *testing.T) {
 				for _, in := range list {
 					seen[in.UUID] = true
 					dev, ret := srv.DeviceGetHandleByUUID(in.UUID)
-					if ret != gonvml.SUCCESS {
-						t.Fatalf("listed UUID %q: %s", in.UUID, gonvml.ErrorString(ret))
+					if ret != nvml.SUCCESS {
+						t.Fatalf("listed UUID %q: %s", in.UUID, nvml.ErrorString(ret))
 					}
 					if giID, _ := dev.GetGpuInstanceId(); giID != in.GIID {
 						t.Errorf("listed UUID %s is GI %d's, listed as GI %d's", in.UUID, giID, in.GIID)
@@ -157,7 +157,7 @@ func TestMIGProfileIDAsNvidiaSMIShowsIt(t *testing.T) {
 				}
 			}
 			p := g.MIGProfiles[0]
-			if p.GIProfileID != gonvml.GPU_INSTANCE_PROFILE_1_SLICE || p.GIProfileInfoID != 19 {
+			if p.GIProfileID != nvml.GPU_INSTANCE_PROFILE_1_SLICE || p.GIProfileInfoID != 19 {
 				t.Fatalf("first profile %s: index %d, ID %d; want the 1g, 0 and 19", p.Name, p.GIProfileID, p.GIProfileInfoID)
 			}
 			inst, err := lib.CreateMIG(g.UUID, p.GIProfileID, 0)

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"sync"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 // migLevel is one of MIG's two levels: the GPU instances of a GPU
@@ -17,16 +17,16 @@ import (
 // take.
 type migLevel[Info, Place any, C migInstance[H], H any] interface {
 	// lookup is the level's own table entry for a caller's profile info.
-	lookup(*Info) (Info, gonvml.Return)
+	lookup(*Info) (Info, nvml.Return)
 	// idOf is a profile info's ID, which the instances' profiles carry.
 	idOf(*Info) uint32
 	// open is SUCCESS where instances can be listed and created: MIG mode
 	// on, the GPU instance not destroyed.
-	open() gonvml.Return
-	fits(Info, Place) gonvml.Return
+	open() nvml.Return
+	fits(Info, Place) nvml.Return
 	// choose is where the driver puts a new instance of a profile.
 	choose(Info) (Place, bool)
-	create(Info, Place) (C, gonvml.Return)
+	create(Info, Place) (C, nvml.Return)
 	// hold stands an instance that is not created at a placement, for
 	// counting what else fits, until release.
 	hold(Info, Place) (release func())
@@ -54,64 +54,64 @@ func callsOf[Info, Place any, C migInstance[H], H any](l migLevel[Info, Place, C
 }
 
 // create is Create{Gpu,Compute}Instance: where the driver would put it.
-func (m migCalls[Info, Place, C, H]) create(info *Info) (H, gonvml.Return) {
+func (m migCalls[Info, Place, C, H]) create(info *Info) (H, nvml.Return) {
 	return m.place(info, nil)
 }
 
 // createAt is Create{Gpu,Compute}InstanceWithPlacement.
-func (m migCalls[Info, Place, C, H]) createAt(info *Info, at *Place) (H, gonvml.Return) {
+func (m migCalls[Info, Place, C, H]) createAt(info *Info, at *Place) (H, nvml.Return) {
 	if at == nil {
 		var none H
-		return none, gonvml.ERROR_INVALID_ARGUMENT
+		return none, nvml.ERROR_INVALID_ARGUMENT
 	}
 	return m.place(info, at)
 }
 
 // place creates an instance at at, or where the driver would put it.
-func (m migCalls[Info, Place, C, H]) place(info *Info, at *Place) (H, gonvml.Return) {
+func (m migCalls[Info, Place, C, H]) place(info *Info, at *Place) (H, nvml.Return) {
 	l := m.l
 	var none H
 	profile, ret := l.lookup(info)
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return none, ret
 	}
 	mu := l.locker()
 	mu.Lock()
 	defer mu.Unlock()
-	if ret := l.open(); ret != gonvml.SUCCESS {
+	if ret := l.open(); ret != nvml.SUCCESS {
 		return none, ret
 	}
 	var p Place
 	if at != nil {
-		if ret := l.fits(profile, *at); ret != gonvml.SUCCESS {
+		if ret := l.fits(profile, *at); ret != nvml.SUCCESS {
 			return none, ret
 		}
 		p = *at
 	} else {
 		var ok bool
 		if p, ok = l.choose(profile); !ok {
-			return none, gonvml.ERROR_INSUFFICIENT_RESOURCES
+			return none, nvml.ERROR_INSUFFICIENT_RESOURCES
 		}
 	}
 	c, ret := l.create(profile, p)
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return none, ret
 	}
-	return c.handleOf(), gonvml.SUCCESS
+	return c.handleOf(), nvml.SUCCESS
 }
 
 // remaining is Get{Gpu,Compute}InstanceRemainingCapacity: how many more
 // instances of a profile fit, each where the driver would put it.
-func (m migCalls[Info, Place, C, H]) remaining(info *Info) (int, gonvml.Return) {
+func (m migCalls[Info, Place, C, H]) remaining(info *Info) (int, nvml.Return) {
 	l := m.l
 	profile, ret := l.lookup(info)
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return 0, ret
 	}
 	mu := l.locker()
 	mu.Lock()
 	defer mu.Unlock()
-	if ret := l.open(); ret != gonvml.SUCCESS {
+	if ret := l.open(); ret != nvml.SUCCESS {
 		return 0, ret
 	}
 	// Hold instances greedily where the driver would put them, and
@@ -125,22 +125,22 @@ func (m migCalls[Info, Place, C, H]) remaining(info *Info) (int, gonvml.Return) 
 	for {
 		p, ok := l.choose(profile)
 		if !ok {
-			return len(held), gonvml.SUCCESS
+			return len(held), nvml.SUCCESS
 		}
 		held = append(held, l.hold(profile, p))
 	}
 }
 
 // list is Get{Gpu,Compute}Instances: the instances of a profile, by ID.
-func (m migCalls[Info, Place, C, H]) list(info *Info) ([]H, gonvml.Return) {
+func (m migCalls[Info, Place, C, H]) list(info *Info) ([]H, nvml.Return) {
 	l := m.l
 	if info == nil {
-		return nil, gonvml.ERROR_INVALID_ARGUMENT
+		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 	mu := l.locker()
 	mu.Lock()
 	defer mu.Unlock()
-	if ret := l.open(); ret != gonvml.SUCCESS {
+	if ret := l.open(); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	var out []H
@@ -149,27 +149,27 @@ func (m migCalls[Info, Place, C, H]) list(info *Info) ([]H, gonvml.Return) {
 			out = append(out, c.handleOf())
 		}
 	}
-	return out, gonvml.SUCCESS
+	return out, nvml.SUCCESS
 }
 
 // byID is Get{Gpu,Compute}InstanceById.
-func (m migCalls[Info, Place, C, H]) byID(id int) (H, gonvml.Return) {
+func (m migCalls[Info, Place, C, H]) byID(id int) (H, nvml.Return) {
 	l := m.l
 	var none H
 	mu := l.locker()
 	mu.Lock()
 	defer mu.Unlock()
-	if ret := l.open(); ret != gonvml.SUCCESS {
+	if ret := l.open(); ret != nvml.SUCCESS {
 		return none, ret
 	}
 	if id < 0 || id >= l.maxID() {
-		return none, gonvml.ERROR_INVALID_ARGUMENT
+		return none, nvml.ERROR_INVALID_ARGUMENT
 	}
 	c, ok := l.instances()[id]
 	if !ok {
-		return none, gonvml.ERROR_NOT_FOUND
+		return none, nvml.ERROR_NOT_FOUND
 	}
-	return c.handleOf(), gonvml.SUCCESS
+	return c.handleOf(), nvml.SUCCESS
 }
 
 // crowding counts the instances of a profile among a level's, and says
@@ -191,31 +191,31 @@ func crowding[C interface {
 
 // liveInfo is a GPU or compute instance's GetInfo: ERROR_INVALID_ARGUMENT
 // once it is destroyed.
-func liveInfo[T any](g *simGPU, destroyed *bool, info func() T) (T, gonvml.Return) {
+func liveInfo[T any](g *simGPU, destroyed *bool, info func() T) (T, nvml.Return) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if *destroyed {
 		var none T
-		return none, gonvml.ERROR_INVALID_ARGUMENT
+		return none, nvml.ERROR_INVALID_ARGUMENT
 	}
-	return info(), gonvml.SUCCESS
+	return info(), nvml.SUCCESS
 }
 
 // destroy is a GPU or compute instance's Destroy: ERROR_IN_USE while busy
 // (nil: never), else the instance leaves its level's instances, for good
 // once the state is saved, and gone (nil: nothing) runs under the lock.
-func destroy[C any](g *simGPU, destroyed *bool, in map[int]C, id int, busy func() bool, gone func()) gonvml.Return {
+func destroy[C any](g *simGPU, destroyed *bool, in map[int]C, id int, busy func() bool, gone func()) nvml.Return {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if *destroyed {
-		return gonvml.ERROR_INVALID_ARGUMENT
+		return nvml.ERROR_INVALID_ARGUMENT
 	}
 	if busy != nil && busy() {
-		return gonvml.ERROR_IN_USE
+		return nvml.ERROR_IN_USE
 	}
 	c := in[id]
 	delete(in, id)
-	if ret := g.persist(); ret != gonvml.SUCCESS {
+	if ret := g.persist(); ret != nvml.SUCCESS {
 		in[id] = c
 		return ret
 	}
@@ -223,7 +223,7 @@ func destroy[C any](g *simGPU, destroyed *bool, in map[int]C, id int, busy func(
 	if gone != nil {
 		gone()
 	}
-	return gonvml.SUCCESS
+	return nvml.SUCCESS
 }
 
 // sortedByID are a level's instances in the order of their IDs.
@@ -237,17 +237,17 @@ func sortedByID[C any](m map[int]C) []C {
 
 // The GPU's level: its GPU instances.
 
-func (g *simGPU) idOf(info *gonvml.GpuInstanceProfileInfo) uint32 { return info.Id }
-func (g *simGPU) open() gonvml.Return {
-	if g.migMode != gonvml.DEVICE_MIG_ENABLE {
-		return gonvml.ERROR_NOT_SUPPORTED
+func (g *simGPU) idOf(info *nvml.GpuInstanceProfileInfo) uint32 { return info.Id }
+func (g *simGPU) open() nvml.Return {
+	if g.migMode != nvml.DEVICE_MIG_ENABLE {
+		return nvml.ERROR_NOT_SUPPORTED
 	}
-	return gonvml.SUCCESS
+	return nvml.SUCCESS
 }
-func (g *simGPU) create(profile gonvml.GpuInstanceProfileInfo, p gonvml.GpuInstancePlacement) (*simGI, gonvml.Return) {
+func (g *simGPU) create(profile nvml.GpuInstanceProfileInfo, p nvml.GpuInstancePlacement) (*simGI, nvml.Return) {
 	return g.createGI(profile, p, -1)
 }
-func (g *simGPU) hold(profile gonvml.GpuInstanceProfileInfo, p gonvml.GpuInstancePlacement) func() {
+func (g *simGPU) hold(profile nvml.GpuInstanceProfileInfo, p nvml.GpuInstancePlacement) func() {
 	gi := &simGI{gpu: g, id: g.freeGIID(p), profile: profile, placement: p}
 	g.gis[gi.id] = gi
 	return func() { delete(g.gis, gi.id) }
@@ -256,23 +256,23 @@ func (g *simGPU) instances() map[int]*simGI { return g.gis }
 func (g *simGPU) maxID() int                { return migMaxGPUInstances }
 func (g *simGPU) locker() sync.Locker       { return &g.mu }
 
-func (gi *simGI) handleOf() gonvml.GpuInstance { return gi.handle }
-func (gi *simGI) profileID() uint32            { return gi.profile.Id }
-func (gi *simGI) span() (start, size uint32)   { return gi.placement.Start, gi.placement.Size }
+func (gi *simGI) handleOf() nvml.GpuInstance { return gi.handle }
+func (gi *simGI) profileID() uint32          { return gi.profile.Id }
+func (gi *simGI) span() (start, size uint32) { return gi.placement.Start, gi.placement.Size }
 
 // A GPU instance's level: its compute instances.
 
-func (gi *simGI) idOf(info *gonvml.ComputeInstanceProfileInfo) uint32 { return info.Id }
-func (gi *simGI) open() gonvml.Return {
+func (gi *simGI) idOf(info *nvml.ComputeInstanceProfileInfo) uint32 { return info.Id }
+func (gi *simGI) open() nvml.Return {
 	if gi.destroyed {
-		return gonvml.ERROR_INVALID_ARGUMENT
+		return nvml.ERROR_INVALID_ARGUMENT
 	}
-	return gonvml.SUCCESS
+	return nvml.SUCCESS
 }
-func (gi *simGI) create(profile gonvml.ComputeInstanceProfileInfo, p gonvml.ComputeInstancePlacement) (*simCI, gonvml.Return) {
+func (gi *simGI) create(profile nvml.ComputeInstanceProfileInfo, p nvml.ComputeInstancePlacement) (*simCI, nvml.Return) {
 	return gi.createCI(profile, p, -1, "")
 }
-func (gi *simGI) hold(profile gonvml.ComputeInstanceProfileInfo, p gonvml.ComputeInstancePlacement) func() {
+func (gi *simGI) hold(profile nvml.ComputeInstanceProfileInfo, p nvml.ComputeInstancePlacement) func() {
 	id := gi.freeCIID()
 	gi.cis[id] = &simCI{gi: gi, id: id, profile: profile, placement: p}
 	return func() { delete(gi.cis, id) }
@@ -281,6 +281,6 @@ func (gi *simGI) instances() map[int]*simCI { return gi.cis }
 func (gi *simGI) maxID() int                { return migMaxComputeInsts }
 func (gi *simGI) locker() sync.Locker       { return &gi.gpu.mu }
 
-func (ci *simCI) handleOf() gonvml.ComputeInstance { return ci.handle }
-func (ci *simCI) profileID() uint32                { return ci.profile.Id }
-func (ci *simCI) span() (start, size uint32)       { return ci.placement.Start, ci.placement.Size }
+func (ci *simCI) handleOf() nvml.ComputeInstance { return ci.handle }
+func (ci *simCI) profileID() uint32              { return ci.profile.Id }
+func (ci *simCI) span() (start, size uint32)     { return ci.placement.Start, ci.placement.Size }

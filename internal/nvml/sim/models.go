@@ -3,7 +3,7 @@ package sim
 import (
 	"sort"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 )
 
@@ -62,14 +62,14 @@ type giRow struct {
 
 // Profile indices, as NVML numbers them (the h200.md table's "NVML index").
 const (
-	p1    = gonvml.GPU_INSTANCE_PROFILE_1_SLICE      // 0: 1g
-	p1me  = gonvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 // 7: 1g+me
-	p1x2  = gonvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2 // 9: 1g with two memory slices
-	p2    = gonvml.GPU_INSTANCE_PROFILE_2_SLICE      // 1: 2g
-	p2me  = gonvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1 // 8: 2g+me (A30)
-	p3    = gonvml.GPU_INSTANCE_PROFILE_3_SLICE      // 2: 3g
-	p4    = gonvml.GPU_INSTANCE_PROFILE_4_SLICE      // 3: 4g
-	p7    = gonvml.GPU_INSTANCE_PROFILE_7_SLICE      // 4: 7g
+	p1    = nvml.GPU_INSTANCE_PROFILE_1_SLICE      // 0: 1g
+	p1me  = nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1 // 7: 1g+me
+	p1x2  = nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2 // 9: 1g with two memory slices
+	p2    = nvml.GPU_INSTANCE_PROFILE_2_SLICE      // 1: 2g
+	p2me  = nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1 // 8: 2g+me (A30)
+	p3    = nvml.GPU_INSTANCE_PROFILE_3_SLICE      // 2: 3g
+	p4    = nvml.GPU_INSTANCE_PROFILE_4_SLICE      // 3: 4g
+	p7    = nvml.GPU_INSTANCE_PROFILE_7_SLICE      // 4: 7g
 	seven = 7
 )
 
@@ -229,14 +229,14 @@ var models = map[string]model{
 	"A30-PCIE-24GB":  calibrated(gpus.A30_PCIE_24GB, "", 24576, 145<<20, srcReservedEstimate),
 	// NVIDIA L4 (Ada, AD104): 24 GB GDDR6 of which the driver reports
 	// 23034 MiB, compute capability 8.9, no MIG. PCI device ID 0x27B8.
-	"L4": calibrated(noMIG("NVIDIA L4", gonvml.DEVICE_ARCH_ADA, gonvml.BRAND_NVIDIA, 8, 9, 0x27B810DE), "", 23034, 136<<20, srcReservedEstimate),
+	"L4": calibrated(noMIG("NVIDIA L4", nvml.DEVICE_ARCH_ADA, nvml.BRAND_NVIDIA, 8, 9, 0x27B810DE), "", 23034, 136<<20, srcReservedEstimate),
 	// NVIDIA L40S (Ada, AD102): 48 GB GDDR6 (46068 MiB reported), compute
 	// capability 8.9, no MIG and no NVLink (NVIDIA L40S datasheet). PCI
 	// device ID 0x26B9.
-	"L40S": calibrated(noMIG("NVIDIA L40S", gonvml.DEVICE_ARCH_ADA, gonvml.BRAND_NVIDIA, 8, 9, 0x26B910DE), "", 46068, 272<<20, srcReservedEstimate),
+	"L40S": calibrated(noMIG("NVIDIA L40S", nvml.DEVICE_ARCH_ADA, nvml.BRAND_NVIDIA, 8, 9, 0x26B910DE), "", 46068, 272<<20, srcReservedEstimate),
 	// NVIDIA T4 (Turing, TU104): 16 GB GDDR6 (15360 MiB reported), compute
 	// capability 7.5, no MIG. PCI device ID 0x1EB8.
-	"T4": calibrated(noMIG("Tesla T4", gonvml.DEVICE_ARCH_TURING, gonvml.BRAND_TESLA, 7, 5, 0x1EB810DE), "", 15360, 91<<20, srcReservedEstimate),
+	"T4": calibrated(noMIG("Tesla T4", nvml.DEVICE_ARCH_TURING, nvml.BRAND_TESLA, 7, 5, 0x1EB810DE), "", 15360, 91<<20, srcReservedEstimate),
 }
 
 // h100NVL is go-nvml's H100 with the NVL card's PCI device ID.
@@ -260,7 +260,7 @@ func gb200() gpus.Config {
 // noMIG is the config of a GPU without MIG, which go-nvml does not
 // model: its name, architecture and brand as NVML reports them, its
 // compute capability and its PCI device ID.
-func noMIG(name string, arch gonvml.DeviceArchitecture, brand gonvml.BrandType, cudaMajor, cudaMinor int, pciDeviceID uint32) gpus.Config {
+func noMIG(name string, arch nvml.DeviceArchitecture, brand nvml.BrandType, cudaMajor, cudaMinor int, pciDeviceID uint32) gpus.Config {
 	return gpus.Config{Name: name, Architecture: arch, Brand: brand, CudaMajor: cudaMajor, CudaMinor: cudaMinor, PciDeviceId: pciDeviceID}
 }
 
@@ -306,10 +306,10 @@ func migCapable(c gpus.Config) bool {
 // GPU instance keep the mock's SM counts (no card was measured with them).
 func applyTable(p gpus.MIGProfileConfig, rows []giRow) gpus.MIGProfileConfig {
 	out := gpus.MIGProfileConfig{
-		GpuInstanceProfiles:       map[int]gonvml.GpuInstanceProfileInfo{},
-		ComputeInstanceProfiles:   map[int]map[int]gonvml.ComputeInstanceProfileInfo{},
-		GpuInstancePlacements:     map[int][]gonvml.GpuInstancePlacement{},
-		ComputeInstancePlacements: map[int]map[int][]gonvml.ComputeInstancePlacement{},
+		GpuInstanceProfiles:       map[int]nvml.GpuInstanceProfileInfo{},
+		ComputeInstanceProfiles:   map[int]map[int]nvml.ComputeInstanceProfileInfo{},
+		GpuInstancePlacements:     map[int][]nvml.GpuInstancePlacement{},
+		ComputeInstancePlacements: map[int]map[int][]nvml.ComputeInstancePlacement{},
 	}
 	for _, r := range rows {
 		info := p.GpuInstanceProfiles[r.id]
@@ -324,9 +324,9 @@ func applyTable(p gpus.MIGProfileConfig, rows []giRow) gpus.MIGProfileConfig {
 		info.MemorySizeMB = r.memMiB
 		out.GpuInstanceProfiles[r.id] = info
 		for _, s := range r.placementStarts {
-			out.GpuInstancePlacements[r.id] = append(out.GpuInstancePlacements[r.id], gonvml.GpuInstancePlacement{Start: s, Size: r.placementSize})
+			out.GpuInstancePlacements[r.id] = append(out.GpuInstancePlacements[r.id], nvml.GpuInstancePlacement{Start: s, Size: r.placementSize})
 		}
-		cis := map[int]gonvml.ComputeInstanceProfileInfo{}
+		cis := map[int]nvml.ComputeInstanceProfileInfo{}
 		for ci, ciInfo := range p.ComputeInstanceProfiles[r.id] {
 			if ciInfo.SliceCount == info.SliceCount {
 				ciInfo.MultiprocessorCount = r.sms
@@ -334,9 +334,9 @@ func applyTable(p gpus.MIGProfileConfig, rows []giRow) gpus.MIGProfileConfig {
 			cis[ci] = ciInfo
 		}
 		out.ComputeInstanceProfiles[r.id] = cis
-		cps := map[int][]gonvml.ComputeInstancePlacement{}
+		cps := map[int][]nvml.ComputeInstancePlacement{}
 		for ci, pl := range p.ComputeInstancePlacements[r.id] {
-			cps[ci] = append([]gonvml.ComputeInstancePlacement(nil), pl...)
+			cps[ci] = append([]nvml.ComputeInstancePlacement(nil), pl...)
 		}
 		out.ComputeInstancePlacements[r.id] = cps
 	}

@@ -8,7 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +17,7 @@ import (
 	"sync"
 	"testing"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"golang.org/x/sys/unix"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -32,7 +32,7 @@ const simDriverVersion = "580.159.04"
 // testNode is a simulated node (a machine file opened with OpenMachine) with
 // a simulated driver root laid out for its GPUs.
 type testNode struct {
-	lib  *nvml.Library
+	lib  *nvmlgpu.Library
 	root string
 }
 
@@ -44,7 +44,7 @@ func (n *testNode) gpu(i int) *server.Device {
 // openTestMachine writes a machine file of gpus GPUs of model and opens it
 // with OpenMachine. The GPUs' bus IDs are 0000:80:00.0 and up, where a
 // test host has no device whose /dev/dri nodes nvcdi would add.
-func openTestMachine(t *testing.T, model string, gpus int, opts ...Option) *nvml.Library {
+func openTestMachine(t *testing.T, model string, gpus int, opts ...Option) *nvmlgpu.Library {
 	t.Helper()
 	return openTestMachineMIG(t, model, gpus, false, opts...)
 }
@@ -52,7 +52,7 @@ func openTestMachine(t *testing.T, model string, gpus int, opts ...Option) *nvml
 // openTestMachineMIG is openTestMachine with every GPU's MIG mode on at boot
 // when migEnabled, as an admin leaves an A100 whose MIG mode Facet must
 // not change (it applies only after a GPU reset).
-func openTestMachineMIG(t *testing.T, model string, gpus int, migEnabled bool, opts ...Option) *nvml.Library {
+func openTestMachineMIG(t *testing.T, model string, gpus int, migEnabled bool, opts ...Option) *nvmlgpu.Library {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "name: test-%s\ndriverVersion: %q\ncudaDriverVersion: \"13.0\"\ngpus:\n", strings.ToLower(model), simDriverVersion)
@@ -76,7 +76,7 @@ func openTestMachineMIG(t *testing.T, model string, gpus int, migEnabled bool, o
 
 // openMachineFile is OpenMachine for tests that reach into the mock server
 // behind the library (serverOf).
-func openMachineFile(path string, opts ...Option) (*nvml.Library, error) {
+func openMachineFile(path string, opts ...Option) (*nvmlgpu.Library, error) {
 	m, err := LoadMachine(path)
 	if err != nil {
 		return nil, err
@@ -94,7 +94,7 @@ var servers sync.Map
 
 // serverOf returns the go-nvml mock server behind a library that
 // openMachineFile opened.
-func serverOf(lib *nvml.Library) *server.Server {
+func serverOf(lib *nvmlgpu.Library) *server.Server {
 	srv, ok := servers.Load(lib)
 	if !ok {
 		panic("serverOf: library not opened by openMachineFile")
@@ -104,18 +104,20 @@ func serverOf(lib *nvml.Library) *server.Server {
 
 // The simulated nodes of the tests: eight GPUs, like go-nvml's dgxh100 and
 // dgxa100 mocks.
-func dgxH100(t *testing.T) *nvml.Library { return openTestMachine(t, "H100-SXM5-80GB", 8) }
-func dgxA100(t *testing.T) *nvml.Library { return openTestMachine(t, "A100-SXM4-40GB", 8) }
+func dgxH100(t *testing.T) *nvmlgpu.Library { return openTestMachine(t, "H100-SXM5-80GB", 8) }
+func dgxA100(t *testing.T) *nvmlgpu.Library { return openTestMachine(t, "A100-SXM4-40GB", 8) }
 
 // dgxA100MIG is dgxA100 with MIG mode on: Facet carves there but never
 // changes an A100's MIG mode.
-func dgxA100MIG(t *testing.T) *nvml.Library { return openTestMachineMIG(t, "A100-SXM4-40GB", 8, true) }
+func dgxA100MIG(t *testing.T) *nvmlgpu.Library {
+	return openTestMachineMIG(t, "A100-SXM4-40GB", 8, true)
+}
 
 // newTestNode gives lib a simulated driver root: shared when not empty (a
 // root laid out by newSharedRoot for the same GPU minors, which the test
 // must not modify), otherwise a fresh one. It skips the test where mknod is
 // not permitted.
-func newTestNode(t *testing.T, lib *nvml.Library, shared string) *testNode {
+func newTestNode(t *testing.T, lib *nvmlgpu.Library, shared string) *testNode {
 	t.Helper()
 	n := &testNode{lib: lib, root: shared}
 	if shared != "" {
@@ -154,7 +156,7 @@ func layoutOrSkip(t *testing.T, root, version string, minors []int) {
 	}
 }
 
-func newEditor(t *testing.T, n *testNode, opts nvml.DriverEditorOptions) *nvml.DriverEditor {
+func newEditor(t *testing.T, n *testNode, opts nvmlgpu.DriverEditorOptions) *nvmlgpu.DriverEditor {
 	t.Helper()
 	if opts.DriverRoot == "/" {
 		opts.DriverRoot = n.root + "/"
@@ -184,8 +186,8 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 	shared := newSharedRoot(t)
 	for _, tc := range []struct {
 		name      string
-		lib       func(*testing.T) *nvml.Library
-		opts      nvml.DriverEditorOptions
+		lib       func(*testing.T) *nvmlgpu.Library
+		opts      nvmlgpu.DriverEditorOptions
 		breakRoot func(root string) error
 		golden    string
 		wantHooks []string
@@ -206,18 +208,18 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 		{
 			name:      "custom hook path, ldcache hook only",
 			lib:       dgxH100,
-			opts:      nvml.DriverEditorOptions{NvidiaCDIHookPath: "/opt/facet/bin/nvidia-cdi-hook", DisabledHooks: []string{"create-symlinks", "enable-cuda-compat", "disable-device-node-modification"}},
+			opts:      nvmlgpu.DriverEditorOptions{NvidiaCDIHookPath: "/opt/facet/bin/nvidia-cdi-hook", DisabledHooks: []string{"create-symlinks", "enable-cuda-compat", "disable-device-node-modification"}},
 			wantHooks: []string{"update-ldcache"},
 		},
 		{
 			name: "all hooks disabled",
 			lib:  dgxH100,
-			opts: nvml.DriverEditorOptions{DisabledHooks: []string{"all"}},
+			opts: nvmlgpu.DriverEditorOptions{DisabledHooks: []string{"all"}},
 		},
 		{
 			name:      "root with a trailing slash",
 			lib:       dgxH100,
-			opts:      nvml.DriverEditorOptions{DriverRoot: "/"}, // replaced by root + "/"
+			opts:      nvmlgpu.DriverEditorOptions{DriverRoot: "/"}, // replaced by root + "/"
 			golden:    "common-edits-" + simDriverVersion,
 			wantHooks: []string{"create-symlinks", "create-symlinks", "enable-cuda-compat", "update-ldcache", "disable-device-node-modification"},
 		},
@@ -283,7 +285,7 @@ func TestDriverEditorCommonEdits(t *testing.T) {
 			}
 			wantHook := tc.opts.NvidiaCDIHookPath
 			if wantHook == "" {
-				wantHook = nvml.DefaultNvidiaCDIHookPath
+				wantHook = nvmlgpu.DefaultNvidiaCDIHookPath
 			}
 			var hooks []string
 			for _, h := range ce.Hooks {
@@ -307,7 +309,7 @@ func TestDriverEditorGPUEdits(t *testing.T) {
 	shared := newSharedRoot(t)
 	for _, tc := range []struct {
 		name      string
-		lib       func(*testing.T) *nvml.Library
+		lib       func(*testing.T) *nvmlgpu.Library
 		gpu       int
 		uuid      func(n *testNode) string
 		breakNode func(n *testNode)
@@ -375,7 +377,7 @@ func TestDriverEditorGPUEdits(t *testing.T) {
 			if tc.uuid != nil {
 				id = tc.uuid(n)
 			}
-			e := newEditor(t, n, nvml.DriverEditorOptions{})
+			e := newEditor(t, n, nvmlgpu.DriverEditorOptions{})
 			edits, err := e.GPUEdits(id)
 			if len(tc.wantErr) > 0 {
 				if err == nil {
@@ -419,33 +421,33 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 	// instance, 135 per GPU, "gpu31/gi14/ci7/access 4322").
 	for _, tc := range []struct {
 		name   string
-		lib    func(*testing.T) *nvml.Library
+		lib    func(*testing.T) *nvmlgpu.Library
 		gpu    int
-		others []nvml.MIGPlacement // created first
-		create nvml.MIGPlacement
+		others []nvmlgpu.MIGPlacement // created first
+		create nvmlgpu.MIGPlacement
 		wantGI int
 		want   []string
 	}{
 		{
 			name: "dgxh100 GPU 3 7g", lib: dgxH100, gpu: 3,
-			create: nvml.MIGPlacement{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_7_SLICE, Start: 0}, wantGI: 0,
+			create: nvmlgpu.MIGPlacement{GIProfileID: nvml.GPU_INSTANCE_PROFILE_7_SLICE, Start: 0}, wantGI: 0,
 			want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap408", "/dev/nvidia-caps/nvidia-cap409"},
 		},
 		{
 			name: "dgxh100 GPU 3 3g at 4 next to 1g", lib: dgxH100, gpu: 3,
-			others: []nvml.MIGPlacement{{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_1_SLICE, Start: 0}},
-			create: nvml.MIGPlacement{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_3_SLICE, Start: 4}, wantGI: 2,
+			others: []nvmlgpu.MIGPlacement{{GIProfileID: nvml.GPU_INSTANCE_PROFILE_1_SLICE, Start: 0}},
+			create: nvmlgpu.MIGPlacement{GIProfileID: nvml.GPU_INSTANCE_PROFILE_3_SLICE, Start: 4}, wantGI: 2,
 			want: []string{"/dev/nvidia3", "/dev/nvidia-caps/nvidia-cap426", "/dev/nvidia-caps/nvidia-cap427"},
 		},
 		{
 			name: "dgxa100 GPU 0 1g at 0", lib: dgxA100MIG, gpu: 0,
-			create: nvml.MIGPlacement{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_1_SLICE, Start: 0}, wantGI: 7,
+			create: nvmlgpu.MIGPlacement{GIProfileID: nvml.GPU_INSTANCE_PROFILE_1_SLICE, Start: 0}, wantGI: 7,
 			want: []string{"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap66", "/dev/nvidia-caps/nvidia-cap67"},
 		},
 		{
 			name: "dgxa100 GPU 7 2g at 2 next to 3g", lib: dgxA100MIG, gpu: 7,
-			others: []nvml.MIGPlacement{{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_3_SLICE, Start: 4}},
-			create: nvml.MIGPlacement{GIProfileID: gonvml.GPU_INSTANCE_PROFILE_2_SLICE, Start: 2}, wantGI: 4,
+			others: []nvmlgpu.MIGPlacement{{GIProfileID: nvml.GPU_INSTANCE_PROFILE_3_SLICE, Start: 4}},
+			create: nvmlgpu.MIGPlacement{GIProfileID: nvml.GPU_INSTANCE_PROFILE_2_SLICE, Start: 2}, wantGI: 4,
 			want: []string{"/dev/nvidia7", "/dev/nvidia-caps/nvidia-cap984", "/dev/nvidia-caps/nvidia-cap985"},
 		},
 	} {
@@ -468,7 +470,7 @@ func TestDriverEditorMIGEdits(t *testing.T) {
 			if gi != tc.wantGI || ci != 0 {
 				t.Fatalf("created GI %d CI %d, want GI %d CI 0", gi, ci, tc.wantGI)
 			}
-			e := newEditor(t, n, nvml.DriverEditorOptions{})
+			e := newEditor(t, n, nvmlgpu.DriverEditorOptions{})
 			edits, err := e.MIGEdits(parent, gi, ci)
 			if err != nil {
 				t.Fatal(err)
@@ -536,13 +538,13 @@ func TestDriverEditorMIGEditsWithoutMIGMinors(t *testing.T) {
 	if _, err := n.lib.EnableMIG(parent); err != nil {
 		t.Fatal(err)
 	}
-	inst, err := n.lib.CreateMIG(parent, gonvml.GPU_INSTANCE_PROFILE_1_SLICE, 0)
+	inst, err := n.lib.CreateMIG(parent, nvml.GPU_INSTANCE_PROFILE_1_SLICE, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A proc root without the driver's MIG files: no MIG-capable driver.
 	procRoot := t.TempDir()
-	_, err = newEditor(t, n, nvml.DriverEditorOptions{ProcRoot: procRoot}).MIGEdits(parent, inst.GIID, inst.CIID)
+	_, err = newEditor(t, n, nvmlgpu.DriverEditorOptions{ProcRoot: procRoot}).MIGEdits(parent, inst.GIID, inst.CIID)
 	if err == nil || !strings.Contains(err.Error(), filepath.Join(procRoot, "devices")) || !strings.Contains(err.Error(), parent) {
 		t.Fatalf("error %v, want one naming %s/devices and the GPU", err, procRoot)
 	}
@@ -647,9 +649,9 @@ func TestLayoutDriverRoot(t *testing.T) {
 	}
 
 	t.Run("the driver's proc files", func(t *testing.T) {
-		// What nvml.ReadMIGCapDevices reads, as the driver lays it out:
+		// What nvmlgpu.ReadMIGCapDevices reads, as the driver lays it out:
 		// GPU 3's GI 2 is minor 3 + 3*135 + 2*9 = 426, its CI 1 is 428.
-		gi, ci, err := nvml.ReadMIGCapDevices(filepath.Join(root, "proc"), 3, 2, 1)
+		gi, ci, err := nvmlgpu.ReadMIGCapDevices(filepath.Join(root, "proc"), 3, 2, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -662,7 +664,7 @@ func TestLayoutDriverRoot(t *testing.T) {
 			}
 		}
 		// GPU 1 is not listed: no capability files for it.
-		if _, _, err := nvml.ReadMIGCapDevices(filepath.Join(root, "proc"), 1, 0, 0); err == nil {
+		if _, _, err := nvmlgpu.ReadMIGCapDevices(filepath.Join(root, "proc"), 1, 0, 0); err == nil {
 			t.Error("capabilities of an unlisted GPU minor")
 		}
 	})
@@ -868,17 +870,17 @@ func TestNewDriverEditorErrors(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing")
 	for _, tc := range []struct {
 		name    string
-		lib     gonvml.Interface
-		opts    nvml.DriverEditorOptions
+		lib     nvml.Interface
+		opts    nvmlgpu.DriverEditorOptions
 		wantErr string
 	}{
-		{"no library", nil, nvml.DriverEditorOptions{}, "no NVML library"},
-		{"relative driver root", srv, nvml.DriverEditorOptions{DriverRoot: "run/nvidia/driver"}, "run/nvidia/driver"},
-		{"relative dev root", srv, nvml.DriverEditorOptions{DriverRoot: "/", DevRoot: "dev"}, `"dev"`},
-		{"missing driver root", srv, nvml.DriverEditorOptions{DriverRoot: missing}, missing},
+		{"no library", nil, nvmlgpu.DriverEditorOptions{}, "no NVML library"},
+		{"relative driver root", srv, nvmlgpu.DriverEditorOptions{DriverRoot: "run/nvidia/driver"}, "run/nvidia/driver"},
+		{"relative dev root", srv, nvmlgpu.DriverEditorOptions{DriverRoot: "/", DevRoot: "dev"}, `"dev"`},
+		{"missing driver root", srv, nvmlgpu.DriverEditorOptions{DriverRoot: missing}, missing},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := nvml.NewDriverEditor(tc.lib, tc.opts)
+			_, err := nvmlgpu.NewDriverEditor(tc.lib, tc.opts)
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
 			}
@@ -901,33 +903,33 @@ func TestDriverEditorContainerDriverRoot(t *testing.T) {
 	const hook = "/var/lib/facet-cdi-hook/nvidia-cdi-hook"
 	for _, tc := range []struct {
 		name             string
-		opts             nvml.DriverEditorOptions // ContainerDriverRoot is the shared root
-		wantLib, wantDev string                   // host directories of libcuda and of nvidiactl
+		opts             nvmlgpu.DriverEditorOptions // ContainerDriverRoot is the shared root
+		wantLib, wantDev string                      // host directories of libcuda and of nvidiactl
 		wantErr          string
 	}{
 		{
 			name:    "driver in the host's /",
-			opts:    nvml.DriverEditorOptions{DriverRoot: "/"},
+			opts:    nvmlgpu.DriverEditorOptions{DriverRoot: "/"},
 			wantLib: "/" + SimulatedLibraryDir(), wantDev: "/dev",
 		},
 		{
 			name:    "GPU Operator",
-			opts:    nvml.DriverEditorOptions{DriverRoot: "/run/nvidia/driver/"},
+			opts:    nvmlgpu.DriverEditorOptions{DriverRoot: "/run/nvidia/driver/"},
 			wantLib: "/run/nvidia/driver/" + SimulatedLibraryDir(), wantDev: "/run/nvidia/driver/dev",
 		},
 		{
 			name:    "prefix with a dev root of its own",
-			opts:    nvml.DriverEditorOptions{DriverRoot: "/usr/local/nvidia", DevRoot: devRoot},
+			opts:    nvmlgpu.DriverEditorOptions{DriverRoot: "/usr/local/nvidia", DevRoot: devRoot},
 			wantLib: "/usr/local/nvidia/" + SimulatedLibraryDir(), wantDev: devRoot + "/dev",
 		},
 		{
 			name:    "dev root inside the container's mount",
-			opts:    nvml.DriverEditorOptions{DriverRoot: "/usr/local/nvidia", DevRoot: shared},
+			opts:    nvmlgpu.DriverEditorOptions{DriverRoot: "/usr/local/nvidia", DevRoot: shared},
 			wantErr: "under " + shared,
 		},
 		{
 			name:    "read at the container's /",
-			opts:    nvml.DriverEditorOptions{DriverRoot: "/run/nvidia/driver", ContainerDriverRoot: "/"},
+			opts:    nvmlgpu.DriverEditorOptions{DriverRoot: "/run/nvidia/driver", ContainerDriverRoot: "/"},
 			wantErr: "read at / in the container",
 		},
 	} {

@@ -7,16 +7,16 @@ import (
 	"strings"
 	"testing/fstest"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/google/uuid"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // OpenMachine simulates the node described by a machine file.
-func OpenMachine(path string, opts ...Option) (*nvml.Library, error) {
+func OpenMachine(path string, opts ...Option) (*nvmlgpu.Library, error) {
 	m, err := LoadMachine(path)
 	if err != nil {
 		return nil, err
@@ -28,14 +28,14 @@ func OpenMachine(path string, opts ...Option) (*nvml.Library, error) {
 // server, with MIG that behaves like the hardware's (see mig.go). By
 // default the simulated MIG state lives in memory; WithStateFile keeps it
 // across processes.
-func OpenSimulated(m *Machine, opts ...Option) (*nvml.Library, error) {
+func OpenSimulated(m *Machine, opts ...Option) (*nvmlgpu.Library, error) {
 	lib, _, err := openSimulated(m, opts...)
 	return lib, err
 }
 
 // openSimulated is OpenSimulated, also returning the mock server behind the
 // library (for tests that reach into a simulated device).
-func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, error) {
+func openSimulated(m *Machine, opts ...Option) (*nvmlgpu.Library, *server.Server, error) {
 	var o options
 	for _, opt := range opts {
 		opt(&o)
@@ -90,19 +90,19 @@ func openSimulated(m *Machine, opts ...Option) (*nvml.Library, *server.Server, e
 			return nil, nil, err
 		}
 	}
-	lib := nvml.New(srv, sysfs)
+	lib := nvmlgpu.New(srv, sysfs)
 	return lib, srv, nil
 }
 
 // simulateDriverSymbols makes the simulated NVML lack the functions
-// (nvml.NewerSymbols) that its driver version predates, as a real
+// (nvmlgpu.NewerSymbols) that its driver version predates, as a real
 // libnvidia-ml.so.1 of that version does: LookupSymbol says so, and a call
 // panics with the loader's words, where the real process would end with
 // "symbol lookup error". A simulated R470 node thus tests every fallback.
 func simulateDriverSymbols(srv *server.Server, driverVersion string) {
 	branch, _ := strconv.Atoi(strings.SplitN(driverVersion, ".", 2)[0])
 	lacks := func(name string) bool {
-		first, ok := nvml.NewerSymbols[name]
+		first, ok := nvmlgpu.NewerSymbols[name]
 		return ok && branch < first
 	}
 	srv.LookupSymbolFunc = func(name string) error {
@@ -113,14 +113,14 @@ func simulateDriverSymbols(srv *server.Server, driverVersion string) {
 	}
 	if lacks("nvmlDeviceGetMemoryInfo_v2") {
 		for _, d := range srv.Devices {
-			d.(*server.Device).GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
+			d.(*server.Device).GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
 				panic("symbol lookup error: undefined symbol: nvmlDeviceGetMemoryInfo_v2 (simulated driver " + driverVersion + ")")
 			}
 		}
 	}
 	if lacks("nvmlDeviceGetGpuFabricInfo") {
 		for _, d := range srv.Devices {
-			d.(*server.Device).GetGpuFabricInfoFunc = func() (gonvml.GpuFabricInfo, gonvml.Return) {
+			d.(*server.Device).GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
 				panic("symbol lookup error: undefined symbol: nvmlDeviceGetGpuFabricInfo (simulated driver " + driverVersion + ")")
 			}
 		}
@@ -137,7 +137,7 @@ func defaultUUID(machine string, index int) string {
 // machineSysfs is the machine's sysfs as discovery reads it: each GPU's
 // bus/pci/devices/<bus ID>/numa_node, "-1" where the machine file gives no
 // NUMA node, as the kernel writes it.
-func machineSysfs(m *Machine) nvml.Sysfs {
+func machineSysfs(m *Machine) nvmlgpu.Sysfs {
 	fsys := fstest.MapFS{}
 	for _, g := range m.GPUs {
 		numa := -1
@@ -146,7 +146,7 @@ func machineSysfs(m *Machine) nvml.Sysfs {
 		}
 		fsys[path.Join("bus", "pci", "devices", g.PCIBusID, "numa_node")] = &fstest.MapFile{Data: fmt.Appendf(nil, "%d\n", numa), Mode: 0o444}
 	}
-	return nvml.Sysfs{FS: fsys}
+	return nvmlgpu.Sysfs{FS: fsys}
 }
 
 // simulateDevice fills in what go-nvml's mock leaves out or gets wrong for
@@ -157,29 +157,29 @@ func simulateDevice(dev *server.Device, g MachineGPU, m model) {
 	// An idle GPU: v1 counts the reserved memory as used (free = total -
 	// reserved, as nvidia-smi shows it); v2 reports it apart.
 	total, reserved := m.MemoryMB<<20, m.ReservedBytes
-	dev.MemoryInfo = gonvml.Memory{Total: total, Free: total - reserved, Used: reserved}
-	dev.GetMemoryInfo_v2Func = func() (gonvml.Memory_v2, gonvml.Return) {
-		return gonvml.Memory_v2{Version: 2, Total: total, Reserved: reserved, Free: total - reserved}, gonvml.SUCCESS
+	dev.MemoryInfo = nvml.Memory{Total: total, Free: total - reserved, Used: reserved}
+	dev.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) {
+		return nvml.Memory_v2{Version: 2, Total: total, Reserved: reserved, Free: total - reserved}, nvml.SUCCESS
 	}
-	virt := gonvml.GPU_VIRTUALIZATION_MODE_NONE
+	virt := nvml.GPU_VIRTUALIZATION_MODE_NONE
 	if g.VGPUGuest {
-		virt = gonvml.GPU_VIRTUALIZATION_MODE_VGPU
+		virt = nvml.GPU_VIRTUALIZATION_MODE_VGPU
 	}
-	dev.GetVirtualizationModeFunc = func() (gonvml.GpuVirtualizationMode, gonvml.Return) { return virt, gonvml.SUCCESS }
+	dev.GetVirtualizationModeFunc = func() (nvml.GpuVirtualizationMode, nvml.Return) { return virt, nvml.SUCCESS }
 	// An idle GPU's utilization; with MIG mode on NVML reports none per
 	// GPU, as on a real A100 or H100.
-	dev.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
-		if current, _, ret := dev.GetMigMode(); ret == gonvml.SUCCESS && current == gonvml.DEVICE_MIG_ENABLE {
-			return gonvml.Utilization{}, gonvml.ERROR_NOT_SUPPORTED
+	dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+		if current, _, ret := dev.GetMigMode(); ret == nvml.SUCCESS && current == nvml.DEVICE_MIG_ENABLE {
+			return nvml.Utilization{}, nvml.ERROR_NOT_SUPPORTED
 		}
-		return gonvml.Utilization{}, gonvml.SUCCESS
+		return nvml.Utilization{}, nvml.SUCCESS
 	}
 	dev.PciBusID = g.PCIBusID
 	if g.MIGEnabled {
-		dev.MigMode = gonvml.DEVICE_MIG_ENABLE
+		dev.MigMode = nvml.DEVICE_MIG_ENABLE
 	}
-	dev.GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) {
-		var p gonvml.PciInfo
+	dev.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		var p nvml.PciInfo
 		p.PciDeviceId = dev.Config.PciDeviceId
 		// NVML reports an 8-digit domain.
 		id := "0000" + g.PCIBusID
@@ -188,19 +188,19 @@ func simulateDevice(dev *server.Device, g MachineGPU, m model) {
 		}
 		// Validate checked the bus ID against busIDPattern.
 		_, _ = fmt.Sscanf(g.PCIBusID, "%x:%x:%x", &p.Domain, &p.Bus, &p.Device)
-		return p, gonvml.SUCCESS
+		return p, nvml.SUCCESS
 	}
 	// nvcdi asks every handle whether it is a MIG device.
-	dev.IsMigDeviceHandleFunc = func() (bool, gonvml.Return) { return false, gonvml.SUCCESS }
+	dev.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
 	// As measured on an H100 80GB HBM3: NVML has a NUMA node only for a GPU
 	// whose memory is one (Grace Hopper); the NUMA affinity of a PCIe or
 	// SXM GPU is sysfs's (machineSysfs).
-	dev.GetNumaNodeIdFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
+	dev.GetNumaNodeIdFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 }
 
 // DiscoverMachine simulates the node of a machine file and discovers it,
 // for tools and tests that want the node but not the library.
-func DiscoverMachine(path string) (*nvml.Node, error) {
+func DiscoverMachine(path string) (*nvmlgpu.Node, error) {
 	m, err := LoadMachine(path)
 	if err != nil {
 		return nil, err
@@ -209,7 +209,7 @@ func DiscoverMachine(path string) (*nvml.Node, error) {
 }
 
 // DiscoverSimulated is DiscoverMachine for a Machine built in code.
-func DiscoverSimulated(m *Machine) (*nvml.Node, error) {
+func DiscoverSimulated(m *Machine) (*nvmlgpu.Node, error) {
 	lib, err := OpenSimulated(m)
 	if err != nil {
 		return nil, err

@@ -13,7 +13,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/facet-gpu/facet/internal/mps/mpssim"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/mps"
 )
 
@@ -40,7 +40,7 @@ func TestLayoutPrefixDriverRoot(t *testing.T) {
 					t.Errorf("%s/%s exists: a driver under a prefix has no root of its own", prefix, absent)
 				}
 			}
-			nvmlLib, err := nvml.FindDriverLibrary(root, nvml.NVMLLibrary)
+			nvmlLib, err := nvmlgpu.FindDriverLibrary(root, nvmlgpu.NVMLLibrary)
 			if want := filepath.Join(root, "lib64", "libnvidia-ml.so."+simDriverVersion); err != nil || nvmlLib != want {
 				t.Errorf("NVML found at %q (%v), want %s", nvmlLib, err, want)
 			}
@@ -48,7 +48,7 @@ func TestLayoutPrefixDriverRoot(t *testing.T) {
 			// The plugin's view: the driver root read at <host>/<prefix>,
 			// the host's /dev at <host>.
 			const hook = "/var/lib/facet-cdi-hook/nvidia-cdi-hook"
-			e, err := dgxH100(t).DriverEditor(nvml.DriverEditorOptions{
+			e, err := dgxH100(t).DriverEditor(nvmlgpu.DriverEditorOptions{
 				DriverRoot: prefix, ContainerDriverRoot: root, DevRoot: host,
 				NvidiaCDIHookPath: hook, ProcRoot: filepath.Join(root, "proc"),
 			})

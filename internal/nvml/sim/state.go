@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/facet-gpu/facet/pkg/model/atomicfile"
 )
@@ -105,7 +105,7 @@ type simPlacement struct {
 
 // snapshot returns the GPU's state. g.mu is held.
 func (g *simGPU) snapshot() simGPUState {
-	st := simGPUState{Index: g.index, UUID: g.dev.UUID, Model: g.model, MIGEnabled: g.migMode == gonvml.DEVICE_MIG_ENABLE}
+	st := simGPUState{Index: g.index, UUID: g.dev.UUID, Model: g.model, MIGEnabled: g.migMode == nvml.DEVICE_MIG_ENABLE}
 	for _, gi := range sortedByID(g.gis) {
 		gs := simGIState{ID: gi.id, ProfileID: g.key(gi.profile), Placement: simPlacement{Start: int(gi.placement.Start), Size: int(gi.placement.Size)}}
 		for _, ci := range sortedByID(gi.cis) {
@@ -222,9 +222,9 @@ func (g *simGPU) restore(st simGPUState) error {
 		}
 		return nil
 	}
-	g.migMode = gonvml.DEVICE_MIG_DISABLE
+	g.migMode = nvml.DEVICE_MIG_DISABLE
 	if st.MIGEnabled {
-		g.migMode = gonvml.DEVICE_MIG_ENABLE
+		g.migMode = nvml.DEVICE_MIG_ENABLE
 	}
 	g.pendingMode = g.migMode
 	for _, gs := range st.GPUInstances {
@@ -232,22 +232,22 @@ func (g *simGPU) restore(st simGPUState) error {
 		if !ok {
 			return fmt.Errorf("GPU instance %d: no GPU instance profile %d", gs.ID, gs.ProfileID)
 		}
-		p := gonvml.GpuInstancePlacement{Start: uint32(gs.Placement.Start), Size: uint32(gs.Placement.Size)}
-		if ret := g.fits(profile, p); ret != gonvml.SUCCESS {
-			return fmt.Errorf("GPU instance %d (profile %d at %d:%d) cannot be recreated: %s", gs.ID, gs.ProfileID, gs.Placement.Start, gs.Placement.Size, gonvml.ErrorString(ret))
+		p := nvml.GpuInstancePlacement{Start: uint32(gs.Placement.Start), Size: uint32(gs.Placement.Size)}
+		if ret := g.fits(profile, p); ret != nvml.SUCCESS {
+			return fmt.Errorf("GPU instance %d (profile %d at %d:%d) cannot be recreated: %s", gs.ID, gs.ProfileID, gs.Placement.Start, gs.Placement.Size, nvml.ErrorString(ret))
 		}
 		gi, ret := g.createGI(profile, p, gs.ID)
-		if ret != gonvml.SUCCESS {
-			return fmt.Errorf("GPU instance %d: ID unavailable: %s", gs.ID, gonvml.ErrorString(ret))
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("GPU instance %d: ID unavailable: %s", gs.ID, nvml.ErrorString(ret))
 		}
 		for _, cs := range gs.ComputeInstances {
 			ciProfile, ok := g.cfg.ComputeInstanceProfiles[gs.ProfileID][cs.ProfileID]
 			if !ok {
 				return fmt.Errorf("GPU instance %d compute instance %d: no compute instance profile %d", gs.ID, cs.ID, cs.ProfileID)
 			}
-			cp := gonvml.ComputeInstancePlacement{Start: uint32(cs.Placement.Start), Size: uint32(cs.Placement.Size)}
-			if ret := gi.fits(ciProfile, cp); ret != gonvml.SUCCESS {
-				return fmt.Errorf("GPU instance %d compute instance %d cannot be recreated: %s", gs.ID, cs.ID, gonvml.ErrorString(ret))
+			cp := nvml.ComputeInstancePlacement{Start: uint32(cs.Placement.Start), Size: uint32(cs.Placement.Size)}
+			if ret := gi.fits(ciProfile, cp); ret != nvml.SUCCESS {
+				return fmt.Errorf("GPU instance %d compute instance %d cannot be recreated: %s", gs.ID, cs.ID, nvml.ErrorString(ret))
 			}
 			if len(cs.UUID) <= len("MIG-") || cs.UUID[:4] != "MIG-" {
 				return fmt.Errorf("GPU instance %d compute instance %d: MIG UUID %q", gs.ID, cs.ID, cs.UUID)
@@ -255,8 +255,8 @@ func (g *simGPU) restore(st simGPUState) error {
 			if _, dup := g.node.migs.Load(cs.UUID); dup {
 				return fmt.Errorf("MIG UUID %s listed twice", cs.UUID)
 			}
-			if _, ret := gi.createCI(ciProfile, cp, cs.ID, cs.UUID); ret != gonvml.SUCCESS {
-				return fmt.Errorf("GPU instance %d compute instance %d: ID unavailable: %s", gs.ID, cs.ID, gonvml.ErrorString(ret))
+			if _, ret := gi.createCI(ciProfile, cp, cs.ID, cs.UUID); ret != nvml.SUCCESS {
+				return fmt.Errorf("GPU instance %d compute instance %d: ID unavailable: %s", gs.ID, cs.ID, nvml.ErrorString(ret))
 			}
 		}
 	}

@@ -5,7 +5,7 @@ import (
 	"path"
 	"strconv"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/google/uuid"
 )
@@ -27,7 +27,7 @@ import (
 //   - nvmlDeviceGetGpuFabricInfo: the fabric, registered, or "Not
 //     Supported" without one.
 func simulateTopology(srv *server.Server, m *Machine) {
-	index := map[gonvml.Device]int{}
+	index := map[nvml.Device]int{}
 	for i, d := range srv.Devices {
 		index[d] = i
 	}
@@ -42,73 +42,73 @@ func simulateTopology(srv *server.Server, m *Machine) {
 	for i, d := range srv.Devices {
 		dev := d.(*server.Device)
 		remotes := nvlinkRemotes(m, i, bridge[i])
-		dev.GetNvLinkStateFunc = func(l int) (gonvml.EnableState, gonvml.Return) {
+		dev.GetNvLinkStateFunc = func(l int) (nvml.EnableState, nvml.Return) {
 			switch {
 			case len(remotes) == 0:
-				return 0, gonvml.ERROR_NOT_SUPPORTED
+				return 0, nvml.ERROR_NOT_SUPPORTED
 			case l < 0 || l >= len(remotes):
-				return 0, gonvml.ERROR_INVALID_ARGUMENT
+				return 0, nvml.ERROR_INVALID_ARGUMENT
 			}
-			return gonvml.FEATURE_ENABLED, gonvml.SUCCESS
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
 		}
-		linkOK := func(l int) gonvml.Return {
+		linkOK := func(l int) nvml.Return {
 			switch {
 			case len(remotes) == 0:
-				return gonvml.ERROR_NOT_SUPPORTED
+				return nvml.ERROR_NOT_SUPPORTED
 			case l < 0 || l >= len(remotes):
-				return gonvml.ERROR_INVALID_ARGUMENT
+				return nvml.ERROR_INVALID_ARGUMENT
 			}
-			return gonvml.SUCCESS
+			return nvml.SUCCESS
 		}
-		dev.GetNvLinkVersionFunc = func(l int) (uint32, gonvml.Return) {
-			if ret := linkOK(l); ret != gonvml.SUCCESS {
+		dev.GetNvLinkVersionFunc = func(l int) (uint32, nvml.Return) {
+			if ret := linkOK(l); ret != nvml.SUCCESS {
 				return 0, ret
 			}
-			return uint32(nvlinkVersions[m.NVLink.Version]), gonvml.SUCCESS
+			return uint32(nvlinkVersions[m.NVLink.Version]), nvml.SUCCESS
 		}
-		dev.GetNvLinkRemotePciInfoFunc = func(l int) (gonvml.PciInfo, gonvml.Return) {
-			if ret := linkOK(l); ret != gonvml.SUCCESS {
-				return gonvml.PciInfo{}, ret
+		dev.GetNvLinkRemotePciInfoFunc = func(l int) (nvml.PciInfo, nvml.Return) {
+			if ret := linkOK(l); ret != nvml.SUCCESS {
+				return nvml.PciInfo{}, ret
 			}
-			return pciInfo(remotes[l].busID), gonvml.SUCCESS
+			return pciInfo(remotes[l].busID), nvml.SUCCESS
 		}
-		dev.GetNvLinkRemoteDeviceTypeFunc = func(l int) (gonvml.IntNvLinkDeviceType, gonvml.Return) {
-			if ret := linkOK(l); ret != gonvml.SUCCESS {
+		dev.GetNvLinkRemoteDeviceTypeFunc = func(l int) (nvml.IntNvLinkDeviceType, nvml.Return) {
+			if ret := linkOK(l); ret != nvml.SUCCESS {
 				return 0, ret
 			}
 			if remotes[l].nvswitch {
-				return gonvml.NVLINK_DEVICE_TYPE_SWITCH, gonvml.SUCCESS
+				return nvml.NVLINK_DEVICE_TYPE_SWITCH, nvml.SUCCESS
 			}
-			return gonvml.NVLINK_DEVICE_TYPE_GPU, gonvml.SUCCESS
+			return nvml.NVLINK_DEVICE_TYPE_GPU, nvml.SUCCESS
 		}
-		dev.GetP2PStatusFunc = func(other gonvml.Device, caps gonvml.GpuP2PCapsIndex) (gonvml.GpuP2PStatus, gonvml.Return) {
+		dev.GetP2PStatusFunc = func(other nvml.Device, caps nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
 			j, ok := index[other]
 			if !ok || j == i {
-				return 0, gonvml.ERROR_INVALID_ARGUMENT
+				return 0, nvml.ERROR_INVALID_ARGUMENT
 			}
-			if caps == gonvml.P2P_CAPS_INDEX_NVLINK && nvlinkPeers(m, bridge, i, j) {
-				return gonvml.P2P_STATUS_OK, gonvml.SUCCESS
+			if caps == nvml.P2P_CAPS_INDEX_NVLINK && nvlinkPeers(m, bridge, i, j) {
+				return nvml.P2P_STATUS_OK, nvml.SUCCESS
 			}
-			return gonvml.P2P_STATUS_NOT_SUPPORTED, gonvml.SUCCESS
+			return nvml.P2P_STATUS_NOT_SUPPORTED, nvml.SUCCESS
 		}
-		dev.GetTopologyCommonAncestorFunc = func(other gonvml.Device) (gonvml.GpuTopologyLevel, gonvml.Return) {
+		dev.GetTopologyCommonAncestorFunc = func(other nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
 			j, ok := index[other]
 			if !ok {
-				return 0, gonvml.ERROR_INVALID_ARGUMENT
+				return 0, nvml.ERROR_INVALID_ARGUMENT
 			}
-			return commonAncestor(m.GPUs[i], m.GPUs[j]), gonvml.SUCCESS
+			return commonAncestor(m.GPUs[i], m.GPUs[j]), nvml.SUCCESS
 		}
-		dev.GetGpuFabricInfoFunc = func() (gonvml.GpuFabricInfo, gonvml.Return) {
+		dev.GetGpuFabricInfoFunc = func() (nvml.GpuFabricInfo, nvml.Return) {
 			if m.Fabric == nil {
-				return gonvml.GpuFabricInfo{}, gonvml.ERROR_NOT_SUPPORTED
+				return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
 			}
-			info := gonvml.GpuFabricInfo{
+			info := nvml.GpuFabricInfo{
 				ClusterUuid: uuid.MustParse(m.Fabric.ClusterUUID),
-				Status:      uint32(gonvml.SUCCESS),
+				Status:      uint32(nvml.SUCCESS),
 				CliqueId:    m.Fabric.CliqueID,
-				State:       gonvml.GPU_FABRIC_STATE_COMPLETED,
+				State:       nvml.GPU_FABRIC_STATE_COMPLETED,
 			}
-			return info, gonvml.SUCCESS
+			return info, nvml.SUCCESS
 		}
 	}
 }
@@ -160,23 +160,23 @@ func nvlinkPeers(m *Machine, bridge map[int][]int, i, j int) bool {
 }
 
 // commonAncestor is NVML's answer for two GPUs of the machine.
-func commonAncestor(a, b MachineGPU) gonvml.GpuTopologyLevel {
+func commonAncestor(a, b MachineGPU) nvml.GpuTopologyLevel {
 	switch {
 	case a.PCIBusID == b.PCIBusID:
-		return gonvml.TOPOLOGY_INTERNAL
+		return nvml.TOPOLOGY_INTERNAL
 	case a.PCIeSwitch != "" && a.PCIeSwitch == b.PCIeSwitch:
-		return gonvml.TOPOLOGY_SINGLE
+		return nvml.TOPOLOGY_SINGLE
 	case a.PCIeRoot == b.PCIeRoot:
-		return gonvml.TOPOLOGY_HOSTBRIDGE
+		return nvml.TOPOLOGY_HOSTBRIDGE
 	case a.NUMANode != nil && b.NUMANode != nil && *a.NUMANode >= 0 && *a.NUMANode == *b.NUMANode:
-		return gonvml.TOPOLOGY_NODE
+		return nvml.TOPOLOGY_NODE
 	}
-	return gonvml.TOPOLOGY_SYSTEM
+	return nvml.TOPOLOGY_SYSTEM
 }
 
 // pciInfo is NVML's PCI info for a sysfs bus ID.
-func pciInfo(busID string) gonvml.PciInfo {
-	var p gonvml.PciInfo
+func pciInfo(busID string) nvml.PciInfo {
+	var p nvml.PciInfo
 	// NVML reports an 8-digit domain.
 	id := "0000" + busID
 	for i := 0; i < len(id) && i < len(p.BusId)-1; i++ {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // TestDiscoverTopology discovers each topology machine file and checks what
@@ -117,7 +117,7 @@ func TestDiscoverTopology(t *testing.T) {
 	}
 }
 
-func cell(node *nvml.Node, i, j int) string {
+func cell(node *nvmlgpu.Node, i, j int) string {
 	if i == j {
 		return "X"
 	}

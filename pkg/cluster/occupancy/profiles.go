@@ -33,7 +33,7 @@ func (t tables) Lookup(product, profile string) (Profile, bool) {
 	return p, ok
 }
 
-// KnownProfiles are the MIG tables of the GPUs Facet knows (pkg/model/nvml's
+// KnownProfiles are the MIG tables of the GPUs Facet knows (pkg/model/nvmlgpu's
 // models: A100, A30, H100, H100 NVL, H200, B200), keyed by the product name NVML
 // reports and Facet publishes in `productName`. A GPU of another product
 // gets no memory-slice bar; everything else about it is still shown.

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 )
 
@@ -37,7 +37,7 @@ func TestKnownProfilesMatchTheSimulator(t *testing.T) {
 }
 
 // add records a discovered GPU's MIG profiles under its product name.
-func (t tables) add(g nvml.GPU) {
+func (t tables) add(g nvmlgpu.GPU) {
 	if len(g.MIGProfiles) == 0 {
 		return
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/facet-gpu/facet/pkg/model/features"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // TestAutoPolicyMatchesResolveAuto: the help text of --mode (the plugin's
@@ -20,7 +20,7 @@ func TestAutoPolicyMatchesResolveAuto(t *testing.T) {
 		s.ServerVersion = version
 		return s
 	}
-	migGPU := nvml.GPU{MIGCapable: true, MIGProfiles: []nvml.MIGProfile{{}}}
+	migGPU := nvmlgpu.GPU{MIGCapable: true, MIGProfiles: []nvmlgpu.MIGProfile{{}}}
 	// An A100 whose MIG mode is off and one where it is on (and stays so),
 	// and a vGPU guest with MIG mode off and on.
 	fixedOff, fixedOn, guest := migGPU, migGPU, migGPU
@@ -32,7 +32,7 @@ func TestAutoPolicyMatchesResolveAuto(t *testing.T) {
 	const fixedOnClause = "on other GPUs before Hopper with MIG mode on"
 	for _, tc := range []struct {
 		name         string
-		gpu          nvml.GPU
+		gpu          nvmlgpu.GPU
 		gates        features.Set
 		hasInstances bool
 		// clause is the part of the help text that covers the case.
@@ -42,7 +42,7 @@ func TestAutoPolicyMatchesResolveAuto(t *testing.T) {
 		{"MIG-capable, gate on, new enough", migGPU, withGates(true, newest), false, "on other MIG-capable GPUs where the cluster enforces " + string(features.PartitionableDevices) + " and runs Kubernetes " + countersScaleFrom.String() + " or later"},
 		{"MIG-capable, gate on, too old", migGPU, withGates(true, "v1.36.3"), false, "everywhere else"},
 		{"MIG-capable, gate off", migGPU, withGates(false, newest), false, "everywhere else"},
-		{"no MIG", nvml.GPU{}, withGates(true, newest), false, "everywhere else"},
+		{"no MIG", nvmlgpu.GPU{}, withGates(true, newest), false, "everywhere else"},
 		{"MIG mode off, not Facet's to change", fixedOff, withGates(true, newest), false, "everywhere else"},
 		{"MIG mode on, not Facet's to change, new enough", fixedOn, withGates(true, newest), false, "on other MIG-capable GPUs where the cluster enforces " + string(features.PartitionableDevices) + " and runs Kubernetes " + countersScaleFrom.String() + " or later (before Hopper only with MIG mode on"},
 		{"MIG mode on, not Facet's to change, too old", fixedOn, withGates(true, "v1.36.3"), false, fixedOnClause},

@@ -6,11 +6,11 @@ import (
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/features"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // TestFixedMIGMode: on a GPU whose MIG mode Facet does not change
-// (nvml.GPU.MIGModeFixed: before Hopper, or a vGPU guest), each mode is
+// (nvmlgpu.GPU.MIGModeFixed: before Hopper, or a vGPU guest), each mode is
 // narrowed to what the GPU serves in the MIG mode it is in, with a note
 // naming the reason, as NVIDIA's DRA driver does; auto picks from what
 // the GPU serves without one. Hopper is unchanged.
@@ -100,7 +100,7 @@ func TestFixedMIGMode(t *testing.T) {
 			node := discoverGPUs(t, tc.gpu)
 			cfg := Config{DefaultMode: tc.mode, Features: tc.features}
 			if tc.carved {
-				cfg.MIGInstances = []nvml.MIGInstance{instance(node.GPUs[0], 0, 0, 1)}
+				cfg.MIGInstances = []nvmlgpu.MIGInstance{instance(node.GPUs[0], 0, 0, 1)}
 			}
 			inv, err := Build(node, cfg)
 			if err != nil {

@@ -3,7 +3,7 @@
 // GPU's MIG placement rules, and how to find a device again by name when a
 // claim that names it is prepared.
 //
-// Data flows one way: nvml.Node (discovery) → Inventory → ResourceSlices
+// Data flows one way: nvmlgpu.Node (discovery) → Inventory → ResourceSlices
 // (package slices) and → prepare (package dradriver).
 //
 // The model is described in docs/design/resource-model.md; in short,
@@ -20,7 +20,7 @@
 //	slots      gpu-i-slot-<k> per fixed-size vGPU slot              none
 //
 // A GPU whose MIG mode Facet does not change (before Hopper, or a vGPU
-// guest: nvml.GPU.MIGModeFixed) serves only what its MIG mode allows
+// guest: nvmlgpu.GPU.MIGModeFixed) serves only what its MIG mode allows
 // (fixedMIGMode): with MIG mode off no MIG devices, with it on no gpu-i
 // (mig publishes its placements alone; other modes become static-mig).
 //
@@ -38,7 +38,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/names"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // Mode says how a physical GPU may be used. Modes are exclusive per GPU.
@@ -168,22 +168,22 @@ type Device struct {
 	Shareable bool
 	// MIG is the profile of a KindMIG device (GIProfileID and CIProfileID are
 	// what prepare creates); nil otherwise.
-	MIG *nvml.MIGProfile
+	MIG *nvmlgpu.MIGProfile
 	// Placement is a KindMIG device's memory-slice range [Start, Start+Size).
-	Placement nvml.Placement
+	Placement nvmlgpu.Placement
 	// Counters are the names of the counters, in GPU.CounterSet, that the
 	// device consumes (one unit each); empty when it consumes none.
 	Counters []string
 	// Instance is the existing MIG instance a static-mig device stands
 	// for; nil for every other device.
-	Instance *nvml.MIGInstance
+	Instance *nvmlgpu.MIGInstance
 	// Slot is a KindSlot device's share of its GPU; nil otherwise.
 	Slot *Slot
 }
 
 // GPU is a physical GPU with the mode it is published under.
 type GPU struct {
-	nvml.GPU
+	nvmlgpu.GPU
 	// Mode is the mode in force (never ModeAuto).
 	Mode Mode
 	// ModeRequested is what the configuration asked for (possibly ModeAuto).
@@ -255,7 +255,7 @@ type Config struct {
 	// MIGInstances are the MIG instances that exist on the node
 	// (nvml ListMIG): what static-mig mode publishes, and what makes
 	// ModeAuto choose static-mig for a GPU.
-	MIGInstances []nvml.MIGInstance
+	MIGInstances []nvmlgpu.MIGInstance
 	// DefaultSlots is the slot layout of slots-mode GPUs without an entry
 	// in PerGPUSlots; nil means DefaultSlotLayout.
 	DefaultSlots SlotLayout
@@ -284,7 +284,7 @@ func (c Config) gates() features.Set {
 // when MIG profile names do not map to distinct device names. A GPU whose
 // MIG tables the counter model cannot express exactly (NewMIGModel) falls
 // back to the mode without MIG, with a note.
-func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
+func Build(node *nvmlgpu.Node, cfg Config) (*Inventory, error) {
 	if cfg.DefaultMode == "" {
 		cfg.DefaultMode = ModeAuto
 	}
@@ -308,7 +308,7 @@ func Build(node *nvml.Node, cfg Config) (*Inventory, error) {
 		}
 	}
 	gates := cfg.gates()
-	instances := map[string][]nvml.MIGInstance{}
+	instances := map[string][]nvmlgpu.MIGInstance{}
 	for _, in := range cfg.MIGInstances {
 		instances[in.ParentUUID] = append(instances[in.ParentUUID], in)
 	}
@@ -406,12 +406,12 @@ func hasString(list []string, s string) bool {
 
 // migUsable reports whether a GPU can be partitioned: MIG-capable, with
 // at least one profile discovery could describe.
-func migUsable(g nvml.GPU) bool { return g.MIGCapable && len(g.MIGProfiles) > 0 }
+func migUsable(g nvmlgpu.GPU) bool { return g.MIGCapable && len(g.MIGProfiles) > 0 }
 
 // resolveMode turns a requested mode into the one in force, with a note
 // when they differ; fallback is set when the request could not be honoured.
 // hasInstances says whether MIG instances exist on the GPU.
-func resolveMode(requested Mode, g nvml.GPU, gates features.Set, hasInstances bool) (mode Mode, note string, fallback bool) {
+func resolveMode(requested Mode, g nvmlgpu.GPU, gates features.Set, hasInstances bool) (mode Mode, note string, fallback bool) {
 	switch requested {
 	case ModeAuto:
 		return resolveAuto(g, gates, hasInstances)
@@ -434,7 +434,7 @@ func resolveMode(requested Mode, g nvml.GPU, gates features.Set, hasInstances bo
 }
 
 // fixedMIGMode narrows a mode to what a GPU whose MIG mode Facet must not
-// change (nvml.GPU.MIGModeFixed: before Hopper, or a vGPU guest) can serve
+// change (nvmlgpu.GPU.MIGModeFixed: before Hopper, or a vGPU guest) can serve
 // in its current MIG mode, as NVIDIA's DRA driver does
 // (cmd/gpu-kubelet-plugin/nvlib.go, isDynamicMIGCapable):
 //   - MIG mode off: no MIG. mig becomes exclusive, dynamic shared; an
@@ -450,7 +450,7 @@ func resolveMode(requested Mode, g nvml.GPU, gates features.Set, hasInstances bo
 // mode; resolveAuto already keeps a GPU whose MIG mode stays off out of
 // mig). It returns the mode unchanged where nothing narrows it, else the
 // mode in force and a note saying why, for the plugin's Event.
-func fixedMIGMode(g nvml.GPU, requested, mode Mode, gates features.Set) (Mode, string) {
+func fixedMIGMode(g nvmlgpu.GPU, requested, mode Mode, gates features.Set) (Mode, string) {
 	if !g.MIGCapable || g.MIGModeFixed == "" {
 		return mode, ""
 	}
@@ -566,7 +566,7 @@ func AutoPolicy() string {
 //     devices and is 1.37 or later; else exclusive. Before 1.37, counters
 //     make scheduling slow at scale, and on 1.35 the allocator's rollback
 //     leak (kubernetes#140436) can leave a pod that fits Pending.
-//     A GPU whose MIG mode Facet must not change (nvml.GPU.MIGModeFixed)
+//     A GPU whose MIG mode Facet must not change (nvmlgpu.GPU.MIGModeFixed)
 //     gets exclusive while its MIG mode is off or it is a vGPU guest,
 //     without a note: that is no fallback but the GPU as its admin left
 //     it. With MIG mode on, fixedMIGMode then narrows exclusive to
@@ -576,7 +576,7 @@ func AutoPolicy() string {
 // dynamic is never the default: a shareable device that consumes counters
 // met kubernetes#139034 (a MIG instance double-booked beside a vGPU share)
 // before 1.36.2.
-func resolveAuto(g nvml.GPU, gates features.Set, hasInstances bool) (Mode, string, bool) {
+func resolveAuto(g nvmlgpu.GPU, gates features.Set, hasInstances bool) (Mode, string, bool) {
 	switch {
 	case g.MIGCapable && hasInstances:
 		return ModeStaticMIG, "auto: static-mig, because the GPU has MIG instances", false
@@ -682,8 +682,8 @@ func (inv *Inventory) Device(name string) (*Device, bool) {
 // its start: the allocator takes the first free one, so small instances
 // fill the GPU from the top and leave slice 0, where the large profiles
 // start, free as long as possible.
-func PlacementOrder(placements []nvml.Placement) []nvml.Placement {
-	out := append([]nvml.Placement(nil), placements...)
+func PlacementOrder(placements []nvmlgpu.Placement) []nvmlgpu.Placement {
+	out := append([]nvmlgpu.Placement(nil), placements...)
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Start > out[j].Start })
 	return out
 }

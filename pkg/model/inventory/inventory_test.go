@@ -11,14 +11,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // MIGModels are the simulated MIG-capable models.
 var MIGModels = []string{"A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIE-40GB", "A100-PCIE-80GB", "A30-PCIE-24GB", "H100-SXM5-80GB", "H200-141GB", "B200-180GB"}
 
 // discover simulates a node of GPUs of the models, MIG mode off at boot.
-func discover(t *testing.T, models ...string) *nvml.Node {
+func discover(t *testing.T, models ...string) *nvmlgpu.Node {
 	t.Helper()
 	var gpus []sim.MachineGPU
 	for _, model := range models {
@@ -28,7 +28,7 @@ func discover(t *testing.T, models ...string) *nvml.Node {
 }
 
 // discoverGPUs simulates a node of the GPUs as a machine file lists them.
-func discoverGPUs(t *testing.T, gpus ...sim.MachineGPU) *nvml.Node {
+func discoverGPUs(t *testing.T, gpus ...sim.MachineGPU) *nvmlgpu.Node {
 	t.Helper()
 	node, err := sim.DiscoverSimulated(&sim.Machine{Name: "inv-test", DriverVersion: "580.159.04", CUDADriverVersion: "13.0", GPUs: gpus})
 	if err != nil {
@@ -40,8 +40,8 @@ func discoverGPUs(t *testing.T, gpus ...sim.MachineGPU) *nvml.Node {
 // discoverForMIG simulates one GPU of a MIG-capable model as an admin
 // leaves it for MIG: MIG mode off on Hopper and later (Facet turns it on),
 // on before Hopper, whose MIG mode Facet does not change
-// (nvml.GPU.MIGModeFixed).
-func discoverForMIG(t *testing.T, model string) *nvml.Node {
+// (nvmlgpu.GPU.MIGModeFixed).
+func discoverForMIG(t *testing.T, model string) *nvmlgpu.Node {
 	t.Helper()
 	node := discover(t, model)
 	if node.GPUs[0].MIGModeFixed != "" {
@@ -251,7 +251,7 @@ func TestMIGModelRefusesWhatItCannotEncode(t *testing.T) {
 			}
 			cfg := Config{DefaultMode: ModeDynamic}
 			if tc.carved {
-				cfg.MIGInstances = []nvml.MIGInstance{instance(*g, 0, 0, 1)}
+				cfg.MIGInstances = []nvmlgpu.MIGInstance{instance(*g, 0, 0, 1)}
 			}
 			inv, err := Build(node, cfg)
 			if err != nil {
@@ -267,15 +267,15 @@ func TestMIGModelRefusesWhatItCannotEncode(t *testing.T) {
 }
 
 func TestMaxDisjoint(t *testing.T) {
-	p := func(name string, slices int, pls ...nvml.Placement) nvml.MIGProfile {
-		return nvml.MIGProfile{Name: name, SliceCount: slices, Placements: pls}
+	p := func(name string, slices int, pls ...nvmlgpu.Placement) nvmlgpu.MIGProfile {
+		return nvmlgpu.MIGProfile{Name: name, SliceCount: slices, Placements: pls}
 	}
-	profiles := []nvml.MIGProfile{
-		p("1g", 1, nvml.Placement{Start: 0, Size: 1}, nvml.Placement{Start: 1, Size: 1}, nvml.Placement{Start: 2, Size: 1}),
-		p("1g+me", 5, nvml.Placement{Start: 0, Size: 1}, nvml.Placement{Start: 2, Size: 1}),
-		p("2g", 3, nvml.Placement{Start: 0, Size: 2}),
+	profiles := []nvmlgpu.MIGProfile{
+		p("1g", 1, nvmlgpu.Placement{Start: 0, Size: 1}, nvmlgpu.Placement{Start: 1, Size: 1}, nvmlgpu.Placement{Start: 2, Size: 1}),
+		p("1g+me", 5, nvmlgpu.Placement{Start: 0, Size: 1}, nvmlgpu.Placement{Start: 2, Size: 1}),
+		p("2g", 3, nvmlgpu.Placement{Start: 0, Size: 2}),
 	}
-	weight := func(p nvml.MIGProfile) int { return p.SliceCount }
+	weight := func(p nvmlgpu.MIGProfile) int { return p.SliceCount }
 	// Best: 2g at 0-1 (3) + 1g+me at 2 (5) = 8; two +me would be 11.
 	if got := maxDisjoint(profiles, weight); got != 8 {
 		t.Errorf("maxDisjoint = %d, want 8", got)

@@ -7,7 +7,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/facet-gpu/facet/pkg/model/names"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // MemorySliceCounter is the counter, of value 1, for memory slice k. A GPU
@@ -47,7 +47,7 @@ func MemorySliceCounter(k int) string { return fmt.Sprintf("memory-slice-%d", k)
 // The whole GPU (gpu-<i> in mig and dynamic mode) consumes every counter.
 type MIGModel struct {
 	// Profiles in publication (best-fit) order.
-	Profiles []nvml.MIGProfile
+	Profiles []nvmlgpu.MIGProfile
 	// MemorySlices is the GPU's number of memory slices.
 	MemorySlices int
 	// Counters names every counter of the set, in publication order.
@@ -59,10 +59,10 @@ type MIGModel struct {
 
 // NewMIGModel derives the counter encoding from a GPU's discovered
 // profiles.
-func NewMIGModel(discovered []nvml.MIGProfile) (*MIGModel, error) {
+func NewMIGModel(discovered []nvmlgpu.MIGProfile) (*MIGModel, error) {
 	// Discovery lists profiles in best-fit order, which is the order
 	// they are published in.
-	m := &MIGModel{Profiles: append([]nvml.MIGProfile(nil), discovered...)}
+	m := &MIGModel{Profiles: append([]nvmlgpu.MIGProfile(nil), discovered...)}
 	for _, p := range m.Profiles {
 		if len(p.Placements) == 0 {
 			return nil, fmt.Errorf("MIG profile %s has no placements", p.Name)
@@ -102,7 +102,7 @@ func NewMIGModel(discovered []nvml.MIGProfile) (*MIGModel, error) {
 
 // Consumes lists the counters a MIG instance of profile p at placement pl
 // consumes.
-func (m *MIGModel) Consumes(p nvml.MIGProfile, pl nvml.Placement) []string {
+func (m *MIGModel) Consumes(p nvmlgpu.MIGProfile, pl nvmlgpu.Placement) []string {
 	var out []string
 	for k := pl.Start; k < pl.Start+pl.Size; k++ {
 		if m.counted[k] {
@@ -126,8 +126,8 @@ func IsMediaExtensions(profile string) bool { return strings.Contains(profile, "
 // last one down while every overlapping pair keeps a common counted slice.
 // Every placement keeps at least one counted slice, so gpu-<i>, which
 // consumes all counters, excludes every MIG device of its GPU.
-func witnessSlices(profiles []nvml.MIGProfile, n int) []bool {
-	var pls []nvml.Placement
+func witnessSlices(profiles []nvmlgpu.MIGProfile, n int) []bool {
+	var pls []nvmlgpu.Placement
 	for _, p := range profiles {
 		pls = append(pls, p.Placements...)
 	}
@@ -135,7 +135,7 @@ func witnessSlices(profiles []nvml.MIGProfile, n int) []bool {
 	for k := range counted {
 		counted[k] = true
 	}
-	witnessed := func(a, b nvml.Placement) bool {
+	witnessed := func(a, b nvmlgpu.Placement) bool {
 		for k := max(a.Start, b.Start); k < min(a.Start+a.Size, b.Start+b.Size); k++ {
 			if counted[k] {
 				return true
@@ -162,21 +162,21 @@ func witnessSlices(profiles []nvml.MIGProfile, n int) []bool {
 // resources are what a GPU instance takes besides its memory slices.
 var resources = []struct {
 	name string
-	of   func(nvml.MIGProfile) int
+	of   func(nvmlgpu.MIGProfile) int
 }{
-	{"compute slices", func(p nvml.MIGProfile) int { return p.SliceCount }},
-	{"copy engines", func(p nvml.MIGProfile) int { return p.CopyEngines }},
-	{"decoders", func(p nvml.MIGProfile) int { return p.Decoders }},
-	{"encoders", func(p nvml.MIGProfile) int { return p.Encoders }},
-	{"JPEG engines", func(p nvml.MIGProfile) int { return p.JPEGs }},
-	{"OFA engines", func(p nvml.MIGProfile) int { return p.OFAs }},
+	{"compute slices", func(p nvmlgpu.MIGProfile) int { return p.SliceCount }},
+	{"copy engines", func(p nvmlgpu.MIGProfile) int { return p.CopyEngines }},
+	{"decoders", func(p nvmlgpu.MIGProfile) int { return p.Decoders }},
+	{"encoders", func(p nvmlgpu.MIGProfile) int { return p.Encoders }},
+	{"JPEG engines", func(p nvmlgpu.MIGProfile) int { return p.JPEGs }},
+	{"OFA engines", func(p nvmlgpu.MIGProfile) int { return p.OFAs }},
 }
 
 // checkImplied fails when some set of instances the counters allow (pairwise
 // disjoint placements, at most one "+me") would take more compute slices or
 // engines than the GPU's full profile has.
-func checkImplied(profiles []nvml.MIGProfile) error {
-	var full nvml.MIGProfile
+func checkImplied(profiles []nvmlgpu.MIGProfile) error {
+	var full nvmlgpu.MIGProfile
 	for _, p := range profiles {
 		if p.SliceCount > full.SliceCount || (p.SliceCount == full.SliceCount && p.MemoryBytes > full.MemoryBytes) {
 			full = p
@@ -195,7 +195,7 @@ func checkImplied(profiles []nvml.MIGProfile) error {
 // interval schedule over the memory slices (placements are half-open
 // ranges), by dynamic programming over the slice boundary k and whether the
 // "+me" instance is used.
-func maxDisjoint(profiles []nvml.MIGProfile, weight func(nvml.MIGProfile) int) int {
+func maxDisjoint(profiles []nvmlgpu.MIGProfile, weight func(nvmlgpu.MIGProfile) int) int {
 	end := 0
 	for _, p := range profiles {
 		for _, pl := range p.Placements {

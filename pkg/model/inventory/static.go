@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // buildStatic lays out a static-mig GPU: one device per existing MIG
@@ -16,7 +16,7 @@ import (
 // An instance that cannot be published exactly (a GPU instance without a
 // compute instance, or with several or a partial one, or of a profile
 // discovery does not know) is skipped; skipped says which and why.
-func (gpu *GPU) buildStatic(instances []nvml.MIGInstance) (skipped []string, err error) {
+func (gpu *GPU) buildStatic(instances []nvmlgpu.MIGInstance) (skipped []string, err error) {
 	byProfile := map[int]int{} // GI profile ID -> index in best-fit order
 	for i, p := range gpu.MIGProfiles {
 		byProfile[p.GIProfileID] = i

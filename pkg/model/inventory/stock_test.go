@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/facet-gpu/facet/pkg/model/features"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 func cluster(version string, on ...features.Gate) *features.Set {
@@ -22,9 +22,9 @@ func cluster(version string, on ...features.Gate) *features.Set {
 
 // instance makes the MIG instance NVML would list for the p-th profile of
 // gpu at its k-th placement.
-func instance(gpu nvml.GPU, p, k, giID int) nvml.MIGInstance {
+func instance(gpu nvmlgpu.GPU, p, k, giID int) nvmlgpu.MIGInstance {
 	prof := gpu.MIGProfiles[p]
-	return nvml.MIGInstance{
+	return nvmlgpu.MIGInstance{
 		ParentUUID: gpu.UUID, ParentIndex: gpu.Index, Profile: prof.Name,
 		GIProfileID: prof.GIProfileID, CIProfileID: prof.CIProfileID,
 		Placement: prof.Placements[k], GIID: giID, CIID: 0, UUID: fmt.Sprintf("MIG-%d", giID),
@@ -33,7 +33,7 @@ func instance(gpu nvml.GPU, p, k, giID int) nvml.MIGInstance {
 
 func TestModesOnTheCluster(t *testing.T) {
 	node := discover(t, "H100-SXM5-80GB", "H100-SXM5-80GB", "L4")
-	carved := []nvml.MIGInstance{instance(node.GPUs[1], 0, 0, 1)}
+	carved := []nvmlgpu.MIGInstance{instance(node.GPUs[1], 0, 0, 1)}
 	stock := cluster("v1.35.4")
 	gated135 := cluster("v1.35.4", features.PartitionableDevices, features.ConsumableCapacity)
 	v137 := cluster("v1.37.2", features.PartitionableDevices, features.ConsumableCapacity)
@@ -146,7 +146,7 @@ func TestStaticMIG(t *testing.T) {
 	g := node.GPUs[0]
 	noCI := instance(g, 0, 1, 2)
 	noCI.CIID, noCI.CIProfileID, noCI.UUID = -1, -1, ""
-	twoCIs := []nvml.MIGInstance{instance(g, 0, 2, 3), instance(g, 0, 2, 3)}
+	twoCIs := []nvmlgpu.MIGInstance{instance(g, 0, 2, 3), instance(g, 0, 2, 3)}
 	twoCIs[1].CIID = 1
 	var big int
 	for i, p := range g.MIGProfiles {
@@ -154,7 +154,7 @@ func TestStaticMIG(t *testing.T) {
 			big = i
 		}
 	}
-	in := append([]nvml.MIGInstance{instance(g, big, 0, 1), instance(g, 0, 0, 5), noCI}, twoCIs...)
+	in := append([]nvmlgpu.MIGInstance{instance(g, big, 0, 1), instance(g, 0, 0, 5), noCI}, twoCIs...)
 	// An instance of another GPU is not this GPU's.
 	other := instance(g, 0, 3, 9)
 	other.ParentUUID = "GPU-other"

@@ -7,15 +7,15 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 
 	"github.com/facet-gpu/facet/pkg/model/atomicfile"
 )
 
-// MIG is what applying a layout needs of NVML (package nvml's Library).
+// MIG is what applying a layout needs of NVML (package nvmlgpu's Library).
 type MIG interface {
 	EnableMIG(parentUUID string) (bool, error)
-	CreateMIG(parentUUID string, giProfileID, placementStart int) (nvml.MIGInstance, error)
+	CreateMIG(parentUUID string, giProfileID, placementStart int) (nvmlgpu.MIGInstance, error)
 	DestroyMIG(parentUUID string, giID, ciID int) error
 }
 
@@ -87,7 +87,7 @@ type Outcome struct {
 //     through a finished call.
 //
 // existing are the GPU's instances now (nvml ListMIG, this GPU's only).
-func Apply(mig MIG, store *Store, gpu nvml.GPU, layout string, existing []nvml.MIGInstance, busy bool) (Outcome, error) {
+func Apply(mig MIG, store *Store, gpu nvmlgpu.GPU, layout string, existing []nvmlgpu.MIGInstance, busy bool) (Outcome, error) {
 	plan, err := Plan(layout, gpu.MIGProfiles)
 	if err != nil {
 		return Outcome{}, err

@@ -14,7 +14,7 @@
 //	               H200, B200); 2 × 1g, 1 × 2g on 4-slice GPUs (A30)
 //	P1/P2/...      exactly these profiles, e.g. "3g.40gb/2g.20gb/1g.10gb/1g.10gb"
 //
-// Placements come from the GPU's own tables (nvml.MIGProfile.Placements,
+// Placements come from the GPU's own tables (nvmlgpu.MIGProfile.Placements,
 // NVML's possible placements), chosen by a search that never overlaps two
 // instances' memory slices and takes at most one "+me" profile; NVML still
 // has the last word when the instances are created.
@@ -25,28 +25,28 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // Instance is one GPU instance of a layout: a profile at a placement.
 type Instance struct {
-	Profile   nvml.MIGProfile
-	Placement nvml.Placement
+	Profile   nvmlgpu.MIGProfile
+	Placement nvmlgpu.Placement
 }
 
 // Plan resolves a layout for a GPU with these MIG profiles (in discovery's
 // best-fit order) and places its instances. The result is sorted by
 // placement start. Errors name the layout and the profile.
-func Plan(layout string, profiles []nvml.MIGProfile) ([]Instance, error) {
-	byName := map[string]nvml.MIGProfile{}
+func Plan(layout string, profiles []nvmlgpu.MIGProfile) ([]Instance, error) {
+	byName := map[string]nvmlgpu.MIGProfile{}
 	for _, p := range profiles {
 		byName[p.Name] = p
 	}
-	var want []nvml.MIGProfile
+	var want []nvmlgpu.MIGProfile
 	fill := false
 	switch {
 	case layout == "all-balanced":
-		slices := map[int]nvml.MIGProfile{}
+		slices := map[int]nvmlgpu.MIGProfile{}
 		most := 0
 		for _, p := range profiles {
 			if strings.ContainsAny(p.Name, "+-") {
@@ -74,7 +74,7 @@ func Plan(layout string, profiles []nvml.MIGProfile) ([]Instance, error) {
 		if !ok {
 			return nil, fmt.Errorf("MIG layout %s: the GPU has no profile %q (it has %s)", layout, name, profileNames(profiles))
 		}
-		want, fill = []nvml.MIGProfile{p}, true
+		want, fill = []nvmlgpu.MIGProfile{p}, true
 	default:
 		for _, name := range strings.Split(layout, "/") {
 			p, ok := byName[strings.TrimSpace(name)]
@@ -88,7 +88,7 @@ func Plan(layout string, profiles []nvml.MIGProfile) ([]Instance, error) {
 		// As many as fit: one more until the search fails.
 		var best []Instance
 		for n := 1; n <= 64; n++ {
-			list := make([]nvml.MIGProfile, n)
+			list := make([]nvmlgpu.MIGProfile, n)
 			for i := range list {
 				list[i] = want[0]
 			}
@@ -113,10 +113,10 @@ func Plan(layout string, profiles []nvml.MIGProfile) ([]Instance, error) {
 // place finds non-overlapping placements for the profiles, at most one
 // "+me", by depth-first search, largest profile first (so the small ones
 // fill the gaps).
-func place(want []nvml.MIGProfile) ([]Instance, bool) {
-	order := append([]nvml.MIGProfile(nil), want...)
+func place(want []nvmlgpu.MIGProfile) ([]Instance, bool) {
+	order := append([]nvmlgpu.MIGProfile(nil), want...)
 	sort.SliceStable(order, func(i, j int) bool { return order[i].MemorySlices > order[j].MemorySlices })
-	var used []nvml.Placement
+	var used []nvmlgpu.Placement
 	var out []Instance
 	me := false
 	var dfs func(i int) bool
@@ -157,7 +157,7 @@ func place(want []nvml.MIGProfile) ([]Instance, bool) {
 	return out, true
 }
 
-func overlaps(pl nvml.Placement, used []nvml.Placement) bool {
+func overlaps(pl nvmlgpu.Placement, used []nvmlgpu.Placement) bool {
 	for _, u := range used {
 		if pl.Start < u.Start+u.Size && u.Start < pl.Start+pl.Size {
 			return true
@@ -166,7 +166,7 @@ func overlaps(pl nvml.Placement, used []nvml.Placement) bool {
 	return false
 }
 
-func profileNames(profiles []nvml.MIGProfile) string {
+func profileNames(profiles []nvmlgpu.MIGProfile) string {
 	names := make([]string, len(profiles))
 	for i, p := range profiles {
 		names[i] = p.Name
@@ -177,7 +177,7 @@ func profileNames(profiles []nvml.MIGProfile) string {
 // Matches reports whether the instances that exist on a GPU are exactly a
 // plan's (same profiles at the same placements, each with its compute
 // instance), so a layout already in place is left alone.
-func Matches(plan []Instance, existing []nvml.MIGInstance) bool {
+func Matches(plan []Instance, existing []nvmlgpu.MIGInstance) bool {
 	if len(plan) != len(existing) {
 		return false
 	}
@@ -200,10 +200,10 @@ func Matches(plan []Instance, existing []nvml.MIGInstance) bool {
 // carved, for showing what a layout publishes without carving it (facetctl
 // slices, tests). GI IDs are numbered from 1 in placement order; the
 // instances have no UUIDs, which only NVML can give.
-func Preview(gpu nvml.GPU, plan []Instance) []nvml.MIGInstance {
-	out := make([]nvml.MIGInstance, len(plan))
+func Preview(gpu nvmlgpu.GPU, plan []Instance) []nvmlgpu.MIGInstance {
+	out := make([]nvmlgpu.MIGInstance, len(plan))
 	for i, p := range plan {
-		out[i] = nvml.MIGInstance{
+		out[i] = nvmlgpu.MIGInstance{
 			ParentUUID: gpu.UUID, ParentIndex: gpu.Index, Profile: p.Profile.Name,
 			GIProfileID: p.Profile.GIProfileID, CIProfileID: p.Profile.CIProfileID,
 			Placement: p.Placement, GIID: i + 1, CIID: 0,

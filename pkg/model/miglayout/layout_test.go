@@ -9,13 +9,13 @@ import (
 	"testing"
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // gpuOf simulates one GPU of a model as an admin leaves it for MIG: MIG
 // mode off from Hopper on (Facet turns it on), on before Hopper, whose
-// MIG mode Facet does not change (nvml.GPU.MIGModeFixed).
-func gpuOf(t *testing.T, model string) (*nvml.Library, nvml.GPU) {
+// MIG mode Facet does not change (nvmlgpu.GPU.MIGModeFixed).
+func gpuOf(t *testing.T, model string) (*nvmlgpu.Library, nvmlgpu.GPU) {
 	t.Helper()
 	lib, g := gpuBooted(t, model, false)
 	if g.MIGModeFixed != "" {
@@ -26,7 +26,7 @@ func gpuOf(t *testing.T, model string) (*nvml.Library, nvml.GPU) {
 }
 
 // gpuBooted simulates one GPU of a model with MIG mode on or off at boot.
-func gpuBooted(t *testing.T, model string, migEnabled bool) (*nvml.Library, nvml.GPU) {
+func gpuBooted(t *testing.T, model string, migEnabled bool) (*nvmlgpu.Library, nvmlgpu.GPU) {
 	t.Helper()
 	lib, err := sim.OpenSimulated(&sim.Machine{Name: "layout-test", DriverVersion: "580.159.04", CUDADriverVersion: "13.0",
 		GPUs: []sim.MachineGPU{{Model: model, MIGEnabled: migEnabled}}})
@@ -88,9 +88,9 @@ func TestPlan(t *testing.T) {
 			if _, err := lib.EnableMIG(g.UUID); err != nil {
 				t.Fatal(err)
 			}
-			var ps []nvml.MIGPlacement
+			var ps []nvmlgpu.MIGPlacement
 			for _, p := range plan {
-				ps = append(ps, nvml.MIGPlacement{GIProfileID: p.Profile.GIProfileID, Start: p.Placement.Start})
+				ps = append(ps, nvmlgpu.MIGPlacement{GIProfileID: p.Profile.GIProfileID, Start: p.Placement.Start})
 			}
 			if ok, err := lib.CanCreateTogether(g.UUID, ps); err != nil || !ok {
 				t.Errorf("NVML refuses the plan %s: %v %v", summary(plan), ok, err)
@@ -102,7 +102,7 @@ func TestPlan(t *testing.T) {
 func TestApply(t *testing.T) {
 	lib, g := gpuOf(t, "H100-SXM5-80GB")
 	store := NewStore(filepath.Join(t.TempDir(), "mig-layouts.json"))
-	list := func() []nvml.MIGInstance {
+	list := func() []nvmlgpu.MIGInstance {
 		t.Helper()
 		all, err := lib.ListMIG()
 		if err != nil {
@@ -164,7 +164,7 @@ func TestApplyMIGModeFixed(t *testing.T) {
 	lib, g := gpuBooted(t, "A100-SXM4-40GB", false)
 	store := NewStore(filepath.Join(t.TempDir(), "mig-layouts.json"))
 	out, err := Apply(lib, store, g, "all-balanced", nil, false)
-	if !errors.Is(err, nvml.ErrMIGModeFixed) || !strings.Contains(err.Error(), "MIG layout all-balanced") || out.Changed {
+	if !errors.Is(err, nvmlgpu.ErrMIGModeFixed) || !strings.Contains(err.Error(), "MIG layout all-balanced") || out.Changed {
 		t.Fatalf("MIG mode off: %+v, %v; want ErrMIGModeFixed", out, err)
 	}
 	if all, err := lib.ListMIG(); err != nil || len(all) != 0 {

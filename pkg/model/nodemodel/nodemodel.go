@@ -12,23 +12,23 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/miglayout"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
-// Source is the NVML a node is read from (*nvml.Library, real or
+// Source is the NVML a node is read from (*nvmlgpu.Library, real or
 // simulated).
 type Source interface {
-	Discover() (*nvml.Node, error)
+	Discover() (*nvmlgpu.Node, error)
 	MIGLister
 }
 
 // MIGLister lists the MIG instances that exist on the node.
 type MIGLister interface {
-	ListMIG() ([]nvml.MIGInstance, error)
+	ListMIG() ([]nvmlgpu.MIGInstance, error)
 }
 
 // Discover reads the node's GPUs; its error names the step.
-func Discover(src Source) (*nvml.Node, error) {
+func Discover(src Source) (*nvmlgpu.Node, error) {
 	node, err := src.Discover()
 	if err != nil {
 		return nil, fmt.Errorf("discover GPUs: %w", err)
@@ -52,7 +52,7 @@ type Options struct {
 
 // Build builds node's inventory in cfg's modes, with the MIG instances
 // that o lists and previews. cfg is a copy: the caller's is not changed.
-func Build(node *nvml.Node, cfg inventory.Config, o Options) (*inventory.Inventory, error) {
+func Build(node *nvmlgpu.Node, cfg inventory.Config, o Options) (*inventory.Inventory, error) {
 	if o.MIG != nil && migCapable(node) {
 		var err error
 		if cfg.MIGInstances, err = o.MIG.ListMIG(); err != nil {
@@ -69,7 +69,7 @@ func Build(node *nvml.Node, cfg inventory.Config, o Options) (*inventory.Invento
 
 // Assemble discovers src's node and builds its inventory, with the MIG
 // instances that exist and layouts previewed over them (Build).
-func Assemble(src Source, cfg inventory.Config, layouts map[int]string) (*nvml.Node, *inventory.Inventory, error) {
+func Assemble(src Source, cfg inventory.Config, layouts map[int]string) (*nvmlgpu.Node, *inventory.Inventory, error) {
 	node, err := Discover(src)
 	if err != nil {
 		return nil, nil, err
@@ -84,7 +84,7 @@ func Assemble(src Source, cfg inventory.Config, layouts map[int]string) (*nvml.N
 // Preview returns instances with each GPU that layouts names (by index)
 // holding its layout's instances instead of its own, as
 // miglayout.Preview places them. An index the node lacks is an error.
-func Preview(node *nvml.Node, instances []nvml.MIGInstance, layouts map[int]string) ([]nvml.MIGInstance, error) {
+func Preview(node *nvmlgpu.Node, instances []nvmlgpu.MIGInstance, layouts map[int]string) ([]nvmlgpu.MIGInstance, error) {
 	// In index order, so that of several bad indices the first is named.
 	for _, idx := range slices.Sorted(maps.Keys(layouts)) {
 		layout := layouts[idx]
@@ -96,7 +96,7 @@ func Preview(node *nvml.Node, instances []nvml.MIGInstance, layouts map[int]stri
 		if err != nil {
 			return nil, fmt.Errorf("GPU %d: %w", idx, err)
 		}
-		var kept []nvml.MIGInstance
+		var kept []nvmlgpu.MIGInstance
 		for _, in := range instances {
 			if in.ParentUUID != g.UUID {
 				kept = append(kept, in)
@@ -107,7 +107,7 @@ func Preview(node *nvml.Node, instances []nvml.MIGInstance, layouts map[int]stri
 	return instances, nil
 }
 
-func migCapable(node *nvml.Node) bool {
+func migCapable(node *nvmlgpu.Node) bool {
 	for _, g := range node.GPUs {
 		if g.MIGCapable {
 			return true

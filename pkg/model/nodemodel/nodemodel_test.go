@@ -8,18 +8,18 @@ import (
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/nodemodel"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // failingLister stands for an NVML whose MIG listing fails.
 type failingLister struct{ calls int }
 
-func (f *failingLister) ListMIG() ([]nvml.MIGInstance, error) {
+func (f *failingLister) ListMIG() ([]nvmlgpu.MIGInstance, error) {
 	f.calls++
 	return nil, errors.New("boom")
 }
 
-func simulated(t *testing.T, migEnabled bool) *nvml.Library {
+func simulated(t *testing.T, migEnabled bool) *nvmlgpu.Library {
 	t.Helper()
 	m := &sim.Machine{Name: "n", DriverVersion: "580.159.04", CUDADriverVersion: "13.0"}
 	for range 2 {
@@ -64,7 +64,7 @@ func TestBuildNamesItsSteps(t *testing.T) {
 }
 
 func TestBuildListsOnlyOnMIGCapableNodes(t *testing.T) {
-	node := &nvml.Node{GPUs: []nvml.GPU{{Index: 0, UUID: "GPU-0"}}}
+	node := &nvmlgpu.Node{GPUs: []nvmlgpu.GPU{{Index: 0, UUID: "GPU-0"}}}
 	fl := &failingLister{}
 	if _, err := nodemodel.Build(node, inventory.Config{DefaultMode: inventory.ModeExclusive}, nodemodel.Options{MIG: fl}); err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/names"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // API limits this package lays slices out by (resource/v1 types.go).
@@ -325,7 +325,7 @@ var bdfPattern = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a
 // the same device: pcieRoot comes from GetPCIeRootAttributeByPCIBusID at
 // discovery; GetPCIBusIDAttribute and GetNUMANodeAttribute are v0.37's, so
 // their names are in package names and their checks here.
-func standardAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, g *nvml.GPU) {
+func standardAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, g *nvmlgpu.GPU) {
 	if g.PCIeRoot != "" {
 		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(g.PCIeRoot)
 	}
@@ -344,7 +344,7 @@ func standardAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAt
 // GPU (and the bandwidth where it gives no link version), the domain
 // without an active NVLink to a GPU or NVSwitch, the switch for a GPU on a
 // root port, the fabric outside a multi-node NVLink fabric.
-func topologyAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, g *nvml.GPU) {
+func topologyAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, g *nvmlgpu.GPU) {
 	if g.NVLinkDomain != "" {
 		attrs[names.AttrNVLinkDomain] = str(g.NVLinkDomain)
 	}
@@ -367,7 +367,7 @@ func topologyAttributes(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAt
 // carries, fully qualified (the driver's own under names.Driver): the
 // standard pcieRoot, pciBusID and numaNode, and Facet's numaNode and
 // topology attributes. facetctl topo prints them.
-func TopologyAttributes(g *nvml.GPU) map[string]resourceapi.DeviceAttribute {
+func TopologyAttributes(g *nvmlgpu.GPU) map[string]resourceapi.DeviceAttribute {
 	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
 	if g.NUMANode >= 0 {
 		attrs[names.AttrNUMANode] = intAttr(g.NUMANode)

@@ -17,7 +17,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/miglayout"
 	"github.com/facet-gpu/facet/pkg/model/names"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata golden files")
@@ -34,7 +34,7 @@ func render(t *testing.T, machine string, cfg inventory.Config) []byte {
 // discoverDemo discovers a demo machine; "<machine>+mig" is the machine
 // with MIG mode on at boot, as an admin leaves an A100 for MIG (Facet does
 // not change an A100's MIG mode).
-func discoverDemo(t *testing.T, machine string) *nvml.Node {
+func discoverDemo(t *testing.T, machine string) *nvmlgpu.Node {
 	t.Helper()
 	name, migOn := strings.CutSuffix(machine, "+mig")
 	m, err := sim.LoadMachine(filepath.Join("..", "..", "..", "demo", "machines", name+".yaml"))
@@ -210,9 +210,9 @@ func mustLayout(t *testing.T, s string) inventory.SlotLayout {
 
 // balanced is mig-parted's all-balanced on every MIG GPU of a node, as NVML
 // would list it.
-func balanced(t *testing.T, node *nvml.Node) []nvml.MIGInstance {
+func balanced(t *testing.T, node *nvmlgpu.Node) []nvmlgpu.MIGInstance {
 	t.Helper()
-	var out []nvml.MIGInstance
+	var out []nvmlgpu.MIGInstance
 	for _, g := range node.GPUs {
 		if !g.MIGCapable {
 			continue
@@ -421,17 +421,17 @@ func TestStandardAttributes(t *testing.T) {
 	pcieRoot := string(deviceattribute.StandardDeviceAttributePCIeRoot)
 	for _, tc := range []struct {
 		name string
-		gpu  nvml.GPU
+		gpu  nvmlgpu.GPU
 		want map[string]string
 	}{
-		{"DGX: all three", nvml.GPU{PCIBusID: "0000:18:00.0", PCIeRoot: "pci0000:17", NUMANode: 0},
+		{"DGX: all three", nvmlgpu.GPU{PCIBusID: "0000:18:00.0", PCIeRoot: "pci0000:17", NUMANode: 0},
 			map[string]string{pcieRoot: "pci0000:17", names.StandardPCIBusID: "0000:18:00.0", names.StandardNUMANode: "0"}},
-		{"second socket", nvml.GPU{PCIBusID: "0000:c1:00.0", PCIeRoot: "pci0000:30", NUMANode: 1},
+		{"second socket", nvmlgpu.GPU{PCIBusID: "0000:c1:00.0", PCIeRoot: "pci0000:30", NUMANode: 1},
 			map[string]string{pcieRoot: "pci0000:30", names.StandardPCIBusID: "0000:c1:00.0", names.StandardNUMANode: "1"}},
-		{"VM: numa_node -1, no numaNode", nvml.GPU{PCIBusID: "0000:00:06.0", PCIeRoot: "pci0000:00", NUMANode: -1},
+		{"VM: numa_node -1, no numaNode", nvmlgpu.GPU{PCIBusID: "0000:00:06.0", PCIeRoot: "pci0000:00", NUMANode: -1},
 			map[string]string{pcieRoot: "pci0000:00", names.StandardPCIBusID: "0000:00:06.0"}},
-		{"bus ID not in BDF notation", nvml.GPU{PCIBusID: "00000000:00:06.0", NUMANode: -1}, map[string]string{}},
-		{"nothing known", nvml.GPU{NUMANode: -1}, map[string]string{}},
+		{"bus ID not in BDF notation", nvmlgpu.GPU{PCIBusID: "00000000:00:06.0", NUMANode: -1}, map[string]string{}},
+		{"nothing known", nvmlgpu.GPU{NUMANode: -1}, map[string]string{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}

@@ -3,7 +3,7 @@ package dradriver
 import (
 	"fmt"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/nodemetrics"
 	"github.com/prometheus/client_golang/prometheus"
@@ -146,7 +146,7 @@ func BenchmarkScrape(b *testing.B) {
 
 // libUsage is the plugin's NVML usage reader (plugin.nvmlUsage) for the
 // benchmark.
-type libUsage struct{ lib *nvml.Library }
+type libUsage struct{ lib *nvmlgpu.Library }
 
 func (l libUsage) GPUUsage(uuid string) (nodemetrics.GPUUsage, error) {
 	u, err := l.lib.Usage(uuid)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/claimcdi"
 )
@@ -509,7 +509,7 @@ func TestOneBadGPUDoesNotStopTheNode(t *testing.T) {
 	needMIGEdits(t)
 	r := newRigMode(t, splitModes)
 	gpu := func(i int) string { return r.inv.GPUs[i].UUID }
-	r.simState = filepath.Join(t.TempDir(), "nvml.json")
+	r.simState = filepath.Join(t.TempDir(), "nvmlgpu.json")
 	var err error
 	if r.lib, err = sim.OpenMachine(machineFile, sim.WithStateFile(r.simState)); err != nil {
 		t.Fatal(err)
@@ -581,7 +581,7 @@ func TestOneBadGPUDoesNotStopTheNode(t *testing.T) {
 // halfMade turns a created instance into what a crash inside CreateMIG
 // leaves, the GPU instance without its compute instance, by editing the
 // simulated NVML's state file and reopening it.
-func halfMade(t *testing.T, r *rig, gpu string, in nvml.MIGInstance) {
+func halfMade(t *testing.T, r *rig, gpu string, in nvmlgpu.MIGInstance) {
 	t.Helper()
 	data, err := os.ReadFile(r.simState)
 	if err != nil {
@@ -620,7 +620,7 @@ type faultyMIG struct {
 	listFails, destroyFails string
 }
 
-func (f faultyMIG) ListMIGOn(gpu string) ([]nvml.MIGInstance, error) {
+func (f faultyMIG) ListMIGOn(gpu string) ([]nvmlgpu.MIGInstance, error) {
 	if gpu == f.listFails {
 		return nil, fmt.Errorf("simulated NVML error")
 	}

@@ -24,7 +24,7 @@ import (
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/names"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/claimcdi"
 	"github.com/facet-gpu/facet/pkg/node/hami"
@@ -37,7 +37,7 @@ const node = "node-a"
 // be "restarted" on the same state.
 type rig struct {
 	t                         testing.TB
-	lib                       *nvml.Library
+	lib                       *nvmlgpu.Library
 	inv                       *inventory.Inventory
 	root, cdiDir, checkpoints string
 	d                         *Driver
@@ -164,7 +164,7 @@ func newRigOn(t testing.TB, machine string, migOn bool, cfg inventory.Config) *r
 func (r *rig) start() {
 	r.t.Helper()
 	_, ctx := ktesting.NewTestContext(r.t)
-	editor, err := r.lib.DriverEditor(nvml.DriverEditorOptions{DriverRoot: r.root, ProcRoot: filepath.Join(r.root, "proc"), NvidiaCDIHookPath: "/usr/bin/nvidia-cdi-hook"})
+	editor, err := r.lib.DriverEditor(nvmlgpu.DriverEditorOptions{DriverRoot: r.root, ProcRoot: filepath.Join(r.root, "proc"), NvidiaCDIHookPath: "/usr/bin/nvidia-cdi-hook"})
 	if err != nil {
 		r.t.Fatal(err)
 	}

@@ -4,7 +4,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/claimcdi"
 )
@@ -15,7 +15,7 @@ import (
 // calls. The production types satisfy them (checked below); tests may
 // substitute in-memory fakes.
 
-// EditSource yields the NVIDIA driver's CDI edits (package nvml, via nvcdi).
+// EditSource yields the NVIDIA driver's CDI edits (package nvmlgpu, via nvcdi).
 type EditSource interface {
 	// CommonEdits are what every GPU container needs: control device
 	// nodes, driver libraries and binaries, hooks.
@@ -26,15 +26,15 @@ type EditSource interface {
 	MIGEdits(parentUUID string, giID, ciID int) (*cdispec.ContainerEdits, error)
 }
 
-// MIGManager creates and destroys MIG instances (package nvml).
+// MIGManager creates and destroys MIG instances (package nvmlgpu).
 type MIGManager interface {
 	EnableMIG(parentUUID string) (bool, error)
 	DisableMIG(parentUUID string) (bool, error)
-	CreateMIG(parentUUID string, giProfileID, placementStart int) (nvml.MIGInstance, error)
+	CreateMIG(parentUUID string, giProfileID, placementStart int) (nvmlgpu.MIGInstance, error)
 	DestroyMIG(parentUUID string, giID, ciID int) error
 	// ListMIGOn lists one GPU's instances, so an NVML error on one GPU
 	// fails that GPU alone.
-	ListMIGOn(parentUUID string) ([]nvml.MIGInstance, error)
+	ListMIGOn(parentUUID string) ([]nvmlgpu.MIGInstance, error)
 }
 
 // SpecWriter writes and removes the claims' CDI specs (package claimcdi).
@@ -68,8 +68,8 @@ type Store interface {
 }
 
 var (
-	_ EditSource = (*nvml.DriverEditor)(nil)
-	_ MIGManager = (*nvml.Library)(nil)
+	_ EditSource = (*nvmlgpu.DriverEditor)(nil)
+	_ MIGManager = (*nvmlgpu.Library)(nil)
 	_ SpecWriter = (*claimcdi.Writer)(nil)
 	_ Store      = (*checkpoint.Store)(nil)
 )

@@ -8,7 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 )
 
@@ -29,7 +29,7 @@ func (d *Driver) carveMIG(ctx context.Context, rec *checkpoint.Claim) error {
 		d.failpoint("prepare/enabled-mig")
 		in, err := d.mig.CreateMIG(dev.GPUUUID, dev.MIG.GIProfileID, dev.MIG.Start)
 		if err != nil {
-			if nvml.IsInsufficientResources(err) {
+			if nvmlgpu.IsInsufficientResources(err) {
 				err = fmt.Errorf("%w (%s)", err, d.blockers(rec.UID, dev))
 			}
 			return fmt.Errorf("device %s: %w", dev.Device, err)
@@ -68,7 +68,7 @@ func (d *Driver) leaveMIG(ctx context.Context, rec *checkpoint.Claim) error {
 		}
 		changed, err := d.mig.DisableMIG(dev.GPUUUID)
 		if err != nil {
-			if nvml.IsInUse(err) {
+			if nvmlgpu.IsInUse(err) {
 				return fmt.Errorf("device %s: the GPU still has MIG instances that no prepared claim owns (listed at plugin start; --destroy-unowned-mig removes them): %w", dev.Device, err)
 			}
 			return fmt.Errorf("device %s: %w", dev.Device, err)
@@ -101,7 +101,7 @@ func (d *Driver) blockers(uid types.UID, dev *checkpoint.Device) string {
 
 // ownedByOther tells whether another claim's record holds an instance (by
 // the reservations, which mirror the records).
-func (d *Driver) ownedByOther(uid types.UID, in nvml.MIGInstance) bool {
+func (d *Driver) ownedByOther(uid types.UID, in nvmlgpu.MIGInstance) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, u := range d.occ[in.ParentUUID] {
@@ -115,13 +115,13 @@ func (d *Driver) ownedByOther(uid types.UID, in nvml.MIGInstance) bool {
 // findOwnMIG finds the instance a device's record holds: the recorded GI
 // and CI, and the recorded profile, placement and (when known) UUID, so an
 // instance that reused the IDs is not taken for it.
-func (d *Driver) findOwnMIG(dev checkpoint.Device) (nvml.MIGInstance, bool, error) {
+func (d *Driver) findOwnMIG(dev checkpoint.Device) (nvmlgpu.MIGInstance, bool, error) {
 	if d.mig == nil {
-		return nvml.MIGInstance{}, false, fmt.Errorf("MIG is not available on this node")
+		return nvmlgpu.MIGInstance{}, false, fmt.Errorf("MIG is not available on this node")
 	}
 	instances, err := d.mig.ListMIGOn(dev.GPUUUID)
 	if err != nil {
-		return nvml.MIGInstance{}, false, err
+		return nvmlgpu.MIGInstance{}, false, err
 	}
 	for _, in := range instances {
 		if in.GIID == dev.MIG.GIID && in.CIID == dev.MIG.CIID && in.GIProfileID == dev.MIG.GIProfileID &&
@@ -129,7 +129,7 @@ func (d *Driver) findOwnMIG(dev checkpoint.Device) (nvml.MIGInstance, bool, erro
 			return in, true, nil
 		}
 	}
-	return nvml.MIGInstance{}, false, nil
+	return nvmlgpu.MIGInstance{}, false, nil
 }
 
 // destroyMIG destroys a claim's MIG instance if it is still there.

@@ -21,7 +21,7 @@ import (
 	"github.com/facet-gpu/facet/internal/driver/fake"
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/sharing"
 )
@@ -36,7 +36,7 @@ var (
 
 var (
 	unitNodeOnce sync.Once
-	unitNode     *nvml.Node
+	unitNode     *nvmlgpu.Node
 	unitNodeErr  error
 )
 

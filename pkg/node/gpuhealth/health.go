@@ -1,7 +1,7 @@
 // Package gpuhealth keeps the node's GPU faults: which GPU is out of
 // scheduling, why, since when, and how it comes back.
 //
-// Faults come from NVML (nvml.Library.WatchHealth: XIDs, double-bit ECC
+// Faults come from NVML (nvmlgpu.Library.WatchHealth: XIDs, double-bit ECC
 // errors, a GPU fallen off the bus, failing queries). Two classes:
 //
 //   - fatal (NVIDIA's documented resolution is a GPU reset or a reboot):
@@ -35,7 +35,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/facet-gpu/facet/pkg/model/atomicfile"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 // Fault is why a GPU is out of scheduling.
@@ -174,7 +174,7 @@ func Open(o Options) (*Monitor, []Change, error) {
 // Observe takes one NVML health observation and returns the Change it
 // makes, nil if none. A save failure is returned with the change, which
 // is kept in memory regardless: the fault is real even if the disk is not.
-func (m *Monitor) Observe(ev nvml.HealthEvent) (*Change, error) {
+func (m *Monitor) Observe(ev nvmlgpu.HealthEvent) (*Change, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.o.Now()

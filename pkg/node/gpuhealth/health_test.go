@@ -10,7 +10,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
 type clock struct{ t time.Time }
@@ -18,17 +18,17 @@ type clock struct{ t time.Time }
 func (c *clock) now() time.Time          { return c.t }
 func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
-func fault(gpu, reason string, fatal bool) nvml.HealthEvent {
-	return nvml.HealthEvent{GPU: gpu, Reason: reason, Fatal: fatal, Detail: reason}
+func fault(gpu, reason string, fatal bool) nvmlgpu.HealthEvent {
+	return nvmlgpu.HealthEvent{GPU: gpu, Reason: reason, Fatal: fatal, Detail: reason}
 }
 
-func ok(gpu string) nvml.HealthEvent { return nvml.HealthEvent{GPU: gpu, Healthy: true} }
+func ok(gpu string) nvmlgpu.HealthEvent { return nvmlgpu.HealthEvent{GPU: gpu, Healthy: true} }
 
 func TestObserve(t *testing.T) {
 	const quiet = time.Minute
 	type step struct {
 		after time.Duration
-		ev    nvml.HealthEvent
+		ev    nvmlgpu.HealthEvent
 		// want: "" no change, "fault", "fatal", "recovered"
 		want string
 	}

@@ -34,7 +34,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/nodemodel"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 	"github.com/facet-gpu/facet/pkg/model/sharemem"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
@@ -69,7 +69,7 @@ type Prober interface {
 // Options configure Run.
 type Options struct {
 	// Library is the node's NVML, real or simulated.
-	Library *nvml.Library
+	Library *nvmlgpu.Library
 	// SkipProbe, when not empty, says why the CUDA probe does not run
 	// (a simulated GPU); every other step does.
 	SkipProbe string
@@ -161,7 +161,7 @@ type Row struct {
 
 // Report is the check's outcome.
 type Report struct {
-	GPU                              nvml.GPU
+	GPU                              nvmlgpu.GPU
 	DriverVersion, CUDADriverVersion string
 	// Scratch is the scratch directory (removed unless KeepScratch).
 	Scratch string
@@ -216,7 +216,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	c := &checker{o: o, node: node, rep: rep,
 		cdiDir: filepath.Join(scratch, "cdi"), claimsDir: filepath.Join(scratch, "state", "claims"), vgpuDir: filepath.Join(scratch, "state", "vgpu")}
 	c.logf("node-check: GPU %d (%s, %s), driver %s, CUDA %s; scratch %s", g.Index, g.ProductName, g.UUID, node.DriverVersion, node.CUDADriverVersion, scratch)
-	editor, err := o.Library.DriverEditor(nvml.DriverEditorOptions{DriverRoot: o.DriverRoot, DevRoot: o.DevRoot, NvidiaCDIHookPath: o.NvidiaCDIHook})
+	editor, err := o.Library.DriverEditor(nvmlgpu.DriverEditorOptions{DriverRoot: o.DriverRoot, DevRoot: o.DevRoot, NvidiaCDIHookPath: o.NvidiaCDIHook})
 	if err != nil {
 		return nil, errors.Join(err, c.cleanup())
 	}
@@ -259,7 +259,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 
 type checker struct {
 	o                          Options
-	node                       *nvml.Node
+	node                       *nvmlgpu.Node
 	rep                        *Report
 	cdiDir, claimsDir, vgpuDir string
 	edits                      dradriver.EditSource

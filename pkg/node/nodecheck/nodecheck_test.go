@@ -17,7 +17,7 @@ import (
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/nodecheck/probe"
@@ -91,7 +91,7 @@ func simNode(t *testing.T, gpu int) Options {
 
 // published is the memory gpu-<i> publishes in exclusive mode, in MiB,
 // read from the ResourceSlices as the scheduler sees them.
-func published(t *testing.T, lib *nvml.Library, gpu int) uint64 {
+func published(t *testing.T, lib *nvmlgpu.Library, gpu int) uint64 {
 	t.Helper()
 	node, err := lib.Discover()
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/miglayout"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/nodeevents"
 )
@@ -83,7 +83,7 @@ func watchFeatures(ctx context.Context, client kubernetes.Interface, node string
 // inventory is built from the instances that then exist. A GPU that
 // prepared claims hold, or that has instances Facet did not make, keeps what
 // it has; a failure on one GPU is reported and the others go on.
-func applyLayouts(ctx context.Context, lib *nvml.Library, node *nvml.Node, layouts map[int]string, modes inventory.Config, store *checkpoint.Store, layoutStore *miglayout.Store, ev *nodeevents.Recorder) error {
+func applyLayouts(ctx context.Context, lib *nvmlgpu.Library, node *nvmlgpu.Node, layouts map[int]string, modes inventory.Config, store *checkpoint.Store, layoutStore *miglayout.Store, ev *nodeevents.Recorder) error {
 	if len(layouts) == 0 {
 		return nil
 	}
@@ -114,7 +114,7 @@ func applyLayouts(ctx context.Context, lib *nvml.Library, node *nvml.Node, layou
 			return fmt.Errorf("--mig-layouts: GPU %d has mode %s; a layout needs mode static-mig (or auto)", idx, mode)
 		}
 		g := node.GPUs[idx]
-		var mine []nvml.MIGInstance
+		var mine []nvmlgpu.MIGInstance
 		for _, in := range existing {
 			if in.ParentUUID == g.UUID {
 				mine = append(mine, in)

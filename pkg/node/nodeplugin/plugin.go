@@ -29,7 +29,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/miglayout"
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/nodemodel"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/model/sharemem"
 	"github.com/facet-gpu/facet/pkg/node/cdihook"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
@@ -87,7 +87,7 @@ type Config struct {
 	// state kept in stateFile; BindSimulatedProcDriver binds the simulated
 	// driver root's /proc/driver/nvidia-caps. Only builds with -tags
 	// facetsim can; the shipped build's return an error.
-	OpenMachine             func(path, stateFile string) (*nvml.Library, error)
+	OpenMachine             func(path, stateFile string) (*nvmlgpu.Library, error)
 	BindSimulatedProcDriver func(driverRoot string) error
 	// Failpoint, when set, is the driver's test hook (dradriver.Options).
 	Failpoint func(string)
@@ -172,8 +172,8 @@ type process struct {
 	overrides features.Overrides
 	layouts   map[int]string
 
-	lib    *nvml.Library
-	node   *nvml.Node
+	lib    *nvmlgpu.Library
+	node   *nvmlgpu.Node
 	client kubernetes.Interface
 	ev     *nodeevents.Recorder
 	m      *nodemetrics.Metrics
@@ -223,9 +223,9 @@ func (p *process) openNVML() error {
 	if f.Machine != "" {
 		// MIG instances outlive the plugin on real GPUs; the simulation
 		// keeps them in the state directory so restarts see them too.
-		p.lib, err = f.openMachine(f.Machine, filepath.Join(f.StateDir, "simulated-nvml.json"))
+		p.lib, err = f.openMachine(f.Machine, filepath.Join(f.StateDir, "simulated-nvmlgpu.json"))
 	} else {
-		p.lib, err = nvml.OpenDriver(f.containerDriverRoot(), f.NVMLLibrary)
+		p.lib, err = nvmlgpu.OpenDriver(f.containerDriverRoot(), f.NVMLLibrary)
 	}
 	return err
 }
@@ -333,11 +333,11 @@ func (p *process) startDriver(ctx context.Context) error {
 	}
 	// The driver's proc files (MIG capabilities) are the node's, in a
 	// container too; a simulated node has them in its driver root.
-	procRoot := nvml.DefaultProcRoot
+	procRoot := nvmlgpu.DefaultProcRoot
 	if f.Machine != "" {
 		procRoot = filepath.Join(f.containerDriverRoot(), "proc")
 	}
-	editor, err := p.lib.DriverEditor(nvml.DriverEditorOptions{
+	editor, err := p.lib.DriverEditor(nvmlgpu.DriverEditorOptions{
 		DriverRoot: f.DriverRoot, ContainerDriverRoot: f.ContainerDriverRoot, DevRoot: f.DevRoot, NvidiaCDIHookPath: f.CDIHook,
 		ProcRoot: procRoot,
 	})
@@ -493,7 +493,7 @@ func checkCDIHook(ctx context.Context, client kubernetes.Interface, f Config) er
 	return nil
 }
 
-func (f Config) openMachine(path, stateFile string) (*nvml.Library, error) {
+func (f Config) openMachine(path, stateFile string) (*nvmlgpu.Library, error) {
 	if f.OpenMachine == nil {
 		return nil, errors.New("--machine: this build cannot simulate a node")
 	}
@@ -524,9 +524,9 @@ func reportPublished(ctx context.Context, client kubernetes.Interface, node stri
 	}
 }
 
-// nvmlUsage reads a GPU's usage for the plugin's /metrics (nvml.Usage):
+// nvmlUsage reads a GPU's usage for the plugin's /metrics (nvmlgpu.Usage):
 // one handle lookup and a few reads per GPU per scrape.
-type nvmlUsage struct{ lib *nvml.Library }
+type nvmlUsage struct{ lib *nvmlgpu.Library }
 
 func (n nvmlUsage) GPUUsage(uuid string) (nodemetrics.GPUUsage, error) {
 	u, err := n.lib.Usage(uuid)

@@ -24,7 +24,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/names"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/node/nodemetrics"
@@ -64,11 +64,11 @@ type Events interface {
 }
 
 // NVML is what the health watch and the recovery requests ask of the
-// GPUs (nvml.Library).
+// GPUs (nvmlgpu.Library).
 type NVML interface {
 	// WatchHealth reports health events of the GPUs uuids until ctx ends
-	// (nvml.Library.WatchHealth).
-	WatchHealth(ctx context.Context, uuids []string, probeEvery time.Duration, report func(nvml.HealthEvent)) error
+	// (nvmlgpu.Library.WatchHealth).
+	WatchHealth(ctx context.Context, uuids []string, probeEvery time.Duration, report func(nvmlgpu.HealthEvent)) error
 	// ProbeGPU returns nil if the GPU answers NVML.
 	ProbeGPU(uuid string) error
 }
@@ -236,7 +236,7 @@ func (p *Publisher) WatchHealth(ctx context.Context, lib NVML, probeEvery time.D
 		}
 	}
 	logger := klog.FromContext(ctx)
-	err := lib.WatchHealth(ctx, uuids, probeEvery, func(ev nvml.HealthEvent) {
+	err := lib.WatchHealth(ctx, uuids, probeEvery, func(ev nvmlgpu.HealthEvent) {
 		c, err := p.mon.Observe(ev)
 		if err != nil {
 			logger.Error(err, "Cannot record a GPU health change; it holds until the plugin restarts", "gpu", ev.GPU)

@@ -17,7 +17,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
 	"github.com/facet-gpu/facet/pkg/model/names"
-	"github.com/facet-gpu/facet/pkg/model/nvml"
+	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/node/nodemetrics"
 )
@@ -51,13 +51,13 @@ func (e *events) Warning(reason, msg string) { e.got = append(e.got, event{"Warn
 // fakeNVML reports evs from WatchHealth, then returns watchErr; ProbeGPU
 // fails for the GPUs in dead.
 type fakeNVML struct {
-	evs      []nvml.HealthEvent
+	evs      []nvmlgpu.HealthEvent
 	watchErr error
 	watched  []string
 	dead     map[string]bool
 }
 
-func (f *fakeNVML) WatchHealth(_ context.Context, uuids []string, _ time.Duration, report func(nvml.HealthEvent)) error {
+func (f *fakeNVML) WatchHealth(_ context.Context, uuids []string, _ time.Duration, report func(nvmlgpu.HealthEvent)) error {
 	f.watched = uuids
 	for _, ev := range f.evs {
 		report(ev)
@@ -151,10 +151,10 @@ func TestPublish(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t, tc.gates)
-			if _, err := r.mon.Observe(nvml.HealthEvent{GPU: r.gpus[1], Reason: "xid-13", Detail: "XID 13"}); err != nil {
+			if _, err := r.mon.Observe(nvmlgpu.HealthEvent{GPU: r.gpus[1], Reason: "xid-13", Detail: "XID 13"}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := r.mon.Observe(nvml.HealthEvent{GPU: r.gpus[2], Reason: "xid-79", Detail: "fell off the bus", Fatal: true}); err != nil {
+			if _, err := r.mon.Observe(nvmlgpu.HealthEvent{GPU: r.gpus[2], Reason: "xid-79", Detail: "fell off the bus", Fatal: true}); err != nil {
 				t.Fatal(err)
 			}
 			n, err := r.p.Publish(context.Background())
@@ -202,7 +202,7 @@ func TestPublish(t *testing.T) {
 func TestWatchHealth(t *testing.T) {
 	r := newRig(t, taintGates())
 	lib := &fakeNVML{
-		evs: []nvml.HealthEvent{
+		evs: []nvmlgpu.HealthEvent{
 			{GPU: r.gpus[0], Reason: "xid-48", Detail: "double-bit ECC", Fatal: true},
 			{GPU: r.gpus[1], Healthy: true},
 		},
@@ -231,7 +231,7 @@ func TestRecoverRequests(t *testing.T) {
 	r := newRig(t, features.Stock("test"))
 	ctx := context.Background()
 	for _, i := range []int{0, 1} {
-		if _, err := r.mon.Observe(nvml.HealthEvent{GPU: r.gpus[i], Reason: "xid-79", Detail: "fell off the bus", Fatal: true}); err != nil {
+		if _, err := r.mon.Observe(nvmlgpu.HealthEvent{GPU: r.gpus[i], Reason: "xid-79", Detail: "fell off the bus", Fatal: true}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,8 +1,8 @@
-// Package nvml is Facet's only door to NVIDIA's management library.
+// Package nvmlgpu is Facet's only door to NVIDIA's management library.
 //
 // Nothing else in Facet imports github.com/NVIDIA/go-nvml (or nvcdi, which is
 // built on it), except its subpackage sim. The real backend is
-// libnvidia-ml.so.1 (OpenReal). Any other gonvml.Interface can be wrapped
+// libnvidia-ml.so.1 (OpenReal). Any other go-nvml nvml.Interface can be wrapped
 // with New: the simulator (internal/nvml/sim) hands its go-nvml mock server in
 // there, so a simulated node goes through the same discovery, MIG and CDI
 // code as a real one. This package itself links no mock code: the shipped
@@ -11,4 +11,4 @@
 // Dynamic MIG (mig.go) goes through the same seam: EnableMIG, CreateMIG
 // (a GPU instance at a placement and the compute instance spanning it),
 // DestroyMIG, ListMIG and CanCreateTogether.
-package nvml
+package nvmlgpu

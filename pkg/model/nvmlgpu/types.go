@@ -1,4 +1,4 @@
-package nvml
+package nvmlgpu
 
 // Node is what discovery learns about one machine.
 type Node struct {

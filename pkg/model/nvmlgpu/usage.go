@@ -1,9 +1,9 @@
-package nvml
+package nvmlgpu
 
 import (
 	"fmt"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 // Usage is what a GPU's processes use now, as NVML reports it: the
@@ -37,37 +37,37 @@ type MIGUsage struct {
 // does not report is -1; an error is a GPU NVML cannot find.
 func (l *Library) Usage(uuid string) (Usage, error) {
 	dev, ret := l.lib.DeviceGetHandleByUUID(uuid)
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return Usage{}, fmt.Errorf("GPU %s: %w", uuid, nvmlError("nvmlDeviceGetHandleByUUID", ret))
 	}
 	u := Usage{UtilizationPercent: -1, MemoryUsedBytes: -1}
-	if rates, ret := dev.GetUtilizationRates(); ret == gonvml.SUCCESS {
+	if rates, ret := dev.GetUtilizationRates(); ret == nvml.SUCCESS {
 		u.UtilizationPercent = int(rates.Gpu)
 	}
 	if HasSymbol(l.lib, "nvmlDeviceGetMemoryInfo_v2") {
-		if m, ret := dev.GetMemoryInfo_v2(); ret == gonvml.SUCCESS {
+		if m, ret := dev.GetMemoryInfo_v2(); ret == nvml.SUCCESS {
 			u.MemoryUsedBytes = int64(m.Used)
 		}
-	} else if m, ret := dev.GetMemoryInfo(); ret == gonvml.SUCCESS {
+	} else if m, ret := dev.GetMemoryInfo(); ret == nvml.SUCCESS {
 		u.MemoryUsedBytes = int64(m.Used)
 	}
-	if current, _, ret := dev.GetMigMode(); ret != gonvml.SUCCESS || current != gonvml.DEVICE_MIG_ENABLE {
+	if current, _, ret := dev.GetMigMode(); ret != nvml.SUCCESS || current != nvml.DEVICE_MIG_ENABLE {
 		return u, nil
 	}
 	n, ret := dev.GetMaxMigDeviceCount()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return u, nil
 	}
 	for i := 0; i < n; i++ {
 		mig, ret := dev.GetMigDeviceHandleByIndex(i)
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			continue
 		}
 		gi, ret := mig.GetGpuInstanceId()
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			continue
 		}
-		if m, ret := mig.GetMemoryInfo(); ret == gonvml.SUCCESS {
+		if m, ret := mig.GetMemoryInfo(); ret == nvml.SUCCESS {
 			u.MIG = append(u.MIG, MIGUsage{GIID: gi, MemoryUsedBytes: int64(m.Used)})
 		}
 	}

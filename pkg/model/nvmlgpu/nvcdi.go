@@ -1,4 +1,4 @@
-package nvml
+package nvmlgpu
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"strings"
 	"sync"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform"
 	transformroot "github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform/root"
@@ -92,7 +92,7 @@ type DriverEditorOptions struct {
 // A DriverEditor is safe for concurrent use; calls are serialized.
 type DriverEditor struct {
 	mu  sync.Mutex
-	lib gonvml.Interface
+	lib nvml.Interface
 	cdi nvcdi.Interface
 	// toHost rewrites the host paths nvcdi found under the container's
 	// roots to the host's; nil when they are the same.
@@ -111,7 +111,7 @@ type DriverEditor struct {
 // It asks NVML for the driver version at once, because nvcdi does: the
 // driver libraries it then looks for are <name>.so.<that version> under
 // DriverRoot.
-func NewDriverEditor(lib gonvml.Interface, opts DriverEditorOptions) (*DriverEditor, error) {
+func NewDriverEditor(lib nvml.Interface, opts DriverEditorOptions) (*DriverEditor, error) {
 	if lib == nil {
 		return nil, errors.New("nvcdi driver editor: no NVML library")
 	}
@@ -385,7 +385,7 @@ func (e *DriverEditor) findMIGDevice(parentUUID string, giID, ciID int) (string,
 		}
 		for i := 0; i < count; i++ {
 			mig, ret := parent.GetMigDeviceHandleByIndex(i)
-			if ret == gonvml.ERROR_NOT_FOUND || ret == gonvml.ERROR_INVALID_ARGUMENT {
+			if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
 				continue // no MIG device at this index
 			}
 			if err := nvmlError("nvmlDeviceGetMigDeviceHandleByIndex", ret); err != nil {

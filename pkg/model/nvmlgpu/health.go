@@ -1,4 +1,4 @@
-package nvml
+package nvmlgpu
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 // HealthEvent is one observation of a GPU's health: a fault NVML reported
@@ -60,7 +60,7 @@ func ClassifyXID(xid uint64) (unhealthy, fatal bool) {
 
 // healthEventMask is what WatchHealth registers for, where the GPU
 // supports it.
-const healthEventMask = gonvml.EventTypeXidCriticalError | gonvml.EventTypeDoubleBitEccError
+const healthEventMask = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEccError
 
 // WatchHealth reports the health of the GPUs with the given UUIDs until
 // ctx ends:
@@ -79,7 +79,7 @@ func (l *Library) WatchHealth(ctx context.Context, uuids []string, probeEvery ti
 	events := make(chan HealthEvent, 64)
 	var regErr error
 	set, ret := l.lib.EventSetCreate()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		regErr = fmt.Errorf("XID and ECC events are not watched on any GPU, only probed: %w", nvmlError("nvmlEventSetCreate", ret))
 	} else {
 		var errs []error
@@ -113,20 +113,20 @@ func (l *Library) WatchHealth(ctx context.Context, uuids []string, probeEvery ti
 	}
 }
 
-func (l *Library) registerHealthEvents(set gonvml.EventSet, uuid string) error {
+func (l *Library) registerHealthEvents(set nvml.EventSet, uuid string) error {
 	dev, ret := l.lib.DeviceGetHandleByUUID(uuid)
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return fmt.Errorf("GPU %s: %w", uuid, nvmlError("nvmlDeviceGetHandleByUUID", ret))
 	}
 	supported, ret := dev.GetSupportedEventTypes()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return fmt.Errorf("GPU %s: %w", uuid, nvmlError("nvmlDeviceGetSupportedEventTypes", ret))
 	}
 	mask := supported & healthEventMask
 	if mask == 0 {
 		return fmt.Errorf("GPU %s supports neither XID nor double-bit ECC events", uuid)
 	}
-	if ret := dev.RegisterEvents(mask, set); ret != gonvml.SUCCESS {
+	if ret := dev.RegisterEvents(mask, set); ret != nvml.SUCCESS {
 		return fmt.Errorf("GPU %s: %w", uuid, nvmlError("nvmlDeviceRegisterEvents", ret))
 	}
 	return nil
@@ -134,15 +134,15 @@ func (l *Library) registerHealthEvents(set gonvml.EventSet, uuid string) error {
 
 // waitEvents turns NVML events into HealthEvents until ctx ends, then
 // frees the event set.
-func (l *Library) waitEvents(ctx context.Context, set gonvml.EventSet, out chan<- HealthEvent) {
+func (l *Library) waitEvents(ctx context.Context, set nvml.EventSet, out chan<- HealthEvent) {
 	// Nothing is left to do if freeing fails: the process is stopping.
 	defer func() { _ = set.Free() }()
 	for ctx.Err() == nil {
 		// The timeout bounds how long a cancelled ctx waits.
 		data, ret := set.Wait(500)
 		switch ret {
-		case gonvml.SUCCESS:
-		case gonvml.ERROR_TIMEOUT:
+		case nvml.SUCCESS:
+		case nvml.ERROR_TIMEOUT:
 			continue
 		default:
 			// ERROR_GPU_IS_LOST names no GPU; the probes find which.
@@ -165,23 +165,23 @@ func (l *Library) waitEvents(ctx context.Context, set gonvml.EventSet, out chan<
 
 // eventHealth converts an NVML event; ok is false for events that do not
 // make a GPU unhealthy (application XIDs).
-func eventHealth(data gonvml.EventData) (HealthEvent, bool) {
+func eventHealth(data nvml.EventData) (HealthEvent, bool) {
 	if data.Device == nil {
 		return HealthEvent{}, false
 	}
 	uuid, ret := data.Device.GetUUID()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return HealthEvent{}, false
 	}
 	ev := HealthEvent{GPU: uuid, Time: time.Now()}
 	where := ""
 	// NVML attributes a fault inside a MIG instance to its GPU instance;
 	// 0xFFFFFFFF means the whole GPU.
-	if data.GpuInstanceId != 0xFFFFFFFF && data.EventType == gonvml.EventTypeXidCriticalError {
+	if data.GpuInstanceId != 0xFFFFFFFF && data.EventType == nvml.EventTypeXidCriticalError {
 		where = fmt.Sprintf(" in GPU instance %d", data.GpuInstanceId)
 	}
 	switch data.EventType {
-	case gonvml.EventTypeXidCriticalError:
+	case nvml.EventTypeXidCriticalError:
 		unhealthy, fatal := ClassifyXID(data.EventData)
 		if !unhealthy {
 			return HealthEvent{}, false
@@ -189,7 +189,7 @@ func eventHealth(data gonvml.EventData) (HealthEvent, bool) {
 		ev.XID, ev.Fatal = data.EventData, fatal
 		ev.Reason = fmt.Sprintf("xid-%d", data.EventData)
 		ev.Detail = fmt.Sprintf("XID %d%s", data.EventData, where)
-	case gonvml.EventTypeDoubleBitEccError:
+	case nvml.EventTypeDoubleBitEccError:
 		ev.Fatal = true
 		ev.Reason = "ecc-dbe"
 		ev.Detail = "double-bit ECC error"
@@ -204,14 +204,14 @@ func (l *Library) probe(uuid string) HealthEvent {
 	ev := HealthEvent{GPU: uuid, Time: time.Now()}
 	dev, ret := l.lib.DeviceGetHandleByUUID(uuid)
 	call := "nvmlDeviceGetHandleByUUID"
-	if ret == gonvml.SUCCESS {
+	if ret == nvml.SUCCESS {
 		_, ret = dev.GetMemoryInfo()
 		call = "nvmlDeviceGetMemoryInfo"
 	}
 	switch ret {
-	case gonvml.SUCCESS:
+	case nvml.SUCCESS:
 		ev.Healthy = true
-	case gonvml.ERROR_GPU_IS_LOST:
+	case nvml.ERROR_GPU_IS_LOST:
 		ev.Reason, ev.Fatal = "gpu-lost", true
 		ev.Detail = fmt.Sprintf("the GPU has fallen off the bus: %v", nvmlError(call, ret))
 	default:

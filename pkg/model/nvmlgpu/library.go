@@ -1,4 +1,4 @@
-package nvml
+package nvmlgpu
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"sync"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/lookup"
 	"github.com/go-logr/logr"
 )
@@ -14,7 +14,7 @@ import (
 // Library is an initialised NVML, real or simulated. It is safe for
 // concurrent use.
 type Library struct {
-	lib   gonvml.Interface
+	lib   nvml.Interface
 	sysfs Sysfs
 
 	// gpusMu guards gpus, the per-GPU state of MIG operations (mig.go).
@@ -28,12 +28,12 @@ type Library struct {
 // OpenReal loads libnvidia-ml.so.1 (or libraryPath when not empty) and
 // initialises it. It fails on a node without the NVIDIA driver.
 func OpenReal(libraryPath string) (*Library, error) {
-	var opts []gonvml.LibraryOption
+	var opts []nvml.LibraryOption
 	if libraryPath != "" {
-		opts = append(opts, gonvml.WithLibraryPath(libraryPath))
+		opts = append(opts, nvml.WithLibraryPath(libraryPath))
 	}
-	lib := gonvml.New(opts...)
-	if ret := lib.Init(); ret != gonvml.SUCCESS {
+	lib := nvml.New(opts...)
+	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("initialise NVML: %w", nvmlError("nvmlInit", ret))
 	}
 	return &Library{lib: lib, sysfs: HostSysfs()}, nil
@@ -92,7 +92,7 @@ func FindDriverLibrary(root, name string) (string, error) {
 // simulated node goes through the same discovery and MIG code as a real one.
 // sysfs answers for the GPUs' PCI devices (the simulator's from its machine
 // file). lib must be initialised.
-func New(lib gonvml.Interface, sysfs Sysfs) *Library {
+func New(lib nvml.Interface, sysfs Sysfs) *Library {
 	return &Library{lib: lib, sysfs: sysfs}
 }
 

@@ -1,4 +1,4 @@
-package nvml
+package nvmlgpu
 
 import (
 	"bufio"

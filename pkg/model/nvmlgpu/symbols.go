@@ -1,9 +1,9 @@
-package nvml
+package nvmlgpu
 
 import (
 	"fmt"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
 // OldestSupportedDriver is the oldest NVIDIA driver branch Facet supports:
@@ -33,7 +33,7 @@ var NewerSymbols = map[string]int{
 // simulated one. A library that cannot answer (a mock without the
 // extension) is taken to have it, as every simulated driver before the
 // lookup existed did.
-func HasSymbol(lib gonvml.Interface, name string) (ok bool) {
+func HasSymbol(lib nvml.Interface, name string) (ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			ok = true

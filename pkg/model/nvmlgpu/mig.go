@@ -1,4 +1,4 @@
-package nvml
+package nvmlgpu
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	"sync"
 
 	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
 )
 
@@ -67,17 +67,17 @@ var ErrMIGModeFixed = errors.New("this GPU's MIG mode is not for Facet to change
 // ERROR_INSUFFICIENT_RESOURCES: the instance does not fit next to the
 // GPU's existing ones.
 func IsInsufficientResources(err error) bool {
-	return hasReturn(err, gonvml.ERROR_INSUFFICIENT_RESOURCES)
+	return hasReturn(err, nvml.ERROR_INSUFFICIENT_RESOURCES)
 }
 
 // IsNotFound reports whether err carries NVML's ERROR_NOT_FOUND.
-func IsNotFound(err error) bool { return hasReturn(err, gonvml.ERROR_NOT_FOUND) }
+func IsNotFound(err error) bool { return hasReturn(err, nvml.ERROR_NOT_FOUND) }
 
 // IsInUse reports whether err carries NVML's ERROR_IN_USE (e.g. a GPU
 // instance that still has compute instances).
-func IsInUse(err error) bool { return hasReturn(err, gonvml.ERROR_IN_USE) }
+func IsInUse(err error) bool { return hasReturn(err, nvml.ERROR_IN_USE) }
 
-func hasReturn(err error, ret gonvml.Return) bool {
+func hasReturn(err error, ret nvml.Return) bool {
 	var e nvmlReturnError
 	return errors.As(err, &e) && e.ret == ret
 }
@@ -89,12 +89,12 @@ type gpuState struct {
 	mu sync.Mutex
 	// dev is the GPU's handle, nil until resolved (and again after a MIG
 	// mode change, which may reset the GPU).
-	dev   gonvml.Device
+	dev   nvml.Device
 	index int
 	// profiles are the GPU's MIG profiles as discovery reports them, and
 	// infos NVML's profile infos by GI profile index; nil until loaded.
 	profiles []MIGProfile
-	infos    map[int]gonvml.GpuInstanceProfileInfo
+	infos    map[int]nvml.GpuInstanceProfileInfo
 }
 
 // gpu returns the GPU's state, locked, with its handle resolved. The caller
@@ -116,12 +116,12 @@ func (l *Library) gpu(uuid string) (*gpuState, error) {
 		return g, nil
 	}
 	dev, ret := l.lib.DeviceGetHandleByUUID(uuid)
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		g.mu.Unlock()
 		return nil, fmt.Errorf("GPU %s: %w", uuid, nvmlError("nvmlDeviceGetHandleByUUID", ret))
 	}
 	index, ret := dev.GetIndex()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		g.mu.Unlock()
 		return nil, fmt.Errorf("GPU %s: %w", uuid, nvmlError("nvmlDeviceGetIndex", ret))
 	}
@@ -135,13 +135,13 @@ func (g *gpuState) String() string { return fmt.Sprintf("GPU %d (%s)", g.index, 
 // when it has no MIG at all (IsNotSupported).
 func (g *gpuState) migEnabled() (bool, error) {
 	current, _, ret := g.dev.GetMigMode()
-	if ret == gonvml.ERROR_NOT_SUPPORTED {
+	if ret == nvml.ERROR_NOT_SUPPORTED {
 		return false, fmt.Errorf("%s does not support MIG: %w", g, nvmlError("nvmlDeviceGetMigMode", ret))
 	}
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return false, fmt.Errorf("%s: %w", g, nvmlError("nvmlDeviceGetMigMode", ret))
 	}
-	return current == gonvml.DEVICE_MIG_ENABLE, nil
+	return current == nvml.DEVICE_MIG_ENABLE, nil
 }
 
 // requireMIG fails unless the GPU's MIG mode is on.
@@ -164,17 +164,17 @@ func (l *Library) loadProfiles(g *gpuState) error {
 	}
 	// Names derive from the total (v1's equals v2's), as in discovery.
 	mem, ret := g.dev.GetMemoryInfo()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return fmt.Errorf("%s: %w", g, nvmlError("nvmlDeviceGetMemoryInfo", ret))
 	}
 	profiles, err := discoverMIGProfiles(nvdev.New(l.lib), g.dev, mem.Total)
 	if err != nil {
 		return fmt.Errorf("%s: MIG profiles: %w", g, err)
 	}
-	infos := map[int]gonvml.GpuInstanceProfileInfo{}
+	infos := map[int]nvml.GpuInstanceProfileInfo{}
 	for _, p := range profiles {
 		info, ret := g.dev.GetGpuInstanceProfileInfo(p.GIProfileID)
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return fmt.Errorf("%s: %w", g, nvmlError(fmt.Sprintf("nvmlDeviceGetGpuInstanceProfileInfo(%d)", p.GIProfileID), ret))
 		}
 		infos[p.GIProfileID] = info
@@ -215,7 +215,7 @@ func (g *gpuState) profile(giProfileID, start int) (MIGProfile, Placement, error
 // platforms the new mode takes effect only after a GPU reset (nvidia-smi
 // -r) or a reboot, and NVML reports the mode as pending.
 func (l *Library) EnableMIG(parentUUID string) (changed bool, err error) {
-	return l.setMIGMode(parentUUID, gonvml.DEVICE_MIG_ENABLE)
+	return l.setMIGMode(parentUUID, nvml.DEVICE_MIG_ENABLE)
 }
 
 // DisableMIG turns MIG mode off, so the GPU can be used whole again; it
@@ -223,14 +223,14 @@ func (l *Library) EnableMIG(parentUUID string) (changed bool, err error) {
 // exist (ERROR_IN_USE). As with EnableMIG, a change the driver accepts but
 // has not made (a GPU reset is needed) is an error that says so.
 func (l *Library) DisableMIG(parentUUID string) (changed bool, err error) {
-	return l.setMIGMode(parentUUID, gonvml.DEVICE_MIG_DISABLE)
+	return l.setMIGMode(parentUUID, nvml.DEVICE_MIG_DISABLE)
 }
 
 // setMIGMode moves the GPU's MIG mode to want (DEVICE_MIG_ENABLE or
 // DEVICE_MIG_DISABLE).
 func (l *Library) setMIGMode(parentUUID string, want int) (changed bool, err error) {
 	verb, state := "enable", "enable"
-	if want == gonvml.DEVICE_MIG_DISABLE {
+	if want == nvml.DEVICE_MIG_DISABLE {
 		verb, state = "disable", "disable"
 	}
 	g, err := l.gpu(parentUUID)
@@ -239,10 +239,10 @@ func (l *Library) setMIGMode(parentUUID string, want int) (changed bool, err err
 	}
 	defer g.mu.Unlock()
 	current, pending, ret := g.dev.GetMigMode()
-	if ret == gonvml.ERROR_NOT_SUPPORTED {
+	if ret == nvml.ERROR_NOT_SUPPORTED {
 		return false, fmt.Errorf("%s MIG: %s does not support MIG: %w", verb, g, nvmlError("nvmlDeviceGetMigMode", ret))
 	}
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return false, fmt.Errorf("%s MIG on %s: %w", verb, g, nvmlError("nvmlDeviceGetMigMode", ret))
 	}
 	if current == want {
@@ -252,7 +252,7 @@ func (l *Library) setMIGMode(parentUUID string, want int) (changed bool, err err
 		return false, fmt.Errorf("%s MIG on %s: MIG mode is pending %s: reset the GPU (nvidia-smi -r -i %d) or reboot to activate it", verb, g, state, g.index)
 	}
 	arch, ret := g.dev.GetArchitecture()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return false, fmt.Errorf("%s MIG on %s: %w", verb, g, nvmlError("nvmlDeviceGetArchitecture", ret))
 	}
 	guest, err := vgpuGuest(g.dev)
@@ -267,20 +267,20 @@ func (l *Library) setMIGMode(parentUUID string, want int) (changed bool, err err
 	// and its attributes must be read again.
 	dev, index := g.dev, g.index
 	g.dev = nil
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return false, fmt.Errorf("%s MIG on GPU %d (%s): %w", verb, index, g.uuid, nvmlError("nvmlDeviceSetMigMode", ret))
 	}
 	current, pending, ret = dev.GetMigMode()
-	if ret == gonvml.SUCCESS && current == want {
+	if ret == nvml.SUCCESS && current == want {
 		return true, nil
 	}
 	// The driver took the change but holds it for a reset: take it back,
 	// so the GPU does not change mode at the next reboot under whatever
 	// runs on it then.
 	reverted := ""
-	if ret == gonvml.SUCCESS && pending == want && current != want {
-		if rret, _ := dev.SetMigMode(current); rret == gonvml.SUCCESS {
-			if _, p, gret := dev.GetMigMode(); gret == gonvml.SUCCESS && p == current {
+	if ret == nvml.SUCCESS && pending == want && current != want {
+		if rret, _ := dev.SetMigMode(current); rret == nvml.SUCCESS {
+			if _, p, gret := dev.GetMigMode(); gret == nvml.SUCCESS && p == current {
 				reverted = "; Facet took the pending change back"
 			}
 		}
@@ -288,9 +288,9 @@ func (l *Library) setMIGMode(parentUUID string, want int) (changed bool, err err
 			reverted = "; taking the pending change back failed, so the GPU will change mode at its next reset"
 		}
 	}
-	status := "activation status: " + gonvml.ErrorString(activation)
-	if ret != gonvml.SUCCESS {
-		status += "; nvmlDeviceGetMigMode: " + gonvml.ErrorString(ret)
+	status := "activation status: " + nvml.ErrorString(activation)
+	if ret != nvml.SUCCESS {
+		status += "; nvmlDeviceGetMigMode: " + nvml.ErrorString(ret)
 	} else if pending == want {
 		status += "; MIG mode is pending " + state
 	}
@@ -324,13 +324,13 @@ func (l *Library) CreateMIG(parentUUID string, giProfileID, placementStart int) 
 	}
 	what := describeMIG(p, pl, g)
 	info := g.infos[giProfileID]
-	gi, ret := g.dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
-	if ret != gonvml.SUCCESS {
+	gi, ret := g.dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
+	if ret != nvml.SUCCESS {
 		return MIGInstance{}, fmt.Errorf("create %s: %w", what, nvmlError("nvmlDeviceCreateGpuInstanceWithPlacement", ret))
 	}
 	inst, err := l.createCI(g, gi, p)
 	if err != nil {
-		if ret := gi.Destroy(); ret != gonvml.SUCCESS {
+		if ret := gi.Destroy(); ret != nvml.SUCCESS {
 			err = errors.Join(err, fmt.Errorf("and destroying the GPU instance again failed, it is left behind: %w", nvmlError("nvmlGpuInstanceDestroy", ret)))
 		}
 		return MIGInstance{}, fmt.Errorf("create %s: %w", what, err)
@@ -358,21 +358,21 @@ func (p MIGProfile) describeIDs() string {
 
 // createCI creates the compute instance spanning gi and finds its MIG
 // device.
-func (l *Library) createCI(g *gpuState, gi gonvml.GpuInstance, p MIGProfile) (MIGInstance, error) {
+func (l *Library) createCI(g *gpuState, gi nvml.GpuInstance, p MIGProfile) (MIGInstance, error) {
 	giInfo, ret := gi.GetInfo()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return MIGInstance{}, nvmlError("nvmlGpuInstanceGetInfo", ret)
 	}
-	ciProfile, ret := gi.GetComputeInstanceProfileInfo(p.CIProfileID, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-	if ret != gonvml.SUCCESS {
+	ciProfile, ret := gi.GetComputeInstanceProfileInfo(p.CIProfileID, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+	if ret != nvml.SUCCESS {
 		return MIGInstance{}, nvmlError(fmt.Sprintf("nvmlGpuInstanceGetComputeInstanceProfileInfo(%d)", p.CIProfileID), ret)
 	}
 	ci, ret := gi.CreateComputeInstance(&ciProfile)
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return MIGInstance{}, nvmlError("nvmlGpuInstanceCreateComputeInstance", ret)
 	}
 	ciInfo, ret := ci.GetInfo()
-	if ret == gonvml.SUCCESS {
+	if ret == nvml.SUCCESS {
 		inst := MIGInstance{
 			ParentUUID: g.uuid, ParentIndex: g.index, Profile: p.Name,
 			GIProfileID: p.GIProfileID, GIProfileInfoID: int(giInfo.ProfileId), CIProfileID: int(ciInfo.ProfileId),
@@ -383,13 +383,13 @@ func (l *Library) createCI(g *gpuState, gi gonvml.GpuInstance, p MIGProfile) (MI
 		if inst.UUID, err = (&migUUIDs{l: l, g: g}).find(ciInfo.Device, inst.GIID, inst.CIID); err == nil {
 			return inst, nil
 		}
-		if ret := ci.Destroy(); ret != gonvml.SUCCESS {
+		if ret := ci.Destroy(); ret != nvml.SUCCESS {
 			err = errors.Join(err, nvmlError("nvmlComputeInstanceDestroy", ret))
 		}
 		return MIGInstance{}, err
 	}
 	err := nvmlError("nvmlComputeInstanceGetInfo", ret)
-	if ret := ci.Destroy(); ret != gonvml.SUCCESS {
+	if ret := ci.Destroy(); ret != nvml.SUCCESS {
 		err = errors.Join(err, nvmlError("nvmlComputeInstanceDestroy", ret))
 	}
 	return MIGInstance{}, err
@@ -420,7 +420,7 @@ type migUUIDs struct {
 //  2. nvmlDeviceGetHandleByUUID("MIG-<parent UUID>/<GI ID>/<CI ID>"), the
 //     name NVML documents for a MIG device besides its UUID;
 //  3. the walk, once: later instances are looked up in what it found.
-func (m *migUUIDs) find(ciDevice gonvml.Device, giID, ciID int) (string, error) {
+func (m *migUUIDs) find(ciDevice nvml.Device, giID, ciID int) (string, error) {
 	g := m.g
 	uuid, why := migDeviceUUID(ciDevice, giID, ciID)
 	if uuid != "" {
@@ -433,7 +433,7 @@ func (m *migUUIDs) find(ciDevice gonvml.Device, giID, ciID int) (string, error) 
 	}
 	name := fmt.Sprintf("MIG-%s/%d/%d", g.uuid, giID, ciID)
 	dev, ret := m.l.lib.DeviceGetHandleByUUID(name)
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		why += "; " + nvmlError("nvmlDeviceGetHandleByUUID("+name+")", ret).Error()
 	} else if uuid, whyNot := migDeviceUUID(dev, giID, ciID); uuid != "" {
 		klog.V(4).InfoS("MIG device UUID by its GPU and instance IDs", "gpu", g.uuid, "gi", giID, "ci", ciID, "uuid", uuid, "computeInstanceDevice", why)
@@ -463,30 +463,30 @@ var errNoMIGDevice = errors.New("no MIG device")
 
 // migDeviceUUID returns dev's UUID if it is the MIG device of these GPU and
 // compute instances, or "" and why not.
-func migDeviceUUID(dev gonvml.Device, giID, ciID int) (uuid, why string) {
+func migDeviceUUID(dev nvml.Device, giID, ciID int) (uuid, why string) {
 	if dev == nil {
 		return "", "no device"
 	}
 	isMIG, ret := dev.IsMigDeviceHandle()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return "", nvmlError("nvmlDeviceIsMigDeviceHandle", ret).Error()
 	}
 	if !isMIG {
 		return "", "not a MIG device handle"
 	}
 	gi, ret := dev.GetGpuInstanceId()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return "", nvmlError("nvmlDeviceGetGpuInstanceId", ret).Error()
 	}
 	ci, ret := dev.GetComputeInstanceId()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return "", nvmlError("nvmlDeviceGetComputeInstanceId", ret).Error()
 	}
 	if gi != giID || ci != ciID {
 		return "", fmt.Sprintf("the MIG device of GPU instance %d compute instance %d", gi, ci)
 	}
 	uuid, ret = dev.GetUUID()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return "", nvmlError("nvmlDeviceGetUUID", ret).Error()
 	}
 	if uuid == "" {
@@ -499,28 +499,28 @@ func migDeviceUUID(dev gonvml.Device, giID, ciID int) (uuid, why string) {
 // of the GPU.
 func (g *gpuState) walkMIGDevices() (map[[2]int]string, error) {
 	count, ret := g.dev.GetMaxMigDeviceCount()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetMaxMigDeviceCount", ret)
 	}
 	out := map[[2]int]string{}
 	for i := 0; i < count; i++ {
 		mig, ret := g.dev.GetMigDeviceHandleByIndex(i)
-		if ret == gonvml.ERROR_NOT_FOUND || ret == gonvml.ERROR_INVALID_ARGUMENT {
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, nvmlError(fmt.Sprintf("nvmlDeviceGetMigDeviceHandleByIndex(%d)", i), ret)
 		}
 		gi, ret := mig.GetGpuInstanceId()
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, nvmlError("nvmlDeviceGetGpuInstanceId", ret)
 		}
 		ci, ret := mig.GetComputeInstanceId()
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, nvmlError("nvmlDeviceGetComputeInstanceId", ret)
 		}
 		uuid, ret := mig.GetUUID()
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, nvmlError("nvmlDeviceGetUUID", ret)
 		}
 		out[[2]int{gi, ci}] = uuid
@@ -549,27 +549,27 @@ func (l *Library) DestroyMIG(parentUUID string, giID, ciID int) error {
 		return nil
 	}
 	gi, ret := g.dev.GetGpuInstanceById(giID)
-	if ret == gonvml.ERROR_NOT_FOUND {
+	if ret == nvml.ERROR_NOT_FOUND {
 		return nil
 	}
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return fmt.Errorf("destroy %s: %w", what, nvmlError("nvmlDeviceGetGpuInstanceById", ret))
 	}
-	ci, ret := gonvml.ComputeInstance(nil), gonvml.ERROR_NOT_FOUND
+	ci, ret := nvml.ComputeInstance(nil), nvml.ERROR_NOT_FOUND
 	if ciID >= 0 {
 		ci, ret = gi.GetComputeInstanceById(ciID)
 	}
 	switch ret {
-	case gonvml.SUCCESS:
-		if ret := ci.Destroy(); ret != gonvml.SUCCESS && ret != gonvml.ERROR_NOT_FOUND {
+	case nvml.SUCCESS:
+		if ret := ci.Destroy(); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_FOUND {
 			return fmt.Errorf("destroy %s: %w", what, nvmlError("nvmlComputeInstanceDestroy", ret))
 		}
-	case gonvml.ERROR_NOT_FOUND:
+	case nvml.ERROR_NOT_FOUND:
 	default:
 		return fmt.Errorf("destroy %s: %w", what, nvmlError("nvmlGpuInstanceGetComputeInstanceById", ret))
 	}
-	if ret := gi.Destroy(); ret != gonvml.SUCCESS && ret != gonvml.ERROR_NOT_FOUND {
-		if ret == gonvml.ERROR_IN_USE {
+	if ret := gi.Destroy(); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_FOUND {
+		if ret == nvml.ERROR_IN_USE {
 			return fmt.Errorf("destroy %s: the GPU instance has other compute instances: %w", what, nvmlError("nvmlGpuInstanceDestroy", ret))
 		}
 		return fmt.Errorf("destroy %s: %w", what, nvmlError("nvmlGpuInstanceDestroy", ret))
@@ -584,17 +584,17 @@ func (l *Library) DestroyMIG(parentUUID string, giID, ciID int) error {
 // plugin needs at startup to find the ones no prepared claim owns.
 func (l *Library) ListMIG() ([]MIGInstance, error) {
 	count, ret := l.lib.DeviceGetCount()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetCount", ret)
 	}
 	var out []MIGInstance
 	for i := 0; i < count; i++ {
 		dev, ret := l.lib.DeviceGetHandleByIndex(i)
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("GPU %d: %w", i, nvmlError("nvmlDeviceGetHandleByIndex", ret))
 		}
 		uuid, ret := dev.GetUUID()
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("GPU %d: %w", i, nvmlError("nvmlDeviceGetUUID", ret))
 		}
 		insts, err := l.listGPU(uuid)
@@ -630,16 +630,16 @@ func (l *Library) listGPU(uuid string) ([]MIGInstance, error) {
 	}
 	uuids := &migUUIDs{l: l, g: g}
 	var out []MIGInstance
-	for id := 0; id < gonvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
+	for id := 0; id < nvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
 		info, ret := g.dev.GetGpuInstanceProfileInfo(id)
-		if ret == gonvml.ERROR_NOT_SUPPORTED || ret == gonvml.ERROR_INVALID_ARGUMENT {
+		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("list MIG instances of %s: %w", g, nvmlError(fmt.Sprintf("nvmlDeviceGetGpuInstanceProfileInfo(%d)", id), ret))
 		}
 		gis, ret := g.dev.GetGpuInstances(&info)
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("list MIG instances of %s: %w", g, nvmlError(fmt.Sprintf("nvmlDeviceGetGpuInstances(%d)", id), ret))
 		}
 		name := fmt.Sprintf("profile-%d", id)
@@ -670,9 +670,9 @@ func (l *Library) listGPU(uuid string) ([]MIGInstance, error) {
 
 // listGI returns a GPU instance's compute instances, with their MIG devices'
 // UUIDs, or the GPU instance alone (CIID -1) when it has none.
-func listGI(gi gonvml.GpuInstance, uuids *migUUIDs) ([]MIGInstance, error) {
+func listGI(gi nvml.GpuInstance, uuids *migUUIDs) ([]MIGInstance, error) {
 	giInfo, ret := gi.GetInfo()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return nil, nvmlError("nvmlGpuInstanceGetInfo", ret)
 	}
 	base := MIGInstance{
@@ -682,21 +682,21 @@ func listGI(gi gonvml.GpuInstance, uuids *migUUIDs) ([]MIGInstance, error) {
 		CIID:            -1, CIProfileID: -1,
 	}
 	var out []MIGInstance
-	for id := 0; id < gonvml.COMPUTE_INSTANCE_PROFILE_COUNT; id++ {
-		info, ret := gi.GetComputeInstanceProfileInfo(id, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-		if ret == gonvml.ERROR_NOT_SUPPORTED || ret == gonvml.ERROR_INVALID_ARGUMENT {
+	for id := 0; id < nvml.COMPUTE_INSTANCE_PROFILE_COUNT; id++ {
+		info, ret := gi.GetComputeInstanceProfileInfo(id, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, nvmlError(fmt.Sprintf("nvmlGpuInstanceGetComputeInstanceProfileInfo(%d)", id), ret)
 		}
 		cis, ret := gi.GetComputeInstances(&info)
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, nvmlError(fmt.Sprintf("nvmlGpuInstanceGetComputeInstances(%d)", id), ret)
 		}
 		for _, ci := range cis {
 			ciInfo, ret := ci.GetInfo()
-			if ret != gonvml.SUCCESS {
+			if ret != nvml.SUCCESS {
 				return nil, nvmlError("nvmlComputeInstanceGetInfo", ret)
 			}
 			inst := base
@@ -740,10 +740,10 @@ func (l *Library) CanCreateTogether(parentUUID string, placements []MIGPlacement
 	if err := l.loadProfiles(g); err != nil {
 		return false, err
 	}
-	var created []gonvml.GpuInstance
+	var created []nvml.GpuInstance
 	defer func() {
 		for i := len(created) - 1; i >= 0; i-- {
-			if ret := created[i].Destroy(); ret != gonvml.SUCCESS {
+			if ret := created[i].Destroy(); ret != nvml.SUCCESS {
 				err = errors.Join(err, fmt.Errorf("%s: destroying a trial GPU instance failed, it is left behind: %w", g, nvmlError("nvmlGpuInstanceDestroy", ret)))
 				ok = false
 			}
@@ -755,11 +755,11 @@ func (l *Library) CanCreateTogether(parentUUID string, placements []MIGPlacement
 			return false, err
 		}
 		info := g.infos[p.GIProfileID]
-		gi, ret := g.dev.CreateGpuInstanceWithPlacement(&info, &gonvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
-		if ret == gonvml.ERROR_INSUFFICIENT_RESOURCES {
+		gi, ret := g.dev.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: uint32(pl.Start), Size: uint32(pl.Size)})
+		if ret == nvml.ERROR_INSUFFICIENT_RESOURCES {
 			return false, nil
 		}
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return false, fmt.Errorf("%s: %w", describeMIG(p, pl, g), nvmlError("nvmlDeviceCreateGpuInstanceWithPlacement", ret))
 		}
 		created = append(created, gi)

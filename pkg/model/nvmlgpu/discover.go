@@ -1,4 +1,4 @@
-package nvml
+package nvmlgpu
 
 import (
 	"cmp"
@@ -9,31 +9,31 @@ import (
 	"strings"
 
 	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/klog/v2"
 )
 
 // nvmlError turns an NVML return code into an error naming the call.
-func nvmlError(call string, ret gonvml.Return) error {
-	if ret == gonvml.SUCCESS {
+func nvmlError(call string, ret nvml.Return) error {
+	if ret == nvml.SUCCESS {
 		return nil
 	}
 	return fmt.Errorf("%s: %w", call, nvmlReturnError{ret})
 }
 
-type nvmlReturnError struct{ ret gonvml.Return }
+type nvmlReturnError struct{ ret nvml.Return }
 
-func (e nvmlReturnError) Error() string { return gonvml.ErrorString(e.ret) }
+func (e nvmlReturnError) Error() string { return nvml.ErrorString(e.ret) }
 
 // IsNotSupported reports whether err carries NVML's ERROR_NOT_SUPPORTED.
 func IsNotSupported(err error) bool {
 	var e nvmlReturnError
-	return errors.As(err, &e) && e.ret == gonvml.ERROR_NOT_SUPPORTED
+	return errors.As(err, &e) && e.ret == nvml.ERROR_NOT_SUPPORTED
 }
 
 // discover reads the node through lib. It is the one code path for the real
 // library and the simulated one.
-func discover(lib gonvml.Interface, sysfs Sysfs) (*Node, error) {
+func discover(lib nvml.Interface, sysfs Sysfs) (*Node, error) {
 	driver, ret := lib.SystemGetDriverVersion()
 	if err := nvmlError("nvmlSystemGetDriverVersion", ret); err != nil {
 		return nil, err
@@ -55,7 +55,7 @@ func discover(lib gonvml.Interface, sysfs Sysfs) (*Node, error) {
 		CUDADriverVersion: fmt.Sprintf("%d.%d", cuda/1000, (cuda%1000)/10),
 	}
 	devlib := nvdev.New(lib)
-	devs := make([]gonvml.Device, 0, count)
+	devs := make([]nvml.Device, 0, count)
 	for i := 0; i < count; i++ {
 		dev, ret := lib.DeviceGetHandleByIndex(i)
 		if err := nvmlError("nvmlDeviceGetHandleByIndex", ret); err != nil {
@@ -72,30 +72,30 @@ func discover(lib gonvml.Interface, sysfs Sysfs) (*Node, error) {
 	return node, nil
 }
 
-func discoverGPU(lib gonvml.Interface, devlib nvdev.Interface, dev gonvml.Device, index int, sysfs Sysfs) (*GPU, error) {
+func discoverGPU(lib nvml.Interface, devlib nvdev.Interface, dev nvml.Device, index int, sysfs Sysfs) (*GPU, error) {
 	gpu := &GPU{Index: index, NUMANode: -1}
-	var ret gonvml.Return
-	if gpu.UUID, ret = dev.GetUUID(); ret != gonvml.SUCCESS {
+	var ret nvml.Return
+	if gpu.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetUUID", ret)
 	}
-	if gpu.Minor, ret = dev.GetMinorNumber(); ret != gonvml.SUCCESS {
+	if gpu.Minor, ret = dev.GetMinorNumber(); ret != nvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetMinorNumber", ret)
 	}
-	if gpu.ProductName, ret = dev.GetName(); ret != gonvml.SUCCESS {
+	if gpu.ProductName, ret = dev.GetName(); ret != nvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetName", ret)
 	}
 	arch, ret := dev.GetArchitecture()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetArchitecture", ret)
 	}
 	gpu.Architecture = nameOr(architectureNames, arch, "unknown")
 	brand, ret := dev.GetBrand()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetBrand", ret)
 	}
 	gpu.Brand = nameOr(brandNames, brand, "unknown")
 	major, minor, ret := dev.GetCudaComputeCapability()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetCudaComputeCapability", ret)
 	}
 	gpu.CUDAComputeCapability = fmt.Sprintf("%d.%d", major, minor)
@@ -103,7 +103,7 @@ func discoverGPU(lib gonvml.Interface, devlib nvdev.Interface, dev gonvml.Device
 		return nil, err
 	}
 	pci, ret := dev.GetPciInfo()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return nil, nvmlError("nvmlDeviceGetPciInfo", ret)
 	}
 	gpu.PCIBusID = normalizeBusID(busIDString(pci.BusId))
@@ -135,15 +135,15 @@ func discoverGPU(lib gonvml.Interface, devlib nvdev.Interface, dev gonvml.Device
 
 	current, _, ret := dev.GetMigMode()
 	switch ret {
-	case gonvml.SUCCESS:
+	case nvml.SUCCESS:
 		gpu.MIGCapable = true
-		gpu.MIGEnabled = current == gonvml.DEVICE_MIG_ENABLE
+		gpu.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
 		var err error
 		if gpu.VGPUGuest, err = vgpuGuest(dev); err != nil {
 			return nil, err
 		}
 		gpu.MIGModeFixed = MIGModeFixedReason(arch, gpu.VGPUGuest)
-	case gonvml.ERROR_NOT_SUPPORTED:
+	case nvml.ERROR_NOT_SUPPORTED:
 	default:
 		return nil, nvmlError("nvmlDeviceGetMigMode", ret)
 	}
@@ -165,30 +165,30 @@ func discoverGPU(lib gonvml.Interface, devlib nvdev.Interface, dev gonvml.Device
 // NVML lacks the function (haveV2 false: a driver older than R510, see
 // NewerSymbols), gets v1's Total, with a log line that says the figure
 // includes reserved memory.
-func readMemory(dev gonvml.Device, gpu *GPU, haveV2 bool) error {
-	v2, ret := gonvml.Memory_v2{}, gonvml.ERROR_FUNCTION_NOT_FOUND
+func readMemory(dev nvml.Device, gpu *GPU, haveV2 bool) error {
+	v2, ret := nvml.Memory_v2{}, nvml.ERROR_FUNCTION_NOT_FOUND
 	if haveV2 {
 		v2, ret = dev.GetMemoryInfo_v2()
 	}
 	switch {
-	case ret == gonvml.SUCCESS && v2.Reserved < v2.Total:
+	case ret == nvml.SUCCESS && v2.Reserved < v2.Total:
 		gpu.TotalMemoryBytes, gpu.ReservedMemoryBytes = v2.Total, v2.Reserved
 		// Whole MiB: HAMi-core limits and slots are given in MiB, and CUDA
 		// reports the H200's 143155.5 MiB as 143155.
 		gpu.MemoryBytes = (v2.Total - v2.Reserved) &^ (1<<20 - 1)
 		gpu.MemorySource = MemorySourceV2
 		return nil
-	case ret == gonvml.SUCCESS:
+	case ret == nvml.SUCCESS:
 		return fmt.Errorf("nvmlDeviceGetMemoryInfo_v2: reserved %d bytes is not less than total %d bytes", v2.Reserved, v2.Total)
-	case ret != gonvml.ERROR_NOT_SUPPORTED && ret != gonvml.ERROR_FUNCTION_NOT_FOUND:
+	case ret != nvml.ERROR_NOT_SUPPORTED && ret != nvml.ERROR_FUNCTION_NOT_FOUND:
 		return nvmlError("nvmlDeviceGetMemoryInfo_v2", ret)
 	}
-	why := "the driver returned " + gonvml.ErrorString(ret)
+	why := "the driver returned " + nvml.ErrorString(ret)
 	if !haveV2 {
 		why = symbolError("nvmlDeviceGetMemoryInfo_v2").Error()
 	}
 	v1, ret := dev.GetMemoryInfo()
-	if ret != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS {
 		return nvmlError("nvmlDeviceGetMemoryInfo", ret)
 	}
 	gpu.TotalMemoryBytes, gpu.ReservedMemoryBytes, gpu.MemoryBytes = v1.Total, 0, v1.Total&^(1<<20-1)
@@ -203,11 +203,11 @@ func readMemory(dev gonvml.Device, gpu *GPU, haveV2 bool) error {
 // GPU reset, and a vGPU guest's mode is fixed by its vGPU profile. NVIDIA's
 // DRA driver draws the same line (cmd/gpu-kubelet-plugin/nvlib.go,
 // supportsMIGModeToggle and isDynamicMIGCapable).
-func MIGModeFixedReason(arch gonvml.DeviceArchitecture, vgpuGuest bool) string {
+func MIGModeFixedReason(arch nvml.DeviceArchitecture, vgpuGuest bool) string {
 	switch {
 	case vgpuGuest:
 		return "the GPU is a vGPU in a virtual machine: its MIG mode and instances are the hypervisor's vGPU profile"
-	case arch < gonvml.DEVICE_ARCH_HOPPER:
+	case arch < nvml.DEVICE_ARCH_HOPPER:
 		return fmt.Sprintf("this %s GPU applies a MIG mode change only after a GPU reset (Hopper and later apply it at once); "+
 			"Facet never leaves a change pending, so MIG mode on this GPU is the admin's (nvidia-smi -i <index> -mig 1 to turn it on, -mig 0 off, then a GPU reset or reboot)", nameOr(architectureNames, arch, "unknown"))
 	}
@@ -216,12 +216,12 @@ func MIGModeFixedReason(arch gonvml.DeviceArchitecture, vgpuGuest bool) string {
 
 // vgpuGuest reports whether dev is a vGPU in a guest VM. A driver that
 // cannot say (ERROR_NOT_SUPPORTED) is not in one.
-func vgpuGuest(dev gonvml.Device) (bool, error) {
+func vgpuGuest(dev nvml.Device) (bool, error) {
 	mode, ret := dev.GetVirtualizationMode()
 	switch ret {
-	case gonvml.SUCCESS:
-		return mode == gonvml.GPU_VIRTUALIZATION_MODE_VGPU, nil
-	case gonvml.ERROR_NOT_SUPPORTED:
+	case nvml.SUCCESS:
+		return mode == nvml.GPU_VIRTUALIZATION_MODE_VGPU, nil
+	case nvml.ERROR_NOT_SUPPORTED:
 		return false, nil
 	}
 	return false, nvmlError("nvmlDeviceGetVirtualizationMode", ret)
@@ -229,14 +229,14 @@ func vgpuGuest(dev gonvml.Device) (bool, error) {
 
 // discoverMIGProfiles lists every GPU instance profile the device supports
 // whose full-size compute instance exists, with its placements.
-func discoverMIGProfiles(devlib nvdev.Interface, dev gonvml.Device, deviceMemory uint64) ([]MIGProfile, error) {
+func discoverMIGProfiles(devlib nvdev.Interface, dev nvml.Device, deviceMemory uint64) ([]MIGProfile, error) {
 	var profiles []MIGProfile
-	for id := 0; id < gonvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
+	for id := 0; id < nvml.GPU_INSTANCE_PROFILE_COUNT; id++ {
 		info, ret := dev.GetGpuInstanceProfileInfo(id)
-		if ret == gonvml.ERROR_NOT_SUPPORTED || ret == gonvml.ERROR_INVALID_ARGUMENT {
+		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, nvmlError(fmt.Sprintf("nvmlDeviceGetGpuInstanceProfileInfo(%d)", id), ret)
 		}
 		if info.InstanceCount == 0 {
@@ -247,13 +247,13 @@ func discoverMIGProfiles(devlib nvdev.Interface, dev gonvml.Device, deviceMemory
 			continue
 		}
 		placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
-		if ret != gonvml.SUCCESS {
+		if ret != nvml.SUCCESS {
 			return nil, nvmlError(fmt.Sprintf("nvmlDeviceGetGpuInstancePossiblePlacements(%d)", id), ret)
 		}
 		if len(placements) == 0 {
 			continue
 		}
-		named, err := devlib.NewMigProfile(id, ciProfile, gonvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, info.MemorySizeMB, deviceMemory)
+		named, err := devlib.NewMigProfile(id, ciProfile, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, info.MemorySizeMB, deviceMemory)
 		if err != nil {
 			return nil, fmt.Errorf("MIG profile ID %d (NVML index %d): %w", info.Id, id, err)
 		}
@@ -329,10 +329,10 @@ func fullComputeInstanceProfile(slices int) (int, bool) {
 }
 
 var fullComputeInstanceProfiles = map[int]int{
-	1: gonvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: gonvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
-	3: gonvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: gonvml.COMPUTE_INSTANCE_PROFILE_4_SLICE,
-	6: gonvml.COMPUTE_INSTANCE_PROFILE_6_SLICE, 7: gonvml.COMPUTE_INSTANCE_PROFILE_7_SLICE,
-	8: gonvml.COMPUTE_INSTANCE_PROFILE_8_SLICE,
+	1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
+	3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE,
+	6: nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE, 7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE,
+	8: nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE,
 }
 
 func busIDString(raw [32]int8) string {
@@ -357,17 +357,17 @@ func normalizeBusID(id string) string {
 
 // architectureNames and brandNames are how Facet publishes NVML's
 // architecture and brand (attributes architecture and brand).
-var architectureNames = map[gonvml.DeviceArchitecture]string{
-	gonvml.DEVICE_ARCH_KEPLER: "kepler", gonvml.DEVICE_ARCH_MAXWELL: "maxwell", gonvml.DEVICE_ARCH_PASCAL: "pascal",
-	gonvml.DEVICE_ARCH_VOLTA: "volta", gonvml.DEVICE_ARCH_TURING: "turing", gonvml.DEVICE_ARCH_AMPERE: "ampere",
-	gonvml.DEVICE_ARCH_ADA: "ada", gonvml.DEVICE_ARCH_HOPPER: "hopper", gonvml.DEVICE_ARCH_BLACKWELL: "blackwell",
-	gonvml.DEVICE_ARCH_RUBIN: "rubin",
+var architectureNames = map[nvml.DeviceArchitecture]string{
+	nvml.DEVICE_ARCH_KEPLER: "kepler", nvml.DEVICE_ARCH_MAXWELL: "maxwell", nvml.DEVICE_ARCH_PASCAL: "pascal",
+	nvml.DEVICE_ARCH_VOLTA: "volta", nvml.DEVICE_ARCH_TURING: "turing", nvml.DEVICE_ARCH_AMPERE: "ampere",
+	nvml.DEVICE_ARCH_ADA: "ada", nvml.DEVICE_ARCH_HOPPER: "hopper", nvml.DEVICE_ARCH_BLACKWELL: "blackwell",
+	nvml.DEVICE_ARCH_RUBIN: "rubin",
 }
 
-var brandNames = map[gonvml.BrandType]string{
-	gonvml.BRAND_QUADRO: "quadro", gonvml.BRAND_TESLA: "tesla", gonvml.BRAND_NVS: "nvs", gonvml.BRAND_GRID: "grid",
-	gonvml.BRAND_GEFORCE: "geforce", gonvml.BRAND_TITAN: "titan", gonvml.BRAND_NVIDIA_RTX: "nvidia-rtx",
-	gonvml.BRAND_NVIDIA: "nvidia", gonvml.BRAND_GEFORCE_RTX: "geforce-rtx",
+var brandNames = map[nvml.BrandType]string{
+	nvml.BRAND_QUADRO: "quadro", nvml.BRAND_TESLA: "tesla", nvml.BRAND_NVS: "nvs", nvml.BRAND_GRID: "grid",
+	nvml.BRAND_GEFORCE: "geforce", nvml.BRAND_TITAN: "titan", nvml.BRAND_NVIDIA_RTX: "nvidia-rtx",
+	nvml.BRAND_NVIDIA: "nvidia", nvml.BRAND_GEFORCE_RTX: "geforce-rtx",
 }
 
 // nameOr is NVML's enum value v by its name in names, or unknown for a

@@ -1,4 +1,4 @@
-package nvml
+package nvmlgpu
 
 import (
 	"crypto/sha256"
@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 )
@@ -64,19 +64,19 @@ const (
 	TopologySystem     TopologyLevel = "SYS"  // NVML_TOPOLOGY_SYSTEM: across sockets
 )
 
-func topologyLevel(l gonvml.GpuTopologyLevel) TopologyLevel {
+func topologyLevel(l nvml.GpuTopologyLevel) TopologyLevel {
 	switch l {
-	case gonvml.TOPOLOGY_INTERNAL:
+	case nvml.TOPOLOGY_INTERNAL:
 		return TopologyBoard
-	case gonvml.TOPOLOGY_SINGLE:
+	case nvml.TOPOLOGY_SINGLE:
 		return TopologySingle
-	case gonvml.TOPOLOGY_MULTIPLE:
+	case nvml.TOPOLOGY_MULTIPLE:
 		return TopologyMultiple
-	case gonvml.TOPOLOGY_HOSTBRIDGE:
+	case nvml.TOPOLOGY_HOSTBRIDGE:
 		return TopologyHostBridge
-	case gonvml.TOPOLOGY_NODE:
+	case nvml.TOPOLOGY_NODE:
 		return TopologyNode
-	case gonvml.TOPOLOGY_SYSTEM:
+	case nvml.TOPOLOGY_SYSTEM:
 		return TopologySystem
 	}
 	return TopologyUnknown
@@ -99,10 +99,10 @@ type Pair struct {
 }
 
 // nvlinkVersions names NVML's NVLink version enum.
-var nvlinkVersions = map[gonvml.NvlinkVersion]string{
-	gonvml.NVLINK_VERSION_1_0: "1.0", gonvml.NVLINK_VERSION_2_0: "2.0", gonvml.NVLINK_VERSION_2_2: "2.2",
-	gonvml.NVLINK_VERSION_3_0: "3.0", gonvml.NVLINK_VERSION_3_1: "3.1", gonvml.NVLINK_VERSION_4_0: "4.0",
-	gonvml.NVLINK_VERSION_5_0: "5.0", gonvml.NVLINK_VERSION_6_0: "6.0",
+var nvlinkVersions = map[nvml.NvlinkVersion]string{
+	nvml.NVLINK_VERSION_1_0: "1.0", nvml.NVLINK_VERSION_2_0: "2.0", nvml.NVLINK_VERSION_2_2: "2.2",
+	nvml.NVLINK_VERSION_3_0: "3.0", nvml.NVLINK_VERSION_3_1: "3.1", nvml.NVLINK_VERSION_4_0: "4.0",
+	nvml.NVLINK_VERSION_5_0: "5.0", nvml.NVLINK_VERSION_6_0: "6.0",
 }
 
 // NVLinkGBpsPerLink is one link's bandwidth in GB/s, both directions
@@ -117,33 +117,33 @@ var NVLinkGBpsPerLink = map[string]int{
 // link 0 with ERROR_NOT_SUPPORTED, and links past the GPU's count with
 // ERROR_INVALID_ARGUMENT; neither is an error. supported is false where
 // NVML does not support NVLink on the GPU at all.
-func discoverNVLinks(dev gonvml.Device, haveRemoteType bool) (links []NVLink, supported bool) {
-	for l := 0; l < gonvml.NVLINK_MAX_LINKS; l++ {
+func discoverNVLinks(dev nvml.Device, haveRemoteType bool) (links []NVLink, supported bool) {
+	for l := 0; l < nvml.NVLINK_MAX_LINKS; l++ {
 		state, ret := dev.GetNvLinkState(l)
-		if ret == gonvml.ERROR_NOT_SUPPORTED || ret == gonvml.ERROR_INVALID_ARGUMENT {
+		if ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_INVALID_ARGUMENT {
 			continue
 		}
-		if ret != gonvml.SUCCESS {
-			klog.InfoS("NVLink state unknown; the link is left out", "link", l, "error", gonvml.ErrorString(ret))
+		if ret != nvml.SUCCESS {
+			klog.InfoS("NVLink state unknown; the link is left out", "link", l, "error", nvml.ErrorString(ret))
 			continue
 		}
 		supported = true
-		if state != gonvml.FEATURE_ENABLED {
+		if state != nvml.FEATURE_ENABLED {
 			continue
 		}
 		link := NVLink{Link: l}
-		if v, ret := dev.GetNvLinkVersion(l); ret == gonvml.SUCCESS {
-			link.Version = nameOr(nvlinkVersions, gonvml.NvlinkVersion(v), "")
+		if v, ret := dev.GetNvLinkVersion(l); ret == nvml.SUCCESS {
+			link.Version = nameOr(nvlinkVersions, nvml.NvlinkVersion(v), "")
 		}
-		if pci, ret := dev.GetNvLinkRemotePciInfo(l); ret == gonvml.SUCCESS {
+		if pci, ret := dev.GetNvLinkRemotePciInfo(l); ret == nvml.SUCCESS {
 			link.RemoteBusID = normalizeBusID(busIDString(pci.BusId))
 		}
 		if haveRemoteType {
-			if t, ret := dev.GetNvLinkRemoteDeviceType(l); ret == gonvml.SUCCESS {
+			if t, ret := dev.GetNvLinkRemoteDeviceType(l); ret == nvml.SUCCESS {
 				switch t {
-				case gonvml.NVLINK_DEVICE_TYPE_GPU:
+				case nvml.NVLINK_DEVICE_TYPE_GPU:
 					link.Remote = RemoteGPU
-				case gonvml.NVLINK_DEVICE_TYPE_SWITCH:
+				case nvml.NVLINK_DEVICE_TYPE_SWITCH:
 					link.Remote = RemoteSwitch
 				default:
 					link.Remote = RemoteOther
@@ -160,12 +160,12 @@ func discoverNVLinks(dev gonvml.Device, haveRemoteType bool) (links []NVLink, su
 // non-zero cluster UUID has one (NVIDIA's DRA driver draws the same line
 // for ComputeDomains). A driver without the call (before R525), or a GPU
 // that is not in such a fabric, has none.
-func discoverFabric(lib gonvml.Interface, dev gonvml.Device) *Fabric {
+func discoverFabric(lib nvml.Interface, dev nvml.Device) *Fabric {
 	if !HasSymbol(lib, "nvmlDeviceGetGpuFabricInfo") {
 		return nil
 	}
 	info, ret := dev.GetGpuFabricInfo()
-	if ret != gonvml.SUCCESS || info.State != gonvml.GPU_FABRIC_STATE_COMPLETED || gonvml.Return(info.Status) != gonvml.SUCCESS {
+	if ret != nvml.SUCCESS || info.State != nvml.GPU_FABRIC_STATE_COMPLETED || nvml.Return(info.Status) != nvml.SUCCESS {
 		return nil
 	}
 	if info.ClusterUuid == ([16]uint8{}) {
@@ -177,7 +177,7 @@ func discoverFabric(lib gonvml.Interface, dev gonvml.Device) *Fabric {
 // discoverPairs asks NVML about every pair of GPUs and completes each GPU's
 // NVLink picture: what its links reach where NVML did not say, its NVLink
 // domain and bandwidth.
-func discoverPairs(node *Node, devs []gonvml.Device) {
+func discoverPairs(node *Node, devs []nvml.Device) {
 	n := len(devs)
 	node.Pairs = make([][]Pair, n)
 	byBus := map[string]int{}
@@ -203,12 +203,12 @@ func discoverPairs(node *Node, devs []gonvml.Device) {
 				continue
 			}
 			p := &node.Pairs[i][j]
-			if lvl, ret := devs[i].GetTopologyCommonAncestor(devs[j]); ret == gonvml.SUCCESS {
+			if lvl, ret := devs[i].GetTopologyCommonAncestor(devs[j]); ret == nvml.SUCCESS {
 				p.Ancestor = topologyLevel(lvl)
 			}
-			if st, ret := devs[i].GetP2PStatus(devs[j], gonvml.P2P_CAPS_INDEX_NVLINK); ret == gonvml.SUCCESS {
+			if st, ret := devs[i].GetP2PStatus(devs[j], nvml.P2P_CAPS_INDEX_NVLINK); ret == nvml.SUCCESS {
 				p.P2P = "NS"
-				if st == gonvml.P2P_STATUS_OK {
+				if st == nvml.P2P_STATUS_OK {
 					p.P2P = "OK"
 				}
 			}
