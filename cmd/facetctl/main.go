@@ -283,7 +283,7 @@ func layoutSimulatedRoot(machine, root string) (string, int, error) {
 func runMIGInstances(args []string) error {
 	fs := flag.NewFlagSet("mig-instances", flag.ExitOnError)
 	machine := fs.String("machine", "", "machine file of a simulated node (default: the demo node's in --run-dir, else the real NVML of this host)")
-	state := fs.String("nvml-state", "", "with --machine: the plugin's simulated NVML state file (<state-dir>/simulated-nvmlgpu.json)")
+	state := fs.String("nvml-state", "", "with --machine: the plugin's simulated NVML state file (<state-dir>/simulated-nvml.json)")
 	runDir := fs.String("run-dir", defaultRunDir(), "without --machine: the demo node's run directory (make demo's RUN_DIR), searched for its machine file and NVML state")
 	fs.Parse(args)
 	var lib *nvmlgpu.Library

@@ -118,7 +118,7 @@ func TestSlicesExplainCounterOnly(t *testing.T) {
 }
 
 func TestMIGInstancesOfASimulatedNode(t *testing.T) {
-	state := filepath.Join(t.TempDir(), "simulated-nvmlgpu.json")
+	state := filepath.Join(t.TempDir(), "simulated-nvml.json")
 	out, err := captureStdout(t, func() error {
 		return runMIGInstances([]string{"--machine", machine, "--nvml-state", state})
 	})
@@ -137,7 +137,7 @@ func TestMIGInstancesOfASimulatedNode(t *testing.T) {
 func demoRunDir(t *testing.T, withMachine, withState bool) (string, string) {
 	t.Helper()
 	dir := t.TempDir()
-	statePath := filepath.Join(dir, "facet-state", "simulated-nvmlgpu.json")
+	statePath := filepath.Join(dir, "facet-state", "simulated-nvml.json")
 	if err := os.MkdirAll(filepath.Dir(statePath), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -208,8 +208,8 @@ func TestMIGInstancesFindsTheDemoNode(t *testing.T) {
 		{name: "$FACET_RUN_DIR from env.sh", env: map[string]string{"RUN_DIR": "", "FACET_RUN_DIR": full}, want: uuid},
 		{name: "no demo node", args: []string{"--run-dir", empty}, wantErr: []string{"no NVML on this host", "no demo node in " + empty, "--machine FILE --nvml-state FILE"}},
 		{name: "no machine file", args: []string{"--run-dir", noMachine}, wantErr: []string{"no machine.yaml", "--machine FILE --nvml-state " + noMachine}},
-		{name: "no state", args: []string{"--run-dir", noState}, wantErr: []string{"no facet-state/simulated-nvmlgpu.json", "--machine " + noState}},
-		{name: "--nvml-state alone", args: []string{"--run-dir", full, "--nvml-state", filepath.Join(full, "facet-state", "simulated-nvmlgpu.json")}, wantErr: []string{"--nvml-state needs --machine"}},
+		{name: "no state", args: []string{"--run-dir", noState}, wantErr: []string{"no facet-state/simulated-nvml.json", "--machine " + noState}},
+		{name: "--nvml-state alone", args: []string{"--run-dir", full, "--nvml-state", filepath.Join(full, "facet-state", "simulated-nvml.json")}, wantErr: []string{"--nvml-state needs --machine"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {

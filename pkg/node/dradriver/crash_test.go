@@ -509,7 +509,7 @@ func TestOneBadGPUDoesNotStopTheNode(t *testing.T) {
 	needMIGEdits(t)
 	r := newRigMode(t, splitModes)
 	gpu := func(i int) string { return r.inv.GPUs[i].UUID }
-	r.simState = filepath.Join(t.TempDir(), "nvmlgpu.json")
+	r.simState = filepath.Join(t.TempDir(), "nvml.json")
 	var err error
 	if r.lib, err = sim.OpenMachine(machineFile, sim.WithStateFile(r.simState)); err != nil {
 		t.Fatal(err)

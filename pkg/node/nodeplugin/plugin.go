@@ -223,7 +223,7 @@ func (p *process) openNVML() error {
 	if f.Machine != "" {
 		// MIG instances outlive the plugin on real GPUs; the simulation
 		// keeps them in the state directory so restarts see them too.
-		p.lib, err = f.openMachine(f.Machine, filepath.Join(f.StateDir, "simulated-nvmlgpu.json"))
+		p.lib, err = f.openMachine(f.Machine, filepath.Join(f.StateDir, "simulated-nvml.json"))
 	} else {
 		p.lib, err = nvmlgpu.OpenDriver(f.containerDriverRoot(), f.NVMLLibrary)
 	}
