@@ -29,12 +29,6 @@ const ReasonMPSRestarted = "FacetMPSDaemonRestarted"
 // several GPUs).
 const ReasonMPSNotApplied = "FacetMPSNotApplied"
 
-// MPSAvailable says whether this plugin partitions shares with MPS now.
-func (d *Driver) MPSAvailable() bool {
-	p, _ := d.sharing.MPS()
-	return p != nil
-}
-
 // mpsJoiner is the driver's MPS joining: which GPU's daemon a claim's
 // shares join, as which Unix UID, and why they are time-sliced instead.
 // The daemons' lifecycle (restore, check, release) is the Driver's.
