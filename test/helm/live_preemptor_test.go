@@ -234,7 +234,7 @@ preemptor: {enabled: true, protectedNamespaces: [`+protected+`]}
 		{"an annotation and a finalizer", `,"annotations":{"x":"y"},"finalizers":["example.com/x"]}`, nominee, "also changes metadata.annotations, metadata.finalizers."},
 		{"the phase", `},"status":{"phase":"Failed"}`, nominee, "also changes status.phase."},
 		{"a condition and a claim status", `},"status":{"conditions":[{"type":"PodScheduled","status":"True"}],"resourceClaimStatuses":[{"name":"gpu","resourceClaimName":"someone-elses"}]}`, nominee, "also changes status.conditions, status.resourceClaimStatuses."},
-		{"the readiness of a scheduled pod", `},"status":{"conditions":[{"type":"Ready","status":"False"}]}`, agent, "this request to pod " + victims + "/" + agent.Name + " also changes status.conditions."},
+		{"the PodScheduled condition of a scheduled pod", `},"status":{"conditions":[{"type":"PodScheduled","status":"False"}]}`, agent, "this request to pod " + victims + "/" + agent.Name + " also changes status.conditions."},
 	} {
 		t.Run("refused: pods/status, "+tc.name, func(t *testing.T) {
 			_, err := status(tc.pod, tc.patch)

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -242,5 +244,40 @@ func TestPreemptorPolicies(t *testing.T) {
 		if compared == (name == "nominatedNodeName") {
 			t.Errorf("pod-status: status.%s compared: %v", name, compared)
 		}
+	}
+}
+
+var update = flag.Bool("update", false, "rewrite the golden files other packages' tests read")
+
+// e2ePreemptorManifest is test/e2e's copy of the chart's preemptor
+// identity: TestPreempt runs facet-preemptor with the service account,
+// RBAC and policies the chart renders (for release facet in namespace
+// facet-e2e-preemptor, preemptor.protectedNamespaces facet-e2e-guarded),
+// since test/e2e's module does not carry Helm.
+var e2ePreemptorManifest = filepath.Join(repoRoot, "test", "e2e", "testdata", "preemptor-chart.yaml")
+
+// TestPreemptorE2EManifest: test/e2e's copy is this render; -update
+// rewrites it.
+func TestPreemptorE2EManifest(t *testing.T) {
+	var objs []object
+	for _, o := range renderAs(t, values(t, "preemptor: {enabled: true, protectedNamespaces: [facet-e2e-guarded]}"), "facet", "facet-e2e-preemptor") {
+		if o.GetLabels()["app.kubernetes.io/component"] == "preemptor" && o.GetKind() != "Deployment" {
+			objs = append(objs, o)
+		}
+	}
+	want := "# Generated from deployments/helm/facet by test/helm's TestPreemptorE2EManifest\n" +
+		"# (cd test/helm && go test -run TestPreemptorE2EManifest -update): facet-preemptor's\n" +
+		"# service account, RBAC and policies for release facet in namespace facet-e2e-preemptor.\n" + stream(t, objs)
+	if *update {
+		if err := os.WriteFile(e2ePreemptorManifest, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(e2ePreemptorManifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != want {
+		t.Errorf("%s differs from the chart's render: cd test/helm && go test -run TestPreemptorE2EManifest -update", e2ePreemptorManifest)
 	}
 }
