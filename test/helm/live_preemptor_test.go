@@ -52,7 +52,7 @@ preemptor: {enabled: true, protectedNamespaces: [`+protected+`]}
 		}
 	}
 	manifest := stream(t, install)
-	t.Cleanup(func() { l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
+	t.Cleanup(func() { _, _ = l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
 	l.Must(t, manifest, "apply", "-f", "-")
 	sa := release + "-preemptor"
 	tok, err := l.Client.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
@@ -156,7 +156,9 @@ preemptor: {enabled: true, protectedNamespaces: [`+protected+`]}
 		}
 		return client.PolicyV1().Evictions(p.Namespace).Evict(ctx, ev)
 	}
-	policy := func(suffix string) string { return fmt.Sprintf("ValidatingAdmissionPolicy '%s-preemptor-%s'", release, suffix) }
+	policy := func(suffix string) string {
+		return fmt.Sprintf("ValidatingAdmissionPolicy '%s-preemptor-%s'", release, suffix)
+	}
 
 	// Until the policies are loaded (the pod check's also needs the API
 	// server's pod informer), the preemptor could evict anything: probe

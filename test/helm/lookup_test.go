@@ -13,7 +13,9 @@ import (
 // lookupClients is what the chart's lookup calls see of a cluster that
 // holds objects: Helm's engine asks a ClientProvider for a dynamic client
 // per kind, here client-go's fake over those objects.
-type lookupClients struct{ client *dynamicfake.FakeDynamicClient }
+type lookupClients struct {
+	client *dynamicfake.FakeDynamicClient
+}
 
 // lookupKinds are the kinds the chart looks up, with their resources and
 // whether they are namespaced; a lookup of another kind fails the render,
