@@ -572,6 +572,7 @@ func TestNotesOnGPUNodes(t *testing.T) {
 		"kubeletPlugin.gpuNodeSelectorTerms",
 		// A bare cluster: the webhook's own certificate, and what is left.
 		"The admission webhook's certificate (tls.mode auto: selfSigned):",
+		"Only helm upgrade\n  renews them, once fewer than 30 days are left",
 		"install cert-manager and set\n  admission.webhook.tls.mode=certManager",
 		"facet-mps keeps the MPS daemons",
 	} {
