@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/facet-gpu/facet/pkg/node/claimuid"
@@ -659,6 +660,25 @@ func (s *Store) Delete(uid types.UID) error {
 // valid claim UID ("journal.wal@<offset>", or the kept file's name):
 // Salvage refuses it, so the caller treats the devices as unknown.
 func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error) {
+	return s.list(true)
+}
+
+// PeekAll lists the records of the store at dir as List does (journal
+// entries over record files, unreadable ones in corrupt), without opening
+// it: no lock, no replay, and no leftover temp file removed, so a running
+// plugin is not disturbed. A missing dir holds no record. It is for tools
+// (node-check picking an idle GPU, node-cleanup refusing while claims are
+// prepared).
+func PeekAll(dir string) (claims []*Claim, corrupt map[types.UID]error, err error) {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil, map[types.UID]error{}, nil
+	}
+	s := &Store{dir: dir, j: &journal{path: filepath.Join(dir, journalName)}, overlay: map[types.UID][]byte{}, damage: map[string]error{}}
+	return s.list(false)
+}
+
+// list is List; tidy removes the temp files a crash left.
+func (s *Store) list(tidy bool) (claims []*Claim, corrupt map[types.UID]error, err error) {
 	if err := s.catchUp(); err != nil {
 		return nil, nil, err
 	}
@@ -684,7 +704,9 @@ func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error)
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".tmp-") {
-			os.Remove(filepath.Join(s.dir, name))
+			if tidy {
+				os.Remove(filepath.Join(s.dir, name))
+			}
 			continue
 		}
 		if strings.HasPrefix(name, journalName+".damaged-") {
@@ -751,4 +773,27 @@ func (s *Store) Usage() (bytes int64, records int, err error) {
 		records++
 	}
 	return bytes, records, nil
+}
+
+// InUse reports whether a process has the store at dir open (a running
+// plugin holds its directory's flock shared from Open to Close): it tries
+// the lock exclusively, and lets it go at once. A missing dir is not in
+// use.
+func InUse(dir string) (bool, error) {
+	d, err := os.Open(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("open checkpoint directory: %w", err)
+	}
+	defer d.Close()
+	err = unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, unix.EWOULDBLOCK):
+		return true, nil
+	}
+	return false, fmt.Errorf("lock checkpoint directory %s: %w", dir, err)
 }
