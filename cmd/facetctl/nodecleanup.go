@@ -155,7 +155,9 @@ func cleanHere(f *nodeCleanupFlags, stdout io.Writer) error {
 }
 
 // cleanupPod is the pod that runs node-cleanup on node: root, the host's /
-// at /host, tolerating every taint (a GPU node's included), no API token.
+// at /host, tolerating every taint (a GPU node's included), no API token,
+// in the host's network: it needs no network, and a node being taken out
+// of service may have lost its pod network already.
 // It needs root's DAC_OVERRIDE and FOWNER (files of MPS's and tenants'
 // users), and to destroy MIG instances on a real GPU, privileged (the
 // GPUs' device nodes).
@@ -177,6 +179,7 @@ func cleanupPod(f *nodeCleanupFlags, node string) *corev1.Pod {
 		},
 		Spec: corev1.PodSpec{
 			NodeName:                      node,
+			HostNetwork:                   true,
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  ptr.To(false),
 			EnableServiceLinks:            ptr.To(false),
