@@ -29,7 +29,6 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/facet-gpu/facet/pkg/node/claimuid"
@@ -773,27 +772,4 @@ func (s *Store) Usage() (bytes int64, records int, err error) {
 		records++
 	}
 	return bytes, records, nil
-}
-
-// InUse reports whether a process has the store at dir open (a running
-// plugin holds its directory's flock shared from Open to Close): it tries
-// the lock exclusively, and lets it go at once. A missing dir is not in
-// use.
-func InUse(dir string) (bool, error) {
-	d, err := os.Open(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("open checkpoint directory: %w", err)
-	}
-	defer d.Close()
-	err = unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-	switch {
-	case err == nil:
-		return false, nil
-	case errors.Is(err, unix.EWOULDBLOCK):
-		return true, nil
-	}
-	return false, fmt.Errorf("lock checkpoint directory %s: %w", dir, err)
 }

@@ -219,33 +219,3 @@ func TestPeekAll(t *testing.T) {
 		t.Errorf("PeekAll created %s: %v", missing, err)
 	}
 }
-
-// TestInUse: a store some process holds open is in use; once closed, or
-// where there is none, it is not.
-func TestInUse(t *testing.T) {
-	dir := t.TempDir()
-	for _, tc := range []struct {
-		name string
-		dir  string
-		open bool
-		want bool
-	}{
-		{"missing", filepath.Join(dir, "none"), false, false},
-		{"closed", dir, false, false},
-		{"open", dir, true, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if tc.open {
-				s, err := Open(tc.dir)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer s.Close()
-			}
-			got, err := InUse(tc.dir)
-			if err != nil || got != tc.want {
-				t.Errorf("InUse = %v, %v; want %v", got, err, tc.want)
-			}
-		})
-	}
-}

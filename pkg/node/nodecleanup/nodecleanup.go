@@ -189,7 +189,7 @@ func Run(o Options) (*Result, error) {
 		return nil, err
 	}
 	var running []string
-	if in, err := checkpoint.InUse(filepath.Join(state, "claims")); err != nil {
+	if in, err := flockHeld(filepath.Join(state, "claims")); err != nil {
 		return nil, err
 	} else if in {
 		running = append(running, "a kubelet plugin has its checkpoint "+filepath.Join(state, "claims")+" open")
@@ -455,8 +455,10 @@ func globAll(patterns ...string) ([]string, error) {
 	return out, nil
 }
 
-// flockHeld reports whether some process holds a flock on path (facet-mps
-// holds its lock exclusively while it runs); a missing file is not held.
+// flockHeld reports whether some process holds a flock on path: a running
+// plugin holds its checkpoint directory's shared from checkpoint.Open to
+// Close, facet-mps its lock file exclusively while it runs. A missing path
+// is not held.
 func flockHeld(path string) (bool, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {

@@ -49,6 +49,16 @@ func (r *chartRig) helmTest(t *testing.T) (string, error) {
 	return logs.String(), err
 }
 
+// wantAll fails t for each of wants that text (what) lacks.
+func wantAll(t *testing.T, what, text string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(text, w) {
+			t.Errorf("%s lacks %q", what, w)
+		}
+	}
+}
+
 // buildFacetctl builds facetctl, the operator's CLI, from the repository.
 func (r *chartRig) buildFacetctl(t *testing.T) string {
 	t.Helper()
@@ -83,9 +93,9 @@ func TestLiveChartNodeCheck(t *testing.T) {
 	if err != nil {
 		t.Fatalf("helm test failed on a node that delivers what it publishes: %v", err)
 	}
-	for _, want := range []string{
-		"POD LOGS: " + chartRelease + "-node-check",
-		"=== node localhost, pod " + plugin.Name + ": facetctl node-check --gpu=idle",
+	wantAll(t, "helm test's log", logs,
+		"POD LOGS: "+chartRelease+"-node-check",
+		"=== node localhost, pod "+plugin.Name+": facetctl node-check --gpu=idle",
 		"GPU 0 is idle",
 		"whole GPU   gpu-0",
 		"vGPU share  gpu-0 (share)",
@@ -93,12 +103,7 @@ func TestLiveChartNodeCheck(t *testing.T) {
 		"prepared, probe skipped",
 		"Left nothing behind",
 		"=== node localhost: ok",
-		"1 of 1 nodes checked: each delivers what it publishes",
-	} {
-		if !strings.Contains(logs, want) {
-			t.Errorf("helm test's log lacks %q", want)
-		}
-	}
+		"1 of 1 nodes checked: each delivers what it publishes")
 
 	// The same check from the operator's machine, through the API server.
 	facetctl := r.buildFacetctl(t)
@@ -123,17 +128,12 @@ func TestLiveChartNodeCheck(t *testing.T) {
 	if err == nil {
 		t.Fatal("helm test passed on a node without HAMi-core, whose vGPU shares cannot be prepared")
 	}
-	for _, want := range []string{
+	wantAll(t, "the failed helm test's log", logs,
 		"FAILED (prepare)",
 		"vGPU share prepare failed",
 		"HAMi-core",
 		"=== node localhost: FAILED: node-check exited with status 1",
-		"1 of 1 nodes do not deliver what they publish, or could not be checked: localhost",
-	} {
-		if !strings.Contains(logs, want) {
-			t.Errorf("the failed helm test's log lacks %q", want)
-		}
-	}
+		"1 of 1 nodes do not deliver what they publish, or could not be checked: localhost")
 	t.Logf("total %s", r.since())
 }
 
@@ -249,11 +249,7 @@ func TestLiveChartUninstall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("node-cleanup after uninstall: %v", err)
 	}
-	for _, want := range []string{"destroyed MIG instance GPU-", "no Facet file is left on this node", "=== node localhost: done"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("node-cleanup's output lacks %q", want)
-		}
-	}
+	wantAll(t, "node-cleanup's output", out, "destroyed MIG instance GPU-", "no Facet file is left on this node", "=== node localhost: done")
 	for what, p := range facetPaths {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			entries, _ := os.ReadDir(p)
