@@ -348,7 +348,7 @@ func writeNodeResult(w io.Writer, r *nodeResult) {
 	}
 	fmt.Fprintln(w)
 	if len(r.output) > 0 {
-		w.Write(r.output)
+		_, _ = w.Write(r.output)
 		if r.output[len(r.output)-1] != '\n' {
 			fmt.Fprintln(w)
 		}

@@ -224,7 +224,7 @@ func cleanOnNode(ctx context.Context, client kubernetes.Interface, f *nodeCleanu
 		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed, nil
 	})
 	if logs, lerr := pods.GetLogs(pod.Name, &corev1.PodLogOptions{Container: "node-cleanup"}).DoRaw(ctx); lerr == nil {
-		stdout.Write(logs)
+		_, _ = stdout.Write(logs)
 	}
 	if err != nil {
 		why := ""

@@ -114,7 +114,7 @@ type Options struct {
 // The refusals. Each error names what it found and what to do.
 var (
 	// ErrInUse: a Facet process still runs on the node.
-	ErrInUse = errors.New("Facet still runs on this node")
+	ErrInUse = errors.New("a Facet process still runs on this node")
 	// ErrClaimsPrepared: the checkpoint records prepared claims.
 	ErrClaimsPrepared = errors.New("claims are still prepared on this node")
 	// ErrMIGUndecided: Facet's MIG instances need MIGKeep or MIGDestroy.

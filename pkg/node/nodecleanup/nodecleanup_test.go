@@ -251,7 +251,7 @@ func TestRun(t *testing.T) {
 			if err := unix.Mount("tmpfs", shm, "tmpfs", 0, "size=1m"); err != nil {
 				t.Skipf("mount tmpfs: %v", err)
 			}
-			return func() { unix.Unmount(shm, unix.MNT_DETACH) }
+			return func() { _ = unix.Unmount(shm, unix.MNT_DETACH) }
 		}, wantErr: ErrMounted, wantText: []string{gpuA + "/shm", "umount"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -210,7 +210,7 @@ func TestLiveChartUninstall(t *testing.T) {
 	r.install(t, vals)
 	r.waitPlugin(t, r.tag, 2*time.Minute)
 	out, err = cleanup()
-	if err == nil || !strings.Contains(out, "Facet still runs on this node") {
+	if err == nil || !strings.Contains(out, "a Facet process still runs on this node") {
 		t.Errorf("node-cleanup with the plugin running: %v, want a refusal", err)
 	}
 	r.Must(t, "", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s")
