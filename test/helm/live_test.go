@@ -100,6 +100,7 @@ func TestLiveNodeRestriction(t *testing.T) {
 	objs := renderAs(t, values(t, `
 deviceClasses: {enabled: false}
 admission: {policies: {enabled: false}, webhook: {enabled: false}}
+tests: {nodeCheck: {enabled: false}}
 `), release, ns)
 	var install []object
 	for _, o := range objs {
