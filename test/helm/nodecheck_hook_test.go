@@ -35,6 +35,15 @@ kubeletPlugin: {nodeGroups: {default: null, a100: {mode: mig}, h100: {mode: shar
 		{name: "no plugin", values: "kubeletPlugin: {nodeGroups: {default: null}}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			out, err := renderErr(t, values(t, tc.values), releaseName, releaseNamespace)
+			if err != nil {
+				t.Fatal(err)
+			}
+			notes := out["facet/templates/NOTES.txt"]
+			const say = "helm test " + releaseName + " -n " + releaseNamespace + " --logs"
+			if strings.Contains(notes, say) != !strings.Contains(tc.values, "enabled: false") {
+				t.Errorf("NOTES.txt says %q: %v, want it where the test is on:\n%s", say, strings.Contains(notes, say), notes)
+			}
 			objs := render(t, values(t, tc.values))
 			var mine []object
 			for _, o := range objs {
