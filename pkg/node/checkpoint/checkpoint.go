@@ -659,6 +659,25 @@ func (s *Store) Delete(uid types.UID) error {
 // valid claim UID ("journal.wal@<offset>", or the kept file's name):
 // Salvage refuses it, so the caller treats the devices as unknown.
 func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error) {
+	return s.list(true)
+}
+
+// PeekAll lists the records of the store at dir as List does (journal
+// entries over record files, unreadable ones in corrupt), without opening
+// it: no lock, no replay, and no leftover temp file removed, so a running
+// plugin is not disturbed. A missing dir holds no record. It is for tools
+// (node-check picking an idle GPU, node-cleanup refusing while claims are
+// prepared).
+func PeekAll(dir string) (claims []*Claim, corrupt map[types.UID]error, err error) {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil, map[types.UID]error{}, nil
+	}
+	s := &Store{dir: dir, j: &journal{path: filepath.Join(dir, journalName)}, overlay: map[types.UID][]byte{}, damage: map[string]error{}}
+	return s.list(false)
+}
+
+// list is List; tidy removes the temp files a crash left.
+func (s *Store) list(tidy bool) (claims []*Claim, corrupt map[types.UID]error, err error) {
 	if err := s.catchUp(); err != nil {
 		return nil, nil, err
 	}
@@ -684,7 +703,9 @@ func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error)
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".tmp-") {
-			os.Remove(filepath.Join(s.dir, name))
+			if tidy {
+				os.Remove(filepath.Join(s.dir, name))
+			}
 			continue
 		}
 		if strings.HasPrefix(name, journalName+".damaged-") {
