@@ -256,7 +256,7 @@ func createIMEXDaemonSet(t *testing.T, ns, name, uid string) {
 						ImagePullPolicy: corev1.PullNever,
 						Command: []string{"facet-imex", "--domain-namespace", ns, "--domain-name", name, "--domain-uid", uid,
 							"--node-name", "$(NODE_NAME)", "--simulate", "--state-dir", imexStateDir},
-						Env: []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}},
+						Env:          []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}}},
 						VolumeMounts: []corev1.VolumeMount{{Name: "state", MountPath: imexStateDir}},
 						ReadinessProbe: &corev1.Probe{
 							ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"facet-imex", "probe", "--state-dir", imexStateDir}}},

@@ -79,7 +79,10 @@ func start(t *testing.T, d *Daemon) *harness {
 	go func() { h.errc <- d.Run(ctx, h.mb) }()
 	t.Cleanup(func() {
 		h.cancel()
-		<-h.errc
+		// A test that read Run's error put nil back.
+		if err := <-h.errc; err != nil {
+			t.Errorf("Run: %v", err)
+		}
 	})
 	return h
 }
