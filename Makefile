@@ -35,13 +35,13 @@ image-sim:
 
 ## build-release: the shipped binaries, without the simulator, in bin/release/
 build-release:
-	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-preemptor ./cmd/facet-install
+	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-imex ./cmd/facet-preemptor ./cmd/facet-install
 	$(MAKE) verify-release
 
 ## verify-release: fail if a shipped daemon links go-nvml's mock, the
 ## simulator or the MPS stand-in
 verify-release:
-	@for b in facet-kubeletplugin facet-webhook facet-mps facet-preemptor facet-install; do \
+	@for b in facet-kubeletplugin facet-webhook facet-mps facet-imex facet-preemptor facet-install; do \
 	  syms=$$($(GO) tool nm $(BIN)/release/$$b) || exit 1; \
 	  if grep -qE 'go-nvml/pkg/nvml/mock|facet-gpu/facet/internal/' <<<"$$syms"; then \
 	    echo "bin/release/$$b links simulator code" >&2; exit 1; fi; \
@@ -137,6 +137,9 @@ unit:
 	# The Helm chart, rendered with Helm as a library (its own module, so
 	# Helm's dependencies stay out of Facet's go.mod).
 	cd test/helm && ../../$(STAGE) "unit: Helm chart" $(GO) test ./...
+	# The fake CRI's exec mode (hack/tools is its own module: Kubernetes'
+	# own packages stay out of Facet's go.mod).
+	cd hack/tools && ../../$(STAGE) "unit: fake CRI" $(GO) test ./fakecri/
 	# The chart's alerts and dashboard against Prometheus's parser and
 	# promtool (its own module, for Prometheus's dependencies); promtool is
 	# built as a stage of its own, never inside the test.
@@ -170,13 +173,15 @@ CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment|TestL
 e2e: build
 	CHART_ONCE='$(CHART_ONCE)' $(STAGE) "e2e rounds ($${FACET_E2E_PARALLEL:-4} at a time)" hack/e2e-rounds.sh
 
-## multinode: a cluster of real kubelets on this machine, three of them with
+## multinode: a cluster of real kubelets on this machine, nine of them with
 ## Facet on simulated machines (dgx-h100 in mig mode, dgx-a100-80gb in
-## shared mode, l4x4 in exclusive mode; fake CRI), and test/multinode on it:
-## placement by class and CEL, a claim that fits nowhere, spreading, one
-## node's plugin restart (hack/multinode.sh, hack/cluster/add-node.sh)
+## shared mode, l4x4 in exclusive mode, a six-node GB200 NVL72-class rack of
+## two cliques; fake CRI), and test/multinode on it: placement by class and
+## CEL, a claim that fits nowhere, spreading, one node's plugin restart, the
+## IMEX daemon's stand-in on the rack (hack/multinode.sh,
+## hack/cluster/add-node.sh, hack/cluster/add-rack.sh)
 multinode: build
-	$(STAGE) "multinode (4 nodes)" hack/multinode.sh
+	$(STAGE) "multinode (10 nodes)" hack/multinode.sh
 
 ## demo: the main job on a simulated DGX H100 node, Facet installed with its
 ## Helm chart (FACET_DEMO_PLUGIN=host: the plugin as a host process;
