@@ -35,13 +35,13 @@ image-sim:
 
 ## build-release: the shipped binaries, without the simulator, in bin/release/
 build-release:
-	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-preemptor ./cmd/facet-install
+	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-preemptor ./cmd/facet-controller ./cmd/facet-install
 	$(MAKE) verify-release
 
 ## verify-release: fail if a shipped daemon links go-nvml's mock, the
 ## simulator or the MPS stand-in
 verify-release:
-	@for b in facet-kubeletplugin facet-webhook facet-mps facet-preemptor facet-install; do \
+	@for b in facet-kubeletplugin facet-webhook facet-mps facet-preemptor facet-controller facet-install; do \
 	  syms=$$($(GO) tool nm $(BIN)/release/$$b) || exit 1; \
 	  if grep -qE 'go-nvml/pkg/nvml/mock|facet-gpu/facet/internal/' <<<"$$syms"; then \
 	    echo "bin/release/$$b links simulator code" >&2; exit 1; fi; \

@@ -8,8 +8,11 @@ import (
 	"os"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/facet-gpu/facet/pkg/cluster/fit"
+	"github.com/facet-gpu/facet/pkg/cluster/occupancy"
 	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
@@ -36,7 +39,15 @@ func runFit(args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", *file, err)
 	}
-	client, err := kube.Client()
+	cfg, err := kube.Config()
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
@@ -51,7 +62,9 @@ func runFit(args []string) error {
 			pod.Namespace = "default"
 		}
 		var missing []string
-		if claims, missing, err = stream.PodClaims(pod); err != nil {
+		// A template not in the file is the cluster's: a ComputeDomain's
+		// channel template is written by facet-controller.
+		if claims, missing, err = stream.PodClaimsWith(pod, fit.Template(ctx, client)); err != nil {
 			return err
 		}
 		for _, name := range missing {
@@ -80,6 +93,9 @@ func runFit(args []string) error {
 	if err != nil {
 		return err
 	}
+	if in.Domains, err = occupancy.ReadDomains(ctx, dyn); err != nil {
+		return err
+	}
 	// The allocator runs with the cluster's own DRA features: a mode the
 	// scheduler does not enforce would otherwise fit here and not there.
 	set, err := features.Detect(ctx, client, "facetctl-probe")
@@ -106,6 +122,17 @@ func runFit(args []string) error {
 	for _, r := range results {
 		if r.Fits {
 			return nil
+		}
+	}
+	// A pod of a ComputeDomain: where its domain stands.
+	notes, err := fit.DomainNotes(in, claims)
+	if err != nil {
+		return err
+	}
+	if len(notes) > 0 {
+		fmt.Println("\ncompute domains:")
+		for _, n := range notes {
+			fmt.Println("  " + n)
 		}
 	}
 	return errNoFit

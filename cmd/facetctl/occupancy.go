@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"os"
 
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/facet-gpu/facet/pkg/cluster/occupancy"
 )
 
@@ -23,11 +26,20 @@ func runOccupancy(args []string) error {
 	if render == nil {
 		return fmt.Errorf("-o %q: want table, picture or yaml", *output)
 	}
-	client, err := kube.Client()
+	cfg, err := kube.Config()
 	if err != nil {
 		return err
 	}
-	slices, claims, err := occupancy.Read(context.Background(), client, *node)
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	slices, claims, err := occupancy.Read(ctx, client, *node)
 	if err != nil {
 		return err
 	}
@@ -35,6 +47,11 @@ func runOccupancy(args []string) error {
 	if err != nil {
 		return err
 	}
+	domains, err := occupancy.ReadDomains(ctx, dyn)
+	if err != nil {
+		return err
+	}
+	c.Domains = occupancy.DomainsOf(domains)
 	if len(c.GPUs) == 0 {
 		if *node != "" {
 			return fmt.Errorf("node %s publishes no Facet devices", *node)

@@ -275,14 +275,23 @@ func (c *Cluster) Channel(node, device string) *Channel {
 	return nil
 }
 
-// Nodes lists the nodes with Facet GPUs, sorted.
+// Nodes lists the nodes with Facet GPUs or IMEX channels, sorted.
 func (c *Cluster) Nodes() []string {
+	seen := map[string]bool{}
 	var out []string
 	for _, g := range c.GPUs {
-		if len(out) == 0 || out[len(out)-1] != g.Node {
+		if !seen[g.Node] {
+			seen[g.Node] = true
 			out = append(out, g.Node)
 		}
 	}
+	for _, ch := range c.Channels {
+		if !seen[ch.Node] {
+			seen[ch.Node] = true
+			out = append(out, ch.Node)
+		}
+	}
+	sort.Strings(out)
 	return out
 }
 

@@ -113,10 +113,14 @@ func cliques(w io.Writer, c *Cluster) error {
 		}
 		fmt.Fprintf(tw, "  %s\t%d of %d channels free\t%s\n", q.Name, len(q.Free), len(q.Nodes), free)
 	}
-	if noClique > 0 {
-		fmt.Fprintf(tw, "  (no clique)\t%d channel(s) without fabricClusterUUID and fabricCliqueID\t\n", noClique)
+	if err := tw.Flush(); err != nil {
+		return err
 	}
-	return tw.Flush()
+	if noClique > 0 {
+		_, err := fmt.Fprintf(w, "  and %d channel(s) without fabricClusterUUID and fabricCliqueID, in no clique\n", noClique)
+		return err
+	}
+	return nil
 }
 
 // computeDomains lists the ComputeDomains: the clique each is pinned to
