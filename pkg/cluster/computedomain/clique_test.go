@@ -121,3 +121,24 @@ func TestClaimsOf(t *testing.T) {
 		t.Error("a config of another driver or kind, or one that does not decode, is no channel config")
 	}
 }
+
+// TestParseClique: status.clique back into its UUID and ID.
+func TestParseClique(t *testing.T) {
+	for _, tc := range []struct {
+		in, uuid string
+		id       int64
+		err      bool
+	}{
+		{in: fabric + ".3", uuid: fabric, id: 3},
+		{in: "a.b.c.12", uuid: "a.b.c", id: 12},
+		{in: "nodot", err: true},
+		{in: ".1", err: true},
+		{in: fabric + ".x", err: true},
+		{in: fabric + ".-1", err: true},
+	} {
+		q, err := ParseClique(tc.in)
+		if (err != nil) != tc.err || (!tc.err && (q.ClusterUUID != tc.uuid || q.CliqueID != tc.id || q.Name != tc.in)) {
+			t.Errorf("ParseClique(%q) = %+v, %v", tc.in, q, err)
+		}
+	}
+}

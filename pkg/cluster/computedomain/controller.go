@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -474,52 +475,77 @@ func (c *Controller) channels() ([]*occupancy.Channel, error) {
 // is chosen while the domain has none, and chosen again while it fits
 // none and no claim of it exists yet: a claim copies its template's
 // selector when its pod is created, so once one exists the clique stays,
-// or the domain would span two.
+// or the domain would span two. The condition CliqueAssigned is set once,
+// from where it ends (a fit, no fit, a template of another's), so that it
+// never flips within a sync, and an Event says each change.
 func (c *Controller) place(ctx context.Context, cd *v1alpha1.ComputeDomain, st *v1alpha1.ComputeDomainStatus) ([]Event, error) {
 	assigned := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionCliqueAssigned)
 	fits := assigned != nil && assigned.Status == metav1.ConditionTrue
-	var events []Event
-	clique := occupancy.Clique{Name: st.Clique}
-	chs, err := c.channels()
-	if err != nil {
-		return nil, err
+	type outcome struct {
+		status          metav1.ConditionStatus
+		reason, message string
+		eventType       string
+		eventReason     string
 	}
-	for _, q := range occupancy.Cliques(chs) {
-		if q.Name == st.Clique {
-			clique = q
-		}
-	}
+	var out *outcome
 	if st.Clique == "" || (!fits && len(c.domainClaims(cd)) == 0) {
+		chs, err := c.channels()
+		if err != nil {
+			return nil, err
+		}
 		choice := Choose(occupancy.Cliques(chs), Reserved(c.allDomains(), c.allClaims(), cd.UID), int(cd.Spec.NumNodes))
-		reason, status, typ, ereason := CondNoCliqueFits, metav1.ConditionFalse, corev1.EventTypeWarning, ReasonNoCliqueFits
+		out = &outcome{metav1.ConditionFalse, CondNoCliqueFits, choice.Why, corev1.EventTypeWarning, ReasonNoCliqueFits}
 		if choice.Fits {
-			reason, status, typ, ereason = CondFits, metav1.ConditionTrue, corev1.EventTypeNormal, ReasonCliqueAssigned
+			out = &outcome{metav1.ConditionTrue, CondFits, choice.Why, corev1.EventTypeNormal, ReasonCliqueAssigned}
 		}
-		if setCondition(cd, st, status, reason, choice.Why) || st.Clique != choice.Clique.Name {
-			events = append(events, Event{typ, ereason, choice.Why})
+		st.Clique = choice.Clique.Name
+	}
+	if st.Clique != "" {
+		q, err := ParseClique(st.Clique)
+		if err != nil {
+			return nil, fmt.Errorf("ComputeDomain %s/%s: status.clique: %w", cd.Namespace, cd.Name, err)
 		}
-		st.Clique, clique = choice.Clique.Name, choice.Clique
+		conflict, err := c.ensureTemplate(ctx, cd, q)
+		if err != nil {
+			return nil, err
+		}
+		if conflict != "" {
+			out = &outcome{metav1.ConditionFalse, CondConflict, conflict, corev1.EventTypeWarning, ReasonTemplateConflict}
+		} else if out == nil && assigned != nil && assigned.Reason == CondConflict {
+			// The other template went: the domain's is written now.
+			out = &outcome{metav1.ConditionTrue, CondFits, "pinned to clique " + st.Clique + "; its template is written", corev1.EventTypeNormal, ReasonCliqueAssigned}
+		}
 	}
-	if st.Clique == "" {
-		return events, nil
+	if out == nil {
+		return nil, nil
 	}
-	if clique.ClusterUUID == "" {
-		// Pinned to a clique no slice publishes any more (its nodes
-		// left): the template stays as it is, naming it.
-		return events, nil
+	if setCondition(cd, st, out.status, out.reason, out.message) {
+		return []Event{{out.eventType, out.eventReason, out.message}}, nil
 	}
-	ev, err := c.ensureTemplate(ctx, cd, st, clique)
-	return append(events, ev...), err
+	return nil, nil
+}
+
+// ParseClique is the clique of a name "<fabricClusterUUID>.<fabricCliqueID>"
+// (v1alpha1.CliqueName, status.clique).
+func ParseClique(name string) (occupancy.Clique, error) {
+	i := strings.LastIndex(name, ".")
+	if i <= 0 {
+		return occupancy.Clique{}, fmt.Errorf("%q is not <fabricClusterUUID>.<fabricCliqueID>", name)
+	}
+	id, err := strconv.ParseInt(name[i+1:], 10, 64)
+	if err != nil || id < 0 {
+		return occupancy.Clique{}, fmt.Errorf("%q is not <fabricClusterUUID>.<fabricCliqueID>: clique ID %q", name, name[i+1:])
+	}
+	return occupancy.Clique{Name: name, ClusterUUID: name[:i], CliqueID: id}, nil
 }
 
 // ensureTemplate writes the domain's template for the clique: creates it,
 // or replaces one of the domain's that selects another clique. A template
-// of that name that is not the domain's is left alone, and the condition
-// says so.
-func (c *Controller) ensureTemplate(ctx context.Context, cd *v1alpha1.ComputeDomain, st *v1alpha1.ComputeDomainStatus, q occupancy.Clique) ([]Event, error) {
+// of that name that is not the domain's is left alone: conflict says so.
+func (c *Controller) ensureTemplate(ctx context.Context, cd *v1alpha1.ComputeDomain, q occupancy.Clique) (conflict string, err error) {
 	want, err := Template(cd, q)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	api := c.opts.Client.ResourceV1().ResourceClaimTemplates(cd.Namespace)
 	have, err := c.templates.ResourceClaimTemplates(cd.Namespace).Get(want.Name)
@@ -531,30 +557,25 @@ func (c *Controller) ensureTemplate(ctx context.Context, cd *v1alpha1.ComputeDom
 	switch {
 	case apierrors.IsNotFound(err):
 		if _, err := api.Create(ctx, want, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("ComputeDomain %s/%s: creating ResourceClaimTemplate %s: %w", cd.Namespace, cd.Name, want.Name, err)
+			return "", fmt.Errorf("ComputeDomain %s/%s: creating ResourceClaimTemplate %s: %w", cd.Namespace, cd.Name, want.Name, err)
 		}
 		klog.FromContext(ctx).V(2).Info("Created the channel template", "computeDomain", klog.KObj(cd), "template", want.Name, "clique", q.Name)
-		return nil, nil
+		return "", nil
 	case err != nil:
-		return nil, err
+		return "", err
 	case !OwnedBy(have, cd):
-		msg := fmt.Sprintf("ResourceClaimTemplate %s/%s exists and is not this domain's: delete it, or name another in spec.channel.resourceClaimTemplate.name", cd.Namespace, want.Name)
-		var events []Event
-		if setCondition(cd, st, metav1.ConditionFalse, CondConflict, msg) {
-			events = append(events, Event{corev1.EventTypeWarning, ReasonTemplateConflict, msg})
-		}
-		return events, nil
+		return fmt.Sprintf("ResourceClaimTemplate %s/%s exists and is not this domain's: delete it, or name another in spec.channel.resourceClaimTemplate.name", cd.Namespace, want.Name), nil
 	case SameTemplate(have, want):
-		return nil, nil
+		return "", nil
 	}
 	if err := api.Delete(ctx, have.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &have.UID}}); err != nil && !apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("ComputeDomain %s/%s: replacing ResourceClaimTemplate %s: %w", cd.Namespace, cd.Name, have.Name, err)
+		return "", fmt.Errorf("ComputeDomain %s/%s: replacing ResourceClaimTemplate %s: %w", cd.Namespace, cd.Name, have.Name, err)
 	}
 	if _, err := api.Create(ctx, want, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("ComputeDomain %s/%s: creating ResourceClaimTemplate %s: %w", cd.Namespace, cd.Name, want.Name, err)
+		return "", fmt.Errorf("ComputeDomain %s/%s: creating ResourceClaimTemplate %s: %w", cd.Namespace, cd.Name, want.Name, err)
 	}
 	klog.FromContext(ctx).Info("Replaced the channel template", "computeDomain", klog.KObj(cd), "template", want.Name, "clique", q.Name)
-	return nil, nil
+	return "", nil
 }
 
 // observe sets status.nodes and readiness from the labelled nodes and the

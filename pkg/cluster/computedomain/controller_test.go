@@ -395,6 +395,22 @@ func TestControllerReplace(t *testing.T) {
 			t.Errorf("their template was touched: %v %v", tpl, err)
 		}
 		hasEvents(t, w.drained(), "Warning TemplateConflict ResourceClaimTemplate ml/train-channel exists and is not this domain's")
+		// Said once, not flipping between a fit and the conflict.
+		w.cached("train")
+		w.sync("train")
+		if ev := w.drained(); len(ev) > 0 {
+			t.Errorf("said again: %v", ev)
+		}
+		// Theirs goes: the domain's is written, and the condition says so.
+		if err := w.kube.ResourceV1().ResourceClaimTemplates(ns).Delete(w.ctx, "train-channel", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		w.sync("train")
+		tpl, err := w.template("train-channel")
+		if err != nil || !OwnedBy(tpl, w.domain("train")) || !meta.IsStatusConditionTrue(w.domain("train").Status.Conditions, v1alpha1.ConditionCliqueAssigned) {
+			t.Errorf("after theirs went: template %v %v, conditions %v", tpl, err, w.domain("train").Status.Conditions)
+		}
+		hasEvents(t, w.drained(), "Normal CliqueAssigned")
 	})
 	t.Run("reservations: a second domain does not take what the first still needs", func(t *testing.T) {
 		first := pinned(domain("first", 2), fabric+".2", true)
