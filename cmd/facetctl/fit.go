@@ -8,8 +8,6 @@ import (
 	"os"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/facet-gpu/facet/pkg/cluster/fit"
 	"github.com/facet-gpu/facet/pkg/cluster/occupancy"
@@ -39,15 +37,7 @@ func runFit(args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", *file, err)
 	}
-	cfg, err := kube.Config()
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
+	client, dyn, err := clients(kube)
 	if err != nil {
 		return err
 	}

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"os"
 
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/facet-gpu/facet/pkg/cluster/occupancy"
 )
 
@@ -26,15 +23,7 @@ func runOccupancy(args []string) error {
 	if render == nil {
 		return fmt.Errorf("-o %q: want table, picture or yaml", *output)
 	}
-	cfg, err := kube.Config()
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
+	client, dyn, err := clients(kube)
 	if err != nil {
 		return err
 	}

@@ -2,13 +2,9 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -163,9 +159,9 @@ var controllerRuns int
 
 // startController runs bin/facet-controller as a host process against
 // the node's API server, as the chart's Deployment runs it, with the
-// test's pod template, and returns its log's path and its metrics
-// address.
-func startController(t *testing.T) (string, string) {
+// test's pod template, and returns its log's path once it serves its
+// metrics.
+func startController(t *testing.T) string {
 	t.Helper()
 	controllerRuns++
 	dir := t.TempDir()
@@ -177,17 +173,11 @@ func startController(t *testing.T) (string, string) {
 	testenv.StartProcess(t, log, filepath.Join(e.repo, "bin", "facet-controller"), "--kubeconfig", e.kubeconfig,
 		"--namespace", cdNamespace, "--leader-elect-namespace", cdNamespace, "--imex-pod-template", tpl,
 		"--metrics-addr", "127.0.0.1:0", "--resync", "2s", "-v", "2")
-	re := regexp.MustCompile(`"Serving metrics and health" addr="([^"]+)"`)
-	var addr string
 	waitFor(t, "facet-controller's metrics address in "+log, 30*time.Second, func() (bool, error) {
 		b, _ := os.ReadFile(log)
-		if m := re.FindSubmatch(b); m != nil {
-			addr = string(m[1])
-			return true, nil
-		}
-		return false, fmt.Errorf("log:\n%s", b)
+		return preemptorMetricsRE.Match(b), fmt.Errorf("log:\n%s", b)
 	})
-	return log, addr
+	return log
 }
 
 // channelSlice is a hand-written ResourceSlice of one imex-channel
@@ -235,7 +225,7 @@ func TestComputeDomain(t *testing.T) {
 		_, _ = kubectlErr("delete", "computedomains", "--all", "-n", cdNamespace, "--wait=true", "--timeout=60s")
 		_, _ = kubectlErr("delete", "daemonsets", "--all", "-n", cdNamespace, "--wait=true", "--timeout=60s")
 	})
-	log, metrics := startController(t)
+	log := startController(t)
 	dump := func() string { b, _ := os.ReadFile(log); return string(b) }
 	dyn := dynamicClient(t).Resource(occupancy.ComputeDomains).Namespace(cdNamespace)
 	get := func() (*v1alpha1.ComputeDomain, error) {
@@ -287,7 +277,9 @@ func TestComputeDomain(t *testing.T) {
 			fmt.Errorf("status %+v", cd.Status)
 	})
 	t.Logf("daemon pod Ready and the domain Ready %s after the label", time.Since(start).Round(time.Millisecond))
-	if v := metric(t, metrics, `facet_controller_compute_domains{state="ready"}`); v != 1 {
+	// The controller serves its metrics as facet-preemptor does
+	// (daemon.Serve), and its log says where.
+	if v := (&preemptor{log: log}).metric(t, `facet_controller_compute_domains{state="ready"}`); v != 1 {
 		t.Errorf("facet_controller_compute_domains{state=\"ready\"} %v, want 1", v)
 	}
 
@@ -342,28 +334,6 @@ func hasEvent(t *testing.T, uid types.UID, reason string) bool {
 		}
 	}
 	return false
-}
-
-// metric reads one series from a /metrics address.
-func metric(t *testing.T, addr, series string) float64 {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, l := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(l, series+" "); ok {
-			var f float64
-			if err := json.Unmarshal([]byte(v), &f); err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("no %s in /metrics", series)
-	return 0
 }
 
 // cdSetup makes a fresh cdNamespace, first waiting out one an earlier test

@@ -1,9 +1,7 @@
 package helm
 
 import (
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -20,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
+	"github.com/facet-gpu/facet/internal/testenv"
 	"github.com/facet-gpu/facet/pkg/cluster/computedomain"
 )
 
@@ -79,16 +78,8 @@ func controllerConfig(t *testing.T, c corev1.Container) computedomain.Config {
 	t.Helper()
 	t.Setenv("POD_NAMESPACE", "")
 	var cfg computedomain.Config
-	fs := flag.NewFlagSet("facet-controller", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	cfg.AddFlags(fs)
-	fs.Int("v", 0, "klog verbosity")
-	if err := fs.Parse(c.Args); err != nil {
-		t.Fatalf("args %v: %v", c.Args, err)
-	}
-	if err := cfg.Complete(); err != nil {
-		t.Fatal(err)
-	}
+	testenv.ParseFlags(t, "facet-controller", cfg.AddFlags, c.Args)
+	testenv.WantError(t, cfg.Complete(), "")
 	return cfg
 }
 

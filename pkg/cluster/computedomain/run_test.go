@@ -1,11 +1,10 @@
 package computedomain
 
 import (
-	"flag"
-	"io"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/facet-gpu/facet/internal/testenv"
 )
 
 // TestConfig parses command lines as main does and checks what Complete
@@ -30,21 +29,9 @@ func TestConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("POD_NAMESPACE", tc.podNS)
 			var cfg Config
-			fs := flag.NewFlagSet("facet-controller", flag.ContinueOnError)
-			fs.SetOutput(io.Discard)
-			cfg.AddFlags(fs)
-			if err := fs.Parse(tc.args); err != nil {
-				t.Fatal(err)
-			}
-			err := cfg.Complete()
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want one with %q", err, tc.err)
-				}
+			testenv.ParseFlags(t, "facet-controller", cfg.AddFlags, tc.args)
+			if testenv.WantError(t, cfg.Complete(), tc.err) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			got := cfg.Namespace + " " + cfg.LeaseNamespace + "/" + cfg.LeaseName + " " + cfg.Resync.String()
 			if got != tc.want {
