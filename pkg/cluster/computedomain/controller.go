@@ -713,7 +713,7 @@ func WaitingMessage(pods []string, labelled []*corev1.Node) string {
 		sort.Strings(ns)
 		parts = append(parts, fmt.Sprintf("the kubelet plugin of %d node(s) has not unprepared its channel yet (%s)", len(ns), strings.Join(ns, ", ")))
 	}
-	return "deleted: its IMEX daemons stay until " + strings.Join(parts, ", and ") +
+	return "deleted: its IMEX daemons stay while " + strings.Join(parts, ", and while ") +
 		". A node that is gone for good keeps the label " + Label + ": delete its Node object"
 }
 

@@ -303,7 +303,7 @@ func TestControllerFinalize(t *testing.T) {
 		waitsFor string
 	}{
 		{name: "a pod runs", objs: []runtime.Object{channelClaim(base, "w0", "a1", "worker-0"), node("a1", "10.0.0.1", uid)},
-			waitsFor: "1 pod(s) hold its IMEX channels (ml/worker-0), and the kubelet plugin of 1 node(s) has not unprepared its channel yet (a1)"},
+			waitsFor: "1 pod(s) hold its IMEX channels (ml/worker-0), and while the kubelet plugin of 1 node(s) has not unprepared its channel yet (a1)"},
 		{name: "the pod ended, the node not unprepared yet", objs: []runtime.Object{channelClaim(base, "w0", "a1", ""), node("a1", "10.0.0.1", uid)},
 			waitsFor: "the kubelet plugin of 1 node(s) has not unprepared its channel yet (a1)"},
 		{name: "nothing holds it", objs: []runtime.Object{channelClaim(base, "w0", "", ""), node("a1", "10.0.0.1", "")}, torn: true},
@@ -327,7 +327,7 @@ func TestControllerFinalize(t *testing.T) {
 			if dsErr != nil || !slices.Contains(cd.Finalizers, Finalizer) {
 				t.Errorf("torn down while held: DaemonSet %v, finalizers %v", dsErr, cd.Finalizers)
 			}
-			hasEvents(t, events, "Normal WaitingForPods deleted: its IMEX daemons stay until "+tc.waitsFor)
+			hasEvents(t, events, "Normal WaitingForPods deleted: its IMEX daemons stay while "+tc.waitsFor)
 			// The peer list stays current while it waits.
 			if e := entries(cd.Status.Nodes); !strings.Contains(e, "a1:10.0.0.1") {
 				t.Errorf("status.nodes while waiting: %s", e)
