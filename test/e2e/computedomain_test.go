@@ -53,9 +53,16 @@ spec:
 `
 
 // applyComputeDomainCRD applies the chart's generated CRD and waits until
-// it is served.
+// it is served. A CRD it created goes when t ends: the chart's live tests,
+// which follow on the same node, install it with Helm, which adopts no
+// object it did not make.
 func applyComputeDomainCRD(t *testing.T) {
 	t.Helper()
+	if _, err := kubectlErr("get", "crd", "computedomains.gpu.facet.dev"); err != nil {
+		t.Cleanup(func() {
+			_, _ = kubectlErr("delete", "crd", "computedomains.gpu.facet.dev", "--wait=true", "--timeout=60s")
+		})
+	}
 	kubectl(t, "apply", "--server-side", "--force-conflicts", "-f", filepath.Join(e.repo, "deployments", "helm", "facet", "files", "crds", "gpu.facet.dev_computedomains.yaml"))
 	kubectl(t, "wait", "--for=condition=Established", "--timeout=60s", "crd/computedomains.gpu.facet.dev")
 }
