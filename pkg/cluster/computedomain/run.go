@@ -64,12 +64,13 @@ func (c *Config) Complete() error {
 	if c.Namespace == "" {
 		return errors.New("--namespace: required (or $POD_NAMESPACE): where the IMEX DaemonSets go")
 	}
-	for flagName, ns := range map[string]string{"namespace": c.Namespace, "leader-elect-namespace": c.LeaseNamespace} {
-		if ns == "" && flagName == "leader-elect-namespace" && !c.LeaderElect {
-			continue
-		}
-		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return fmt.Errorf("--%s=%q: not a namespace name: %v", flagName, ns, errs)
+	namespaces := [][2]string{{"namespace", c.Namespace}}
+	if c.LeaderElect {
+		namespaces = append(namespaces, [2]string{"leader-elect-namespace", c.LeaseNamespace})
+	}
+	for _, f := range namespaces {
+		if errs := validation.IsDNS1123Label(f[1]); len(errs) > 0 {
+			return fmt.Errorf("--%s=%q: not a namespace name: %v", f[0], f[1], errs)
 		}
 	}
 	if c.PodTemplate == "" {
