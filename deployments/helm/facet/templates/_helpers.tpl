@@ -299,10 +299,9 @@ metadata:
     app.kubernetes.io/component: imex
 spec:
   serviceAccountName: {{ include "facet.fullname" . }}-imex
+  # The peer list is the nodes' InternalIPs, where nvidia-imex listens
+  # (port 50000): the daemon is in the host's network.
   hostNetwork: true
-  # Its own host-network port is nvidia-imex's (50000); no DNS of the
-  # cluster is needed.
-  dnsPolicy: ClusterFirstWithHostNet
   {{- with $i.priorityClassName }}
   priorityClassName: {{ . }}
   {{- end }}
