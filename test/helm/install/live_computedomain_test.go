@@ -71,7 +71,9 @@ spec:
   numNodes: 1
   channel: {resourceClaimTemplate: {name: train-channel}}
 `, "apply", "-f", "-")
-	t.Cleanup(func() { _, _ = r.Run("", "delete", "computedomain", "-n", ns, "train", "--ignore-not-found", "--wait=true", "--timeout=60s") })
+	t.Cleanup(func() {
+		_, _ = r.Run("", "delete", "computedomain", "-n", ns, "train", "--ignore-not-found", "--wait=true", "--timeout=60s")
+	})
 
 	var uid string
 	testenv.WaitFor(t, "the chart's controller to pin the domain and make its template and DaemonSet", 3*time.Minute, func() (bool, error) {
