@@ -35,13 +35,15 @@ Commands:
            kubelet plugin does at start
   occupancy
            show what each GPU holds: its mode, health, whole-GPU claim, MIG
-           instances, vGPU shares and slots, memory and SM used and free
-           (-o table, picture or yaml)
+           instances, vGPU shares and slots, memory and SM used and free;
+           the NVLink fabric cliques' free IMEX channels, and each
+           ComputeDomain's clique and ready daemons (-o table, picture or yaml)
   classes  print DeviceClasses that name every shape the nodes publish
            (whole GPUs per product family, MIG profiles, vGPU slot and share
            sizes), for quota by class with Kueue (docs/kueue.md)
   fit      run the scheduler's allocator offline: does a claim (or a pod's
-           claims) fit, where, and, where not, why (-f FILE)
+           claims) fit, where, and, where not, why (-f FILE); for a pod of a
+           ComputeDomain, its domain's clique and free IMEX channels
   top      who uses what: each prepared claim's devices, shape, memory
            used and allocated, compute allocated, from the kubelet plugins'
            /metrics (through the API server's pod proxy)

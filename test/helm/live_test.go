@@ -69,7 +69,9 @@ func TestLiveServerDryRun(t *testing.T) {
 	for name, vals := range configurations(t) {
 		t.Run(name, func(t *testing.T) {
 			var objs []object
-			for _, o := range renderAs(t, vals, "facet-dryrun", ns) {
+			// With the IMEX DaemonSet facet-controller makes of the chart's
+			// pod template: the chart deploys it too.
+			for _, o := range podObjects(t, renderAs(t, vals, "facet-dryrun", ns)) {
 				if strings.HasPrefix(o.GetAPIVersion(), "cert-manager.io/") && !certManager {
 					t.Logf("skipped %s %s: cert-manager is not installed", o.GetKind(), o.GetName())
 					continue
@@ -121,6 +123,7 @@ func TestLiveNodeRestriction(t *testing.T) {
 deviceClasses: {enabled: false}
 admission: {policies: {enabled: false}, webhook: {enabled: false}}
 tests: {nodeCheck: {enabled: false}}
+computeDomains: {enabled: false, crd: {install: false}}
 `), release, ns)
 	var install []object
 	for _, o := range objs {

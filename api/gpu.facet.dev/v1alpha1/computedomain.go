@@ -52,6 +52,12 @@ const (
 	ConditionDaemonsReady = "DaemonsReady"
 )
 
+// The CRD computedomains.gpu.facet.dev is made from the kubebuilder markers
+// below and on the fields by `make generate` (controller-gen, into
+// deployments/helm/facet/files/crds): it validates what
+// ValidateComputeDomainSpec does, keeps the spec immutable and serves status
+// as a subresource, which only the controller writes.
+
 // ComputeDomain is a set of nodes of one NVLink fabric clique that run one
 // multi-node job, joined by NVIDIA's IMEX service so that the job's
 // processes can import each other's GPU memory over NVLink. Facet's
@@ -69,10 +75,19 @@ const (
 //
 // +k8s:deepcopy-gen=true
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced,categories=facet
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.spec.numNodes`,description="spec.numNodes: the nodes the job spans"
+// +kubebuilder:printcolumn:name="Template",type=string,JSONPath=`.spec.channel.resourceClaimTemplate.name`,description="the channel ResourceClaimTemplate the job's pods name"
+// +kubebuilder:printcolumn:name="Clique",type=string,JSONPath=`.status.clique`,description="the NVLink fabric clique the domain is pinned to"
+// +kubebuilder:printcolumn:name="Status",type=string,JSONPath=`.status.status`,description="Ready when numNodes IMEX daemons are ready"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ComputeDomain struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
+	// +required
 	Spec   ComputeDomainSpec   `json:"spec"`
 	Status ComputeDomainStatus `json:"status,omitempty"`
 }
@@ -81,6 +96,7 @@ type ComputeDomain struct {
 //
 // +k8s:deepcopy-gen=true
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
+// +kubebuilder:object:root=true
 type ComputeDomainList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
@@ -92,6 +108,7 @@ type ComputeDomainList struct {
 // created.
 //
 // +k8s:deepcopy-gen=true
+// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec is immutable: delete the ComputeDomain and create it anew"
 type ComputeDomainSpec struct {
 	// NumNodes is how many nodes the job spans, 1 to MaxComputeDomainNodes.
 	// Required. The controller pins the domain to a clique with this many
@@ -99,8 +116,14 @@ type ComputeDomainSpec struct {
 	// are. NVIDIA's field of the same name is optional and deprecated
 	// there; Facet needs it to place the domain in one clique before any
 	// pod is scheduled.
+	//
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=64
 	NumNodes int32 `json:"numNodes"`
 	// Channel is the ResourceClaimTemplate the domain's pods use.
+	//
+	// +required
 	Channel ComputeDomainChannelSpec `json:"channel"`
 }
 
@@ -116,8 +139,14 @@ type ComputeDomainChannelSpec struct {
 	// ResourceClaimTemplate is the template the controller creates in the
 	// domain's namespace; the job's pods name it in
 	// spec.resourceClaims[].resourceClaimTemplateName.
+	//
+	// +required
 	ResourceClaimTemplate ComputeDomainResourceClaimTemplate `json:"resourceClaimTemplate"`
 	// AllocationMode is Single (default) or All.
+	//
+	// +optional
+	// +kubebuilder:validation:Enum=Single;All
+	// +kubebuilder:default=Single
 	AllocationMode ChannelAllocationMode `json:"allocationMode,omitempty"`
 }
 
@@ -126,6 +155,11 @@ type ComputeDomainChannelSpec struct {
 // +k8s:deepcopy-gen=true
 type ComputeDomainResourceClaimTemplate struct {
 	// Name is a DNS subdomain name, unique in the namespace.
+	//
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	Name string `json:"name"`
 }
 
@@ -136,6 +170,9 @@ type ComputeDomainResourceClaimTemplate struct {
 // +k8s:deepcopy-gen=true
 type ComputeDomainStatus struct {
 	// Status is Ready when NumNodes daemons are ready, else NotReady.
+	//
+	// +optional
+	// +kubebuilder:validation:Enum=Ready;NotReady
 	Status ComputeDomainState `json:"status,omitempty"`
 	// Clique is the NVLink fabric clique the domain is pinned to,
 	// "<fabricClusterUUID>.<fabricCliqueID>" (the GPUs' published
@@ -144,8 +181,16 @@ type ComputeDomainStatus struct {
 	Clique string `json:"clique,omitempty"`
 	// Nodes are the nodes where a channel claim of the domain is prepared
 	// or being prepared, one entry per node, sorted by Index.
+	//
+	// +optional
+	// +listType=map
+	// +listMapKey=name
 	Nodes []ComputeDomainNode `json:"nodes,omitempty"`
 	// Conditions are CliqueAssigned and DaemonsReady.
+	//
+	// +optional
+	// +listType=map
+	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
@@ -163,8 +208,12 @@ type ComputeDomainNode struct {
 	// Index is the node's stable place in the peer list, 0 to NumNodes-1:
 	// kept while the node stays in the domain, so a peer list never
 	// reorders under a running daemon.
+	//
+	// +kubebuilder:validation:Minimum=0
 	Index int32 `json:"index"`
 	// Status is the readiness of the node's IMEX daemon.
+	//
+	// +kubebuilder:validation:Enum=Ready;NotReady
 	Status ComputeDomainState `json:"status"`
 }
 
