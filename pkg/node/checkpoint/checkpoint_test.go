@@ -158,3 +158,23 @@ func TestUsage(t *testing.T) {
 		t.Fatalf("Usage() = %d bytes, %d records, %v; want %d bytes, 3 records", b, n, err, want)
 	}
 }
+
+// TestFromOtherBoot: only a record and a node that both know their boot
+// IDs, and differ, are of another boot.
+func TestFromOtherBoot(t *testing.T) {
+	for _, tc := range []struct {
+		name, record, now string
+		want              bool
+	}{
+		{"same boot", "b1", "b1", false},
+		{"rebooted since", "b1", "b2", true},
+		{"record of an earlier version", "", "b2", false},
+		{"boot ID unreadable now", "b1", "", false},
+		{"neither known", "", "", false},
+	} {
+		c := &Claim{BootID: tc.record}
+		if got := c.FromOtherBoot(tc.now); got != tc.want {
+			t.Errorf("%s: FromOtherBoot(%q) of a record of boot %q = %v, want %v", tc.name, tc.now, tc.record, got, tc.want)
+		}
+	}
+}
