@@ -37,9 +37,9 @@ import (
 	"github.com/facet-gpu/facet/pkg/node/claimstatus"
 	"github.com/facet-gpu/facet/pkg/node/dradriver"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
-	"github.com/facet-gpu/facet/pkg/node/healthz"
 	"github.com/facet-gpu/facet/pkg/node/nodeevents"
 	"github.com/facet-gpu/facet/pkg/node/nodemetrics"
+	"github.com/facet-gpu/facet/pkg/node/probes"
 	"github.com/facet-gpu/facet/pkg/node/publisher"
 	"github.com/facet-gpu/facet/pkg/node/sharing"
 )
@@ -470,11 +470,11 @@ func (p *process) serveHealth(ctx context.Context) error {
 	if f.HealthAddr == "" {
 		return nil
 	}
-	reg, dra := healthz.Sockets(f.RegistrarDir, f.PluginsDir, f.PodUID)
-	return healthz.Serve(ctx, f.HealthAddr, &healthz.Checker{
+	reg, dra := probes.Sockets(f.RegistrarDir, f.PluginsDir, f.PodUID)
+	return probes.Serve(ctx, f.HealthAddr, &probes.Checker{
 		RegistrarSocket: reg, DRASocket: dra,
 		Registered:      p.helper.RegistrationStatus,
-		SlicesPublished: healthz.SlicesPublished(p.client, f.NodeName, p.want),
+		SlicesPublished: probes.SlicesPublished(p.client, f.NodeName, p.want),
 		Timeout:         5 * time.Second,
 		Metrics:         p.m.Handler(),
 	})
