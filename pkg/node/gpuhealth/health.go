@@ -33,7 +33,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -285,11 +284,7 @@ func (m *Monitor) saveLocked() error {
 		f.Faults = append(f.Faults, *ft)
 	}
 	sort.Slice(f.Faults, func(i, j int) bool { return f.Faults[i].GPU < f.Faults[j].GPU })
-	data, err := json.MarshalIndent(f, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Dir(m.o.Path), filepath.Base(m.o.Path), ".health-", append(data, '\n'), 0o600)
+	return atomicfile.WriteJSON(m.o.Path, ".health-", f, 0o600)
 }
 
 // RecoverRequest is one entry of the names.AnnotationRecover annotation.
