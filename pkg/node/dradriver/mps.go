@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -332,12 +333,7 @@ func (m *mpsClients) sync(ctx context.Context, claims []*checkpoint.Claim) {
 		klog.FromContext(ctx).Error(err, "Restoring MPS control daemons; claims on them retry at their next prepare")
 	}
 	for _, gpu := range restarted {
-		claims := make([]types.UID, 0, len(holders[gpu]))
-		for uid := range holders[gpu] {
-			claims = append(claims, uid)
-		}
-		sort.Slice(claims, func(i, j int) bool { return claims[i] < claims[j] })
-		m.restarted(ctx, gpu, claims)
+		m.restarted(ctx, gpu, slices.Sorted(maps.Keys(holders[gpu])))
 	}
 }
 
