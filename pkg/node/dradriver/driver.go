@@ -248,6 +248,13 @@ func (d *Driver) leave(ctx context.Context) {
 	}
 }
 
+// The kubelet plugin helper serves both: DRAPlugin's calls, and the
+// health stream where the driver has it.
+var (
+	_ kubeletplugin.DRAPlugin                   = (*Driver)(nil)
+	_ drahealthv1alpha1.DRAResourceHealthServer = (*Driver)(nil)
+)
+
 // What the plugin around the driver reads of it and tells it.
 
 // BootID is the boot ID New read ("" if it could not), for the other
