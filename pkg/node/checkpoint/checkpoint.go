@@ -98,6 +98,14 @@ type Claim struct {
 	Pods []string `json:"pods,omitempty"`
 }
 
+// FromOtherBoot tells whether the record was written before the last
+// reboot: its BootID and bootID, this boot's, both known and different.
+// A record without one (earlier versions), or a node whose boot ID is
+// unknown (""), is not judged: its claim is verified on re-prepare instead.
+func (c *Claim) FromOtherBoot(bootID string) bool {
+	return c.BootID != "" && bootID != "" && c.BootID != bootID
+}
+
 // Device is one allocated device as prepared.
 type Device struct {
 	// Requests are the claim's request names the device was allocated for.

@@ -219,3 +219,23 @@ func TestPeekAll(t *testing.T) {
 		t.Errorf("PeekAll created %s: %v", missing, err)
 	}
 }
+
+// TestFromOtherBoot: only a record and a node that both know their boot
+// IDs, and differ, are of another boot.
+func TestFromOtherBoot(t *testing.T) {
+	for _, tc := range []struct {
+		name, record, now string
+		want              bool
+	}{
+		{"same boot", "b1", "b1", false},
+		{"rebooted since", "b1", "b2", true},
+		{"record of an earlier version", "", "b2", false},
+		{"boot ID unreadable now", "b1", "", false},
+		{"neither known", "", "", false},
+	} {
+		c := &Claim{BootID: tc.record}
+		if got := c.FromOtherBoot(tc.now); got != tc.want {
+			t.Errorf("%s: FromOtherBoot(%q) of a record of boot %q = %v, want %v", tc.name, tc.now, tc.record, got, tc.want)
+		}
+	}
+}
