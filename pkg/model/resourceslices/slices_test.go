@@ -479,7 +479,9 @@ func TestTopologyAttributes(t *testing.T) {
 		{"gb200-nvl72-tray", map[resourceapi.QualifiedName]string{names.AttrNVLinkDomain: "domain", names.AttrNVLinkLinks: "18",
 			names.AttrNVLinkBandwidth: "1800", names.AttrFabricCluster: "6f1a2b3c-4d5e-4f60-8a1b-2c3d4e5f6a7b", names.AttrFabricClique: "32766"},
 			map[int][]int{0: {0, 1, 2, 3}}},
-		{"dgx-h100", map[resourceapi.QualifiedName]string{}, nil},
+		{"dgx-h100", map[resourceapi.QualifiedName]string{names.AttrNVLinkDomain: "domain", names.AttrNVLinkLinks: "18",
+			names.AttrNVLinkBandwidth: "900"},
+			map[int][]int{0: {0, 1, 2, 3, 4, 5, 6, 7}}},
 		{"l4x4", map[resourceapi.QualifiedName]string{}, nil},
 	} {
 		for _, mode := range inventory.Modes {
