@@ -83,6 +83,10 @@ type Driver struct {
 	drahealthv1alpha1.UnimplementedDRAResourceHealthServer
 	// nodeLock is Options.NodeLock's; nil without one.
 	nodeLock *nodeLock
+	// domains is Options.Domains; cdMu serialises what decides the node's
+	// compute-domain label from the checkpoint (channel.go).
+	domains ComputeDomains
+	cdMu    sync.Mutex
 }
 
 type claimRef struct {
@@ -150,6 +154,10 @@ type Options struct {
 	// reloaded from the checkpoint after another process changed it (see
 	// nodeLock). Empty: this process is the node's only plugin.
 	NodeLock string
+	// Domains reads ComputeDomains and labels the node for IMEX channel
+	// claims (package computedomain). Nil: channel claims fail, and the
+	// label is never touched.
+	Domains ComputeDomains
 }
 
 // New restores the prepared claims from the checkpoint, rolls back claims
@@ -184,6 +192,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		faults:         map[string]gpuhealth.Fault{},
 		healthSubs:     map[chan struct{}]struct{}{},
 		migUseCh:       make(chan struct{}, 1),
+		domains:        o.Domains,
 	}
 	if d.sharing == nil {
 		d.sharing = sharing.Fixed(o.HAMi, o.HAMiUnavailable, o.MPS, o.MPSUnavailable)

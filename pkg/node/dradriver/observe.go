@@ -2,6 +2,7 @@ package dradriver
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"time"
 
@@ -75,11 +76,14 @@ func (d *Driver) claimKind(claim *resourceapi.ResourceClaim) string {
 		if r.Driver != names.Driver {
 			continue
 		}
-		dev, ok := d.inv.Device(r.Device)
-		if !ok {
-			return nodemetrics.KindUnknown
+		k := kindIMEXChannel
+		if r.Device != names.IMEXChannelDevice {
+			dev, ok := d.inv.Device(r.Device)
+			if !ok {
+				return nodemetrics.KindUnknown
+			}
+			k = deviceKind(dev, r.ShareID != nil)
 		}
-		k := deviceKind(dev, r.ShareID != nil)
 		if kind != "" && k != kind {
 			return nodemetrics.KindMixed
 		}
@@ -134,9 +138,13 @@ func (d *Driver) observedPrepare(ctx context.Context, claim *resourceapi.Resourc
 	start := time.Now()
 	devices, err := d.prepareClaim(ctx, claim)
 	d.obs.metrics.ObservePrepare(d.claimKind(claim), time.Since(start), err)
-	if err != nil {
+	var waiting *DaemonNotReadyError
+	switch {
+	case errors.As(err, &waiting):
+		d.obs.claimEvent(claim, corev1.EventTypeNormal, ReasonWaitingForIMEXDaemon, err.Error())
+	case err != nil:
 		d.obs.prepareFailed(claim, err)
-	} else {
+	default:
 		d.obs.statusChanged(claim.Namespace, claim.Name, claim.UID)
 	}
 	return devices, err
@@ -146,6 +154,12 @@ func (d *Driver) observedPrepare(ctx context.Context, claim *resourceapi.Resourc
 // the removal of its status entries.
 func (d *Driver) observedUnprepare(ctx context.Context, claim kubeletplugin.NamespacedObject) error {
 	kind := d.heldKind(claim.UID)
+	if kind == nodemetrics.KindUnknown {
+		// A channel claim holds no GPU: its record says.
+		if rec, err := d.store.Get(claim.UID); err == nil && rec != nil && rec.ComputeDomain != nil {
+			kind = kindIMEXChannel
+		}
+	}
 	start := time.Now()
 	err := d.unprepareClaim(ctx, claim)
 	d.obs.metrics.ObserveUnprepare(kind, time.Since(start), err)
@@ -315,6 +329,13 @@ func fullSlices(g *inventory.GPU) int {
 }
 
 var _ nodemetrics.ClaimSource = (*Driver)(nil)
+
+// nodeEvent raises an Event on the Node, as the kubelet refers to it.
+func (o *observer) nodeEvent(node, eventType, reason, msg string) {
+	if o.events != nil {
+		o.events.Event(&corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}, eventType, reason, msg)
+	}
+}
 
 // claimEvent raises an Event on the claim and on each pod it is reserved
 // for, where a user looks first.

@@ -54,6 +54,9 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 	if err != nil {
 		return nil, "", err
 	}
+	if d.isChannelClaim(claim) || (rec != nil && rec.ComputeDomain != nil) {
+		return d.prepareChannel(ctx, claim, rec)
+	}
 	if rec != nil && rec.State == checkpoint.StatePrepared {
 		outcome, err := d.reprepare(ctx, claim, rec)
 		return rec, outcome, err
@@ -222,7 +225,7 @@ func describeDevices(devs []checkpoint.Device) []string {
 			if dev.ShareID != nil {
 				fmt.Fprintf(&b, ", share %s", *dev.ShareID)
 			}
-		default:
+		case dev.GPUUUID != "":
 			fmt.Fprintf(&b, " %s", dev.GPUUUID)
 		}
 		b.WriteString(")")
@@ -451,6 +454,13 @@ func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Cl
 		return err
 	}
 	d.failpoint("rollback/removed-spec")
+	if rec != nil && rec.ComputeDomain != nil {
+		// Before the record goes: a failure leaves the record, so the
+		// next unprepare or start tries again.
+		if err := d.releaseNode(ctx, rec); err != nil {
+			return err
+		}
+	}
 	if h, _ := d.sharing.HAMi(); h != nil {
 		if err := h.Cleanup(uid); err != nil {
 			return err

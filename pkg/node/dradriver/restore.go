@@ -57,6 +57,7 @@ func (d *Driver) restore(ctx context.Context) error {
 		d.reconcileMIG(ctx, owned, destroy)
 	}
 	d.restoreMPS(ctx)
+	d.reconcileLabel(ctx)
 	return nil
 }
 
@@ -102,6 +103,13 @@ func (d *Driver) restoreClaim(ctx context.Context, c *checkpoint.Claim, owned ma
 			}
 		}
 	}
+	if c.State != checkpoint.StatePrepared && c.ComputeDomain != nil {
+		// A channel claim waiting for its IMEX daemon has nothing to roll
+		// back but its label, which keeps the daemon coming: kept, for
+		// the kubelet's next retry or its unprepare.
+		logger.Info("Channel claim waiting for its IMEX daemon kept", "claim", ref, "computeDomain", c.ComputeDomain.Namespace+"/"+c.ComputeDomain.Name)
+		return
+	}
 	if c.State != checkpoint.StatePrepared {
 		logger.Info("Rolling back a claim whose preparation was interrupted", "claim", ref)
 		if err := d.rollback(ctx, c.UID, c); err != nil {
@@ -145,6 +153,9 @@ func (d *Driver) removeOrphans(ctx context.Context, what string, list func() ([]
 // instances it owns.
 func (d *Driver) restoreUses(ctx context.Context, ref claimRef, c *checkpoint.Claim, owned map[string]bool) {
 	for _, dev := range c.Devices {
+		if dev.Kind == kindIMEXChannel {
+			continue // on no GPU
+		}
 		if err := d.occ.admit(dev.GPUUUID, d.limits(dev.GPUUUID), useOf(ref, dev)); err != nil {
 			// Two records overlap: do not guess which is right.
 			klog.FromContext(ctx).Error(err, "Checkpoint records conflict", "claim", ref)
