@@ -117,6 +117,9 @@ var (
 		"feature-gates": true, "mig-layouts": true, "feature-detection-interval": true,
 		"health-addr": true, "gpu-health-probe-interval": true, "gpu-health-quiet-period": true, "pod-uid": true, "probe": true,
 		"mps": true, "mps-check-interval": true, "hami-library-sha256": true,
+		// Default auto; the chart leaves it so (ComputeDomains need no
+		// value of the plugin's: off only where the fabric is not Facet's).
+		"compute-domains": true,
 	}
 	forbiddenFlags = map[string]string{
 		"kubeconfig": "the plugin runs in-cluster",

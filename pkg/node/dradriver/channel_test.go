@@ -372,8 +372,10 @@ func TestChannelPrepare(t *testing.T) {
 			wantErr: `request "gpu": device node-a/gpu-0: a claim with an IMEX channel holds it alone`,
 		},
 		{
-			name:    "ComputeDomains not listed yet",
-			setup:   func(u *channelUnit) { u.domains.unsynced = errors.New("ComputeDomains (computedomains.gpu.facet.dev) not listed yet: no CRD") },
+			name: "ComputeDomains not listed yet",
+			setup: func(u *channelUnit) {
+				u.domains.unsynced = errors.New("ComputeDomains (computedomains.gpu.facet.dev) not listed yet: no CRD")
+			},
 			claim:   channelClaim("ns", "train-channel-a", trainCfg),
 			wantErr: "not listed yet: no CRD",
 		},
