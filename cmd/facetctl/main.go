@@ -62,6 +62,11 @@ Commands:
            claim's environment, and print what each delivers against what
            it publishes; unprepares and leaves nothing behind (--machine:
            every step but the probe)
+  imex-channels
+           on a GPU node: the driver's IMEX channels as the plugin reads them
+           (the nvidia-caps-imex-channels major in /proc/devices, the
+           ImexChannelCount in /proc/driver/nvidia/params), and the host's
+           channel device nodes checked against them; reads only
   install-cdi-hook
            copy the image's nvidia-cdi-hook onto the node (--dir), where the
            CDI specs' hooks run it, and check that it runs (the chart's init
@@ -110,6 +115,8 @@ func main() {
 		err = runNodeCheck(os.Args[2:], os.Stdout, os.Stderr)
 	case "install-cdi-hook":
 		err = runInstallCDIHook(os.Args[2:])
+	case "imex-channels":
+		err = runIMEXChannels(os.Args[2:], os.Stdout)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return

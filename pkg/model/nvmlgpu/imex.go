@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
@@ -140,4 +141,68 @@ func (c IMEXChannels) DeviceNode(n int) (*cdispec.DeviceNode, error) {
 		Minor:    int64(n),
 		FileMode: &mode,
 	}, nil
+}
+
+// ChannelNode is an IMEX channel's device node as a host has it.
+type ChannelNode struct {
+	// Path is the node's path, under the dev root.
+	Path string
+	// Channel is the channel its name says, channel<N>; -1 for a name
+	// that says none.
+	Channel int
+	// Major and Minor are the node's device numbers (0 for a file that is
+	// no character device).
+	Major, Minor uint32
+	// Problem says what is wrong with the node against the driver's
+	// numbers; empty when nothing is.
+	Problem string
+}
+
+// CheckIMEXChannelNodes lists the channel device nodes under
+// <devRoot>/dev/nvidia-caps-imex-channels and checks each against c: a
+// character device of c's major whose minor is the channel its name gives,
+// below c.Count. It only reads (stat, no open): a check of Facet's reader
+// on a real node. A host without the directory has no nodes, which is
+// usual: the driver creates only channel0 (NVreg_CreateImexChannel0=1),
+// and Facet's CDI specs have the container runtime create the node in the
+// container. Errors: the directory cannot be read.
+func CheckIMEXChannelNodes(devRoot string, c *IMEXChannels) ([]ChannelNode, error) {
+	dir := filepath.Join(devRoot, IMEXChannelDir)
+	entries, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("IMEX channel nodes: %w", err)
+	}
+	var out []ChannelNode
+	for _, e := range entries {
+		n := ChannelNode{Path: filepath.Join(dir, e.Name()), Channel: -1}
+		if s, ok := strings.CutPrefix(e.Name(), "channel"); ok {
+			if v, err := strconv.Atoi(s); err == nil && v >= 0 && strconv.Itoa(v) == s {
+				n.Channel = v
+			}
+		}
+		var st unix.Stat_t
+		switch err := unix.Lstat(n.Path, &st); {
+		case err != nil:
+			n.Problem = err.Error()
+		case st.Mode&unix.S_IFMT != unix.S_IFCHR:
+			n.Problem = "not a character device"
+		default:
+			n.Major, n.Minor = unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev))
+			switch {
+			case n.Channel < 0:
+				n.Problem = "its name is not channel<N>"
+			case n.Major != c.Major:
+				n.Problem = fmt.Sprintf("major %d, but %s is %d", n.Major, IMEXChannelsDriverName, c.Major)
+			case n.Minor != uint32(n.Channel):
+				n.Problem = fmt.Sprintf("minor %d, but channel %d is minor %d", n.Minor, n.Channel, n.Channel)
+			case n.Channel >= c.Count:
+				n.Problem = fmt.Sprintf("the driver offers channels 0-%d", c.Count-1)
+			}
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }

@@ -1,10 +1,14 @@
 package nvmlgpu
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestReadIMEXChannels reads the proc roots of testdata/imex. Their
@@ -95,5 +99,57 @@ func TestIMEXChannelDeviceNode(t *testing.T) {
 		if d.Path != tc.path || d.HostPath != "" || d.Type != "c" || d.Major != 242 || d.Minor != int64(tc.n) || d.FileMode == nil || *d.FileMode != os.FileMode(0o666) {
 			t.Errorf("DeviceNode(%d) = %+v, want c 242:%d at %s mode 0666", tc.n, *d, tc.n, tc.path)
 		}
+	}
+}
+
+// TestCheckIMEXChannelNodes: the channel nodes a host has are checked
+// against the driver's numbers, read only; none at all is fine. Device
+// nodes need mknod, so the cases that make them need root.
+func TestCheckIMEXChannelNodes(t *testing.T) {
+	c := &IMEXChannels{Major: 242, Count: 16}
+	if nodes, err := CheckIMEXChannelNodes(t.TempDir(), c); err != nil || len(nodes) != 0 {
+		t.Fatalf("no directory: %v, %v; want nothing", nodes, err)
+	}
+	root := t.TempDir()
+	dir := filepath.Join(root, IMEXChannelDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mk := func(name string, major, minor uint32) {
+		if err := unix.Mknod(filepath.Join(dir, name), unix.S_IFCHR|0o666, int(unix.Mkdev(major, minor))); err != nil {
+			if errors.Is(err, os.ErrPermission) {
+				t.Skipf("mknod needs root: %v", err)
+			}
+			t.Fatal(err)
+		}
+	}
+	mk("channel0", 242, 0)
+	mk("channel3", 242, 3)
+	mk("channel1", 241, 1)
+	mk("channel2", 242, 5)
+	mk("channel20", 242, 20)
+	mk("imex", 242, 0)
+	if err := os.WriteFile(filepath.Join(dir, "channel4"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := CheckIMEXChannelNodes(root, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, n := range nodes {
+		got[filepath.Base(n.Path)] = fmt.Sprintf("%d %d:%d %s", n.Channel, n.Major, n.Minor, n.Problem)
+	}
+	want := map[string]string{
+		"channel0":  "0 242:0 ",
+		"channel3":  "3 242:3 ",
+		"channel1":  "1 241:1 major 241, but nvidia-caps-imex-channels is 242",
+		"channel2":  "2 242:5 minor 5, but channel 2 is minor 2",
+		"channel20": "20 242:20 the driver offers channels 0-15",
+		"imex":      "-1 242:0 its name is not channel<N>",
+		"channel4":  "4 0:0 not a character device",
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("nodes\n%v\nwant\n%v", got, want)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -436,4 +437,34 @@ func (d *Driver) reconcileLabelOnce(ctx context.Context) error {
 		why = fmt.Sprintf("ComputeDomain %s/%s, whose channel claims %s the checkpoint holds at start", cd.Namespace, cd.Name, claimNames(held[want]))
 	}
 	return d.setLabelLocked(ctx, want, why)
+}
+
+// holdWhileChannelsWait reports the prepared claims of a call as waiting
+// too while a channel claim of the same call waits for its IMEX daemon;
+// what was prepared stays prepared, and the kubelet's retry gets it as
+// "already prepared". The kubelet prepares a pod's claims of one driver in
+// one call, and before kubernetes#140274 (Kubernetes 1.37; not in 1.35.4
+// or 1.36.3) it keeps the devices of a claim that succeeded in a call that
+// failed, unmarked, and appends them again at the retry: the runtime gets
+// the GPU claim's CDI devices twice, and with ResourceHealthStatus on the
+// API server refuses the pod's status (a duplicate resourceID), so the
+// pod runs but shows Pending. A call whose every claim fails leaves
+// nothing behind.
+func holdWhileChannelsWait(claims []*resourceapi.ResourceClaim, res map[types.UID]kubeletplugin.PrepareResult) {
+	var waiting []string
+	for _, c := range claims {
+		var e *DaemonNotReadyError
+		if errors.As(res[c.UID].Err, &e) {
+			waiting = append(waiting, fmt.Sprintf("%s/%s (%s)", c.Namespace, c.Name, e))
+		}
+	}
+	if len(waiting) == 0 {
+		return
+	}
+	for _, c := range claims {
+		if r := res[c.UID]; r.Err == nil {
+			res[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: prepared, and held back with the pod's channel claim %s: the kubelet prepares a pod's claims together",
+				c.Namespace, c.Name, strings.Join(waiting, ", "))}
+		}
+	}
 }

@@ -654,3 +654,41 @@ func TestChannelRestartRetriesLabel(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestChannelHoldsTheBatch: a pod's GPU claim, prepared in the same call
+// as its channel claim that waits, is reported waiting too, and stays
+// prepared: the kubelet (before kubernetes#140274) would otherwise hand
+// the runtime its devices twice. Once the daemon is ready both succeed.
+func TestChannelHoldsTheBatch(t *testing.T) {
+	u := newChannelUnit(t)
+	gpu := claim("trainer-gpu", "gpu-0")
+	ch := channelClaim("ns", "trainer-channel", trainCfg)
+	res, err := u.d.PrepareResourceClaims(u.ctx, []*resourceapi.ResourceClaim{gpu, ch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var notReady *DaemonNotReadyError
+	if !errors.As(res[ch.UID].Err, &notReady) {
+		t.Fatalf("channel claim: %v", res[ch.UID].Err)
+	}
+	if e := res[gpu.UID].Err; e == nil || !strings.Contains(e.Error(), "claim ns/trainer-gpu: prepared, and held back with the pod's channel claim ns/trainer-channel (ComputeDomain ns/train: IMEX daemon on node node-a is not ready yet)") || len(res[gpu.UID].Devices) != 0 {
+		t.Fatalf("GPU claim: %+v", res[gpu.UID])
+	}
+	if rec := u.record(gpu); rec == nil || rec.State != checkpoint.StatePrepared {
+		t.Fatalf("GPU claim's record %+v, want it prepared", rec)
+	}
+	u.domains.setReady("ns", "train", node, true)
+	res, err = u.d.PrepareResourceClaims(u.ctx, []*resourceapi.ResourceClaim{gpu, ch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*resourceapi.ResourceClaim{gpu, ch} {
+		if r := res[c.UID]; r.Err != nil || len(r.Devices) != 1 {
+			t.Errorf("%s: %+v", c.Name, r)
+		}
+	}
+	// Alone, or with claims that are ready, nothing is held.
+	if err := u.prepare(claim("alone", "gpu-1")); err != nil {
+		t.Fatal(err)
+	}
+}

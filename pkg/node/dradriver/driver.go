@@ -243,7 +243,7 @@ func (d *Driver) limits(gpuUUID string) gpuLimits {
 // PrepareResourceClaims prepares each claim independently and concurrently:
 // one claim's failure is reported for that claim alone.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	return eachClaim(ctx, d, claims,
+	res := eachClaim(ctx, d, claims,
 		func(claim *resourceapi.ResourceClaim) types.UID { return claim.UID },
 		func(err error) kubeletplugin.PrepareResult { return kubeletplugin.PrepareResult{Err: err} },
 		func(claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {
@@ -253,7 +253,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 				err = fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 			}
 			return kubeletplugin.PrepareResult{Devices: devices, Err: err}
-		}), nil
+		})
+	holdWhileChannelsWait(claims, res)
+	return res, nil
 }
 
 // UnprepareResourceClaims undoes prepare; unknown claims succeed.
