@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -162,8 +163,9 @@ spec:
 	major, _ := sim.SimulatedIMEXChannels()
 	ls := execIn(t, "trainer", "", "ls -l /dev/nvidia-caps-imex-channels/")
 	t.Logf("ls -l /dev/nvidia-caps-imex-channels/:\n%s", ls)
-	if want := fmt.Sprintf("%d, 0 ", major); !strings.HasPrefix(lastLine(ls), "c") || !strings.Contains(lastLine(ls), want) || !strings.HasSuffix(lastLine(ls), " channel0") {
-		t.Errorf("the container's channels:\n%s\nwant channel0, a character device %d:0", ls, major)
+	// busybox: "crw-rw-rw-    1 root     root       62,   0 Nov 29 04:16 channel0"
+	if m := channelLine.FindStringSubmatch(lastLine(ls)); m == nil || m[1] != "crw-rw-rw-" || m[2] != fmt.Sprint(major) || m[3] != "0" || m[4] != "channel0" {
+		t.Errorf("the container's channels:\n%s\nwant channel0 alone, a character device %d:0 of mode 0666", ls, major)
 	}
 	env := envOf(execIn(t, "trainer", "", "env"))
 	for k, want := range map[string]string{
@@ -196,6 +198,9 @@ spec:
 		t.Errorf("checkpoint record of the channel claim: %+v, %v; want none", rec, err)
 	}
 }
+
+// channelLine is a device node's line of ls -l: mode, major, minor, name.
+var channelLine = regexp.MustCompile(`^(c\S+)\s+\d+\s+\S+\s+\S+\s+(\d+),\s*(\d+)\s.*\s(\S+)$`)
 
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
