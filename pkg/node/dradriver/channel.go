@@ -169,7 +169,7 @@ func (d *Driver) prepareChannel(ctx context.Context, claim *resourceapi.Resource
 		return rec, "", err
 	}
 	d.failpoint("prepare/channel-labelled")
-	if !nodeReady(dom, d.nodeName) {
+	if !d.awaitDaemon(ctx, dom) {
 		return rec, "", &DaemonNotReadyError{Namespace: claim.Namespace, Name: p.cfg.DomainName, Node: d.nodeName}
 	}
 	common, dev, err := d.channelEdits(rec, p.cfg)
@@ -212,6 +212,32 @@ func (d *Driver) checkDomain(ctx context.Context, claim *resourceapi.ResourceCla
 			dom.Namespace, dom.Name, dom.Status.Clique, d.nodeName, d.inv.IMEXChannel.Clique())
 	}
 	return dom, false, nil
+}
+
+// DefaultDaemonWait is how long a channel claim's prepare waits for the
+// node's IMEX daemon to turn Ready before it fails (Options.DaemonWait):
+// within the kubelet's 45 s NodePrepareResources timeout, and enough for a
+// daemon the label just pulled onto the node. The kubelet's retry of a
+// failed prepare came 51 to 88 s later on Kubernetes 1.35.4 (test/e2e
+// TestComputeDomainChannel), which a daemon that is Ready a moment after
+// the label would otherwise cost the pod.
+const DefaultDaemonWait = 20 * time.Second
+
+// awaitDaemon waits, at most d.daemonWait and while ctx lasts, for the
+// domain's status to have the node's IMEX daemon Ready, reading the
+// domains' cache; dom is the domain as prepare found it.
+func (d *Driver) awaitDaemon(ctx context.Context, dom *configapi.ComputeDomain) bool {
+	if nodeReady(dom, d.nodeName) {
+		return true
+	}
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, d.daemonWait, false, func(ctx context.Context) (bool, error) {
+		cur, err := d.domains.Domain(ctx, dom.Namespace, dom.Name)
+		if err != nil || cur.UID != dom.UID {
+			return false, err // the next prepare says why
+		}
+		return nodeReady(cur, d.nodeName), nil
+	})
+	return err == nil
 }
 
 // nodeReady says whether the domain's status has node's IMEX daemon Ready.

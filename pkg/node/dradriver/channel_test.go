@@ -172,7 +172,7 @@ func (u *channelUnit) start() {
 		u.t.Fatal(err)
 	}
 	u.d, err = New(u.ctx, Options{NodeName: node, Inventory: u.inv, Store: u.store, CDI: writer, Edits: fake.Edits{},
-		BootIDPath: bootID, Domains: u.domains, Events: u.events})
+		BootIDPath: bootID, Domains: u.domains, Events: u.events, DaemonWait: testDaemonWait})
 	if err != nil {
 		u.t.Fatal(err)
 	}
@@ -218,6 +218,9 @@ func channelClaim(ns, name, cfg string, devices ...string) *resourceapi.Resource
 }
 
 const trainCfg = `"domainUID":"uid-train","domainName":"train"`
+
+// testDaemonWait is how long the tests' prepares wait for a daemon.
+const testDaemonWait = 300 * time.Millisecond
 
 func (u *channelUnit) prepare(c *resourceapi.ResourceClaim) error {
 	u.t.Helper()
@@ -690,5 +693,29 @@ func TestChannelHoldsTheBatch(t *testing.T) {
 	// Alone, or with claims that are ready, nothing is held.
 	if err := u.prepare(claim("alone", "gpu-1")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestChannelAwaitsTheDaemon: a daemon that turns Ready while the prepare
+// waits for it serves the claim in that one prepare; one that does not
+// fails it once the wait is over, not before.
+func TestChannelAwaitsTheDaemon(t *testing.T) {
+	u := newChannelUnit(t)
+	c := channelClaim("ns", "train-channel-a", trainCfg)
+	go func() {
+		time.Sleep(testDaemonWait / 3)
+		u.domains.setReady("ns", "train", node, true)
+	}()
+	if err := u.prepare(c); err != nil {
+		t.Fatalf("prepare with the daemon turning Ready within the wait: %v", err)
+	}
+	u2 := newChannelUnit(t)
+	start := time.Now()
+	var notReady *DaemonNotReadyError
+	if err := u2.prepare(c); !errors.As(err, &notReady) {
+		t.Fatalf("prepare: %v", err)
+	}
+	if took := time.Since(start); took < testDaemonWait {
+		t.Errorf("failed after %s, before the wait of %s was over", took, testDaemonWait)
 	}
 }

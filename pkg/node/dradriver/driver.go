@@ -8,11 +8,13 @@
 package dradriver
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -85,8 +87,9 @@ type Driver struct {
 	nodeLock *nodeLock
 	// domains is Options.Domains; cdMu serialises what decides the node's
 	// compute-domain label from the checkpoint (channel.go).
-	domains ComputeDomains
-	cdMu    sync.Mutex
+	domains    ComputeDomains
+	cdMu       sync.Mutex
+	daemonWait time.Duration
 }
 
 type claimRef struct {
@@ -158,6 +161,10 @@ type Options struct {
 	// claims (package computedomain). Nil: channel claims fail, and the
 	// label is never touched.
 	Domains ComputeDomains
+	// DaemonWait bounds how long a channel claim's prepare waits for the
+	// node's IMEX daemon before it fails for the kubelet to retry;
+	// DefaultDaemonWait when 0.
+	DaemonWait time.Duration
 }
 
 // New restores the prepared claims from the checkpoint, rolls back claims
@@ -193,6 +200,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		healthSubs:     map[chan struct{}]struct{}{},
 		migUseCh:       make(chan struct{}, 1),
 		domains:        o.Domains,
+		daemonWait:     cmp.Or(o.DaemonWait, DefaultDaemonWait),
 	}
 	if d.sharing == nil {
 		d.sharing = sharing.Fixed(o.HAMi, o.HAMiUnavailable, o.MPS, o.MPSUnavailable)
