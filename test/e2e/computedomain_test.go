@@ -32,7 +32,9 @@ import (
 //   - runs once the node's entry is Ready, with the channel's device node
 //     in its container (the driver's major, minor 0) and the domain's
 //     environment beside its GPU claim's;
-//   - once deleted, leaves no label, CDI spec or checkpoint record.
+//   - once deleted, leaves no label, CDI spec or checkpoint record;
+//   - a second pod, whose daemon turns Ready a moment after the label
+//     appears (as a controller's would), runs: its prepare waits for it.
 func TestComputeDomainChannel(t *testing.T) {
 	ctx := context.Background()
 	setupNamespace(t)
@@ -113,24 +115,7 @@ spec:
     devices:
       requests:
       - {name: gpu, exactly: {deviceClassName: gpu.facet.dev}}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: trainer, namespace: facet-demo}
-spec:
-  hostNetwork: true
-  terminationGracePeriodSeconds: 1
-  securityContext: {runAsUser: 0}
-  containers:
-  - name: c
-    image: facet.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "86400"]
-    resources: {claims: [{name: gpu}, {name: channel}]}
-  resourceClaims:
-  - {name: gpu, resourceClaimTemplateName: train-gpu}
-  - {name: channel, resourceClaimTemplateName: train-channel}
-`, cluster, clique, uid))
+`, cluster, clique, uid)+podManifest)
 
 	// No daemon yet: the pod waits, saying why, and the node is labelled.
 	notReady := "ComputeDomain facet-demo/train: IMEX daemon on node " + nodeName + " is not ready yet"
@@ -153,9 +138,9 @@ spec:
 	}
 
 	// The controller's part: the node's daemon is Ready.
-	kubectl(t, "patch", "computedomain", "-n", namespace, "train", "--subresource=status", "--type=merge", "-p",
-		fmt.Sprintf(`{"status":{"status":"Ready","clique":"%s.%d","nodes":[{"name":%q,"ipAddress":"127.0.0.1","cliqueID":"%s.%d","index":0,"status":"Ready"}]}}`,
-			cluster, clique, nodeName, cluster, clique))
+	readyStatus := fmt.Sprintf(`{"status":{"status":"Ready","clique":"%s.%d","nodes":[{"name":%q,"ipAddress":"127.0.0.1","cliqueID":"%s.%d","index":0,"status":"Ready"}]}}`,
+		cluster, clique, nodeName, cluster, clique)
+	kubectl(t, "patch", "computedomain", "-n", namespace, "train", "--subresource=status", "--type=merge", "-p", readyStatus)
 	start := time.Now()
 	pod := waitPodRunning(t, "trainer")
 	t.Logf("pod Running %s after the node's daemon was Ready", time.Since(start).Round(time.Second))
@@ -197,10 +182,45 @@ spec:
 	if rec, err := checkpoint.Peek(filepath.Join(e.runDir, "facet-state", "claims"), channelClaim.UID); rec != nil || err != nil {
 		t.Errorf("checkpoint record of the channel claim: %+v, %v; want none", rec, err)
 	}
+
+	// As a controller does: the daemon turns Ready a moment after the
+	// label pulled it onto the node, which the prepare waits for (up to
+	// 20 s) rather than fail for the kubelet's slow retry.
+	kubectl(t, "patch", "computedomain", "-n", namespace, "train", "--subresource=status", "--type=merge", "-p", `{"status":{"status":"NotReady","nodes":null}}`)
+	applyYAML(t, strings.Replace(podManifest, "name: trainer,", "name: trainer-2,", 1))
+	waitFor(t, "the node labelled for the second pod", time.Minute, func() (bool, error) {
+		node, err := e.client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		return err == nil && node.Labels[names.LabelComputeDomain] == uid, err
+	})
+	start = time.Now()
+	kubectl(t, "patch", "computedomain", "-n", namespace, "train", "--subresource=status", "--type=merge", "-p", readyStatus)
+	waitPodRunning(t, "trainer-2")
+	t.Logf("second pod Running %s after its daemon was Ready", time.Since(start).Round(time.Second))
 }
 
 // channelLine is a device node's line of ls -l: mode, major, minor, name.
 var channelLine = regexp.MustCompile(`^(c\S+)\s+\d+\s+\S+\s+\S+\s+(\d+),\s*(\d+)\s.*\s(\S+)$`)
+
+// podManifest is a pod of the domain: a GPU claim and the channel claim.
+const podManifest = `
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer, namespace: facet-demo}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 1
+  securityContext: {runAsUser: 0}
+  containers:
+  - name: c
+    image: facet.local/busybox:1
+    imagePullPolicy: Never
+    command: ["sleep", "86400"]
+    resources: {claims: [{name: gpu}, {name: channel}]}
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: train-gpu}
+  - {name: channel, resourceClaimTemplateName: train-channel}
+`
 
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
