@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -143,12 +142,7 @@ func (d *Driver) prepareChannel(ctx context.Context, claim *resourceapi.Resource
 	if rec != nil && rec.State == checkpoint.StatePrepared {
 		stale := d.staleness(rec)
 		if stale == "" {
-			if pods := reservedPods(claim); !slices.Equal(pods, rec.Pods) {
-				rec.Pods = pods
-				if err := d.store.Put(rec); err != nil {
-					klog.FromContext(ctx).Error(err, "Recording the claim's pods", "claim", klog.KObj(claim))
-				}
-			}
+			d.notePods(ctx, claim, rec)
 			return rec, "already prepared", nil
 		}
 		// Prepared again from the start, its daemon checked again: after

@@ -125,15 +125,7 @@ func (d *Driver) reprepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	stale := d.staleness(rec)
 	if stale == "" {
-		// Another pod joining the claim on this node: the record
-		// names it, for the metrics. A failed write leaves the old
-		// names; the claim itself is prepared either way.
-		if pods := reservedPods(claim); !slices.Equal(pods, rec.Pods) {
-			rec.Pods = pods
-			if err := d.store.Put(rec); err != nil {
-				klog.FromContext(ctx).Error(err, "Recording the claim's pods", "claim", klog.KObj(claim))
-			}
-		}
+		d.notePods(ctx, claim, rec)
 		return "already prepared", nil
 	}
 	rec.Pods = reservedPods(claim)
@@ -141,6 +133,19 @@ func (d *Driver) reprepare(ctx context.Context, claim *resourceapi.ResourceClaim
 		return "", fmt.Errorf("rebuild (%s): %w", stale, err)
 	}
 	return "rebuilt: " + stale, nil
+}
+
+// notePods records the pods a prepared claim is reserved for now: another
+// pod joining the claim on this node is named in the record, for the
+// metrics. A failed write leaves the old names; the claim itself is
+// prepared either way.
+func (d *Driver) notePods(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim) {
+	if pods := reservedPods(claim); !slices.Equal(pods, rec.Pods) {
+		rec.Pods = pods
+		if err := d.store.Put(rec); err != nil {
+			klog.FromContext(ctx).Error(err, "Recording the claim's pods", "claim", klog.KObj(claim))
+		}
+	}
 }
 
 // reservedPods are the names of the pods claim is reserved for, sorted.
