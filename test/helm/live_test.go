@@ -386,7 +386,7 @@ admission: {policies: {enabled: false}, webhook: {enabled: false}}
 		{"another node's label", plugin, other, labelPatch(key, "u"), "may only change its own Node, not '" + other + "'"},
 		{"another label of its own node", plugin, node, labelPatch("facet.dev/helm-test", "x"), "may only change its Node's label gpu.facet.dev/compute-domain"},
 		{"its own node's taints", plugin, node, []byte(`{"spec":{"taints":[{"key":"facet.dev/helm-test","effect":"NoSchedule"}]}}`), "nothing else of the Node"},
-		{"a token that names no node", asPlugin(false), node, labelPatch(key, "u"), "This request's token names no node"},
+		{"a label patch with a token that names no node", asPlugin(false), node, labelPatch(key, "u"), "This request's token names no node"},
 	} {
 		t.Run("refused: "+tc.name, func(t *testing.T) {
 			_, err := tc.client.CoreV1().Nodes().Patch(ctx, tc.node, types.MergePatchType, tc.patch, patchDry)
