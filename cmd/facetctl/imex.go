@@ -45,4 +45,3 @@ func runIMEXChannels(args []string, out io.Writer) error {
 	}
 	return nil
 }
-

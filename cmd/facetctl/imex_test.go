@@ -15,7 +15,9 @@ import (
 // a driver's (pkg/model/nvmlgpu/testdata/imex) and dev roots with and
 // without channel nodes.
 func TestIMEXChannels(t *testing.T) {
-	proc := func(name string) string { return filepath.Join("..", "..", "pkg", "model", "nvmlgpu", "testdata", "imex", name) }
+	proc := func(name string) string {
+		return filepath.Join("..", "..", "pkg", "model", "nvmlgpu", "testdata", "imex", name)
+	}
 	withNode := func(major, minor uint32) string {
 		root := t.TempDir()
 		dir := filepath.Join(root, "dev", "nvidia-caps-imex-channels")
