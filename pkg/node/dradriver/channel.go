@@ -173,6 +173,7 @@ func (d *Driver) prepareChannel(ctx context.Context, claim *resourceapi.Resource
 	if err := d.spec.writeSpec(rec, common, []claimcdi.Device{{Name: p.device.Device, Edits: dev}}); err != nil {
 		return rec, "", err
 	}
+	d.failpoint("prepare/channel-wrote-spec")
 	rec.State = checkpoint.StatePrepared
 	if err := d.store.Put(rec); err != nil {
 		return rec, "", err
@@ -327,6 +328,7 @@ func (d *Driver) claimNode(ctx context.Context, rec *checkpoint.Claim) error {
 	if err := d.store.Put(rec); err != nil {
 		return err
 	}
+	d.failpoint("prepare/channel-recorded")
 	return d.setLabelLocked(ctx, want, fmt.Sprintf("channel claim %s/%s of ComputeDomain %s/%s", rec.Namespace, rec.Name, rec.ComputeDomain.Namespace, rec.ComputeDomain.Name))
 }
 

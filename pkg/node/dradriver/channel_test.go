@@ -719,3 +719,91 @@ func TestChannelAwaitsTheDaemon(t *testing.T) {
 		t.Errorf("failed after %s, before the wait of %s was over", took, testDaemonWait)
 	}
 }
+
+// TestChannelKillMatrix kills the plugin at every failpoint a channel
+// claim's prepare (its daemon Ready) and unprepare pass, restarts it on the
+// same checkpoint, CDI directory and cluster, and plays the kubelet's
+// retry and then the pod's end. After each: the retry succeeds, and at the
+// end no label, record or CDI spec is left. The label follows the
+// checkpoint whatever step died.
+func TestChannelKillMatrix(t *testing.T) {
+	type point struct {
+		phase, name string
+		nth         int
+	}
+	var points []point
+	{
+		u := newChannelUnit(t)
+		u.domains.setReady("ns", "train", node, true)
+		c := channelClaim("ns", "train-channel-a", trainCfg)
+		phase := "prepare"
+		count := map[string]int{}
+		u.d.fail = func(name string) {
+			count[phase+name]++
+			points = append(points, point{phase, name, count[phase+name]})
+		}
+		if _, err := u.d.prepareClaim(u.ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		phase = "unprepare"
+		if err := u.d.unprepareClaim(u.ctx, kubeletplugin.NamespacedObject{UID: c.UID, NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(points) < 6 {
+		t.Fatalf("only %d failpoints reached: %v", len(points), points)
+	}
+	for _, p := range points {
+		t.Run(fmt.Sprintf("%s/%s#%d", p.phase, p.name, p.nth), func(t *testing.T) {
+			u := newChannelUnit(t)
+			u.domains.setReady("ns", "train", node, true)
+			c := channelClaim("ns", "train-channel-a", trainCfg)
+			obj := kubeletplugin.NamespacedObject{UID: c.UID, NamespacedName: types.NamespacedName{Namespace: c.Namespace, Name: c.Name}}
+			if p.phase == "unprepare" {
+				if _, err := u.d.prepareClaim(u.ctx, c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			seen := 0
+			u.d.fail = func(name string) {
+				if name == p.name {
+					if seen++; seen == p.nth {
+						panic(killed{name})
+					}
+				}
+			}
+			died := call(func() {
+				if p.phase == "prepare" {
+					_, _ = u.d.prepareClaim(u.ctx, c)
+				} else {
+					_ = u.d.unprepareClaim(u.ctx, obj)
+				}
+			})
+			if !died {
+				t.Fatalf("failpoint not reached")
+			}
+			u.start()
+			// After the restart the label is what the checkpoint says.
+			label, _ := u.domains.state()
+			rec := u.record(c)
+			if want := map[bool]string{true: "uid-train", false: ""}[rec != nil]; label != want {
+				t.Errorf("label %q after the restart with record %+v, want %q", label, rec, want)
+			}
+			// The kubelet's retry of the call that died, then the pod's end.
+			if p.phase == "prepare" {
+				if _, err := u.d.prepareClaim(u.ctx, c); err != nil {
+					t.Fatalf("the kubelet's retry: %v", err)
+				}
+				if u.spec(c) == nil {
+					t.Fatal("prepared without a CDI spec")
+				}
+			}
+			if err := u.d.unprepareClaim(u.ctx, obj); err != nil {
+				t.Fatalf("unprepare: %v", err)
+			}
+			if label, _ := u.domains.state(); label != "" || u.record(c) != nil || u.spec(c) != nil {
+				t.Errorf("left: label %q, record %+v, spec %s", label, u.record(c), u.spec(c))
+			}
+		})
+	}
+}

@@ -465,6 +465,7 @@ func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Cl
 		if err := d.releaseNode(ctx, rec); err != nil {
 			return err
 		}
+		d.failpoint("rollback/released-node")
 	}
 	if h, _ := d.sharing.HAMi(); h != nil {
 		if err := h.Cleanup(uid); err != nil {
