@@ -123,27 +123,10 @@ type channelUnit struct {
 	d       *Driver
 }
 
-var (
-	gb200Once sync.Once
-	gb200Node *nvmlgpu.Node
-	gb200Err  error
-)
-
 func newChannelUnit(t *testing.T) *channelUnit {
 	t.Helper()
-	gb200Once.Do(func() {
-		lib, err := sim.OpenMachine("../../../demo/machines/gb200-nvl72-tray.yaml")
-		if err != nil {
-			gb200Err = err
-			return
-		}
-		gb200Node, gb200Err = lib.Discover()
-	})
-	if gb200Err != nil {
-		t.Fatal(gb200Err)
-	}
 	major, count := sim.SimulatedIMEXChannels()
-	inv, err := inventory.Build(gb200Node, inventory.Config{DefaultMode: inventory.ModeExclusive, IMEXChannels: &nvmlgpu.IMEXChannels{Major: major, Count: count}})
+	inv, err := inventory.Build(simNode(t, "gb200-nvl72-tray"), inventory.Config{DefaultMode: inventory.ModeExclusive, IMEXChannels: &nvmlgpu.IMEXChannels{Major: major, Count: count}})
 	if err != nil {
 		t.Fatal(err)
 	}
