@@ -117,6 +117,9 @@ var (
 		"feature-gates": true, "mig-layouts": true, "feature-detection-interval": true,
 		"health-addr": true, "gpu-health-probe-interval": true, "gpu-health-quiet-period": true, "pod-uid": true, "probe": true,
 		"mps": true, "mps-check-interval": true, "hami-library-sha256": true,
+		// Default auto; the chart leaves it so (ComputeDomains need no
+		// value of the plugin's: off only where the fabric is not Facet's).
+		"compute-domains": true,
 	}
 	forbiddenFlags = map[string]string{
 		"kubeconfig": "the plugin runs in-cluster",
@@ -670,7 +673,8 @@ func TestPluginRBAC(t *testing.T) {
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceclaims"}, "verbs": []any{"get"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceclaims/status"}, "verbs": []any{"patch"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resourceNames": []any{"gpu.facet.dev"}, "resources": []any{"resourceclaims/driver"}, "verbs": []any{"associated-node:patch"}},
-		map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get"}},
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get", "patch"}},
+		map[string]any{"apiGroups": []any{"gpu.facet.dev"}, "resources": []any{"computedomains"}, "verbs": []any{"list", "watch"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"deviceclasses"}, "verbs": []any{"get"}},
 		map[string]any{"apiGroups": []any{"", "events.k8s.io"}, "resources": []any{"events"}, "verbs": []any{"create", "patch"}},
 		map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get"}},

@@ -3,6 +3,8 @@ package v1alpha1
 import (
 	"strings"
 	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
 )
 
 func TestComputeDomainChannelConfig(t *testing.T) {
@@ -97,5 +99,53 @@ func TestValidateComputeDomainSpec(t *testing.T) {
 func TestCliqueName(t *testing.T) {
 	if got, want := CliqueName("6f1a2b3c-4d5e-4f60-8a1b-2c3d4e5f6a7b", 32766), "6f1a2b3c-4d5e-4f60-8a1b-2c3d4e5f6a7b.32766"; got != want {
 		t.Errorf("CliqueName = %q, want %q", got, want)
+	}
+}
+
+func TestEffectiveComputeDomainChannelConfig(t *testing.T) {
+	channel := func(fields string) string {
+		return `{` + apiVersion + `,"kind":"ComputeDomainChannelConfig",` + fields + `}`
+	}
+	train := channel(`"domainUID":"4b1f","domainName":"train"`)
+	for _, tc := range []struct {
+		name    string
+		configs []resourceapi.DeviceAllocationConfiguration
+		request string
+		want    *ComputeDomainChannelConfig
+		wantErr string
+	}{
+		{name: "none applies", request: "channel"},
+		{name: "the template's, defaulted", configs: []resourceapi.DeviceAllocationConfiguration{fromClaim(train, "channel")}, request: "channel",
+			want: NewComputeDomainChannelConfig("train", "4b1f", "")},
+		{name: "All", configs: []resourceapi.DeviceAllocationConfiguration{fromClaim(channel(`"domainUID":"4b1f","domainName":"train","allocationMode":"All"`))}, request: "channel",
+			want: NewComputeDomainChannelConfig("train", "4b1f", ChannelAllocationAll)},
+		{name: "for another request", configs: []resourceapi.DeviceAllocationConfiguration{fromClaim(train, "gpu")}, request: "channel"},
+		{name: "a subrequest's main request", configs: []resourceapi.DeviceAllocationConfiguration{fromClaim(train, "channel")}, request: "channel/any",
+			want: NewComputeDomainChannelConfig("train", "4b1f", "")},
+		{name: "other kinds are not it", configs: []resourceapi.DeviceAllocationConfiguration{fromClaim(`{` + apiVersion + `,"kind":"GpuConfig"}`)}, request: "channel"},
+		{name: "the same twice", configs: []resourceapi.DeviceAllocationConfiguration{fromClass(train), fromClaim(channel(`"domainUID":"4b1f","domainName":"train","allocationMode":"Single"`))}, request: "channel",
+			want: NewComputeDomainChannelConfig("train", "4b1f", "")},
+		{name: "two domains", configs: []resourceapi.DeviceAllocationConfiguration{fromClass(train), fromClaim(channel(`"domainUID":"77aa","domainName":"eval"`))}, request: "channel",
+			wantErr: `devices.config[0] (from class) and devices.config[1] (from claim) both apply to request "channel" with different ComputeDomainChannelConfigs`},
+		{name: "no UID", configs: []resourceapi.DeviceAllocationConfiguration{fromClaim(channel(`"domainName":"train"`))}, request: "channel",
+			wantErr: `devices.config[0] (from claim): ComputeDomainChannelConfig: domainUID: Required value`},
+		{name: "a malformed entry for another request", configs: []resourceapi.DeviceAllocationConfiguration{fromClaim(train, "channel"), fromClaim(channel(`"domainUID":"x","domainName":"Not_A_Name"`), "other")}, request: "channel",
+			wantErr: `devices.config[1] (from claim): ComputeDomainChannelConfig: domainName: Invalid value: "Not_A_Name"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := EffectiveComputeDomainChannelConfig(tc.configs, tc.request)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("got %+v, %v; want an error with %q", got, err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (got == nil) != (tc.want == nil) || (got != nil && *got != *tc.want) {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }
