@@ -22,9 +22,8 @@ import (
 // (docs/design/compute-domains.md, flow steps 3, 5 and 6) on the local
 // node, simulated as a GB200 NVL72 tray whose driver offers IMEX
 // channels, through the live scheduler, kubelet and containerd. The test
-// plays the controller: it installs a minimal ComputeDomain CRD where the
-// cluster has none (testdata/computedomain-crd.yaml; the chart's is the
-// controller's), creates a domain, writes its channel template and its
+// plays the controller: it installs the chart's ComputeDomain CRD
+// (applyComputeDomainCRD), creates a domain, writes its channel template and its
 // status. A pod of the domain, with a GPU claim beside its channel claim:
 //   - waits, with the reason in its Events, while the domain's status
 //     has no Ready IMEX daemon on the node, and the node is labelled
@@ -45,12 +44,7 @@ func TestComputeDomainChannel(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	const crd = "computedomains.gpu.facet.dev"
-	if _, err := kubectlErr("get", "crd", crd); err != nil {
-		kubectl(t, "apply", "-f", filepath.Join(e.repo, "test", "e2e", "testdata", "computedomain-crd.yaml"))
-		t.Cleanup(func() { _, _ = kubectlErr("delete", "crd", crd, "--ignore-not-found", "--wait=true", "--timeout=60s") })
-		kubectl(t, "wait", "--for=condition=Established", "crd/"+crd, "--timeout=60s")
-	}
+	applyComputeDomainCRD(t)
 	t.Cleanup(func() { _, _ = kubectlErr("label", "node", nodeName, names.LabelComputeDomain+"-") })
 	p := startPlugin(t, "gb200-nvl72-tray", "--mode", "exclusive")
 	t.Cleanup(resetSimulatedGPUs(t, p))

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -85,7 +84,7 @@ func TestIMEXStandIn(t *testing.T) {
 	}
 	a, b := nodes[0], nodes[1]
 	ctx := context.Background()
-	applyCRD(t)
+	applyChartCRD(t)
 	cfg, err := clientcmd.BuildConfigFromFlags("", e.kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -179,22 +178,6 @@ func TestIMEXStandIn(t *testing.T) {
 		left := imexPIDs(t, uid)
 		return len(left) == 0, fmt.Errorf("processes %v", left)
 	})
-}
-
-// applyCRD applies testdata's ComputeDomain CRD and waits until it is
-// established.
-func applyCRD(t *testing.T) {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(e.binDir, "kubectl"), "apply", "-f", "testdata/computedomains-crd.yaml")
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.kubeconfig)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("kubectl apply: %v\n%s", err, out)
-	}
-	cmd = exec.Command(filepath.Join(e.binDir, "kubectl"), "wait", "--for=condition=Established", "--timeout=60s", "crd/computedomains.gpu.facet.dev")
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.kubeconfig)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("kubectl wait: %v\n%s", err, out)
-	}
 }
 
 // internalIP is the node's InternalIP.

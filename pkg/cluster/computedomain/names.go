@@ -27,16 +27,16 @@ import "github.com/facet-gpu/facet/pkg/model/names"
 const (
 	// DeviceClass is the class of IMEX channel devices the channel
 	// template's request names.
-	DeviceClass = "imex-channel.facet.dev"
+	DeviceClass = names.ClassIMEXChannel
 	// Label is the node label the kubelet plugin sets to a domain's UID
 	// while a channel claim of it is prepared there; the IMEX DaemonSet's
 	// nodeSelector. The controller also puts it on what it creates for a
 	// domain (DaemonSet, its pods, the template and its claims), so that
 	// each is found by the domain's UID.
-	Label = names.Driver + "/compute-domain"
+	Label = names.LabelComputeDomain
 	// Finalizer holds a deleted ComputeDomain until no pod holds its
 	// channels and its DaemonSet is gone.
-	Finalizer = names.Driver + "/compute-domain"
+	Finalizer = names.FinalizerComputeDomain
 	// Request is the name of the channel template's one request.
 	Request = "channel"
 	// Container is the name of the IMEX daemon's container in the pod

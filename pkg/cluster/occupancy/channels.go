@@ -14,7 +14,7 @@ import (
 // one per node whose driver registers the channels' major and whose GPUs
 // report a fabric clique, published with the GPUs' fabricClusterUUID and
 // fabricCliqueID.
-const TypeIMEXChannel = "imex-channel"
+const TypeIMEXChannel = names.KindIMEXChannel
 
 // Channel is one node's imex-channel device and the claim that holds it.
 type Channel struct {
