@@ -367,6 +367,7 @@ func TestComputeDomainRack(t *testing.T) {
 	// facetctl fit names the domain's clique for the Pending pod.
 	p := getPod(t, ns, pending)
 	p.ManagedFields, p.Status = nil, corev1.PodStatus{}
+	p.APIVersion, p.Kind = "v1", "Pod"
 	manifest, err := yaml.Marshal(p)
 	if err != nil {
 		t.Fatal(err)
