@@ -35,13 +35,15 @@ Commands:
            kubelet plugin does at start
   occupancy
            show what each GPU holds: its mode, health, whole-GPU claim, MIG
-           instances, vGPU shares and slots, memory and SM used and free
-           (-o table, picture or yaml)
+           instances, vGPU shares and slots, memory and SM used and free;
+           the NVLink fabric cliques' free IMEX channels, and each
+           ComputeDomain's clique and ready daemons (-o table, picture or yaml)
   classes  print DeviceClasses that name every shape the nodes publish
            (whole GPUs per product family, MIG profiles, vGPU slot and share
            sizes), for quota by class with Kueue (docs/kueue.md)
   fit      run the scheduler's allocator offline: does a claim (or a pod's
-           claims) fit, where, and, where not, why (-f FILE)
+           claims) fit, where, and, where not, why (-f FILE); for a pod of a
+           ComputeDomain, its domain's clique and free IMEX channels
   top      who uses what: each prepared claim's devices, shape, memory
            used and allocated, compute allocated, from the kubelet plugins'
            /metrics (through the API server's pod proxy)
@@ -73,6 +75,11 @@ Commands:
            specs, checkpoint, sockets, HAMi-core, MPS directories, the
            installed nvidia-cdi-hook); refuses while claims are prepared.
            --node runs it there in a pod of its own
+  imex-channels
+           on a GPU node: the driver's IMEX channels as the plugin reads them
+           (the nvidia-caps-imex-channels major in /proc/devices, the
+           ImexChannelCount in /proc/driver/nvidia/params), and the host's
+           channel device nodes checked against them; reads only
   install-cdi-hook
            copy the image's nvidia-cdi-hook onto the node (--dir), where the
            CDI specs' hooks run it, and check that it runs (the chart's init
@@ -125,6 +132,8 @@ func main() {
 		err = runNodeCleanup(os.Args[2:], os.Stdout)
 	case "install-cdi-hook":
 		err = runInstallCDIHook(os.Args[2:])
+	case "imex-channels":
+		err = runIMEXChannels(os.Args[2:], os.Stdout)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
@@ -156,6 +165,7 @@ func runSlices(args []string) error {
 	gates := fs.String("feature-gates", "", "the cluster's DRA feature gates, as for the plugin (DRAPartitionableDevices=true,...); a gate not named is off, as on stock Kubernetes 1.35. Without this flag every gate is on")
 	version := fs.String("kubernetes-version", "v1.35.4", "with --feature-gates: the cluster's Kubernetes version (the default mode depends on it)")
 	layouts := fs.String("mig-layouts", "", "preview MIG layouts on static-mig GPUs, as the plugin's --mig-layouts would carve them on idle GPUs")
+	computeDomains := fs.String("compute-domains", "auto", "the plugin's --compute-domains: auto (the node's IMEX channel device, where its driver offers channels, simulated or read from /proc, and its GPUs report one fabric clique) or off")
 	mpsState := fs.String("mps", "auto", "the node's MPS, as its shares and slots publish it: auto (facet-mps answers: computePartitioning mps), down (--mps=auto, facet-mps not answering: time-sliced) or off (--mps=off: time-sliced, and no MPS server memory kept out of shares)")
 	var modes inventory.ModeFlags
 	modes.Register(fs)
@@ -192,6 +202,15 @@ func runSlices(args []string) error {
 		set.ServerVersion = *version
 		cfg.Features = &set
 	}
+	switch *computeDomains {
+	case "auto":
+		if cfg.IMEXChannels, err = imexChannels(*machine); err != nil {
+			return err
+		}
+	case "off":
+	default:
+		return fmt.Errorf("--compute-domains=%q: want auto or off", *computeDomains)
+	}
 	lib, err := openLibrary(*machine)
 	if err != nil {
 		return err
@@ -207,6 +226,9 @@ func runSlices(args []string) error {
 	}
 	for _, n := range inv.Notes {
 		fmt.Fprintln(os.Stderr, "# note:", n)
+	}
+	if inv.IMEXNote != "" {
+		fmt.Fprintln(os.Stderr, "# note:", inv.IMEXNote)
 	}
 	inv.ComputePartitioning = partitioning
 	objs := resourceslices.Objects(resourceslices.Resources(inv, *node), *node)
@@ -247,6 +269,16 @@ func runFeatures(args []string) error {
 	}
 	fmt.Printf("\n%s\n\nThe plugin's --feature-gates (to pin this): %s\n", s.Describe(), s)
 	return nil
+}
+
+// imexChannels are the IMEX channels of the simulated driver for a
+// machine file, else of this host's driver (/proc).
+func imexChannels(machine string) (*nvmlgpu.IMEXChannels, error) {
+	if machine != "" {
+		major, count := sim.SimulatedIMEXChannels()
+		return &nvmlgpu.IMEXChannels{Major: major, Count: count, CountFrom: "simulated driver"}, nil
+	}
+	return nvmlgpu.ReadIMEXChannels(nvmlgpu.DefaultProcRoot)
 }
 
 func openLibrary(machine string) (*nvmlgpu.Library, error) {

@@ -25,7 +25,7 @@ func TestNetworkPolicy(t *testing.T) {
 	want := map[string]struct {
 		port   int
 		egress bool
-	}{"kubelet-plugin": {8081, true}, "mps": {0, false}, "hami-core": {0, false}, "webhook": {8443, false}, "preemptor": {8080, true}, "node-check": {0, true}}
+	}{"kubelet-plugin": {8081, true}, "mps": {0, false}, "hami-core": {0, false}, "webhook": {8443, false}, "preemptor": {8080, true}, "node-check": {0, true}, "controller": {8080, true}}
 	for _, o := range objs {
 		spec, ok := podSpecOf(t, o)
 		if !ok || spec.HostNetwork {
