@@ -106,6 +106,26 @@ case "${RUN_DIR}" in
   *) echo "RUN_DIR must be an absolute path: ${RUN_DIR}" >&2; exit 2 ;;
 esac
 
+# --- inotify limits --------------------------------------------------------------
+# Every kubelet, containerd and controller-runtime manager watches files
+# through inotify instances, and the kernel's default allows a user 128.
+# make test runs four nodes beside the multinode round's ten kubelets (with
+# their plugins and fake CRIs) and Kueue: at 128 a kubelet's plugin watcher
+# or Kueue's certificate watcher fails with "too many open files" (seen in
+# make test of 2026-11-29). Raised, never lowered, as kind asks of its hosts
+# (kind's known issues, "Pod errors due to too many open files").
+raise_sysctl() {
+  local key="$1" want="$2" have
+  have="$(cat "/proc/sys/${key//.//}" 2>/dev/null || echo 0)"
+  if (( have < want )); then
+    echo "${want}" >"/proc/sys/${key//.//}" ||
+      { echo "up.sh: cannot raise ${key} from ${have} to ${want}; nodes may fail with 'too many open files'" >&2; return 0; }
+    log "raised ${key} from ${have} to ${want}"
+  fi
+}
+raise_sysctl fs.inotify.max_user_instances 1024
+raise_sysctl fs.inotify.max_user_watches 524288
+
 # --- prerequisites -----------------------------------------------------------
 need=(openssl curl ss setsid base64)
 [[ "${RUNTIME}" == containerd ]] && need+=(runc gcc)
