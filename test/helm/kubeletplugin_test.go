@@ -677,12 +677,16 @@ func TestPluginRBAC(t *testing.T) {
 	if got != want {
 		t.Errorf("ClusterRole rules\n%s\nwant\n%s", got, want)
 	}
-	if n := len(ofKind(objs, "Role")) + len(ofKind(objs, "RoleBinding")); n != 0 {
-		t.Errorf("%d Roles or RoleBindings; only the plugin has permissions, cluster-wide", n)
+	// Besides the plugin's, by default only the claim mutator's Role in
+	// the release namespace (TestWebhookAPIAccess pins it).
+	for _, o := range append(ofKind(objs, "Role"), ofKind(objs, "RoleBinding")...) {
+		if o.GetName() != "facet-webhook-probe" {
+			t.Errorf("%s %s; only the plugin has permissions, cluster-wide, and the webhook its probe's", o.GetKind(), o.GetName())
+		}
 	}
 	crbs := ofKind(objs, "ClusterRoleBinding")
 	if len(crbs) != 1 {
-		t.Fatalf("%d ClusterRoleBindings, want the plugin's only (the webhook needs no API access)", len(crbs))
+		t.Fatalf("%d ClusterRoleBindings, want the plugin's only (the webhook needs no cluster-wide API access)", len(crbs))
 	}
 	subjects := fmt.Sprint(crbs[0].Object["subjects"])
 	if !strings.Contains(subjects, "name:"+releaseName+"-kubelet-plugin") || !strings.Contains(subjects, "namespace:"+releaseNamespace) {
