@@ -255,18 +255,25 @@ func (m *Mutator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *Mutator) log(req *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
-	kv := []any{"namespace", req.Namespace, "name", req.Name, "generateName", objectGenerateName(req),
+	logMutation(m.logger, req, resp, "Denied pod", "Rewrote pod's extended resources into claims", "Left pod alone")
+}
+
+// logMutation logs a mutator's answer to req with the object and the
+// user: a denial (message denied) and a patch (patched) at the default
+// level, an object left alone (left) at V(4).
+func logMutation(logger klog.Logger, req *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse, denied, patched, left string) {
+	kv := []any{"kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name, "generateName", objectGenerateName(req),
 		"user", req.UserInfo.Username, "uid", req.UID, "dryRun", req.DryRun != nil && *req.DryRun}
 	if len(resp.Warnings) > 0 {
 		kv = append(kv, "warnings", resp.Warnings)
 	}
 	switch {
 	case !resp.Allowed:
-		m.logger.Info("Denied pod", append(kv, "reason", resp.Result.Message)...)
+		logger.Info(denied, append(kv, "reason", resp.Result.Message)...)
 	case resp.Patch != nil:
-		m.logger.Info("Rewrote pod's extended resources into claims", append(kv, "patch", string(resp.Patch))...)
+		logger.Info(patched, append(kv, "patch", string(resp.Patch))...)
 	default:
-		m.logger.V(4).Info("Left pod alone", kv...)
+		logger.V(4).Info(left, kv...)
 	}
 }
 

@@ -92,19 +92,7 @@ func (m *ClaimMutator) kueue() bool {
 func (m *ClaimMutator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	serveAdmission(w, r, func(req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 		resp := m.Review(r.Context(), req)
-		kv := []any{"kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name, "generateName", objectGenerateName(req),
-			"user", req.UserInfo.Username, "uid", req.UID, "dryRun", req.DryRun != nil && *req.DryRun}
-		if len(resp.Warnings) > 0 {
-			kv = append(kv, "warnings", resp.Warnings)
-		}
-		switch {
-		case !resp.Allowed:
-			m.logger.Info("Denied", append(kv, "reason", resp.Result.Message)...)
-		case resp.Patch != nil:
-			m.logger.Info("Wrote MIG requests existing instances first", append(kv, "patch", string(resp.Patch))...)
-		default:
-			m.logger.V(4).Info("Left claim alone", kv...)
-		}
+		logMutation(m.logger, req, resp, "Denied", "Wrote MIG requests existing instances first", "Left claim alone")
 		return resp
 	})
 }

@@ -9,6 +9,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	resourceclient "k8s.io/client-go/kubernetes/typed/resource/v1"
 	"k8s.io/klog/v2"
@@ -63,16 +64,11 @@ func (p *PrioritizedListProbe) Supported() (bool, string) {
 // interval (Check answers now): the gate changes only with an API
 // server's restart, but then without notice.
 func (p *PrioritizedListProbe) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			p.Check(ctx)
-		}
-	}
+	// The condition never holds: it polls until ctx is done.
+	_ = wait.PollUntilContextCancel(ctx, interval, false, func(ctx context.Context) (bool, error) {
+		p.Check(ctx)
+		return false, nil
+	})
 }
 
 // probeRequest is the name of the probe claim's request and subrequest.
