@@ -470,7 +470,7 @@ spec:
 
 	t.Run("the claim mutator writes plain MIG requests existing instances first", func(t *testing.T) {
 		log, _ := os.ReadFile(logPath)
-		if !strings.Contains(string(log), `"Does the API server keep firstAvailable (DRAPrioritizedList)?" supported=true`) {
+		if !strings.Contains(string(log), `supported=true reason="a server-side dry run of a claim kept its firstAvailable"`) {
 			t.Fatalf("the webhook did not find firstAvailable kept (every round's API server keeps it):\n%s", log)
 		}
 		// The README's plain example, the template of

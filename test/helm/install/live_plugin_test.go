@@ -24,8 +24,10 @@ import (
 	"helm.sh/helm/v3/pkg/chart"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 )
 
@@ -324,15 +326,19 @@ func (r *chartRig) record(uid types.UID) (*checkpoint.Claim, error) {
 // GPUs, a static MIG device and vGPU slots. Each claim is unprepared when
 // its pod goes.
 //
-// Existing MIG instances first: GPUs 0-1 hold static instances (3g.40gb;
-// all-balanced on stock 1.35), and with the gates on GPUs 2-3 carve at
-// prepare. The README's plain example (demo/mig/at-least-20gb.yaml, one
-// `exactly` request of mig.facet.dev) is rewritten by the webhook's claim
-// mutator into the existing-first list: it lands on a free static instance
-// through mig/existing and carves nothing, where the allocator's first fit
-// would carve a 1g.20gb on GPU 2 or 3 in most slice orders
-// (docs/admins.md). one-1g10gb, for which no static instance fits, still
-// carves, through mig/carved.
+// Existing MIG instances first: GPUs 0-1 hold static instances, and other
+// GPUs can carve at prepare: with the alpha gates on 1.35 (the gated
+// round), GPUs 2-3 in mig mode beside two 3g.40gb on each of GPUs 0-1;
+// elsewhere (r.stock: FACET_FEATURE_GATES names no alpha gate, so also the
+// 1.36 and 1.37 rounds, with their default gates) all-balanced on GPUs
+// 0-1, and on 1.37 auto puts the GPUs without instances in mig mode. The
+// README's plain example (demo/mig/at-least-20gb.yaml, one `exactly`
+// request of mig.facet.dev) is rewritten by the webhook's claim mutator
+// into the existing-first list: it lands on a free static instance through
+// mig/existing and carves nothing, where the allocator's first fit carves
+// on an untouched GPU in most slice orders (docs/admins.md); on the gated
+// round and on 1.37 the node offers such carves (checked). one-1g10gb,
+// for which no static instance fits, still carves, through mig/carved.
 func TestLiveChartPlugin(t *testing.T) {
 	r := newChartRig(t)
 	group := `mode: auto, gpuModes: "0-1=static-mig,2-3=mig,4-7=shared", migLayouts: "0-1=all-3g.40gb"`
@@ -423,6 +429,9 @@ func TestLiveChartPlugin(t *testing.T) {
 				t.Errorf("pod %s: FACET_GPU_UUIDS=%q, want a MIG device's, and nvidia-caps in its spec:\n%s", name, env["FACET_GPU_UUIDS"], data)
 			}
 			r.checkMIGVia(t, c, migVia[name])
+			if name == "at-least-20gb" {
+				r.checkCarvable(t, !r.stock || r.atLeast(t, "1.37.0"))
+			}
 		case "share":
 			if env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "" || !strings.Contains(out, "libvgpu.so") {
 				t.Errorf("pod %s: want HAMi-core's memory limit and libvgpu.so preloaded:\n%s", name, out)
@@ -499,6 +508,43 @@ func (r *chartRig) checkMIGVia(t *testing.T, c *resourceapi.ResourceClaim, via s
 		t.Errorf("claim %s through %s: device %s prepared as %q, want carved: %v", c.Name, via, res[0].Device, rec.Devices[0].Kind, want)
 	}
 	t.Logf("claim %s: %s through %s (%s)", c.Name, res[0].Device, via, rec.Devices[0].Kind)
+}
+
+// checkCarvable: the node publishes MIG devices of 20 GB (decimal) or more
+// on GPUs in mig or dynamic mode, instances a plain at-least-20gb request
+// could have carved; with want, there must be some, else "carves nothing"
+// would show nothing.
+func (r *chartRig) checkCarvable(t *testing.T, want bool) {
+	t.Helper()
+	slices, err := r.Client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: "spec.driver=gpu.facet.dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	min := resource.MustParse("20G")
+	n := 0
+	for _, s := range slices.Items {
+		for _, d := range s.Spec.Devices {
+			mode, memory := d.Attributes[names.AttrMode].StringValue, d.Capacity[names.CapacityMemory].Value
+			if d.Attributes[names.AttrType].StringValue != nil && *d.Attributes[names.AttrType].StringValue == names.KindMIG &&
+				mode != nil && (*mode == names.ModeMIG || *mode == names.ModeDynamic) && memory.Cmp(min) >= 0 {
+				n++
+			}
+		}
+	}
+	t.Logf("%d MIG devices of at least 20G on GPUs that carve at prepare", n)
+	if want && n == 0 {
+		t.Errorf("no MIG device of at least 20G on a GPU that carves: the plain request had nothing to carve, so carving nothing shows nothing")
+	}
+}
+
+// atLeast says whether the API server's version is at least v.
+func (r *chartRig) atLeast(t *testing.T, v string) bool {
+	t.Helper()
+	info, err := r.Client.Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return utilversion.MustParseGeneric(info.GitVersion).AtLeast(utilversion.MustParseGeneric(v))
 }
 
 func podReady(p *corev1.Pod) bool {
