@@ -342,13 +342,18 @@ func (r *chartRig) record(uid types.UID) (*checkpoint.Claim, error) {
 func TestLiveChartPlugin(t *testing.T) {
 	r := newChartRig(t)
 	group := `mode: auto, gpuModes: "0-1=static-mig,2-3=mig,4-7=shared", migLayouts: "0-1=all-3g.40gb"`
-	examples := []string{"demo/gpu/", "demo/mig/one-1g10gb.yaml", "demo/mig/at-least-20gb.yaml", "demo/vgpu/"}
+	// The MIG pods first, Running before the others are applied: a
+	// whole-GPU claim may take any free GPU, GPUs 2-3 included, and two of
+	// them would leave one-1g10gb nothing to carve on.
+	migExamples := []string{"demo/mig/one-1g10gb.yaml", "demo/mig/at-least-20gb.yaml"}
+	examples := []string{"demo/gpu/", "demo/vgpu/"}
 	pods := map[string]string{"one-gpu": "gpu", "two-gpus": "gpu", "one-1g10gb": "mig", "at-least-20gb": "mig", "volcano-share": "share", "notebook": "share", "shared-by-two-containers": "share"}
 	// The subrequest each MIG pod's claim is allocated through.
 	migVia := map[string]string{"one-1g10gb": "mig/carved", "at-least-20gb": "mig/existing"}
 	if r.stock {
 		group = `mode: auto, gpuModes: "0-1=static-mig,4=slots", migLayouts: "0-1=all-balanced", gpuSlots: "4=1x40Gi/50+2"`
-		examples = []string{"demo/gpu/", "demo/stock/", "demo/mig/at-least-20gb.yaml"}
+		migExamples = []string{"demo/stock/mig-3gb.yaml", "demo/mig/at-least-20gb.yaml"}
+		examples = []string{"demo/gpu/", "demo/stock/"}
 		pods = map[string]string{"one-gpu": "gpu", "two-gpus": "gpu", "mig-3gb": "mig", "at-least-20gb": "mig", "volcano-slot": "share", "hami-slot": "share"}
 		migVia = map[string]string{"mig-3gb": "mig/existing", "at-least-20gb": "mig/existing"}
 	}
@@ -369,19 +374,29 @@ func TestLiveChartPlugin(t *testing.T) {
 	r.Must(t, "", "apply", "-f", filepath.Join(r.repo, "demo", "gpu", "namespace.yaml"))
 	t.Cleanup(func() { _, _ = r.Run("", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s") })
 	r.claimMutatorServes(t, demoNS)
+	ctx := context.Background()
+	running := func(kind string) {
+		for name, k := range pods {
+			if kind != "" && k != kind {
+				continue
+			}
+			testenv.WaitFor(t, "pod "+name+" Running", 3*time.Minute, func() (bool, error) {
+				p, err := r.Client.CoreV1().Pods(demoNS).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return false, err
+				}
+				return p.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s, conditions %v", p.Status.Phase, p.Status.Conditions)
+			})
+		}
+	}
+	for _, ex := range migExamples {
+		r.Must(t, "", "apply", "-f", filepath.Join(r.repo, ex))
+	}
+	running("mig")
 	for _, ex := range examples {
 		r.Must(t, "", "apply", "-f", filepath.Join(r.repo, ex))
 	}
-	ctx := context.Background()
-	for name := range pods {
-		testenv.WaitFor(t, "pod "+name+" Running", 3*time.Minute, func() (bool, error) {
-			p, err := r.Client.CoreV1().Pods(demoNS).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			return p.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s, conditions %v", p.Status.Phase, p.Status.Conditions)
-		})
-	}
+	running("")
 	specs := map[string]string{}
 	for name, kind := range pods {
 		c := r.claimOf(t, demoNS, name)
