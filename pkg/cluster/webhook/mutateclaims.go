@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"sort"
 	"strings"
 
@@ -105,21 +106,30 @@ var requestsPath = map[string][]string{
 }
 
 // Review decides one claim or template. It never returns nil.
+//
+// On CREATE it rewrites. On UPDATE it only restores: a claim's and a
+// template's spec is immutable, and `kubectl apply` (or a GitOps tool) of
+// the manifest the object was created from sends its plain request again,
+// which the API server would refuse as a change of spec. Where the object
+// was rewritten (its old annotation says so) and rewriting the new one
+// gives back the old requests exactly, the update gets them, so that
+// applying an unchanged manifest changes nothing; any other update is left
+// alone.
 func (m *ClaimMutator) Review(_ context.Context, req *admissionv1.AdmissionRequest) *admissionv1.AdmissionResponse {
 	path, ok := requestsPath[req.Kind.Kind]
 	if req.Kind.Group != resourceGroup || !ok || req.SubResource != "" {
 		return allowedWithWarning(fmt.Sprintf("Facet's claim mutator does not handle %s; its webhook configuration should not send it", req.Kind))
 	}
-	if req.Operation != admissionv1.Create {
+	update := req.Operation == admissionv1.Update
+	if req.Operation != admissionv1.Create && !update {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
-	var obj map[string]any
-	dec := json.NewDecoder(bytes.NewReader(req.Object.Raw))
-	dec.UseNumber()
-	if err := dec.Decode(&obj); err != nil {
+	obj, err := decodeObject(req.Object.Raw)
+	if err != nil {
 		return denied(http.StatusBadRequest, metav1.StatusReasonBadRequest, "decode "+req.Kind.Kind+": "+err.Error())
 	}
-	if annotations, _ := dig(obj, "metadata", "annotations").(map[string]any); annotations[names.AnnotationPreferExistingMIG] == "false" {
+	annotations, hasAnnotations := dig(obj, "metadata", "annotations").(map[string]any)
+	if annotations[names.AnnotationPreferExistingMIG] == "false" {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
 	requests, _ := dig(obj, path...).([]any)
@@ -140,16 +150,29 @@ func (m *ClaimMutator) Review(_ context.Context, req *admissionv1.AdmissionReque
 	if len(candidates) == 0 {
 		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
-	if m.kueue() {
-		return &admissionv1.AdmissionResponse{Allowed: true}
-	}
 	field := strings.Join(path, ".")
-	if ok, why := m.opts.PrioritizedList.Supported(); !ok {
-		return allowedWithWarning(fmt.Sprintf("Facet's webhook left the MIG requests of %s as written, not existing instances first (%s), as the API server may not keep firstAvailable: %s",
-			field, migPreferenceNames(), why))
+	var oldRequests []any
+	if update {
+		old, err := decodeObject(req.OldObject.Raw)
+		if err != nil {
+			return denied(http.StatusBadRequest, metav1.StatusReasonBadRequest, "decode old "+req.Kind.Kind+": "+err.Error())
+		}
+		if note, _ := dig(old, "metadata", "annotations", names.AnnotationPreferExistingMIG).(string); !strings.HasPrefix(note, rewrittenNote) {
+			return &admissionv1.AdmissionResponse{Allowed: true}
+		}
+		oldRequests, _ = dig(old, path...).([]any)
+	} else {
+		if m.kueue() {
+			return &admissionv1.AdmissionResponse{Allowed: true}
+		}
+		if ok, why := m.opts.PrioritizedList.Supported(); !ok {
+			return allowedWithWarning(fmt.Sprintf("Facet's webhook left the MIG requests of %s as written, not existing instances first (%s), as the API server may not keep firstAvailable: %s",
+				field, migPreferenceNames(), why))
+		}
 	}
 	var ops []jsonPatchOp
 	var rewritten, warnings []string
+	restored := append([]any(nil), requests...)
 	for _, c := range candidates {
 		subs, err := existingFirst(c.exactly)
 		if err != nil {
@@ -159,13 +182,24 @@ func (m *ClaimMutator) Review(_ context.Context, req *admissionv1.AdmissionReque
 		base := fmt.Sprintf("/%s/%d", strings.Join(path, "/"), c.index)
 		ops = append(ops, jsonPatchOp{Op: "remove", Path: base + "/exactly"}, jsonPatchOp{Op: "add", Path: base + "/firstAvailable", Value: subs})
 		rewritten = append(rewritten, c.name)
+		r := map[string]any{}
+		for k, v := range requests[c.index].(map[string]any) {
+			if k != "exactly" {
+				r[k] = v
+			}
+		}
+		r["firstAvailable"] = subs
+		restored[c.index] = r
+	}
+	if update && (len(ops) == 0 || !reflect.DeepEqual(restored, oldRequests)) {
+		return &admissionv1.AdmissionResponse{Allowed: true}
 	}
 	if len(ops) == 0 {
 		return &admissionv1.AdmissionResponse{Allowed: true, Warnings: warnings}
 	}
 	sort.Strings(rewritten)
-	note := "rewritten: " + strings.Join(rewritten, ",")
-	if _, ok := dig(obj, "metadata", "annotations").(map[string]any); ok {
+	note := rewrittenNote + strings.Join(rewritten, ",")
+	if hasAnnotations {
 		ops = append(ops, jsonPatchOp{Op: "add", Path: "/metadata/annotations/" + pointerEscape(names.AnnotationPreferExistingMIG), Value: note})
 	} else {
 		ops = append(ops, jsonPatchOp{Op: "add", Path: "/metadata/annotations", Value: map[string]string{names.AnnotationPreferExistingMIG: note}})
@@ -176,6 +210,25 @@ func (m *ClaimMutator) Review(_ context.Context, req *admissionv1.AdmissionReque
 	}
 	pt := admissionv1.PatchTypeJSONPatch
 	return &admissionv1.AdmissionResponse{Allowed: true, Patch: patch, PatchType: &pt, Warnings: warnings}
+}
+
+// rewrittenNote starts the value of names.AnnotationPreferExistingMIG on
+// an object the claim mutator rewrote; the requests' names follow.
+const rewrittenNote = "rewritten: "
+
+// decodeObject decodes a JSON object, numbers as json.Number, so that
+// they are written back as they came.
+func decodeObject(raw []byte) (map[string]any, error) {
+	var obj map[string]any
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	if err := dec.Decode(&obj); err != nil {
+		return nil, err
+	}
+	if obj == nil {
+		return nil, errors.New("not a JSON object")
+	}
+	return obj, nil
 }
 
 // dig returns the value at path in a JSON object, nil where any step is

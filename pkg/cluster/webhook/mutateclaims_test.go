@@ -252,10 +252,10 @@ func TestClaimMutatorOtherRequests(t *testing.T) {
 	m := newClaimMutator(t, KueueOff, false, true)
 	plain := "- {name: mig, exactly: {deviceClassName: mig.facet.dev, count: 1}}\n"
 
-	update := claimReview(t, "ResourceClaim", "", plain)
-	update.Operation = admissionv1.Update
-	if resp := m.Review(context.Background(), update); !resp.Allowed || resp.Patch != nil {
-		t.Errorf("UPDATE: %+v", resp)
+	del := claimReview(t, "ResourceClaim", "", plain)
+	del.Operation = admissionv1.Delete
+	if resp := m.Review(context.Background(), del); !resp.Allowed || resp.Patch != nil {
+		t.Errorf("DELETE: %+v", resp)
 	}
 
 	pod := claimReview(t, "ResourceClaim", "", plain)
@@ -275,5 +275,86 @@ func TestClaimMutatorOtherRequests(t *testing.T) {
 	}
 	if _, err := NewClaimMutator(ktesting.NewLogger(t, ktesting.NewConfig()), ClaimMutatorOptions{}); err == nil {
 		t.Error("no discovery client and no PrioritizedListSupport accepted")
+	}
+}
+
+// applyReviewPatch is raw with resp's JSON patch applied (raw if none).
+func applyReviewPatch(t *testing.T, raw []byte, resp *admissionv1.AdmissionResponse) []byte {
+	t.Helper()
+	if resp.Patch == nil {
+		return raw
+	}
+	p, err := jsonpatch.DecodePatch(resp.Patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.Apply(raw)
+	if err != nil {
+		t.Fatalf("apply patch %s: %v", resp.Patch, err)
+	}
+	return out
+}
+
+// TestClaimMutatorUpdate: an update of an object the mutator rewrote that
+// sends its plain request again (kubectl apply, a GitOps tool's sync, or
+// server-side apply, which also drops the annotation the applier did not
+// write) gets the stored requests back, so that applying an unchanged
+// manifest is no change of the immutable spec; every other update is left
+// alone, for the API server to judge.
+func TestClaimMutatorUpdate(t *testing.T) {
+	const plain = "- {name: mig, exactly: {deviceClassName: mig.facet.dev, allocationMode: ExactCount, count: 1, selectors: [{cel: {expression: '" + memoryCEL + "'}}]}}\n"
+	for _, kind := range []string{"ResourceClaim", "ResourceClaimTemplate"} {
+		m := newClaimMutator(t, KueueOff, false, true)
+		create := claimReview(t, kind, "", plain)
+		stored := applyReviewPatch(t, create.Object.Raw, m.Review(context.Background(), create))
+		for _, tc := range []struct {
+			name string
+			// new is the object the update sends (meta, requests);
+			// old is the stored one, the rewrite unless oldRaw is set.
+			meta, requests string
+			oldRaw         []byte
+			wantRestored   bool
+		}{
+			{name: "the manifest applied again", meta: ", labels: {team: a}", requests: plain, wantRestored: true},
+			{name: "server-side apply of the manifest, the note dropped", requests: plain, wantRestored: true},
+			{name: "a changed request", requests: strings.Replace(plain, "count: 1", "count: 2", 1)},
+			{name: "an object the mutator did not rewrite", requests: plain, oldRaw: create.Object.Raw},
+			{name: "a metadata update of the rewritten object", requests: "- {name: mig, firstAvailable: [{name: existing, deviceClassName: mig.facet.dev}]}\n"},
+		} {
+			t.Run(kind+": "+tc.name, func(t *testing.T) {
+				req := claimReview(t, kind, tc.meta, tc.requests)
+				req.Operation = admissionv1.Update
+				req.OldObject.Raw = stored
+				if tc.oldRaw != nil {
+					req.OldObject.Raw = tc.oldRaw
+				}
+				resp := m.Review(context.Background(), req)
+				if !resp.Allowed || len(resp.Warnings) != 0 {
+					t.Fatalf("%+v", resp)
+				}
+				if got := resp.Patch != nil; got != tc.wantRestored {
+					t.Fatalf("patch %s, want one: %v", resp.Patch, tc.wantRestored)
+				}
+				if !tc.wantRestored {
+					return
+				}
+				gotSpec, gotAnnotations := patchedClaimSpec(t, req, resp)
+				wantReq := &admissionv1.AdmissionRequest{Kind: req.Kind, Object: runtime.RawExtension{Raw: stored}}
+				wantSpec, wantAnnotations := patchedClaimSpec(t, wantReq, &admissionv1.AdmissionResponse{})
+				if g, w := strings.Join(describeRequests(gotSpec), "\n"), strings.Join(describeRequests(wantSpec), "\n"); g != w {
+					t.Errorf("requests:\n%s\nwant the stored:\n%s", g, w)
+				}
+				if gotAnnotations[names.AnnotationPreferExistingMIG] != wantAnnotations[names.AnnotationPreferExistingMIG] {
+					t.Errorf("annotations %v, want the stored note %v", gotAnnotations, wantAnnotations)
+				}
+			})
+		}
+	}
+
+	m := newClaimMutator(t, KueueOff, false, true)
+	req := claimReview(t, "ResourceClaim", "", plain)
+	req.Operation = admissionv1.Update
+	if resp := m.Review(context.Background(), req); resp.Allowed || resp.Result.Code != 400 || !strings.Contains(resp.Result.Message, "decode old ResourceClaim") {
+		t.Errorf("an update without its old object: %+v", resp)
 	}
 }
