@@ -494,6 +494,27 @@ spec:
 			t.Errorf("template annotation %s=%q, want the record of the rewrite", names.AnnotationPreferExistingMIG, got)
 		}
 
+		// Applying the manifest again, client-side or server-side, is no
+		// change of the immutable spec: the webhook gives the update the
+		// stored requests back.
+		for name, apply := range map[string][]string{
+			"applied-client-side": {"apply", "-f", "-"},
+			"applied-server-side": {"apply", "--server-side", "-f", "-"},
+		} {
+			doc := strings.Replace(tplDoc, "name: at-least-20gb", "name: "+name, 1)
+			for range 2 {
+				l.Must(t, doc, apply...)
+			}
+			got, err := l.Client.ResourceV1().ResourceClaimTemplates(ns).Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkExistingFirst(t, "template "+name+", applied twice", got.Spec.Spec.Devices.Requests)
+			if got.Annotations[names.AnnotationPreferExistingMIG] != "rewritten: mig" {
+				t.Errorf("template %s, applied twice: annotations %v", name, got.Annotations)
+			}
+		}
+
 		// Its pod's claim copies the rewritten spec, without the webhook.
 		uid, generated := podClaim(t, l, ns, "mig-from-template", "mig", "at-least-20gb")
 		checkExistingFirst(t, "claim "+generated.Name, generated.Spec.Devices.Requests)

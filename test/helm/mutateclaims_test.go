@@ -62,9 +62,11 @@ func TestClaimMutator(t *testing.T) {
 			devices := map[string]string{"resourceclaims": "object.spec.devices", "resourceclaimtemplates": "object.spec.spec.devices"}
 			var resources []string
 			for _, w := range mwc.Webhooks {
+				// UPDATE only to restore a rewritten object's requests
+				// (createdOrRewritten): re-applying its manifest.
 				if len(w.Rules) != 1 || len(w.Rules[0].Resources) != 1 || !slices.Equal(w.Rules[0].APIGroups, []string{"resource.k8s.io"}) ||
-					!slices.Equal(w.Rules[0].Operations, []admissionregistrationv1.OperationType{admissionregistrationv1.Create}) {
-					t.Fatalf("%s: rules %+v, want one kind of resource.k8s.io on CREATE", w.Name, w.Rules)
+					!slices.Equal(w.Rules[0].Operations, []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}) {
+					t.Fatalf("%s: rules %+v, want one kind of resource.k8s.io on CREATE and UPDATE", w.Name, w.Rules)
 				}
 				res := w.Rules[0].Resources[0]
 				resources = append(resources, res)
@@ -84,13 +86,17 @@ func TestClaimMutator(t *testing.T) {
 				if e := conds["notOptedOut"]; !strings.Contains(e, "'"+names.AnnotationPreferExistingMIG+"'") || !strings.Contains(e, "!= 'false'") {
 					t.Errorf("%s: notOptedOut %q does not read %s", w.Name, e, names.AnnotationPreferExistingMIG)
 				}
+				if e := conds["createdOrRewritten"]; !strings.HasPrefix(e, "request.operation == 'CREATE' ||") ||
+					!strings.Contains(e, "oldObject.metadata.annotations['"+names.AnnotationPreferExistingMIG+"'].startsWith('rewritten: ')") {
+					t.Errorf("%s: createdOrRewritten %q: UPDATEs only of objects the webhook rewrote", w.Name, e)
+				}
 				if e := conds["hasPlainMIGRequest"]; !strings.Contains(e, devices[res]+".requests") || !strings.Contains(e, "has(r.exactly)") ||
 					!strings.Contains(e, "r.exactly.deviceClassName == 'mig.facet.dev'") || !strings.Contains(e, "r.exactly.deviceClassName.startsWith('mig-')") {
 					t.Errorf("%s: hasPlainMIGRequest %q", w.Name, e)
 				}
-				want := 2
+				want := 3
 				if res == "resourceclaims" {
-					want = 3
+					want = 4
 					checkNotClaimController(t, w.Name, w.MatchConditions, defaultControllerUsers)
 				}
 				if len(conds) != want {
