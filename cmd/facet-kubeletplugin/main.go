@@ -14,8 +14,8 @@ import (
 
 	"github.com/facet-gpu/facet/pkg/daemon"
 	"github.com/facet-gpu/facet/pkg/model/names"
-	"github.com/facet-gpu/facet/pkg/node/healthz"
 	"github.com/facet-gpu/facet/pkg/node/nodeplugin"
+	"github.com/facet-gpu/facet/pkg/node/probes"
 )
 
 // flags is the command line: the plugin's configuration, and --probe,
@@ -36,7 +36,7 @@ func main() {
 	}
 
 	if f.probe != "" {
-		if err := healthz.Ask(context.Background(), f.HealthAddr, f.probe, 5*time.Second); err != nil {
+		if err := probes.Ask(context.Background(), f.HealthAddr, f.probe, 5*time.Second); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

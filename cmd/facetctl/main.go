@@ -22,6 +22,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 	"github.com/facet-gpu/facet/pkg/model/resourceslices"
 	"github.com/facet-gpu/facet/pkg/model/sharemem"
+	"github.com/facet-gpu/facet/pkg/node/nodecheck"
 )
 
 const usage = `facetctl: Facet's operator CLI
@@ -62,6 +63,16 @@ Commands:
            claim's environment, and print what each delivers against what
            it publishes; unprepares and leaves nothing behind (--machine:
            every step but the probe)
+  node-check-all
+           run node-check in every GPU node's kubelet plugin pod, through the
+           API server (pods/exec), on an idle GPU of each: memory only unless
+           --seconds; fails naming the nodes that do not deliver what they
+           publish, with their reports (the chart's helm test)
+  node-cleanup
+           after helm uninstall, remove the files Facet left on a node (CDI
+           specs, checkpoint, sockets, HAMi-core, MPS directories, the
+           installed nvidia-cdi-hook); refuses while claims are prepared.
+           --node runs it there in a pod of its own
   install-cdi-hook
            copy the image's nvidia-cdi-hook onto the node (--dir), where the
            CDI specs' hooks run it, and check that it runs (the chart's init
@@ -108,6 +119,10 @@ func main() {
 		err = runSimDriverRoot(os.Args[2:])
 	case "node-check":
 		err = runNodeCheck(os.Args[2:], os.Stdout, os.Stderr)
+	case "node-check-all":
+		err = runNodeCheckAll(os.Args[2:], os.Stdout)
+	case "node-cleanup":
+		err = runNodeCleanup(os.Args[2:], os.Stdout)
 	case "install-cdi-hook":
 		err = runInstallCDIHook(os.Args[2:])
 	case "-h", "--help", "help":
@@ -122,6 +137,11 @@ func main() {
 	}
 	if errors.Is(err, errNoFit) {
 		os.Exit(3)
+	}
+	if errors.Is(err, nodecheck.ErrNoIdleGPU) {
+		// node-check-all tells a busy node (skipped) from a failed one.
+		fmt.Fprintf(os.Stderr, "facetctl %s: %v\n", os.Args[1], err)
+		os.Exit(exitNoIdleGPU)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "facetctl %s: %v\n", os.Args[1], err)

@@ -1,13 +1,18 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/pkg/model/nodemodel"
 	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
+	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 )
 
 const machine = "../../demo/machines/dgx-h100.yaml"
@@ -258,6 +263,33 @@ func TestNodeCheckOnTheSimulator(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := []string{"--machine", machine, "--driver-root", root, "--hami-library", hamiLib, "--nvidia-cdi-hook", hook, "--scratch-dir", scratch}
+	// Plugin state directories whose checkpoints hold GPU 0, and every GPU.
+	firstHeld, allHeld := filepath.Join(dir, "state-first"), filepath.Join(dir, "state-all")
+	lib, err := sim.OpenMachine(machine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := nodemodel.Discover(lib)
+	lib.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for stateDir, gpus := range map[string]int{firstHeld: 1, allHeld: len(node.GPUs)} {
+		store, err := checkpoint.Open(filepath.Join(stateDir, "claims"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range gpus {
+			c := &checkpoint.Claim{UID: types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", i)), Namespace: "team", Name: fmt.Sprintf("c%d", i), State: checkpoint.StatePrepared,
+				Devices: []checkpoint.Device{{Requests: []string{"gpu"}, Pool: "n", Device: fmt.Sprintf("gpu-%d", i), GPUUUID: node.GPUs[i].UUID, Kind: "gpu"}}}
+			if err := store.Put(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := store.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tc := range []struct {
 		name       string
 		args       []string
@@ -297,6 +329,15 @@ func TestNodeCheckOnTheSimulator(t *testing.T) {
 			args:    []string{"--nvidia-cdi-hook", "/nonexistent/nvidia-cdi-hook"},
 			wantOut: []string{"whole GPU note: the spec's hook /nonexistent/nvidia-cdi-hook does not exist here", "prepared, probe skipped"},
 		},
+		{
+			name:       "an idle GPU: the first one no claim of the plugin's checkpoint holds",
+			args:       []string{"--gpu", "idle", "--state-dir", firstHeld},
+			wantOut:    []string{"whole GPU   gpu-1 ", "vGPU slot   gpu-1-slot-0 ", "Left nothing behind"},
+			wantStderr: []string{"GPU 1 is idle: MIG mode off, and no claim in " + filepath.Join(firstHeld, "claims") + " holds it"},
+		},
+		{name: "no idle GPU", args: []string{"--gpu", "idle", "--state-dir", allHeld}, wantErr: "no idle GPU to check: GPU 0 holds claim team/c0; GPU 1 holds claim team/c1;"},
+		{name: "idle without the plugin's state", args: []string{"--gpu", "idle"}, wantErr: "--gpu idle needs --state-dir"},
+		{name: "not a GPU", args: []string{"--gpu", "first"}, wantErr: `--gpu "first": want an NVML index or "idle"`},
 		{name: "no such GPU", args: []string{"--gpu", "9"}, wantErr: "--gpu 9: the node has GPUs 0-7"},
 		{name: "bad share", args: []string{"--share-memory", "lots"}, wantErr: "--share-memory"},
 		{name: "bad slots", args: []string{"--slots", "4x"}, wantErr: "--slots"},

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"github.com/go-logr/logr"
@@ -17,7 +18,9 @@ import (
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
+	"github.com/facet-gpu/facet/pkg/model/nodemodel"
 	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
+	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/nodecheck"
 	"github.com/facet-gpu/facet/pkg/node/nodecheck/probe"
 )
@@ -30,7 +33,8 @@ var errNodeCheckFailed = errors.New("the node does not deliver what it publishes
 type nodeCheckArgs struct {
 	machine     *string
 	nvmlLib     *string
-	gpu         *int
+	gpu         *string
+	stateDir    *string
 	shareMemory *string
 	shareCores  *int64
 	slots       *string
@@ -54,7 +58,8 @@ func nodeCheckFlags(stderr io.Writer) (*flag.FlagSet, *nodeCheckArgs) {
 	fs.SetOutput(stderr)
 	a.machine = fs.String("machine", "", "machine file of a simulated node: every step runs except the CUDA probe (default: the real NVML of this host); without --driver-root, the check lays out the machine's simulated driver root in a scratch directory")
 	a.nvmlLib = fs.String("nvml-library", "", "path of libnvidia-ml.so.1 (default: found in --driver-root as nvcdi finds the driver's libraries), as the plugin's --nvml-library")
-	a.gpu = fs.Int("gpu", 0, "NVML index of the GPU to check; it must be idle (no claim, no process) and have MIG mode off")
+	a.gpu = fs.String("gpu", "0", "NVML index of the GPU to check; it must be idle (no claim, no process) and have MIG mode off. \"idle\": the lowest-indexed GPU with MIG mode off that no claim in the plugin's checkpoint (--state-dir) holds; where there is none the check exits with status 4")
+	a.stateDir = fs.String("state-dir", "", "with --gpu idle: the plugin's --state-dir, whose checkpoint says which GPUs hold claims (read only)")
 	a.shareMemory = fs.String("share-memory", "2000Mi", "memory of the vGPU share, a Kubernetes quantity in whole MiB")
 	a.shareCores = fs.Int64("share-cores", 20, "SM time of the vGPU share in percent (0: best effort)")
 	a.slots = fs.String("slots", inventory.DefaultSlotLayout.String(), "the node's slot layout, as the plugin's --slots; the check prepares its smallest slot")
@@ -96,11 +101,17 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--gpu-slots: %w", err)
 	}
-	if l, ok := perGPU[*a.gpu]; ok {
-		layout = l
+	gpu, idle := 0, *a.gpu == "idle"
+	switch {
+	case idle && *a.stateDir == "":
+		return errors.New("--gpu idle needs --state-dir, the plugin's, to tell the GPUs its claims hold")
+	case !idle:
+		if gpu, err = strconv.Atoi(*a.gpu); err != nil {
+			return fmt.Errorf("--gpu %q: want an NVML index or \"idle\"", *a.gpu)
+		}
 	}
 	opts := nodecheck.Options{
-		GPU: *a.gpu, ShareMemoryBytes: mem.Value(), ShareCores: *a.shareCores, Slots: layout,
+		GPU: gpu, ShareMemoryBytes: mem.Value(), ShareCores: *a.shareCores,
 		DriverRoot: *a.driverRoot, DevRoot: *a.devRoot, NvidiaCDIHook: *a.cdiHook, HAMiLibrary: *a.hamiLib,
 		ScratchParent: *a.scratch, ProbeSeconds: *a.seconds, Log: stderr, MPS: *a.useMPS, HostRoot: *a.hostRoot,
 	}
@@ -142,6 +153,16 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer opts.Library.Close()
+	if idle {
+		if opts.GPU, err = pickIdleGPU(opts.Library, *a.stateDir); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "GPU %d is idle: MIG mode off, and no claim in %s holds it\n", opts.GPU, filepath.Join(*a.stateDir, "claims"))
+	}
+	opts.Slots = layout
+	if l, ok := perGPU[opts.GPU]; ok {
+		opts.Slots = l
+	}
 	// Ctrl-C stops the probe, and the claims are still unprepared.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -163,4 +184,19 @@ func runNodeCheck(args []string, stdout, stderr io.Writer) error {
 		return errNodeCheckFailed
 	}
 	return nil
+}
+
+// pickIdleGPU is --gpu idle: nodecheck.IdleGPU over the node lib sees and
+// the claims of the plugin's checkpoint under stateDir, read without
+// opening it (the plugin keeps it open).
+func pickIdleGPU(lib *nvmlgpu.Library, stateDir string) (int, error) {
+	node, err := nodemodel.Discover(lib)
+	if err != nil {
+		return 0, err
+	}
+	claims, corrupt, err := checkpoint.PeekAll(filepath.Join(stateDir, "claims"))
+	if err != nil {
+		return 0, fmt.Errorf("--state-dir %s: %w", stateDir, err)
+	}
+	return nodecheck.IdleGPU(node, claims, corrupt)
 }

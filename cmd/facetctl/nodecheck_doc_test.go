@@ -52,7 +52,7 @@ func nodeCheckDocCommands(t *testing.T, path string) []docCommand {
 		full := strings.TrimSpace(cont + strings.TrimSpace(line))
 		cont = ""
 		prompt := strings.HasPrefix(full, "$ ")
-		before, after, ok := strings.Cut(strings.TrimPrefix(full, "$ "), "facetctl node-check")
+		before, after, ok := strings.Cut(strings.TrimPrefix(full, "$ ")+" ", "facetctl node-check ")
 		if !ok {
 			if cur != nil {
 				cur.output = append(cur.output, line)

@@ -4,8 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -73,12 +74,7 @@ Legend:
 		if len(attrs) == 0 {
 			fmt.Fprintln(out, "  (no topology attributes)")
 		}
-		keys := make([]string, 0, len(attrs))
-		for k := range attrs {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(attrs)) {
 			a := attrs[k]
 			v := ""
 			switch {

@@ -13,8 +13,12 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/utils/ptr"
 
 	"github.com/facet-gpu/facet/internal/testenv"
 	"github.com/facet-gpu/facet/pkg/cluster/preempt/controller"
@@ -113,6 +117,52 @@ spec:
 // preemptor is a running facet-preemptor.
 type preemptor struct{ log string }
 
+// The chart's identity for facet-preemptor: its service account, RBAC and
+// ValidatingAdmissionPolicies as the chart renders them for release facet
+// in preemptorNS, with preemptor.protectedNamespaces [guardedNS]
+// (testdata/preemptor-chart.yaml, kept equal to the render by test/helm's
+// TestPreemptorE2EManifest).
+const (
+	preemptorNS   = "facet-e2e-preemptor"
+	preemptorSA   = "facet-preemptor"
+	preemptorName = "facet-preemptor" // its Lease, the only one its Role lets it update
+	guardedNS     = "facet-e2e-guarded"
+)
+
+// chartIdentity installs the chart's identity for the preemptor and
+// returns a kubeconfig with a token of its service account, so that the
+// preemptor runs with what the chart grants it and the API server's
+// policies judge its requests. Removed when t ends.
+func chartIdentity(t *testing.T) string {
+	t.Helper()
+	kubectl(t, "create", "namespace", preemptorNS)
+	manifest := filepath.Join(e.repo, "test", "e2e", "testdata", "preemptor-chart.yaml")
+	kubectl(t, "apply", "-f", manifest)
+	t.Cleanup(func() {
+		_, _ = kubectlErr("delete", "-f", manifest, "--ignore-not-found", "--wait=true")
+		_, _ = kubectlErr("delete", "namespace", preemptorNS, "--wait=true", "--timeout=120s")
+	})
+	tok, err := e.client.CoreV1().ServiceAccounts(preemptorNS).CreateToken(context.Background(), preemptorSA, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](3 * 3600)},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.LoadFromFile(e.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := cfg.Contexts[cfg.CurrentContext]
+	cfg.AuthInfos = map[string]*clientcmdapi.AuthInfo{preemptorSA: {Token: tok.Status.Token}}
+	cfg.Contexts = map[string]*clientcmdapi.Context{preemptorSA: {Cluster: ctx.Cluster, AuthInfo: preemptorSA}}
+	cfg.CurrentContext = preemptorSA
+	path := filepath.Join(e.runDir, "facet-preemptor-e2e.kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func (p *preemptor) logText() string {
 	b, _ := os.ReadFile(p.log)
 	return string(b)
@@ -121,12 +171,16 @@ func (p *preemptor) logText() string {
 var preemptorRuns int
 
 // startPreemptor runs bin/facet-preemptor as a host process against the
-// node's API server, as the chart's Deployment runs it in a cluster.
-func startPreemptor(t *testing.T, extra ...string) *preemptor {
+// node's API server, as the chart's Deployment runs it in a cluster: with
+// the chart's service account (kubeconfig, from chartIdentity), leader
+// election on its Lease in preemptorNS, and POD_NAMESPACE preemptorNS.
+func startPreemptor(t *testing.T, kubeconfig string, extra ...string) *preemptor {
 	t.Helper()
 	preemptorRuns++
+	t.Setenv("POD_NAMESPACE", preemptorNS)
 	p := &preemptor{log: filepath.Join(e.runDir, "logs", fmt.Sprintf("facet-preemptor-e2e-%d.log", preemptorRuns))}
-	args := append([]string{"--kubeconfig", e.kubeconfig, "--metrics-addr", "127.0.0.1:0", "--resync", "2s", "--backoff", "2s", "-v", "2"}, extra...)
+	args := append([]string{"--kubeconfig", kubeconfig, "--leader-elect-namespace=" + preemptorNS, "--leader-elect-name=" + preemptorName,
+		"--metrics-addr", "127.0.0.1:0", "--resync", "2s", "--backoff", "2s", "-v", "2"}, extra...)
 	testenv.StartProcess(t, p.log, filepath.Join(e.repo, "bin", "facet-preemptor"), args...)
 	return p
 }
@@ -290,7 +344,8 @@ func preemptSetup(t *testing.T) {
 // gates on).
 func TestPreempt(t *testing.T) {
 	preemptSetup(t)
-	pre := startPreemptor(t, "--leader-elect-namespace=default", "--leader-elect-name=facet-preemptor-e2e")
+	identity := chartIdentity(t)
+	pre := startPreemptor(t, identity)
 
 	t.Run("it acts, and says why", func(t *testing.T) {
 		waitFor(t, "the preemptor's start", time.Minute, func() (bool, error) {
@@ -311,7 +366,7 @@ func TestPreempt(t *testing.T) {
 	})
 
 	t.Run("it stays idle where the scheduler preempts (override)", func(t *testing.T) {
-		idle := startPreemptor(t, "--leader-elect=false", "--scheduler-preempts-claims=true")
+		idle := startPreemptor(t, identity, "--leader-elect=false", "--scheduler-preempts-claims=true")
 		waitFor(t, "the idle preemptor's log", time.Minute, func() (bool, error) {
 			log := idle.logText()
 			return strings.Contains(log, "Staying idle") && strings.Contains(log, "--scheduler-preempts-claims=true"), fmt.Errorf("log:\n%s", log)
@@ -387,6 +442,13 @@ func TestPreempt(t *testing.T) {
 		}
 		t.Logf("8 + 1 over %d rounds: creation to Running %v; a rival batch pod took the freed GPU first in %d of %d rounds with a rival",
 			rounds, took, rivalFirst, rounds-1)
+		// With the chart's RBAC and policies: every eviction and
+		// nomination went through.
+		for _, bad := range []string{"Eviction failed", "Could not nominate", "forbidden"} {
+			if log := pre.logText(); strings.Contains(log, bad) {
+				t.Errorf("the preemptor's log says %q:\n%s", bad, log)
+			}
+		}
 		if v := pre.metric(t, "facet_preemptor_preemptions_total"); v < float64(rounds) {
 			t.Errorf("facet_preemptor_preemptions_total %v, want at least %d", v, rounds)
 		}
@@ -466,6 +528,35 @@ spec: {maxUnavailable: 0, selector: {matchLabels: {tier: batch}}}
 		}
 	})
 
+	// A namespace the chart's policy protects (preemptor.protectedNamespaces
+	// in testdata/preemptor-chart.yaml) while this preemptor's flags do
+	// not: its code picks the pod there, the API server refuses the dry-run
+	// eviction of the chart's service account, and the preemptor looks
+	// elsewhere, finds nothing, and says why, naming the policy.
+	t.Run("a pod only the chart's policy protects: the API server refuses its eviction", func(t *testing.T) {
+		kubectl(t, "delete", "pods", "--all", "-n", namespace, "--wait=true", "--timeout=180s")
+		fill(t, 7, "facet-e2e-high", "whole")
+		kubectl(t, "create", "namespace", guardedNS)
+		t.Cleanup(func() { _, _ = kubectlErr("delete", "namespace", guardedNS, "--wait=true", "--timeout=180s") })
+		applyYAML(t, strings.ReplaceAll(strings.SplitN(preemptTemplates, "---", 2)[0], "namespace: facet-demo", "namespace: "+guardedNS))
+		applyYAML(t, strings.Replace(prioPod("guarded-batch", "facet-e2e-low", "batch", "whole"), "namespace: facet-demo", "namespace: "+guardedNS, 1))
+		var victim *corev1.Pod
+		waitFor(t, guardedNS+"/guarded-batch Running", 3*time.Minute, func() (bool, error) {
+			var err error
+			if victim, err = e.client.CoreV1().Pods(guardedNS).Get(context.Background(), "guarded-batch", metav1.GetOptions{}); err != nil {
+				return false, err
+			}
+			return victim.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s", victim.Status.Phase)
+		})
+		applyYAML(t, prioPod("refused", "facet-e2e-high", "urgent", "whole"))
+		waitEvent(t, "refused", controller.ReasonBlocked, "the eviction of "+guardedNS+`/guarded-batch (pods "guarded-batch" is forbidden: ValidatingAdmissionPolicy 'facet-preemptor-evictions'`)
+		p, err := e.client.CoreV1().Pods(guardedNS).Get(context.Background(), "guarded-batch", metav1.GetOptions{})
+		if err != nil || p.UID != victim.UID || p.DeletionTimestamp != nil {
+			t.Errorf("%s/guarded-batch evicted or going: %v", guardedNS, err)
+		}
+		kubectl(t, "delete", "pod", "-n", namespace, "refused", "--wait=true", "--timeout=120s")
+	})
+
 	// The partitioned shapes, each on a plugin of its own.
 	kubectl(t, "delete", "pods", "--all", "-n", namespace, "--wait=true", "--timeout=180s")
 	plugin.stop()
@@ -511,7 +602,7 @@ func TestPreemptObserveOnly(t *testing.T) {
 	// Its templates ("whole") are not the later tests' of the same name.
 	deleteNamespaceAtEnd(t)
 	fill(t, 8, "facet-e2e-low", "whole")
-	obs := startPreemptor(t, "--leader-elect=false", "--observe-only")
+	obs := startPreemptor(t, chartIdentity(t), "--leader-elect=false", "--observe-only")
 	applyYAML(t, prioPod("watched", "facet-e2e-high", "urgent", "whole"))
 	waitEvent(t, "watched", controller.ReasonPreempting, "(observe-only) would evict")
 	// The victim's Event comes with the decision; nothing is evicted,

@@ -37,7 +37,7 @@ func checkNetworkPolicies(t *testing.T, extra string, webhookEgress bool) {
 	want := map[string]struct {
 		port   int
 		egress bool
-	}{"kubelet-plugin": {8081, true}, "mps": {0, false}, "hami-core": {0, false}, "webhook": {8443, webhookEgress}, "preemptor": {8080, true}}
+	}{"kubelet-plugin": {8081, true}, "mps": {0, false}, "hami-core": {0, false}, "webhook": {8443, webhookEgress}, "preemptor": {8080, true}, "node-check": {0, true}}
 	for _, o := range objs {
 		spec, ok := podSpecOf(t, o)
 		if !ok || spec.HostNetwork {
@@ -46,9 +46,12 @@ func checkNetworkPolicies(t *testing.T, extra string, webhookEgress bool) {
 		if _, ok := want[o.GetLabels()["app.kubernetes.io/component"]]; !ok {
 			t.Errorf("%s/%s: no policy decided here for component %q", o.GetKind(), o.GetName(), o.GetLabels()["app.kubernetes.io/component"])
 		}
-		podLabels := labels.Set{}
-		for k, v := range o.Object["spec"].(map[string]any)["template"].(map[string]any)["metadata"].(map[string]any)["labels"].(map[string]any) {
-			podLabels[k] = v.(string)
+		podLabels := labels.Set(o.GetLabels())
+		if o.GetKind() != "Pod" {
+			podLabels = labels.Set{}
+			for k, v := range o.Object["spec"].(map[string]any)["template"].(map[string]any)["metadata"].(map[string]any)["labels"].(map[string]any) {
+				podLabels[k] = v.(string)
+			}
 		}
 		var selecting []*networkingv1.NetworkPolicy
 		for _, np := range policies {

@@ -12,13 +12,19 @@ import (
 // only into a namespace with a ResourceQuota scoped to them.
 var criticalClasses = []string{"system-node-critical", "system-cluster-critical"}
 
-// podSpecOf returns the pod template of a DaemonSet or a Deployment.
+// podSpecOf returns the pod template of a DaemonSet or a Deployment, or
+// a Pod's spec (helm test's).
 func podSpecOf(t testing.TB, o object) (corev1.PodSpec, bool) {
 	t.Helper()
-	if o.GetKind() != "DaemonSet" && o.GetKind() != "Deployment" {
+	path := []string{"spec", "template", "spec"}
+	switch o.GetKind() {
+	case "DaemonSet", "Deployment":
+	case "Pod":
+		path = []string{"spec"}
+	default:
 		return corev1.PodSpec{}, false
 	}
-	m, ok, err := unstructured.NestedMap(o.Object, "spec", "template", "spec")
+	m, ok, err := unstructured.NestedMap(o.Object, path...)
 	if err != nil || !ok {
 		t.Fatalf("%s %s: no pod template: %v", o.GetKind(), o.GetName(), err)
 	}
@@ -115,7 +121,9 @@ func TestCriticalPodsQuota(t *testing.T) {
 // critical-pods quota covers them all.
 func TestPriorityClasses(t *testing.T) {
 	objs := render(t, values(t, "preemptor: {enabled: true}"))
-	want := map[string]string{"kubelet-plugin": "system-node-critical", "mps": "system-node-critical", "hami-core": "system-node-critical", "webhook": "system-cluster-critical", "preemptor": "system-cluster-critical"}
+	// helm test's node check runs on demand, and is not to outrank
+	// workloads.
+	want := map[string]string{"kubelet-plugin": "system-node-critical", "mps": "system-node-critical", "hami-core": "system-node-critical", "webhook": "system-cluster-critical", "preemptor": "system-cluster-critical", "node-check": ""}
 	seen := map[string]bool{}
 	for _, o := range objs {
 		spec, ok := podSpecOf(t, o)
@@ -132,7 +140,7 @@ func TestPriorityClasses(t *testing.T) {
 		if spec.PriorityClassName != w {
 			t.Errorf("%s/%s: priorityClassName %q, want %s", o.GetKind(), o.GetName(), spec.PriorityClassName, w)
 		}
-		if !quotaCovers(t, find(t, objs, "ResourceQuota", releaseName+"-critical-pods"), w) {
+		if w != "" && !quotaCovers(t, find(t, objs, "ResourceQuota", releaseName+"-critical-pods"), w) {
 			t.Errorf("the critical-pods quota does not cover %s", w)
 		}
 	}
@@ -149,6 +157,7 @@ func TestPriorityClasses(t *testing.T) {
 // node's MPS daemons.
 var oneShot = map[string]map[string]bool{
 	"kubelet-plugin": {"install-nvidia-cdi-hook": true},
+	"node-check":     {"node-check": true},
 	"hami-core":      {"stage-installer": true, "install-hami-core": true, "hold": true},
 }
 

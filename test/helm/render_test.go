@@ -48,20 +48,40 @@ func values(t testing.TB, y string) map[string]any { return helmtest.Values(t, y
 // renderErr renders the chart as `helm install` would (values merged with
 // the chart's, checked against values.schema.json, then the templates),
 // for release name and namespace, on a cluster that serves Kubernetes'
-// APIs and apis ("cert-manager.io/v1").
+// APIs and apis ("cert-manager.io/v1"), as `helm template` renders: lookup
+// finds nothing.
 func renderErr(t testing.TB, vals map[string]any, name, namespace string, apis ...string) (map[string]string, error) {
 	t.Helper()
-	c := loadChart(t)
+	return renderErrIn(t, vals, name, namespace, fakeCluster{apis: apis})
+}
+
+// fakeCluster is the cluster a render sees: the APIs it serves besides
+// Kubernetes' and, where objects is not nil, what lookup finds (as `helm
+// install` and `helm upgrade` see a real one); upgrade renders as `helm
+// upgrade` does.
+type fakeCluster struct {
+	apis    []string
+	objects []*unstructured.Unstructured
+	upgrade bool
+}
+
+// renderErrIn is renderErr on cluster c.
+func renderErrIn(t testing.TB, vals map[string]any, name, namespace string, c fakeCluster) (map[string]string, error) {
+	t.Helper()
+	ch := loadChart(t)
 	caps := chartutil.DefaultCapabilities.Copy()
-	caps.APIVersions = append(caps.APIVersions, apis...)
+	caps.APIVersions = append(caps.APIVersions, c.apis...)
 	caps.KubeVersion = chartutil.KubeVersion{Version: kubeVersion, Major: "1", Minor: "35"}
-	top, err := chartutil.ToRenderValues(c, vals, chartutil.ReleaseOptions{
-		Name: name, Namespace: namespace, Revision: 1, IsInstall: true,
+	top, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{
+		Name: name, Namespace: namespace, Revision: 1, IsInstall: !c.upgrade, IsUpgrade: c.upgrade,
 	}, caps)
 	if err != nil {
 		return nil, err
 	}
-	return engine.Render(c, top)
+	if c.objects == nil {
+		return engine.Render(ch, top)
+	}
+	return engine.RenderWithClientProvider(ch, top, newLookupClients(c.objects))
 }
 
 // object is one rendered object and the template it came from.
@@ -79,10 +99,22 @@ func render(t testing.TB, vals map[string]any) []object {
 
 func renderAs(t testing.TB, vals map[string]any, name, namespace string, apis ...string) []object {
 	t.Helper()
-	out, err := renderErr(t, vals, name, namespace, apis...)
+	return renderIn(t, vals, fakeCluster{apis: apis}, name, namespace)
+}
+
+// renderIn renders on cluster c, failing the test on any error.
+func renderIn(t testing.TB, vals map[string]any, c fakeCluster, name, namespace string) []object {
+	t.Helper()
+	out, err := renderErrIn(t, vals, name, namespace, c)
 	if err != nil {
 		t.Fatalf("render: %v", err)
 	}
+	return parseRendered(t, out)
+}
+
+// parseRendered splits rendered templates into objects, in a stable order.
+func parseRendered(t testing.TB, out map[string]string) []object {
+	t.Helper()
 	var files []string
 	for f := range out {
 		files = append(files, f)

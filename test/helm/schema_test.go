@@ -44,6 +44,8 @@ func TestValuesRejected(t *testing.T) {
 		{"unknown TLS mode", "admission: {webhook: {tls: {mode: helm}}}", []string{"tls/mode"}},
 		{"secret TLS without a Secret", "admission: {webhook: {tls: {mode: secret, secret: {caBundle: " + testCABundle + "}}}}", []string{"admission.webhook.tls.secret.name is required"}},
 		{"secret TLS without a CA", "admission: {webhook: {tls: {mode: secret, secret: {name: tls}}}}", []string{"admission.webhook.tls.secret.caBundle is required"}},
+		{"a self-signed certificate longer than a year", "admission: {webhook: {tls: {selfSigned: {validityDays: 3650}}}}", []string{"validityDays", "365"}},
+		{"renewal no earlier than the validity", "admission: {webhook: {tls: {selfSigned: {validityDays: 30, renewBeforeDays: 30}}}}", []string{"admission.webhook.tls.selfSigned.renewBeforeDays (30) must be less than validityDays (30)"}},
 		{"CA that is no base64", "admission: {webhook: {tls: {mode: secret, secret: {name: tls, caBundle: '-----BEGIN'}}}}", []string{"caBundle"}},
 		{"unknown pod mutator mode", "admission: {webhook: {mutatePods: {mode: sometimes}}}", []string{"mutatePods/mode"}},
 		{"unknown Kueue mode", "admission: {webhook: {mutatePods: {kueue: yes}}}", []string{"mutatePods/kueue"}},

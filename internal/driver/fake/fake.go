@@ -7,8 +7,10 @@ package fake
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -114,12 +116,7 @@ func (s *Specs) SweepTemp() ([]string, error) { return nil, nil }
 func (s *Specs) ClaimSpecs() ([]types.UID, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]types.UID, 0, len(s.specs))
-	for uid := range s.specs {
-		out = append(out, uid)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out, nil
+	return slices.Sorted(maps.Keys(s.specs)), nil
 }
 
 // Dir is no real directory.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -123,11 +122,7 @@ func readFaultFile(path string) (faultFile, error) {
 
 func writeFaults(path string, ff faultFile) error {
 	ff.Version = faultFileVersion
-	data, err := json.MarshalIndent(ff, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Dir(path), filepath.Base(path), ".faults-", append(data, '\n'), 0o644)
+	return atomicfile.WriteJSON(path, ".faults-", ff, 0o644)
 }
 
 // InjectFault appends a fault to the file, validated against the

@@ -1,10 +1,10 @@
 package sim
 
 import (
-	"sort"
-
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"maps"
+	"slices"
 )
 
 // model is one GPU a machine file can name: go-nvml's mock config (or one
@@ -286,12 +286,7 @@ func init() {
 
 // Models lists the model names a machine file may use.
 func Models() []string {
-	names := make([]string, 0, len(models))
-	for n := range models {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
+	return slices.Sorted(maps.Keys(models))
 }
 
 func migCapable(c gpus.Config) bool {

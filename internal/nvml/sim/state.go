@@ -145,11 +145,7 @@ func (s *simStore) save(index int, st simGPUState) error {
 
 // write replaces the file atomically. s.mu is held.
 func (s *simStore) write() error {
-	data, err := json.MarshalIndent(simState{Version: simStateVersion, Machine: s.machine, GPUs: s.gpus}, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Dir(s.path), filepath.Base(s.path), "."+filepath.Base(s.path)+".tmp-", append(data, '\n'), 0o644)
+	return atomicfile.WriteJSON(s.path, "."+filepath.Base(s.path)+".tmp-", simState{Version: simStateVersion, Machine: s.machine, GPUs: s.gpus}, 0o644)
 }
 
 // openStore loads the state file into the node (if it exists), then makes

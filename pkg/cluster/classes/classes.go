@@ -15,6 +15,7 @@ package classes
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"sort"
@@ -169,12 +170,12 @@ func Generate(in []*resourceapi.ResourceSlice, opts Options) (Result, error) {
 		}
 	}
 	var out []*resourceapi.DeviceClass
-	for _, fam := range sortedKeys(products) {
+	for _, fam := range slices.Sorted(maps.Keys(products)) {
 		ps := products[fam]
 		sort.Strings(ps)
 		out = append(out, GPUClass(fam, ps))
 	}
-	for _, p := range sortedKeys(profiles) {
+	for _, p := range slices.Sorted(maps.Keys(profiles)) {
 		out = append(out, MIGClass(p))
 	}
 	var slotSizes []Size
@@ -346,15 +347,6 @@ func str(d resourceapi.Device, attr string) string {
 		return *a.StringValue
 	}
 	return ""
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // sortSizes orders by memory, then cores: the smallest first.

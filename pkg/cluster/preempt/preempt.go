@@ -26,7 +26,9 @@ package preempt
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -350,14 +352,10 @@ func newDecider(s Snapshot, claims []*resourceapi.ResourceClaim) *decider {
 
 // nodes are the nodes with Facet devices that admit pod, sorted.
 func (d *decider) nodes(pod *v1.Pod) []string {
-	var out []string
 	if d.s.Nodes == nil {
-		for n := range d.pool {
-			out = append(out, n)
-		}
-		sort.Strings(out)
-		return out
+		return slices.Sorted(maps.Keys(d.pool))
 	}
+	var out []string
 	affinity := nodeaffinity.GetRequiredNodeAffinity(pod)
 	for _, n := range d.s.Nodes {
 		if !d.pool[n.Name] || n.Spec.Unschedulable {

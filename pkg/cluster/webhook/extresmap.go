@@ -3,7 +3,9 @@ package webhook
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -364,7 +366,7 @@ func (m ExtendedResourceMap) shapes(container string, res corev1.ResourceRequire
 			out = append(out, s)
 		}
 	}
-	for _, n := range sortedNames(values) {
+	for _, n := range slices.Sorted(maps.Keys(values)) {
 		if used[n] {
 			continue
 		}

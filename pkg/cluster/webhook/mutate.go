@@ -620,15 +620,6 @@ func (p plan) patch(pod *corev1.Pod) []jsonPatchOp {
 	return ops
 }
 
-func sortedNames(m map[corev1.ResourceName]int64) []corev1.ResourceName {
-	out := make([]corev1.ResourceName, 0, len(m))
-	for n := range m {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // joinSorted joins errors in a stable order: the resources of a container
 // come from a map.
 func joinSorted(errs []error) error {

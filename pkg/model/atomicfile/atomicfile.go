@@ -6,6 +6,7 @@
 package atomicfile
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,6 +18,18 @@ import (
 // crash left behind. Errors name the file.
 func Write(dir, name, tempPrefix string, data []byte, perm os.FileMode) error {
 	return WriteWith(dir, name, data, Options{TempPattern: tempPrefix + "*", Perm: perm})
+}
+
+// WriteJSON replaces the file at path with v as indented JSON (two spaces,
+// a final newline), as Write does: durably, the temporary file in path's
+// directory named tempPrefix followed by random characters. An error is
+// v's encoding or the write's, naming the file.
+func WriteJSON(path, tempPrefix string, v any, perm os.FileMode) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", path, err)
+	}
+	return Write(filepath.Dir(path), filepath.Base(path), tempPrefix, append(data, '\n'), perm)
 }
 
 // Options say how WriteWith writes.

@@ -85,3 +85,28 @@ func TestWriteWith(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteJSON: indented JSON with a final newline, at the mode asked;
+// a value JSON cannot encode is an error naming the file, and writes
+// nothing.
+func TestWriteJSON(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "r.json")
+	if err := WriteJSON(path, ".tmp-r-", map[string]int{"b": 2, "a": 1}, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if want := "{\n  \"a\": 1,\n  \"b\": 2\n}\n"; err != nil || string(got) != want {
+		t.Errorf("wrote %q (%v), want %q", got, err, want)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o644 {
+		t.Errorf("mode %v %v", st.Mode(), err)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	if err := WriteJSON(bad, ".tmp-bad-", map[string]any{"f": func() {}}, 0o644); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Errorf("an unencodable value: %v, want an error naming %s", err, bad)
+	}
+	if _, err := os.Stat(bad); !os.IsNotExist(err) {
+		t.Errorf("an unencodable value left a file: %v", err)
+	}
+}

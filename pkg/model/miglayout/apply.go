@@ -60,11 +60,7 @@ func (s *Store) Load() (map[string]Record, error) {
 }
 
 func (s *Store) save(all map[string]Record) error {
-	b, err := json.MarshalIndent(all, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Dir(s.path), filepath.Base(s.path), filepath.Base(s.path)+".tmp", b, 0o600)
+	return atomicfile.WriteJSON(s.path, filepath.Base(s.path)+".tmp", all, 0o600)
 }
 
 // Outcome says what Apply did on one GPU.

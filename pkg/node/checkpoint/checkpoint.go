@@ -98,6 +98,14 @@ type Claim struct {
 	Pods []string `json:"pods,omitempty"`
 }
 
+// FromOtherBoot tells whether the record was written before the last
+// reboot: its BootID and bootID, this boot's, both known and different.
+// A record without one (earlier versions), or a node whose boot ID is
+// unknown (""), is not judged: its claim is verified on re-prepare instead.
+func (c *Claim) FromOtherBoot(bootID string) bool {
+	return c.BootID != "" && bootID != "" && c.BootID != bootID
+}
+
 // Device is one allocated device as prepared.
 type Device struct {
 	// Requests are the claim's request names the device was allocated for.
@@ -659,6 +667,25 @@ func (s *Store) Delete(uid types.UID) error {
 // valid claim UID ("journal.wal@<offset>", or the kept file's name):
 // Salvage refuses it, so the caller treats the devices as unknown.
 func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error) {
+	return s.list(true)
+}
+
+// PeekAll lists the records of the store at dir as List does (journal
+// entries over record files, unreadable ones in corrupt), without opening
+// it: no lock, no replay, and no leftover temp file removed, so a running
+// plugin is not disturbed. A missing dir holds no record. It is for tools
+// (node-check picking an idle GPU, node-cleanup refusing while claims are
+// prepared).
+func PeekAll(dir string) (claims []*Claim, corrupt map[types.UID]error, err error) {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil, map[types.UID]error{}, nil
+	}
+	s := &Store{dir: dir, j: &journal{path: filepath.Join(dir, journalName)}, overlay: map[types.UID][]byte{}, damage: map[string]error{}}
+	return s.list(false)
+}
+
+// list is List; tidy removes the temp files a crash left.
+func (s *Store) list(tidy bool) (claims []*Claim, corrupt map[types.UID]error, err error) {
 	if err := s.catchUp(); err != nil {
 		return nil, nil, err
 	}
@@ -684,7 +711,9 @@ func (s *Store) List() (claims []*Claim, corrupt map[types.UID]error, err error)
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".tmp-") {
-			os.Remove(filepath.Join(s.dir, name))
+			if tidy {
+				os.Remove(filepath.Join(s.dir, name))
+			}
 			continue
 		}
 		if strings.HasPrefix(name, journalName+".damaged-") {

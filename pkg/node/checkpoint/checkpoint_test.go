@@ -158,3 +158,84 @@ func TestUsage(t *testing.T) {
 		t.Fatalf("Usage() = %d bytes, %d records, %v; want %d bytes, 3 records", b, n, err, want)
 	}
 }
+
+// TestPeekAll: the records of a store another process holds open, journal
+// entries included, read without opening it: nothing is written, created or
+// tidied, and damage is listed, not fatal.
+func TestPeekAll(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, uid := range []string{"a", "b"} {
+		if err := s.Put(claim(uid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Delete("b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "c.json"), []byte("{not a record"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, ".tmp-a.json-123")
+	if err := os.WriteFile(tmp, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	claims, corrupt, err := PeekAll(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claims) != 1 || claims[0].UID != "a" || claims[0].Name != "c-a" {
+		t.Errorf("claims %+v, want only a (b deleted in the journal)", claims)
+	}
+	if _, ok := corrupt["c"]; !ok || len(corrupt) != 1 {
+		t.Errorf("corrupt %v, want c", corrupt)
+	}
+	after, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before) {
+		t.Errorf("PeekAll changed the directory: %d entries before, %d after", len(before), len(after))
+	}
+	if _, err := os.Stat(tmp); err != nil {
+		t.Errorf("PeekAll removed a temp file of the store's: %v", err)
+	}
+
+	missing := filepath.Join(t.TempDir(), "none")
+	claims, corrupt, err = PeekAll(missing)
+	if err != nil || len(claims) != 0 || len(corrupt) != 0 {
+		t.Errorf("missing directory: %v %v %v, want no record", claims, corrupt, err)
+	}
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Errorf("PeekAll created %s: %v", missing, err)
+	}
+}
+
+// TestFromOtherBoot: only a record and a node that both know their boot
+// IDs, and differ, are of another boot.
+func TestFromOtherBoot(t *testing.T) {
+	for _, tc := range []struct {
+		name, record, now string
+		want              bool
+	}{
+		{"same boot", "b1", "b1", false},
+		{"rebooted since", "b1", "b2", true},
+		{"record of an earlier version", "", "b2", false},
+		{"boot ID unreadable now", "b1", "", false},
+		{"neither known", "", "", false},
+	} {
+		c := &Claim{BootID: tc.record}
+		if got := c.FromOtherBoot(tc.now); got != tc.want {
+			t.Errorf("%s: FromOtherBoot(%q) of a record of boot %q = %v, want %v", tc.name, tc.now, tc.record, got, tc.want)
+		}
+	}
+}

@@ -39,10 +39,10 @@ const (
 	Kind   = Vendor + "/" + Class
 )
 
-// tmpPrefix marks this writer's temporary files. They end in ".tmp" so
+// TempPrefix marks this writer's temporary files. They end in ".tmp" so
 // the runtime's CDI cache, which reads *.json and *.yaml, never parses a
 // half-written one.
-const tmpPrefix = ".facet-spec-"
+const TempPrefix = ".facet-spec-"
 
 // legacyTmpAge is how old a "spec.*.tmp" file (the CDI library's own temp
 // name, which Facet used before) must be before a sweep removes it: other
@@ -166,7 +166,7 @@ func Hash(data []byte) string {
 // fsynced (a prepare's latency; the plugin verifies every claim's spec
 // against its checkpoint record at start and rewrites a lost one).
 func (w *Writer) writeAtomic(name string, data []byte) error {
-	return atomicfile.WriteWith(w.dir, name, data, atomicfile.Options{TempPattern: tmpPrefix + name + ".*.tmp", Perm: 0o600, NoSync: true})
+	return atomicfile.WriteWith(w.dir, name, data, atomicfile.Options{TempPattern: TempPrefix + name + ".*.tmp", Perm: 0o600, NoSync: true})
 }
 
 // validate checks a spec with the CDI library's validators, as
@@ -276,7 +276,7 @@ func (w *Writer) SweepTemp() ([]string, error) {
 			continue
 		}
 		switch {
-		case strings.HasPrefix(name, tmpPrefix):
+		case strings.HasPrefix(name, TempPrefix):
 		case strings.HasPrefix(name, "spec."):
 			info, err := e.Info()
 			if err != nil || time.Since(info.ModTime()) < legacyTmpAge {

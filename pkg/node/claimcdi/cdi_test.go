@@ -406,7 +406,7 @@ func TestSweepTemp(t *testing.T) {
 	w, _ := NewWriter(dir)
 	old := time.Now().Add(-time.Hour)
 	files := map[string]bool{ // name: removed
-		tmpPrefix + "gpu.facet.dev-claim_uid-1.json.123.tmp": true,
+		TempPrefix + "gpu.facet.dev-claim_uid-1.json.123.tmp": true,
 		"spec.456.tmp":                   true,
 		"spec.789.tmp":                   false, // fresh: maybe someone's write in progress
 		"nvidia.yaml":                    false,

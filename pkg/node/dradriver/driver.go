@@ -13,7 +13,9 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
+	"google.golang.org/grpc"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -22,8 +24,6 @@ import (
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 
 	"github.com/facet-gpu/facet/pkg/model/inventory"
-	"github.com/facet-gpu/facet/pkg/node/checkpoint"
-	"github.com/facet-gpu/facet/pkg/node/claimuid"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/node/nodemetrics"
 	"github.com/facet-gpu/facet/pkg/node/sharing"
@@ -31,67 +31,6 @@ import (
 
 // DefaultBootIDPath is where Linux publishes the current boot's ID.
 const DefaultBootIDPath = "/proc/sys/kernel/random/boot_id"
-
-// Driver implements kubeletplugin.DRAPlugin. It admits claims onto the
-// node's devices and records them (this file, plan.go, reservations.go),
-// carves their MIG instances (mig.go), restores them at start
-// (restore.go), and composes what three smaller parts do: spec writing
-// (specs), MPS joining (mpsJoiner) and what the outside sees (observer).
-type Driver struct {
-	nodeName string
-	inv      *inventory.Inventory
-	store    Store
-	mig      MIGManager
-	spec     *specs
-	// sharing is the node's sharing mechanisms as they are now
-	// (HAMi-core, MPS), adopted and dropped while the plugin runs. join
-	// decides which claims join an MPS daemon.
-	sharing *sharing.Set
-	join    *mpsJoiner
-	obs     *observer
-	fail    func(string)
-	// bootID is this boot's ID; "" if it could not be read, in which case
-	// records are verified, never judged to be from another boot.
-	bootID string
-	// destroyUnowned is --destroy-unowned-mig.
-	destroyUnowned bool
-
-	// gpus finds an inventory GPU by UUID.
-	gpus map[string]*inventory.GPU
-
-	mu sync.Mutex
-	// occ is what is prepared on each GPU. Held under mu only for
-	// admission: NVML calls happen outside it, so claims on other GPUs
-	// never wait for them.
-	occ reservations
-	// migUseSeen is the MIGInUse last signalled on migUseCh (one pending
-	// signal, coalesced).
-	migUseSeen map[string]bool
-	migUseCh   chan struct{}
-	// busy marks claims being prepared or unprepared, so two calls for one
-	// claim never interleave.
-	busy map[types.UID]bool
-	// unusable holds, by GPU UUID, why a GPU must not get new claims: a
-	// start-up problem confined to it (a rollback that failed, a
-	// half-made MIG instance, an NVML error).
-	unusable map[string]string
-	// faults are the GPUs' health faults (SetFaults), by GPU UUID.
-	faults map[string]gpuhealth.Fault
-	// healthSubs are the kubelet's NodeWatchResources streams, woken on
-	// every health change.
-	healthSubs map[chan struct{}]struct{}
-	drahealthv1alpha1.UnimplementedDRAResourceHealthServer
-	// nodeLock is Options.NodeLock's; nil without one.
-	nodeLock *nodeLock
-}
-
-type claimRef struct {
-	uid       types.UID
-	namespace string
-	name      string
-}
-
-func (c claimRef) String() string { return c.namespace + "/" + c.name + " (" + string(c.uid) + ")" }
 
 // Options configure New.
 type Options struct {
@@ -115,7 +54,7 @@ type Options struct {
 	// MPS partitions enforced shares and slots with a per-GPU MPS control
 	// daemon (package mps). Nil (a nil *mps.Manager counts as none): a
 	// claim whose shares ask for a compute limit fails unless it accepts
-	// time-slicing (mpsJoiner.pick), with MPSUnavailable as the reason.
+	// time-slicing (mpsClients.pick), with MPSUnavailable as the reason.
 	// Only without Sharing.
 	MPS            sharing.Partitioner
 	MPSUnavailable error
@@ -167,6 +106,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 	d := &Driver{
 		nodeName: o.NodeName,
 		inv:      o.Inventory,
+		gpus:     map[string]*inventory.GPU{},
 		store:    o.Store,
 		mig:      o.MIG,
 		spec: &specs{
@@ -174,25 +114,20 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 			gpuEdits: map[string]*gpuEditsEntry{},
 		},
 		sharing:        o.Sharing,
+		held:           newLedger(o.Inventory),
 		obs:            &observer{metrics: o.Metrics, events: o.Events, status: o.Status},
 		fail:           o.Failpoint,
 		destroyUnowned: o.DestroyUnownedMIG,
-		occ:            reservations{},
 		busy:           map[types.UID]bool{},
-		gpus:           map[string]*inventory.GPU{},
-		unusable:       map[string]string{},
-		faults:         map[string]gpuhealth.Fault{},
-		healthSubs:     map[chan struct{}]struct{}{},
-		migUseCh:       make(chan struct{}, 1),
 	}
 	if d.sharing == nil {
 		d.sharing = sharing.Fixed(o.HAMi, o.HAMiUnavailable, o.MPS, o.MPSUnavailable)
 	}
 	d.spec.sharing = d.sharing
-	d.join = &mpsJoiner{sharing: d.sharing, pods: o.Pods, holder: d.claimRefOf, obs: d.obs, failpoint: d.failpoint}
 	for _, g := range o.Inventory.GPUs {
 		d.gpus[g.UUID] = g
 	}
+	d.health = gpuhealth.NewKubelet(o.NodeName, o.Inventory, d.held.unhealthy)
 	bootIDPath := o.BootIDPath
 	if bootIDPath == "" {
 		bootIDPath = DefaultBootIDPath
@@ -202,6 +137,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 	} else {
 		d.bootID = strings.TrimSpace(string(b))
 	}
+	d.mps = &mpsClients{sharing: d.sharing, pods: o.Pods, store: o.Store, held: d.held, obs: d.obs, bootID: d.bootID, failpoint: d.failpoint}
 	common, err := o.Edits.CommonEdits()
 	if err != nil {
 		return nil, fmt.Errorf("NVIDIA driver CDI edits: %w", err)
@@ -222,23 +158,18 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 	return d, nil
 }
 
-// limits are a GPU's capacities; zero for a GPU the inventory lacks (a
-// record from before a GPU was removed), so nothing new fits on it.
-func (d *Driver) limits(gpuUUID string) gpuLimits {
-	if g := d.gpus[gpuUUID]; g != nil {
-		return gpuLimits{memory: g.ShareMemoryBytes}
-	}
-	return gpuLimits{}
-}
-
 // PrepareResourceClaims prepares each claim independently and concurrently:
-// one claim's failure is reported for that claim alone.
+// one claim's failure is reported for that claim alone. Each prepare's
+// latency is recorded, a failure raised as an Event, and a success queued
+// for its status write (observer).
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	return eachClaim(ctx, d, claims,
 		func(claim *resourceapi.ResourceClaim) types.UID { return claim.UID },
 		func(err error) kubeletplugin.PrepareResult { return kubeletplugin.PrepareResult{Err: err} },
 		func(claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {
-			devices, err := d.observedPrepare(ctx, claim)
+			start := time.Now()
+			devices, err := d.prepareClaim(ctx, claim)
+			d.obs.prepared(claim, claimKind(d.inv, claim), time.Since(start), err)
 			if err != nil {
 				// prepareClaim logged it.
 				err = fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
@@ -247,13 +178,18 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		}), nil
 }
 
-// UnprepareResourceClaims undoes prepare; unknown claims succeed.
+// UnprepareResourceClaims undoes prepare; unknown claims succeed. Each
+// unprepare's latency is recorded, and a success queued for the removal of
+// the claim's status entries (observer).
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	return eachClaim(ctx, d, claims,
 		func(claim kubeletplugin.NamespacedObject) types.UID { return claim.UID },
 		func(err error) error { return err },
 		func(claim kubeletplugin.NamespacedObject) error {
-			err := d.observedUnprepare(ctx, claim)
+			kind := heldKind(d.held.usesOf(claim.UID))
+			start := time.Now()
+			err := d.unprepareClaim(ctx, claim)
+			d.obs.unprepared(claim, kind, time.Since(start), err)
 			if err != nil {
 				err = fmt.Errorf("claim %s: %w", claim.NamespacedName, err)
 			}
@@ -297,45 +233,75 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	utilruntime.HandleErrorWithContext(ctx, err, msg)
 }
 
-// lock marks a claim busy; a second call for the same claim fails fast and
-// the kubelet retries it. A UID that cannot name the claim's files
-// (claimuid.Validate) is refused first.
-func (d *Driver) lock(uid types.UID) error {
-	if err := claimuid.Validate(uid); err != nil {
-		return err
+// enter and leave bracket every prepare, unprepare and the restore when
+// Options.NodeLock is set; otherwise they do nothing.
+func (d *Driver) enter(ctx context.Context) error {
+	if d.nodeLock == nil {
+		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.busy[uid] {
-		return fmt.Errorf("another prepare or unprepare of this claim is in progress")
-	}
-	d.busy[uid] = true
-	return nil
+	return d.nodeLock.acquire(ctx, false)
 }
 
-func (d *Driver) unlock(uid types.UID) {
-	d.mu.Lock()
-	delete(d.busy, uid)
-	d.mu.Unlock()
-}
-
-// failpoint lets a test stop the plugin at a named step (Options.Failpoint).
-func (d *Driver) failpoint(name string) {
-	if d.fail != nil {
-		d.fail(name)
+func (d *Driver) leave(ctx context.Context) {
+	if d.nodeLock != nil {
+		d.nodeLock.release(ctx, true)
 	}
 }
 
-func resultDevices(rec *checkpoint.Claim) []kubeletplugin.Device {
-	out := make([]kubeletplugin.Device, 0, len(rec.Devices))
-	for _, dev := range rec.Devices {
-		out = append(out, kubeletplugin.Device{
-			Requests:     dev.Requests,
-			PoolName:     dev.Pool,
-			DeviceName:   dev.Device,
-			CDIDeviceIDs: dev.CDIDeviceIDs,
-			ShareID:      dev.ShareID,
-		})
-	}
-	return out
+// The kubelet plugin helper serves both: DRAPlugin's calls, and the
+// health stream where the driver has it.
+var (
+	_ kubeletplugin.DRAPlugin                   = (*Driver)(nil)
+	_ drahealthv1alpha1.DRAResourceHealthServer = (*Driver)(nil)
+)
+
+// What the plugin around the driver reads of it and tells it.
+
+// BootID is the boot ID New read ("" if it could not), for the other
+// records that must not outlive a reboot.
+func (d *Driver) BootID() string { return d.bootID }
+
+// UnusableGPUs returns, by GPU UUID, why each GPU that a start-up problem
+// confined to it must not be offered. The caller unpublishes them.
+func (d *Driver) UnusableGPUs() map[string]string { return d.held.unusableGPUs() }
+
+// SetFaults replaces the GPUs' health faults (package gpuhealth). From
+// then on prepare refuses claims on GPUs with a fatal fault, GPUHealth
+// reports them, and the kubelet's health streams are told.
+func (d *Driver) SetFaults(faults map[string]gpuhealth.Fault) {
+	d.held.setFaults(faults)
+	d.health.Changed()
 }
+
+// GPUHealth returns, by GPU UUID, why each unhealthy GPU is unhealthy: a
+// start-up problem confined to it (UnusableGPUs) or a health fault. A GPU
+// that is absent is healthy.
+func (d *Driver) GPUHealth() map[string]string { return d.held.unhealthy() }
+
+// NodeWatchResources streams the health of every device in the node's
+// pool to the kubelet (gpuhealth.Kubelet): every device of a GPU that
+// GPUHealth names is UNHEALTHY.
+func (d *Driver) NodeWatchResources(_ *drahealthv1alpha1.NodeWatchResourcesRequest, stream grpc.ServerStreamingServer[drahealthv1alpha1.NodeWatchResourcesResponse]) error {
+	return d.health.Watch(stream)
+}
+
+// MIGInUse returns the GPUs, by UUID, on which a claim that is prepared or
+// being prepared holds a MIG instance carved at prepare (not a static
+// one): what the migInUse attribute publishes, so that a claim can prefer
+// a GPU already split to an untouched one that could still serve a whole
+// GPU. It is read from the reservations, which a prepare takes before it
+// carves and an unprepare or a failed prepare gives back.
+func (d *Driver) MIGInUse() map[string]bool { return d.held.migInUse() }
+
+// MIGUseChanges is signalled, coalesced, each time MIGInUse changes: the
+// plugin republishes the slices then. The channel is never closed.
+func (d *Driver) MIGUseChanges() <-chan struct{} { return d.held.migUseChanges() }
+
+// CheckMPS restarts MPS control daemons that died and raises an Event on
+// each claim whose daemon was restarted.
+func (d *Driver) CheckMPS(ctx context.Context) { d.mps.check(ctx) }
+
+// RestoreMPS hands the prepared claims' MPS holders to facet-mps: at
+// start, and whenever facet-mps is adopted after it (sharing.Set.Refresh),
+// so that it keeps the daemons they hold and stops the others.
+func (d *Driver) RestoreMPS(ctx context.Context) { d.mps.restore(ctx) }

@@ -89,7 +89,7 @@ func (d *Driver) blockers(uid types.UID, dev *checkpoint.Device) string {
 	}
 	var found []string
 	for _, in := range instances {
-		if in.Placement.Start < dev.MIG.Start+dev.MIG.Size && dev.MIG.Start < in.Placement.Start+in.Placement.Size && !d.ownedByOther(uid, in) {
+		if in.Placement.Start < dev.MIG.Start+dev.MIG.Size && dev.MIG.Start < in.Placement.Start+in.Placement.Size && !d.held.migHeldByOther(uid, in.ParentUUID, in.Placement.Start) {
 			found = append(found, fmt.Sprintf("GI %d CI %d (%s at memory slice %d)", in.GIID, in.CIID, in.Profile, in.Placement.Start))
 		}
 	}
@@ -97,19 +97,6 @@ func (d *Driver) blockers(uid types.UID, dev *checkpoint.Device) string {
 		return "no instance that no claim owns overlaps it"
 	}
 	return "MIG instances that no prepared claim owns overlap it: " + strings.Join(found, ", ") + "; --destroy-unowned-mig removes them at the next start"
-}
-
-// ownedByOther tells whether another claim's record holds an instance (by
-// the reservations, which mirror the records).
-func (d *Driver) ownedByOther(uid types.UID, in nvmlgpu.MIGInstance) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, u := range d.occ[in.ParentUUID] {
-		if u.owner.uid != uid && u.kind == kindMIG && u.start == in.Placement.Start {
-			return true
-		}
-	}
-	return false
 }
 
 // findOwnMIG finds the instance a device's record holds: the recorded GI
@@ -140,4 +127,20 @@ func (d *Driver) destroyMIG(ctx context.Context, rec *checkpoint.Claim, dev *che
 	}
 	klog.FromContext(ctx).V(2).Info("Destroying MIG instance", "claim", rec.Namespace+"/"+rec.Name, "device", dev.Device, "gi", in.GIID, "ci", in.CIID)
 	return d.mig.DestroyMIG(in.ParentUUID, in.GIID, in.CIID)
+}
+
+// voidMIG forgets the instance IDs of a record's MIG devices, reporting
+// whether there were any.
+func voidMIG(c *checkpoint.Claim) bool {
+	changed := false
+	for i := range c.Devices {
+		if c.Devices[i].Kind == kindStaticMIG {
+			continue // never Facet's to destroy; rebuild refreshes its IDs
+		}
+		if m := c.Devices[i].MIG; m != nil && (m.Created || m.UUID != "") {
+			m.Created, m.GIID, m.CIID, m.UUID = false, 0, 0, ""
+			changed = true
+		}
+	}
+	return changed
 }

@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -29,18 +30,25 @@ const ReasonMPSRestarted = "FacetMPSDaemonRestarted"
 // several GPUs).
 const ReasonMPSNotApplied = "FacetMPSNotApplied"
 
-// mpsJoiner is the driver's MPS joining: which GPU's daemon a claim's
-// shares join, as which Unix UID, and why they are time-sliced instead.
-// The daemons' lifecycle (restore, check, release) is the Driver's.
-type mpsJoiner struct {
+// mpsClients are the claims as MPS clients: which GPU's daemon a claim's
+// shares join, as which Unix UID, and why they are time-sliced instead;
+// and which claims hold each daemon, handed to facet-mps (sharing.Set's
+// MPS) at start, after it comes back and when its daemons died.
+type mpsClients struct {
 	// sharing has the node's MPS as it is now: nil, with the reason,
 	// while facet-mps is missing.
 	sharing *sharing.Set
 	// pods reads the pods of a claim, for their UID; nil: none is known.
 	pods PodGetter
-	// holder names a claim that holds a daemon, for a conflict's message.
-	holder func(types.UID) (claimRef, bool)
-	obs    *observer
+	// store has the prepared records, which say who holds which daemon.
+	store Store
+	// held names the claims that hold a daemon, for a conflict's message
+	// and the Events of a restart.
+	held *ledger
+	obs  *observer
+	// bootID is this boot's: a record of another boot joins again when
+	// its claim is rebuilt, and holds no daemon before.
+	bootID string
 	// failpoint is Driver.failpoint, which reads its hook at each call.
 	failpoint func(string)
 }
@@ -50,7 +58,7 @@ type mpsJoiner struct {
 // edits; nil where the shares are time-sliced, the claim then told why
 // (an Event). It first clears the record's MPS state: decided afresh at
 // each (re)build, except for the UID a rebuilt claim joined its daemon as.
-func (j *mpsJoiner) partition(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (*cdispec.ContainerEdits, error) {
+func (m *mpsClients) partition(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (*cdispec.ContainerEdits, error) {
 	recordedUser := rec.MPSUser
 	rec.MPSUser = nil
 	for i := range rec.Devices {
@@ -61,7 +69,7 @@ func (j *mpsJoiner) partition(ctx context.Context, claim *resourceapi.ResourceCl
 	if vgpu == nil || !vgpu.EnforcementEnabled() {
 		return nil, nil
 	}
-	gpu, fallback, err := j.pick(rec, vgpu)
+	gpu, fallback, err := m.pick(rec, vgpu)
 	if err != nil {
 		return nil, err
 	}
@@ -69,14 +77,14 @@ func (j *mpsJoiner) partition(ctx context.Context, claim *resourceapi.ResourceCl
 	if gpu != "" {
 		rec.MPSUser = recordedUser
 		explicit := vgpu.Partitioning != nil && *vgpu.Partitioning == configapi.PartitioningMPS
-		edits, fallback, err = j.join(ctx, claim, rec, gpu, explicit)
+		edits, fallback, err = m.join(ctx, claim, rec, gpu, explicit)
 		if err != nil {
 			return nil, err
 		}
 	}
 	if fallback != "" {
 		klog.FromContext(ctx).Info("Shares not MPS-partitioned", "claim", klog.KRef(rec.Namespace, rec.Name), "why", fallback)
-		j.obs.mpsNotApplied(claim, fallback)
+		m.obs.mpsNotApplied(claim, fallback)
 	}
 	return edits, nil
 }
@@ -97,11 +105,11 @@ func (j *mpsJoiner) partition(ctx context.Context, claim *resourceapi.ResourceCl
 //     so is every share of a node whose admin turned MPS off (--mps=off:
 //     its slices say "time-sliced", and only a class that accepts that
 //     selects them).
-func (j *mpsJoiner) pick(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (gpu, fallback string, err error) {
+func (m *mpsClients) pick(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) (gpu, fallback string, err error) {
 	if vgpu == nil || !vgpu.EnforcementEnabled() {
 		return "", "", nil
 	}
-	mp, mpsErr := j.sharing.MPS()
+	mp, mpsErr := m.sharing.MPS()
 	asked := vgpu.Partitioning
 	if asked != nil && *asked == configapi.PartitioningTimeSliced {
 		return "", "", nil
@@ -167,8 +175,8 @@ const ReasonMPSUser = "FacetMPSUserConflict"
 // claimUser is the Unix UID the claim's pods run as (mps.PodUser). An
 // error wrapping mps.ErrUserUnknown says why none can be known; any other
 // is the API server's, and the prepare is retried.
-func (j *mpsJoiner) claimUser(ctx context.Context, claim *resourceapi.ResourceClaim) (int64, error) {
-	if j.pods == nil {
+func (m *mpsClients) claimUser(ctx context.Context, claim *resourceapi.ResourceClaim) (int64, error) {
+	if m.pods == nil {
 		return 0, fmt.Errorf("%w: the plugin reads no pods", mps.ErrUserUnknown)
 	}
 	user, pods := int64(-1), 0
@@ -176,7 +184,7 @@ func (j *mpsJoiner) claimUser(ctx context.Context, claim *resourceapi.ResourceCl
 		if r.APIGroup != "" || r.Resource != "pods" {
 			continue
 		}
-		pod, err := j.pods(ctx, claim.Namespace, r.Name)
+		pod, err := m.pods(ctx, claim.Namespace, r.Name)
 		if err != nil {
 			return 0, fmt.Errorf("read pod %s/%s for the UID it runs as: %w", claim.Namespace, r.Name, err)
 		}
@@ -206,15 +214,15 @@ func (j *mpsJoiner) claimUser(ctx context.Context, claim *resourceapi.ResourceCl
 // the daemon serves), it returns why instead: the shares are then
 // time-sliced, or, when explicit (the claim's config asks for "mps"), the
 // prepare fails with the reason (an error).
-func (j *mpsJoiner) join(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, gpu string, explicit bool) (*cdispec.ContainerEdits, string, error) {
+func (m *mpsClients) join(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim, gpu string, explicit bool) (*cdispec.ContainerEdits, string, error) {
 	var user int64
 	var err error
 	if rec.MPSUser != nil {
 		user = *rec.MPSUser
 	} else {
-		user, err = j.claimUser(ctx, claim)
+		user, err = m.claimUser(ctx, claim)
 	}
-	mp, mpsErr := j.sharing.MPS()
+	mp, mpsErr := m.sharing.MPS()
 	if err == nil && mp == nil {
 		// facet-mps went between pick and here.
 		err = fmt.Errorf("MPS is unavailable on this node: %w", mpsErr)
@@ -229,7 +237,7 @@ func (j *mpsJoiner) join(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		conflict.HolderNames = nil
 		for _, uid := range conflict.Holders {
 			name := string(uid)
-			if ref, ok := j.holder(uid); ok {
+			if ref, ok := m.held.owner(uid); ok {
 				name = ref.namespace + "/" + ref.name
 			}
 			conflict.HolderNames = append(conflict.HolderNames, name)
@@ -242,14 +250,14 @@ func (j *mpsJoiner) join(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	case explicit:
 		err = fmt.Errorf("VgpuConfig partitioning %q: %w", configapi.PartitioningMPS, err)
 		if isConflict {
-			j.obs.claimEvent(claim, corev1.EventTypeWarning, ReasonMPSUser, err.Error())
+			m.obs.claimEvent(claim, corev1.EventTypeWarning, ReasonMPSUser, err.Error())
 		}
 		return nil, "", err
 	default:
 		return nil, "time-sliced by HAMi-core instead of MPS-partitioned: " + err.Error(), nil
 	}
 	rec.MPSUser = &user
-	j.failpoint("prepare/acquired-mps")
+	m.failpoint("prepare/acquired-mps")
 	// The claim's shares on the GPU are one client's partition: their
 	// cores add up, and a best-effort share leaves it unpartitioned.
 	var cores int64
@@ -273,10 +281,10 @@ func (j *mpsJoiner) join(ctx context.Context, claim *resourceapi.ResourceClaim, 
 // mpsHolders are the GPUs that this boot's prepared records hold under MPS,
 // with the UID each claim runs as (mps.AnyUser where a record of an
 // earlier version has none).
-func mpsHolders(claims []*checkpoint.Claim, otherBoot func(*checkpoint.Claim) bool) map[string]map[types.UID]int64 {
+func mpsHolders(claims []*checkpoint.Claim, bootID string) map[string]map[types.UID]int64 {
 	holders := map[string]map[types.UID]int64{}
 	for _, c := range claims {
-		if c.State != checkpoint.StatePrepared || otherBoot(c) {
+		if c.State != checkpoint.StatePrepared || c.FromOtherBoot(bootID) {
 			// A claim of the last boot joins again when it is rebuilt.
 			continue
 		}
@@ -298,83 +306,66 @@ func mpsHolders(claims []*checkpoint.Claim, otherBoot func(*checkpoint.Claim) bo
 	return holders
 }
 
-// restoreMPS hands the checkpoint's holders to the daemon manager: it
+// restore hands the checkpoint's holders to the daemon manager: it
 // adopts their daemons, restarts dead ones (an Event on their claims), and
 // stops those no claim holds.
-func (d *Driver) restoreMPS(ctx context.Context) {
-	if mp, _ := d.sharing.MPS(); mp == nil {
+func (m *mpsClients) restore(ctx context.Context) {
+	if mp, _ := m.sharing.MPS(); mp == nil {
 		return
 	}
-	claims, _, err := d.store.List()
+	claims, _, err := m.store.List()
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Listing claims for their MPS daemons")
 		return
 	}
-	d.syncMPS(ctx, claims)
+	m.sync(ctx, claims)
 }
 
-// syncMPS hands the records' MPS holders to the daemon manager.
-func (d *Driver) syncMPS(ctx context.Context, claims []*checkpoint.Claim) {
-	mp, _ := d.sharing.MPS()
+// sync hands the records' MPS holders to the daemon manager.
+func (m *mpsClients) sync(ctx context.Context, claims []*checkpoint.Claim) {
+	mp, _ := m.sharing.MPS()
 	if mp == nil {
 		return
 	}
-	holders := mpsHolders(claims, d.fromOtherBoot)
+	holders := mpsHolders(claims, m.bootID)
 	restarted, err := mp.Restore(ctx, holders)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Restoring MPS control daemons; claims on them retry at their next prepare")
 	}
 	for _, gpu := range restarted {
-		claims := make([]types.UID, 0, len(holders[gpu]))
-		for uid := range holders[gpu] {
-			claims = append(claims, uid)
-		}
-		sort.Slice(claims, func(i, j int) bool { return claims[i] < claims[j] })
-		d.mpsRestarted(ctx, gpu, claims)
+		m.restarted(ctx, gpu, slices.Sorted(maps.Keys(holders[gpu])))
 	}
 }
 
-// CheckMPS restarts MPS control daemons that died and raises an Event on
-// each claim whose daemon was restarted.
-func (d *Driver) CheckMPS(ctx context.Context) {
-	mp, _ := d.sharing.MPS()
+// check restarts MPS control daemons that died and raises an Event on
+// each claim whose daemon was restarted; where facet-mps lost its holders
+// (it restarted), it hands them over again.
+func (m *mpsClients) check(ctx context.Context) {
+	mp, _ := m.sharing.MPS()
 	if mp == nil {
 		return
 	}
 	restarted, err := mp.Check(ctx)
 	if errors.Is(err, mps.ErrHoldersLost) {
 		klog.FromContext(ctx).Info("Handing the prepared claims' MPS holders over again", "reason", err.Error())
-		d.restoreMPS(ctx)
+		m.restore(ctx)
 		return
 	}
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Restarting MPS control daemons")
 	}
 	for gpu, claims := range restarted {
-		d.mpsRestarted(ctx, gpu, claims)
+		m.restarted(ctx, gpu, claims)
 	}
 }
 
-// RestoreMPS hands the prepared claims' MPS holders to facet-mps: at
-// start, and whenever facet-mps is adopted after it (sharing.Set.Refresh),
-// so that it keeps the daemons they hold and stops the others.
-func (d *Driver) RestoreMPS(ctx context.Context) { d.restoreMPS(ctx) }
-
-func (d *Driver) mpsRestarted(ctx context.Context, gpu string, claims []types.UID) {
+func (m *mpsClients) restarted(ctx context.Context, gpu string, claims []types.UID) {
 	msg := fmt.Sprintf("the MPS control daemon of GPU %s had died and was started again; CUDA processes of this claim that were its clients lost their MPS server and must be restarted", gpu)
 	klog.FromContext(ctx).Error(nil, "MPS control daemon restarted", "gpu", gpu, "claims", claims)
-	if d.obs.events == nil {
-		return
-	}
 	for _, uid := range claims {
-		ref, ok := d.claimRefOf(uid)
-		if !ok {
-			continue
+		if ref, ok := m.held.owner(uid); ok {
+			m.obs.refEvent(ref, corev1.EventTypeWarning, ReasonMPSRestarted, msg)
 		}
-		d.obs.events.Event(&corev1.ObjectReference{
-			APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
-			Namespace: ref.namespace, Name: ref.name, UID: ref.uid,
-		}, corev1.EventTypeWarning, ReasonMPSRestarted, msg)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	configapi "github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	"github.com/facet-gpu/facet/pkg/model/inventory"
@@ -138,63 +137,4 @@ func shareOf(r resourceapi.DeviceRequestAllocationResult, dev *inventory.Device)
 func equalVgpu(a, b *configapi.VgpuConfig) bool {
 	return strings.Join(a.HAMiCoreEnv(), ",") == strings.Join(b.HAMiCoreEnv(), ",") && a.EnforcementEnabled() == b.EnforcementEnabled() &&
 		a.PartitioningFor(true) == b.PartitioningFor(true)
-}
-
-// admit reserves all of a claim's devices, or none, refusing conflicts with
-// what other claims hold (see reservations).
-func (d *Driver) admit(ref claimRef, devices []checkpoint.Device) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err := d.checkUsableLocked(devices); err != nil {
-		return err
-	}
-	for _, dev := range devices {
-		if err := d.occ.admit(dev.GPUUUID, d.limits(dev.GPUUUID), useOf(ref, dev)); err != nil {
-			d.occ.release(ref)
-			return fmt.Errorf("device %s: %w", dev.Device, err)
-		}
-	}
-	d.noteMIGUseLocked()
-	return nil
-}
-
-func (d *Driver) checkUsable(devices []checkpoint.Device) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.checkUsableLocked(devices)
-}
-
-func (d *Driver) checkUsableLocked(devices []checkpoint.Device) error {
-	for _, dev := range devices {
-		if why, bad := d.unusable[dev.GPUUUID]; bad {
-			return fmt.Errorf("device %s: GPU %s is unusable: %s", dev.Device, dev.GPUUUID, why)
-		}
-		// A recoverable fault (NoSchedule) keeps what is already
-		// allocated; a fatal one (NoExecute) refuses it too.
-		if f, bad := d.faults[dev.GPUUUID]; bad && f.Fatal {
-			return fmt.Errorf("device %s: GPU %s is unhealthy: %s; it serves no claim until an operator recovers it", dev.Device, dev.GPUUUID, f)
-		}
-	}
-	return nil
-}
-
-// holds says whether a claim has devices reserved.
-func (d *Driver) holds(uid types.UID) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, uses := range d.occ {
-		for _, u := range uses {
-			if u.owner.uid == uid {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func (d *Driver) release(ref claimRef) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.occ.release(ref)
-	d.noteMIGUseLocked()
 }

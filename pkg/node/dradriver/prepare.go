@@ -41,6 +41,21 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	return resultDevices(rec), nil
 }
 
+// resultDevices are a prepared record's devices as the kubelet takes them.
+func resultDevices(rec *checkpoint.Claim) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(rec.Devices))
+	for _, dev := range rec.Devices {
+		out = append(out, kubeletplugin.Device{
+			Requests:     dev.Requests,
+			PoolName:     dev.Pool,
+			DeviceName:   dev.Device,
+			CDIDeviceIDs: dev.CDIDeviceIDs,
+			ShareID:      dev.ShareID,
+		})
+	}
+	return out
+}
+
 // prepareRecord does prepareClaim's work. It returns the prepared record
 // and how it came to be ("prepared", "already prepared", or "rebuilt: "
 // and why); on failure, the record as far as it got (nil before the plan).
@@ -73,8 +88,8 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 	// an earlier attempt's, whose rollback could not finish (facet-mps
 	// unreachable). It is this claim's to take again, not another's to
 	// add to: counted twice, a 20 % share would be refused beside itself.
-	d.release(ref)
-	if err := d.admit(ref, p.devices); err != nil {
+	d.held.release(ref)
+	if err := d.held.admit(ref, p.devices); err != nil {
 		return nil, "", err
 	}
 	rec = &checkpoint.Claim{UID: claim.UID, Namespace: claim.Namespace, Name: claim.Name, State: checkpoint.StatePreparing, Devices: p.devices, BootID: d.bootID, Pods: reservedPods(claim)}
@@ -86,7 +101,7 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 	// removes those that have no record.
 	if carves(rec) {
 		if err := d.store.Put(rec); err != nil {
-			d.release(ref)
+			d.held.release(ref)
 			return rec, "", err
 		}
 		d.failpoint("prepare/recorded-intent")
@@ -117,7 +132,7 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 // GPU with a fatal fault: a new pod on an old claim would land on a
 // broken GPU. The outcome is prepareRecord's.
 func (d *Driver) reprepare(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim) (string, error) {
-	if err := d.checkUsable(rec.Devices); err != nil {
+	if err := d.held.checkUsable(rec.Devices); err != nil {
 		return "", err
 	}
 	stale := d.staleness(rec)
@@ -236,7 +251,7 @@ func describeDevices(devs []checkpoint.Device) []string {
 // instances with the recorded IDs, its HAMi-core region must exist, and
 // none of it may date from before a reboot.
 func (d *Driver) staleness(rec *checkpoint.Claim) string {
-	if d.fromOtherBoot(rec) {
+	if rec.FromOtherBoot(d.bootID) {
 		return "the node rebooted since it was prepared"
 	}
 	if rec.CDISpecHash != "" {
@@ -298,10 +313,10 @@ func (d *Driver) rebuild(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	if err != nil {
 		return err
 	}
-	if err := d.checkUsable(rec.Devices); err != nil {
+	if err := d.held.checkUsable(rec.Devices); err != nil {
 		return err
 	}
-	rebooted := d.fromOtherBoot(rec)
+	rebooted := rec.FromOtherBoot(d.bootID)
 	if rebooted {
 		// From here the record is this boot's: instance IDs recorded
 		// below are real, and a crash must not void them again.
@@ -368,7 +383,7 @@ func (d *Driver) buildSpec(ctx context.Context, claim *resourceapi.ResourceClaim
 		return err
 	}
 	common := d.spec.claimCommon(rec, devs)
-	mpsEdits, err := d.join.partition(ctx, claim, rec, vgpu)
+	mpsEdits, err := d.mps.partition(ctx, claim, rec, vgpu)
 	if err != nil {
 		return err
 	}
@@ -402,7 +417,7 @@ func (d *Driver) hamiShares(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) [
 		if dev.Share == nil && vgpu == nil {
 			continue
 		}
-		s := hami.Share{Device: dev.Device, PCIBusID: d.gpus[dev.GPUUUID].PCIBusID, MemoryBytes: d.limits(dev.GPUUUID).memory, Cores: 100}
+		s := hami.Share{Device: dev.Device, PCIBusID: d.gpus[dev.GPUUUID].PCIBusID, MemoryBytes: d.gpus[dev.GPUUUID].ShareMemoryBytes, Cores: 100}
 		if dev.Share != nil {
 			s.MemoryBytes, s.Cores = dev.Share.MemoryBytes, dev.Share.Cores
 		}
@@ -420,7 +435,7 @@ func (d *Driver) hamiShares(rec *checkpoint.Claim, vgpu *configapi.VgpuConfig) [
 // before the next step, because NVML reuses GI/CI IDs: a retry must not
 // destroy whatever got them next.
 func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Claim) error {
-	if rec != nil && d.fromOtherBoot(rec) {
+	if rec != nil && rec.FromOtherBoot(d.bootID) {
 		// Normally voided at start already; this covers a start that
 		// could not write the voided record back.
 		voidMIG(rec)
@@ -471,7 +486,7 @@ func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Cl
 		return err
 	}
 	d.failpoint("rollback/deleted-record")
-	d.release(claimRef{uid: uid})
+	d.held.release(claimRef{uid: uid})
 	return nil
 }
 
@@ -480,7 +495,7 @@ func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Cl
 // boot. It is not destroyed, because nothing proves it is the claim's: an
 // admin or another tool may have made it (--destroy-unowned-mig).
 func (d *Driver) reportUnrecorded(ctx context.Context, rec *checkpoint.Claim, dev *checkpoint.Device) {
-	if d.mig == nil || d.fromOtherBoot(rec) {
+	if d.mig == nil || rec.FromOtherBoot(d.bootID) {
 		return
 	}
 	instances, err := d.mig.ListMIGOn(dev.GPUUUID)
@@ -554,7 +569,7 @@ func (d *Driver) unprepareRecord(ctx context.Context, claim kubeletplugin.Namesp
 			}
 		}
 	} else if rec == nil {
-		if !d.holds(claim.UID) {
+		if !d.held.holds(claim.UID) {
 			return nil, nothingRecorded, nil
 		}
 		// A prepare that failed before its record (a share, whose

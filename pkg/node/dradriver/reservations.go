@@ -22,6 +22,15 @@ const (
 	kindSlot = names.KindSlot
 )
 
+// claimRef names the claim that holds a device.
+type claimRef struct {
+	uid       types.UID
+	namespace string
+	name      string
+}
+
+func (c claimRef) String() string { return c.namespace + "/" + c.name + " (" + string(c.uid) + ")" }
+
 // use is one prepared device's hold on a physical GPU.
 type use struct {
 	owner  claimRef
@@ -138,18 +147,4 @@ func useOf(ref claimRef, d checkpoint.Device) use {
 		u.memory, u.cores = d.Share.MemoryBytes, d.Share.Cores
 	}
 	return u
-}
-
-// claimRefOf finds a prepared claim's name by UID in the reservations.
-func (d *Driver) claimRefOf(uid types.UID) (claimRef, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for _, uses := range d.occ {
-		for _, u := range uses {
-			if u.owner.uid == uid {
-				return u.owner, true
-			}
-		}
-	}
-	return claimRef{}, false
 }

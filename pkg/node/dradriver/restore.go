@@ -56,7 +56,7 @@ func (d *Driver) restore(ctx context.Context) error {
 		}
 		d.reconcileMIG(ctx, owned, destroy)
 	}
-	d.restoreMPS(ctx)
+	d.mps.restore(ctx)
 	return nil
 }
 
@@ -85,7 +85,7 @@ func (d *Driver) restoreCorrupt(ctx context.Context, uid types.UID, readErr erro
 func (d *Driver) restoreClaim(ctx context.Context, c *checkpoint.Claim, owned map[string]bool) {
 	logger := klog.FromContext(ctx)
 	ref := claimRef{c.UID, c.Namespace, c.Name}
-	if d.fromOtherBoot(c) {
+	if c.FromOtherBoot(d.bootID) {
 		// The reboot took the MIG instances: their IDs are void, and
 		// NVML may reuse them for instances that are not this
 		// claim's. Forgotten durably, so no later step trusts them.
@@ -111,7 +111,7 @@ func (d *Driver) restoreClaim(ctx context.Context, c *checkpoint.Claim, owned ma
 			logger.Error(err, "Rolling back an interrupted prepare failed; its GPUs take no new claims", "claim", ref)
 			d.restoreUses(ctx, ref, c, owned)
 			for _, dev := range c.Devices {
-				d.markUnusable(ctx, dev.GPUUUID, fmt.Sprintf("rolling back the interrupted prepare of claim %s failed: %v", ref, err))
+				d.held.markUnusable(ctx, dev.GPUUUID, fmt.Sprintf("rolling back the interrupted prepare of claim %s failed: %v", ref, err))
 			}
 		}
 		return
@@ -144,15 +144,38 @@ func (d *Driver) removeOrphans(ctx context.Context, what string, list func() ([]
 // restoreUses reserves a record's devices again and notes the MIG
 // instances it owns.
 func (d *Driver) restoreUses(ctx context.Context, ref claimRef, c *checkpoint.Claim, owned map[string]bool) {
+	d.held.restore(ctx, ref, c.Devices)
 	for _, dev := range c.Devices {
-		if err := d.occ.admit(dev.GPUUUID, d.limits(dev.GPUUUID), useOf(ref, dev)); err != nil {
-			// Two records overlap: do not guess which is right.
-			klog.FromContext(ctx).Error(err, "Checkpoint records conflict", "claim", ref)
-		}
 		if dev.MIG != nil && dev.MIG.Created {
 			owned[migKey(dev.GPUUUID, dev.MIG.GIID, dev.MIG.CIID)] = true
 		}
 	}
+}
+
+// reloadReservations rebuilds the reservations from the checkpoint records:
+// those another process prepared are added, those it unprepared dropped. A
+// record still Preparing belongs to a process that died mid-prepare (the
+// lock was free): its devices stay reserved until the kubelet's retry of
+// that claim rolls it back, as at start.
+func (d *Driver) reloadReservations(ctx context.Context) error {
+	claims, corrupt, err := d.store.List()
+	if err != nil {
+		return err
+	}
+	records := make([]heldRecord, 0, len(corrupt)+len(claims))
+	for uid := range corrupt {
+		if rec, err := d.store.Salvage(uid); err == nil {
+			records = append(records, heldRecord{claimRef{uid, rec.Namespace, rec.Name}, rec.Devices})
+		}
+	}
+	for _, c := range claims {
+		records = append(records, heldRecord{claimRef{c.UID, c.Namespace, c.Name}, c.Devices})
+	}
+	d.held.reload(ctx, records)
+	// The other process may have started or stopped MPS daemons for its
+	// claims: the checkpoint says who holds which.
+	d.mps.sync(ctx, claims)
+	return nil
 }
 
 func migKey(parent string, gi, ci int) string { return fmt.Sprintf("%s/%d/%d", parent, gi, ci) }
@@ -161,58 +184,6 @@ func deviceNames(c *checkpoint.Claim) []string {
 	var out []string
 	for _, dev := range c.Devices {
 		out = append(out, dev.Device)
-	}
-	return out
-}
-
-// fromOtherBoot tells whether a record was written before the last reboot.
-// Records without a boot ID (earlier versions) and a node whose boot ID is
-// unknown are not judged: their claims are verified on re-prepare instead.
-func (d *Driver) fromOtherBoot(c *checkpoint.Claim) bool {
-	return c.BootID != "" && d.bootID != "" && c.BootID != d.bootID
-}
-
-// voidMIG forgets the instance IDs of a record's MIG devices, reporting
-// whether there were any.
-func voidMIG(c *checkpoint.Claim) bool {
-	changed := false
-	for i := range c.Devices {
-		if c.Devices[i].Kind == kindStaticMIG {
-			continue // never Facet's to destroy; rebuild refreshes its IDs
-		}
-		if m := c.Devices[i].MIG; m != nil && (m.Created || m.UUID != "") {
-			m.Created, m.GIID, m.CIID, m.UUID = false, 0, 0, ""
-			changed = true
-		}
-	}
-	return changed
-}
-
-func (d *Driver) markUnusable(ctx context.Context, gpuUUID, why string) {
-	if gpuUUID == "" {
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, ok := d.unusable[gpuUUID]; ok {
-		return
-	}
-	d.unusable[gpuUUID] = why
-	klog.FromContext(ctx).Error(nil, "GPU unusable: its claims fail until the plugin restarts with the problem fixed", "gpu", gpuUUID, "why", why)
-}
-
-// BootID is the boot ID New read ("" if it could not), for the other
-// records that must not outlive a reboot.
-func (d *Driver) BootID() string { return d.bootID }
-
-// UnusableGPUs returns, by GPU UUID, why each GPU that a start-up problem
-// confined to it must not be offered. The caller unpublishes them.
-func (d *Driver) UnusableGPUs() map[string]string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[string]string, len(d.unusable))
-	for k, v := range d.unusable {
-		out[k] = v
 	}
 	return out
 }
@@ -233,7 +204,7 @@ func (d *Driver) reconcileMIG(ctx context.Context, owned map[string]bool, destro
 		}
 		instances, err := d.mig.ListMIGOn(g.UUID)
 		if err != nil {
-			d.markUnusable(ctx, g.UUID, fmt.Sprintf("listing its MIG instances failed: %v", err))
+			d.held.markUnusable(ctx, g.UUID, fmt.Sprintf("listing its MIG instances failed: %v", err))
 			continue
 		}
 		for _, in := range instances {
@@ -245,14 +216,14 @@ func (d *Driver) reconcileMIG(ctx context.Context, owned map[string]bool, destro
 				logger.Info("MIG instance not owned by any prepared claim; it blocks overlapping placements (start with --destroy-unowned-mig to remove such instances)",
 					"gpu", in.ParentIndex, "profile", in.Profile, "placement", in.Placement.Start, "gi", in.GIID, "ci", in.CIID)
 				if halfMade {
-					d.markUnusable(ctx, g.UUID, fmt.Sprintf("GPU instance %d (%s at memory slice %d) has no compute instance, as a crash while creating it leaves; destroy it (nvidia-smi mig -dgi -gi %d) or restart with --destroy-unowned-mig",
+					d.held.markUnusable(ctx, g.UUID, fmt.Sprintf("GPU instance %d (%s at memory slice %d) has no compute instance, as a crash while creating it leaves; destroy it (nvidia-smi mig -dgi -gi %d) or restart with --destroy-unowned-mig",
 						in.GIID, in.Profile, in.Placement.Start, in.GIID))
 				}
 				continue
 			}
 			logger.Info("Destroying MIG instance not owned by any prepared claim", "gpu", in.ParentIndex, "profile", in.Profile, "placement", in.Placement.Start, "gi", in.GIID, "ci", in.CIID)
 			if err := d.mig.DestroyMIG(in.ParentUUID, in.GIID, in.CIID); err != nil {
-				d.markUnusable(ctx, g.UUID, fmt.Sprintf("destroying unowned MIG instance GI %d CI %d failed: %v", in.GIID, in.CIID, err))
+				d.held.markUnusable(ctx, g.UUID, fmt.Sprintf("destroying unowned MIG instance GI %d CI %d failed: %v", in.GIID, in.CIID, err))
 			}
 		}
 	}

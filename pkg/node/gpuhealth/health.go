@@ -1,5 +1,13 @@
-// Package gpuhealth keeps the node's GPU faults: which GPU is out of
-// scheduling, why, since when, and how it comes back.
+// Package gpuhealth is the node's GPU health, in one place: the GPUs'
+// faults (Monitor: which GPU is out of scheduling, why, since when, and
+// how it comes back), the watch that keeps them current (Watch: NVML's
+// health events and the operator's recovery requests, each change an
+// Event on the Node), the device taint a fault puts on the slices
+// (Fault.Taint), and the devices' health as the kubelet streams it
+// (Kubelet). NVML itself is read in package nvmlgpu, the only door to it;
+// the slices are published by package publisher, and claims on a GPU
+// with a fatal fault are refused by package dradriver, both with the
+// faults they are handed (Monitor.Faults).
 //
 // Faults come from NVML (nvmlgpu.Library.WatchHealth: XIDs, double-bit ECC
 // errors, a GPU fallen off the bus, failing queries). Two classes:
@@ -25,7 +33,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,8 +40,10 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/facet-gpu/facet/pkg/model/atomicfile"
+	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/model/nvmlgpu"
 )
 
@@ -63,6 +72,14 @@ func (f Fault) Effect() resourceapi.DeviceTaintEffect {
 		return resourceapi.DeviceTaintEffectNoExecute
 	}
 	return resourceapi.DeviceTaintEffectNoSchedule
+}
+
+// Taint is the device taint the fault puts on its GPU's devices where the
+// cluster enforces DRADeviceTaints: names.TaintUnhealthy, valued with the
+// reason, with Effect, added at Since.
+func (f Fault) Taint() resourceapi.DeviceTaint {
+	t := metav1.NewTime(f.Since)
+	return resourceapi.DeviceTaint{Key: names.TaintUnhealthy, Value: f.Reason, Effect: f.Effect(), TimeAdded: &t}
 }
 
 // String is the fault in one line, for Events and logs.
@@ -267,11 +284,7 @@ func (m *Monitor) saveLocked() error {
 		f.Faults = append(f.Faults, *ft)
 	}
 	sort.Slice(f.Faults, func(i, j int) bool { return f.Faults[i].GPU < f.Faults[j].GPU })
-	data, err := json.MarshalIndent(f, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Dir(m.o.Path), filepath.Base(m.o.Path), ".health-", append(data, '\n'), 0o600)
+	return atomicfile.WriteJSON(m.o.Path, ".health-", f, 0o600)
 }
 
 // RecoverRequest is one entry of the names.AnnotationRecover annotation.

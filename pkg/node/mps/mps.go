@@ -42,6 +42,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -345,12 +346,7 @@ func (m *Manager) Holders(gpuUUID string) []types.UID {
 	g := m.gpu(gpuUUID)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	out := make([]types.UID, 0, len(g.holders))
-	for uid := range g.holders {
-		out = append(out, uid)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
+	return slices.Sorted(maps.Keys(g.holders))
 }
 
 // Restore is called at start, and again whenever another plugin process
@@ -416,12 +412,8 @@ func (m *Manager) Restore(ctx context.Context, holders map[string]map[types.UID]
 // their server.
 func (m *Manager) Check(ctx context.Context) (map[string][]types.UID, error) {
 	m.mu.Lock()
-	uuids := make([]string, 0, len(m.gpus))
-	for uuid := range m.gpus {
-		uuids = append(uuids, uuid)
-	}
+	uuids := slices.Sorted(maps.Keys(m.gpus))
 	m.mu.Unlock()
-	sort.Strings(uuids)
 	restarted := map[string][]types.UID{}
 	var errs []error
 	for _, uuid := range uuids {
@@ -432,10 +424,7 @@ func (m *Manager) Check(ctx context.Context) (map[string][]types.UID, error) {
 			if err != nil {
 				errs = append(errs, err)
 			} else if started {
-				for uid := range g.holders {
-					restarted[uuid] = append(restarted[uuid], uid)
-				}
-				sort.Slice(restarted[uuid], func(i, j int) bool { return restarted[uuid][i] < restarted[uuid][j] })
+				restarted[uuid] = slices.Sorted(maps.Keys(g.holders))
 			}
 		}
 		g.mu.Unlock()

@@ -10,8 +10,8 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/facet-gpu/facet/pkg/model/features"
-	"github.com/facet-gpu/facet/pkg/node/healthz"
 	"github.com/facet-gpu/facet/pkg/node/nodemetrics"
+	"github.com/facet-gpu/facet/pkg/node/probes"
 	"github.com/facet-gpu/facet/pkg/node/publisher"
 )
 
@@ -27,7 +27,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	}}}}
 	m.SetPublished(2, publisher.PublishedDevices(res))
 
-	code, body := probe(t, &healthz.Checker{Metrics: m.Handler()}, "/metrics")
+	code, body := probe(t, &probes.Checker{Metrics: m.Handler()}, "/metrics")
 	if code != http.StatusOK {
 		t.Fatalf("/metrics: %d %s", code, body)
 	}
@@ -43,12 +43,12 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	if code, _ := probe(t, &healthz.Checker{}, "/metrics"); code != http.StatusNotFound {
+	if code, _ := probe(t, &probes.Checker{}, "/metrics"); code != http.StatusNotFound {
 		t.Errorf("/metrics without metrics: %d, want 404", code)
 	}
 }
 
-func probe(t *testing.T, h *healthz.Checker, path string) (int, string) {
+func probe(t *testing.T, h *probes.Checker, path string) (int, string) {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	h.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))

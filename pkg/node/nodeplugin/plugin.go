@@ -37,9 +37,9 @@ import (
 	"github.com/facet-gpu/facet/pkg/node/claimstatus"
 	"github.com/facet-gpu/facet/pkg/node/dradriver"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
-	"github.com/facet-gpu/facet/pkg/node/healthz"
 	"github.com/facet-gpu/facet/pkg/node/nodeevents"
 	"github.com/facet-gpu/facet/pkg/node/nodemetrics"
+	"github.com/facet-gpu/facet/pkg/node/probes"
 	"github.com/facet-gpu/facet/pkg/node/publisher"
 	"github.com/facet-gpu/facet/pkg/node/sharing"
 )
@@ -427,17 +427,26 @@ func (p *process) publish(ctx context.Context) error {
 	}
 	pub := publisher.New(publisher.Options{
 		Sink: p.helper, Inventory: p.inv, Unusable: p.unusable, Gates: p.gates, Node: f.NodeName,
-		Faults: p.drv, Monitor: mon, Events: p.ev, Metrics: p.m, MIGUse: p.drv,
+		Faults: p.drv, Monitor: mon, Metrics: p.m, MIGUse: p.drv,
 		Partitioning: p.sharing.ComputePartitioning,
 	})
 	if p.want, err = pub.Publish(ctx); err != nil {
 		return err
 	}
+	health := gpuhealth.NewWatch(gpuhealth.WatchOptions{
+		Monitor: mon, Inventory: p.inv, Unusable: p.unusable, Node: f.NodeName,
+		Tainted: p.gates.Has(features.DeviceTaints), Events: p.ev,
+		Changed: func(ctx context.Context) {
+			if _, err := pub.Publish(ctx); err != nil {
+				klog.FromContext(ctx).Error(err, "Republishing after a health change failed; the helper retries on its next sync")
+			}
+		},
+	})
 	for uuid, ft := range mon.Faults() {
 		logger.Error(nil, "GPU unhealthy since before this start", "gpu", uuid, "fault", ft.String())
 	}
 	for _, c := range opened {
-		pub.Changed(ctx, c)
+		health.Changed(ctx, c)
 	}
 	go pub.WatchMIGUse(ctx, p.drv.MIGUseChanges())
 	go p.watchSharing(ctx, func(ctx context.Context) {
@@ -446,8 +455,8 @@ func (p *process) publish(ctx context.Context) error {
 		}
 	})
 	if f.HealthProbe > 0 {
-		go pub.WatchHealth(ctx, p.lib, f.HealthProbe)
-		go pub.WatchRecoverRequests(ctx, p.client, p.lib)
+		go health.WatchNVML(ctx, p.lib, f.HealthProbe)
+		go health.WatchRecoverRequests(ctx, p.client, p.lib)
 	}
 	go reportPublished(ctx, p.client, f.NodeName, p.want, p.start)
 	return nil
@@ -461,11 +470,11 @@ func (p *process) serveHealth(ctx context.Context) error {
 	if f.HealthAddr == "" {
 		return nil
 	}
-	reg, dra := healthz.Sockets(f.RegistrarDir, f.PluginsDir, f.PodUID)
-	return healthz.Serve(ctx, f.HealthAddr, &healthz.Checker{
+	reg, dra := probes.Sockets(f.RegistrarDir, f.PluginsDir, f.PodUID)
+	return probes.Serve(ctx, f.HealthAddr, &probes.Checker{
 		RegistrarSocket: reg, DRASocket: dra,
 		Registered:      p.helper.RegistrationStatus,
-		SlicesPublished: healthz.SlicesPublished(p.client, f.NodeName, p.want),
+		SlicesPublished: probes.SlicesPublished(p.client, f.NodeName, p.want),
 		Timeout:         5 * time.Second,
 		Metrics:         p.m.Handler(),
 	})

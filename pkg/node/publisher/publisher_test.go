@@ -41,42 +41,10 @@ type faultSink struct{ faults map[string]gpuhealth.Fault }
 
 func (f *faultSink) SetFaults(faults map[string]gpuhealth.Fault) { f.faults = faults }
 
-type event struct{ typ, reason, msg string }
-
-type events struct{ got []event }
-
-func (e *events) Normal(reason, msg string)  { e.got = append(e.got, event{"Normal", reason, msg}) }
-func (e *events) Warning(reason, msg string) { e.got = append(e.got, event{"Warning", reason, msg}) }
-
-// fakeNVML reports evs from WatchHealth, then returns watchErr; ProbeGPU
-// fails for the GPUs in dead.
-type fakeNVML struct {
-	evs      []nvmlgpu.HealthEvent
-	watchErr error
-	watched  []string
-	dead     map[string]bool
-}
-
-func (f *fakeNVML) WatchHealth(_ context.Context, uuids []string, _ time.Duration, report func(nvmlgpu.HealthEvent)) error {
-	f.watched = uuids
-	for _, ev := range f.evs {
-		report(ev)
-	}
-	return f.watchErr
-}
-
-func (f *fakeNVML) ProbeGPU(uuid string) error {
-	if f.dead[uuid] {
-		return errors.New("GPU is lost")
-	}
-	return nil
-}
-
 type rig struct {
 	p      *Publisher
 	sink   *sink
 	faults *faultSink
-	ev     *events
 	mon    *gpuhealth.Monitor
 	gpus   []string
 }
@@ -101,10 +69,10 @@ func newRig(t *testing.T, gates features.Set) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &rig{sink: &sink{}, faults: &faultSink{}, ev: &events{}, mon: mon, gpus: gpus}
+	r := &rig{sink: &sink{}, faults: &faultSink{}, mon: mon, gpus: gpus}
 	r.p = New(Options{
 		Sink: r.sink, Inventory: inv, Unusable: map[string]string{gpus[3]: "broken at start"},
-		Gates: gates, Node: "node-a", Faults: r.faults, Monitor: mon, Events: r.ev, Metrics: nodemetrics.New(),
+		Gates: gates, Node: "node-a", Faults: r.faults, Monitor: mon, Metrics: nodemetrics.New(),
 	})
 	return r
 }
@@ -196,95 +164,6 @@ func TestPublish(t *testing.T) {
 	}
 }
 
-// TestWatchHealth: NVML's fault reports reach the monitor, the Node's
-// Events and the slices; the unusable GPU is not watched; a degraded
-// watch is a Warning.
-func TestWatchHealth(t *testing.T) {
-	r := newRig(t, taintGates())
-	lib := &fakeNVML{
-		evs: []nvmlgpu.HealthEvent{
-			{GPU: r.gpus[0], Reason: "xid-48", Detail: "double-bit ECC", Fatal: true},
-			{GPU: r.gpus[1], Healthy: true},
-		},
-		watchErr: errors.New("event set unsupported"),
-	}
-	r.p.WatchHealth(context.Background(), lib, time.Second)
-	if strings.Join(lib.watched, ",") != strings.Join(r.gpus[:3], ",") {
-		t.Errorf("watched %v, want the usable GPUs %v", lib.watched, r.gpus[:3])
-	}
-	if _, faulted := r.mon.Faults()[r.gpus[0]]; !faulted {
-		t.Error("the fault did not reach the monitor")
-	}
-	if taints := r.published(t)[r.gpus[0]]; len(taints) != 1 || taints[0].Effect != resourceapi.DeviceTaintEffectNoExecute {
-		t.Errorf("GPU 0 taints after a fatal fault: %v", taints)
-	}
-	if len(r.ev.got) != 2 || r.ev.got[0].reason != ReasonGPUUnhealthy || !strings.Contains(r.ev.got[0].msg, "facetctl health recover --node node-a") ||
-		r.ev.got[1].reason != ReasonHealthWatch {
-		t.Errorf("events %+v, want %s (with how to recover) then %s", r.ev.got, ReasonGPUUnhealthy, ReasonHealthWatch)
-	}
-}
-
-// TestRecoverRequests: each request is acted on once; a malformed
-// annotation is one Warning; a GPU that does not answer NVML stays out;
-// one that does is offered again.
-func TestRecoverRequests(t *testing.T) {
-	r := newRig(t, features.Stock("test"))
-	ctx := context.Background()
-	for _, i := range []int{0, 1} {
-		if _, err := r.mon.Observe(nvmlgpu.HealthEvent{GPU: r.gpus[i], Reason: "xid-79", Detail: "fell off the bus", Fatal: true}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := r.p.Publish(ctx); err != nil {
-		t.Fatal(err)
-	}
-	lib := &fakeNVML{dead: map[string]bool{r.gpus[1]: true}}
-	done := map[gpuhealth.RecoverRequest]bool{}
-
-	r.p.handleRecoverRequests(ctx, lib, "nonsense", done)
-	r.p.handleRecoverRequests(ctx, lib, "nonsense", done)
-	if len(r.ev.got) != 1 || r.ev.got[0].reason != ReasonGPURecoveryFailed || !strings.Contains(r.ev.got[0].msg, names.AnnotationRecover) {
-		t.Fatalf("malformed annotation twice: events %+v, want one %s", r.ev.got, ReasonGPURecoveryFailed)
-	}
-
-	// A request from before the faults recovers nothing.
-	old := gpuhealth.FormatRecoverRequests([]gpuhealth.RecoverRequest{{GPU: "all", At: time.Now().Add(-time.Hour)}})
-	r.ev.got = nil
-	r.p.handleRecoverRequests(ctx, lib, old, done)
-	if len(r.mon.Faults()) != 2 || len(r.ev.got) != 2 {
-		t.Fatalf("a request older than the faults: faults %v, events %+v", r.mon.Faults(), r.ev.got)
-	}
-
-	value := gpuhealth.FormatRecoverRequests([]gpuhealth.RecoverRequest{{GPU: "all", At: time.Now().Add(time.Second)}})
-	r.ev.got = nil
-	r.p.handleRecoverRequests(ctx, lib, value, done)
-	if _, still := r.mon.Faults()[r.gpus[0]]; still {
-		t.Error("GPU 0 answers NVML but kept its fault")
-	}
-	if _, still := r.mon.Faults()[r.gpus[1]]; !still {
-		t.Error("GPU 1 does not answer NVML but lost its fault")
-	}
-	got := r.published(t)
-	if _, in := got[r.gpus[0]]; !in {
-		t.Error("GPU 0 not published again after its recovery")
-	}
-	if _, in := got[r.gpus[1]]; in {
-		t.Error("GPU 1 published while it does not answer NVML")
-	}
-	var reasons []string
-	for _, e := range r.ev.got {
-		reasons = append(reasons, e.reason)
-	}
-	if len(reasons) != 2 || !strings.Contains(strings.Join(reasons, ","), ReasonGPURecovered) || !strings.Contains(strings.Join(reasons, ","), ReasonGPURecoveryFailed) {
-		t.Errorf("events %v, want one %s and one %s", reasons, ReasonGPURecovered, ReasonGPURecoveryFailed)
-	}
-	calls := r.sink.calls
-	r.p.handleRecoverRequests(ctx, lib, value, done)
-	if r.sink.calls != calls || len(r.ev.got) != 2 {
-		t.Error("the same request was acted on twice")
-	}
-}
-
 type migUse struct {
 	mu  sync.Mutex
 	set map[string]bool
@@ -349,7 +228,7 @@ func TestWatchMIGUse(t *testing.T) {
 	}
 	use := &migUse{set: map[string]bool{}}
 	s := &lockedSink{}
-	p := New(Options{Sink: s, Inventory: inv, Gates: features.Stock("test"), Node: "node-a", Faults: &faultSink{}, Monitor: mon, Events: &events{}, MIGUse: use})
+	p := New(Options{Sink: s, Inventory: inv, Gates: features.Stock("test"), Node: "node-a", Faults: &faultSink{}, Monitor: mon, MIGUse: use})
 	p.gates.Enabled[features.PartitionableDevices] = true
 	if _, err := p.Publish(context.Background()); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,10 @@
 package install
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
@@ -71,7 +74,10 @@ namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
 // CA as caBundle. The API server calls the webhook through its Service (at
 // the endpoints: hack/cluster/up.sh runs it with
 // --enable-aggregator-routing, as there is no kube-proxy), and it refuses a
-// claim with a bad Facet config and admits a good one.
+// claim with a bad Facet config and admits a good one. With the chart's own
+// certificate it also renews it by `helm upgrade` once fewer than 30 days
+// are left, serving without a gap (webhookRenewal), and keeps selfSigned
+// under tls.mode auto when cert-manager.io/v1 appears (webhookModeKept).
 func TestLiveChartWebhookDeployment(t *testing.T) {
 	r := newChartRig(t)
 	r.Namespace(t, workNS)
@@ -130,8 +136,144 @@ admission:
 				t.Error("helm upgrade made a new CA: the chart must keep its self-signed certificate")
 			}
 			r.webhookServes(ctx, t, "after-upgrade")
+			r.webhookRenewal(ctx, t, vals)
+			r.webhookModeKept(ctx, t, vals)
 		})
 	}
+}
+
+// servedCertificate is the serving certificate the webhook presents on the
+// node's port.
+func (r *chartRig) servedCertificate(t *testing.T) *x509.Certificate {
+	t.Helper()
+	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.Port(9443)), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only reads the certificate presented
+	if err != nil {
+		t.Fatalf("dial the webhook: %v", err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0]
+}
+
+// webhookRenewal: a `helm upgrade` once fewer than renewBeforeDays are
+// left (the Secret's annotation moved to 10 days from now) makes a new CA
+// and serving certificate, keeps the old CA in the bundle, and the webhook
+// goes on answering the API server at once, while it still serves the old
+// certificate from a Secret volume the kubelet has not refreshed yet, and
+// after.
+func (r *chartRig) webhookRenewal(ctx context.Context, t *testing.T, vals map[string]any) {
+	t.Helper()
+	const secret = "facet-webhook-tls"
+	get := func() *corev1.Secret {
+		s, err := r.Client.CoreV1().Secrets(chartNS).Get(ctx, secret, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	old := get()
+	oldCA, _ := pem.Decode(old.Data["ca.crt"])
+	soon := time.Now().Add(10 * 24 * time.Hour).UTC().Format(time.RFC3339)
+	r.Must(t, "", "annotate", "secret", "-n", chartNS, secret, "--overwrite", "gpu.facet.dev/not-after="+soon)
+	up := action.NewUpgrade(r.cfg)
+	up.Namespace, up.Timeout = chartNS, 2*time.Minute
+	if _, err := up.Run(chartRelease, r.ch, vals); err != nil {
+		t.Fatalf("helm upgrade: %v", err)
+	}
+	renewed := get()
+	if bytes.Equal(renewed.Data["tls.crt"], old.Data["tls.crt"]) {
+		t.Fatalf("helm upgrade with %s left did not renew the certificate", soon)
+	}
+	var cas [][]byte
+	for rest := renewed.Data["ca.crt"]; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		cas = append(cas, b.Bytes)
+	}
+	if len(cas) != 2 || !bytes.Equal(cas[1], oldCA.Bytes) || bytes.Equal(cas[0], oldCA.Bytes) {
+		t.Fatalf("the renewed bundle holds %d CAs; want the new one, then the old", len(cas))
+	}
+	oldLeaf, _ := pem.Decode(old.Data["tls.crt"])
+	served := r.servedCertificate(t)
+	t.Logf("renewed (%s): the webhook serves the %s certificate", r.since(), map[bool]string{true: "old", false: "new"}[bytes.Equal(served.Raw, oldLeaf.Bytes)])
+	// At once, with no retry: whichever certificate the webhook serves
+	// now, the API server trusts it.
+	out, err := r.Run(`apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: renewal-bad, namespace: `+workNS+`}
+spec:
+  devices:
+    requests:
+    - {name: share, exactly: {deviceClassName: vgpu.facet.dev, capacity: {requests: {memory: 4Gi}}}}
+    config:
+    - opaque: {driver: gpu.facet.dev, parameters: {apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, taskPriority: 7}}
+`, "create", "-f", "-")
+	if err == nil || !strings.Contains(out, `admission webhook "resourceclaims.gpu.facet.dev" denied the request`) {
+		t.Errorf("right after the renewal, the API server and the webhook: %v: %s", err, out)
+	}
+	newLeaf, _ := pem.Decode(renewed.Data["tls.crt"])
+	testenv.WaitFor(t, "the webhook serving the renewed certificate (the kubelet refreshes the Secret volume)", 3*time.Minute, func() (bool, error) {
+		return bytes.Equal(r.servedCertificate(t).Raw, newLeaf.Bytes), nil
+	})
+	t.Logf("the webhook serves the renewed certificate (%s)", r.since())
+	r.webhookServes(ctx, t, "after-renewal")
+}
+
+// webhookModeKept: cert-manager.io/v1 served (a CRD of that group, no
+// cert-manager) does not switch the release's tls.mode auto from
+// selfSigned: the upgrade renders no cert-manager object (which this
+// cluster could not take) and the configuration still records selfSigned.
+func (r *chartRig) webhookModeKept(ctx context.Context, t *testing.T, vals map[string]any) {
+	t.Helper()
+	crd := `apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: certificates.cert-manager.io}
+spec:
+  group: cert-manager.io
+  names: {kind: Certificate, listKind: CertificateList, plural: certificates, singular: certificate}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+`
+	r.Must(t, crd, "apply", "-f", "-")
+	gone := func() {
+		_, _ = r.Run("", "delete", "crd", "certificates.cert-manager.io", "--wait=true", "--timeout=60s")
+		// Later tests ask discovery whether cert-manager is installed.
+		testenv.WaitFor(t, "cert-manager.io/v1 no longer served", time.Minute, func() (bool, error) {
+			out, err := r.Run("", "api-resources", "--api-group=cert-manager.io", "-o", "name")
+			return err == nil && strings.TrimSpace(out) == "", fmt.Errorf("%v: %s", err, out)
+		})
+	}
+	t.Cleanup(gone)
+	testenv.WaitFor(t, "cert-manager.io/v1 served", time.Minute, func() (bool, error) {
+		out, err := r.Run("", "api-resources", "--api-group=cert-manager.io", "-o", "name")
+		return err == nil && strings.Contains(out, "certificates.cert-manager.io"), fmt.Errorf("%v: %s", err, out)
+	})
+	// Helm keeps the capabilities it read first: read them again.
+	r.cfg.Capabilities = nil
+	up := action.NewUpgrade(r.cfg)
+	up.Namespace, up.Timeout = chartNS, 2*time.Minute
+	rel, err := up.Run(chartRelease, r.ch, vals)
+	if err != nil {
+		t.Fatalf("helm upgrade with cert-manager.io/v1 served: %v", err)
+	}
+	if strings.Contains(rel.Manifest, "apiVersion: cert-manager.io/") {
+		t.Errorf("the upgrade switched to cert-manager:\n%s", rel.Manifest)
+	}
+	vwc, err := r.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, "facet-webhook", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := vwc.Annotations["gpu.facet.dev/webhook-tls-mode"]; m != "selfSigned" {
+		t.Errorf("the release's recorded mode %q after cert-manager.io/v1 appeared, want selfSigned", m)
+	}
+	gone()
+	r.cfg.Capabilities = nil
+	t.Logf("tls.mode auto kept selfSigned with cert-manager.io/v1 served (%s)", r.since())
 }
 
 // webhookServes waits for the webhook Deployment, then checks that it

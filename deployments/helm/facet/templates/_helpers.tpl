@@ -223,40 +223,96 @@ matchCondition sends exactly the pods the webhook may rewrite.
 {{- end }}
 
 {{/*
-facet.webhookTLSMode: admission.webhook.tls.mode with auto resolved:
-certManager where the cluster serves cert-manager.io/v1, else selfSigned
-(so does `helm template`, which sees no cluster).
+facet.webhookTLSMode: admission.webhook.tls.mode with auto resolved, once
+per render. auto keeps the mode the release already uses, recorded on its
+ValidatingWebhookConfiguration (annotation gpu.facet.dev/webhook-tls-mode;
+a configuration of an earlier chart without it: certManager where it has
+cert-manager's inject-ca-from annotation, else selfSigned), so that
+cert-manager appearing or going never switches a release by itself; a
+release without one (an install, or `helm template`, which looks nothing
+up) gets certManager where the cluster serves cert-manager.io/v1, else
+selfSigned.
 */}}
 {{- define "facet.webhookTLSMode" -}}
-{{- $mode := .Values.admission.webhook.tls.mode }}
+{{- $tls := .Values.admission.webhook.tls }}
+{{- if not (hasKey $tls "resolvedMode") }}
+{{- $mode := $tls.mode }}
 {{- if eq $mode "auto" }}
+{{- $name := include "facet.webhookName" . }}
+{{- $vwc := lookup "admissionregistration.k8s.io/v1" "ValidatingWebhookConfiguration" "" $name }}
+{{- $recorded := "" }}
+{{- if $vwc }}
+{{- $ann := $vwc.metadata.annotations | default dict }}
+{{- $recorded = index $ann "gpu.facet.dev/webhook-tls-mode" | default (ternary "certManager" "selfSigned" (hasKey $ann "cert-manager.io/inject-ca-from")) }}
+{{- end }}
+{{- if has $recorded (list "certManager" "selfSigned") }}
+{{- $mode = $recorded }}
+{{- if and (eq $mode "certManager") (not (.Capabilities.APIVersions.Has "cert-manager.io/v1")) }}
+{{- fail (printf "admission.webhook.tls.mode=auto: this release's webhook certificate comes from cert-manager (ValidatingWebhookConfiguration %s, annotation gpu.facet.dev/webhook-tls-mode), but the cluster no longer serves cert-manager.io/v1. auto does not switch a release's mode by itself: set admission.webhook.tls.mode=selfSigned (or secret) to switch, or reinstall cert-manager" $name) }}
+{{- end }}
+{{- else }}
 {{- $mode = ternary "certManager" "selfSigned" (.Capabilities.APIVersions.Has "cert-manager.io/v1") }}
 {{- end }}
-{{- $mode }}
+{{- end }}
+{{- $_ := set $tls "resolvedMode" $mode }}
+{{- end }}
+{{- $tls.resolvedMode }}
 {{- end }}
 
 {{/*
-facet.webhookSelfSignedTLS: the selfSigned mode's CA and serving
-certificate, base64 PEM in a dict (ca, cert, key): those of the Secret a
-previous release made, so that an upgrade keeps them, else new ones. Made
-once per render and kept in the values, since the webhook's and the pod
-mutator's configurations both carry the CA.
+facet.webhookSelfSignedTLS: the selfSigned mode's CA bundle, serving
+certificate and key, base64 PEM, and the serving certificate's notAfter
+(RFC 3339, UTC), in a dict (ca, cert, key, notAfter); made once per render
+and kept in the values, since the webhook's and the pod mutator's
+configurations both carry the CA.
+The Secret a previous release made is kept while its annotation
+gpu.facet.dev/not-after is more than selfSigned.renewBeforeDays away. Else
+(fewer days left, or a Secret of an earlier chart without the annotation,
+or none) a new CA and certificate are made, valid validityDays (at most a
+year). Helm cannot parse a certificate, so the chart records notAfter when
+it makes one: the time before genCA plus validityDays, seconds cut, never
+later than the certificate's own. On a renewal the bundle keeps the
+previous CA after the new one: the webhook serves the old certificate
+until the kubelet refreshes its Secret volume (a minute or so), and the API
+server trusts both meanwhile; the renewal after drops it.
 */}}
 {{- define "facet.webhookSelfSignedTLS" -}}
 {{- $tls := .Values.admission.webhook.tls }}
 {{- if not (hasKey $tls "generated") }}
 {{- $name := include "facet.webhookName" . }}
+{{- $days := int $tls.selfSigned.validityDays }}
+{{- $renewBefore := int $tls.selfSigned.renewBeforeDays }}
+{{- if ge $renewBefore $days }}
+{{- fail (printf "admission.webhook.tls.selfSigned.renewBeforeDays (%d) must be less than validityDays (%d): every upgrade would renew the certificate" $renewBefore $days) }}
+{{- end }}
 {{- $old := lookup "v1" "Secret" .Release.Namespace (printf "%s-tls" $name) }}
 {{- $data := dict }}
-{{- if $old }}{{ $data = $old.data | default dict }}{{ end }}
-{{- if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") }}
-{{- $_ := set $tls "generated" (dict "ca" (index $data "ca.crt") "cert" (index $data "tls.crt") "key" (index $data "tls.key")) }}
+{{- $ann := dict }}
+{{- if $old }}
+{{- $data = $old.data | default dict }}
+{{- $ann = $old.metadata.annotations | default dict }}
+{{- end }}
+{{- $notAfter := index $ann "gpu.facet.dev/not-after" | default "" }}
+{{- $keep := false }}
+{{- if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") $notAfter }}
+{{- $t := toDate "2006-01-02T15:04:05Z07:00" $notAfter }}
+{{- $keep = gt $t.Unix (add (now).Unix (mul $renewBefore 86400)) }}
+{{- end }}
+{{- if $keep }}
+{{- $_ := set $tls "generated" (dict "ca" (index $data "ca.crt") "cert" (index $data "tls.crt") "key" (index $data "tls.key") "notAfter" $notAfter) }}
 {{- else }}
-{{- $days := int $tls.selfSigned.validityDays }}
+{{- $start := now }}
 {{- $ca := genCA (printf "%s-ca" $name) $days }}
 {{- $svc := printf "%s.%s.svc" $name .Release.Namespace }}
 {{- $cert := genSignedCert $svc nil (list $svc (printf "%s.cluster.local" $svc)) $days $ca }}
-{{- $_ := set $tls "generated" (dict "ca" ($ca.Cert | b64enc) "cert" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc)) }}
+{{- $bundle := $ca.Cert }}
+{{- with index $data "ca.crt" }}
+{{- with regexFind "(?s)-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----" (b64dec .) }}
+{{- $bundle = printf "%s\n%s\n" (trimSuffix "\n" $ca.Cert) . }}
+{{- end }}
+{{- end }}
+{{- $end := dateModify (printf "+%dh" (mul $days 24)) $start }}
+{{- $_ := set $tls "generated" (dict "ca" ($bundle | b64enc) "cert" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "notAfter" ($end.UTC.Format "2006-01-02T15:04:05Z")) }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -49,7 +49,8 @@ const (
 	// once per reason.
 	ReasonNotPreempting = "FacetNotPreempting"
 	// ReasonBlocked: on the preemptor, when evictions were refused (a
-	// PodDisruptionBudget) and no other victims make room.
+	// PodDisruptionBudget, an admission policy) and no other victims make
+	// room.
 	ReasonBlocked = "FacetPreemptionBlocked"
 	// ReasonLost: on the preemptor, when the devices its victims freed
 	// were allocated to another pod first; it backs off and tries again.
@@ -65,6 +66,18 @@ const (
 	// its claims, why they fit on no node, in facetctl fit's words (also
 	// with --observe-only). Given once per distinct explanation.
 	ReasonUnallocatable = "FacetUnallocatable"
+)
+
+// EvictionLabel is set, with the value EvictionLabelValue, on every
+// Eviction the preemptor creates. The chart's ValidatingAdmissionPolicy
+// binding that checks the evicted pod itself (its DaemonSet owner, its
+// mirror annotation) selects evictions by it, so that other evictions
+// (kubectl drain, the cluster autoscaler) cost the API server nothing; a
+// second policy refuses the preemptor's evictions that lack it
+// (deployments/helm/facet/templates/preemptor-policies.yaml).
+const (
+	EvictionLabel      = "gpu.facet.dev/evicted-by"
+	EvictionLabelValue = "facet-preemptor"
 )
 
 // unschedulableClaims is the kube-scheduler's DRA plugin's message for a
@@ -722,14 +735,17 @@ func (c *Controller) nominate(ctx context.Context, pod *v1.Pod, node string) err
 }
 
 // dryRun tries the victims' evictions without carrying them out; it
-// returns the first a PodDisruptionBudget refuses (429) with the server's
-// message.
+// returns the first that is refused, with the server's message: by a
+// PodDisruptionBudget (429), or by an admission policy (403: the chart's
+// policies refuse what facet-preemptor must never evict, and one that
+// sees a pod as protected where the preemptor's own Protection does not
+// is heeded, not fought).
 func (c *Controller) dryRun(ctx context.Context, victims []*v1.Pod) (*v1.Pod, string, error) {
 	for _, v := range victims {
 		err := c.evict(ctx, v, true)
 		switch {
 		case err == nil, apierrors.IsNotFound(err):
-		case apierrors.IsTooManyRequests(err):
+		case apierrors.IsTooManyRequests(err), apierrors.IsForbidden(err):
 			return v, err.Error(), nil
 		default:
 			return nil, "", fmt.Errorf("dry-run eviction of pod %s/%s: %w", v.Namespace, v.Name, err)
@@ -740,7 +756,7 @@ func (c *Controller) dryRun(ctx context.Context, victims []*v1.Pod) (*v1.Pod, st
 
 func (c *Controller) evict(ctx context.Context, v *v1.Pod, dry bool) error {
 	ev := &policyv1.Eviction{
-		ObjectMeta: metav1.ObjectMeta{Namespace: v.Namespace, Name: v.Name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: v.Namespace, Name: v.Name, Labels: map[string]string{EvictionLabel: EvictionLabelValue}},
 		// The UID precondition: never evict a namesake that replaced
 		// the pod decided on.
 		DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &v.UID}},

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
@@ -168,11 +170,14 @@ func TestNodeFreed(t *testing.T) {
 }
 
 // evictions records the Eviction API calls; pods in refuse get 429, as
-// from a PodDisruptionBudget.
+// from a PodDisruptionBudget, those in forbid 403, as from an admission
+// policy. An Eviction without the preemptor's label or the pod's UID as a
+// precondition gets 403 too, as the chart's policy answers it.
 type evictions struct {
 	mu     sync.Mutex
 	calls  []string // "dry low-1", "evict low-0"
 	refuse map[string]bool
+	forbid map[string]bool
 }
 
 func (e *evictions) react(a clienttesting.Action) (bool, runtime.Object, error) {
@@ -188,8 +193,15 @@ func (e *evictions) react(a clienttesting.Action) (bool, runtime.Object, error) 
 		verb = "dry"
 	}
 	e.calls = append(e.calls, verb+" "+ev.Name)
+	gr := schema.GroupResource{Resource: "pods/eviction"}
+	if ev.Labels[EvictionLabel] != EvictionLabelValue || ev.DeleteOptions == nil || ev.DeleteOptions.Preconditions == nil || ev.DeleteOptions.Preconditions.UID == nil {
+		return true, nil, apierrors.NewForbidden(gr, ev.Name, fmt.Errorf("no label %s=%s or no UID precondition: %+v", EvictionLabel, EvictionLabelValue, ev))
+	}
 	if e.refuse[ev.Name] {
 		return true, nil, apierrors.NewTooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.", 0)
+	}
+	if e.forbid[ev.Name] {
+		return true, nil, apierrors.NewForbidden(gr, ev.Name, errors.New("ValidatingAdmissionPolicy 'facet-preemptor-evicted-pods' denied request"))
 	}
 	return true, nil, nil
 }
@@ -208,6 +220,7 @@ func TestController(t *testing.T) {
 		prio   int32
 		never  bool
 		refuse []string
+		forbid []string
 		low    func(*v1.Pod) // changes the low pods
 		// two: the urgent pod claims two GPUs.
 		two bool
@@ -231,6 +244,13 @@ func TestController(t *testing.T) {
 		name: "a PDB refuses one: the other", prio: 1000, refuse: []string{"low-1"},
 		calls: []string{"dry low-1", "dry low-0", "evict low-0"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-0 (priority 100) on node n1",
 		nominated: "n1",
+	}, {
+		name: "an admission policy refuses one: the other", prio: 1000, forbid: []string{"low-1"},
+		calls: []string{"dry low-1", "dry low-0", "evict low-0"}, event: "Normal FacetPreempting facet-preemptor evicted ml/low-0 (priority 100) on node n1",
+		nominated: "n1",
+	}, {
+		name: "an admission policy refuses both: nothing, an Event that names it", prio: 1000, forbid: []string{"low-0", "low-1"},
+		calls: []string{"dry low-1", "dry low-0"}, event: "Warning FacetPreemptionBlocked facet-preemptor evicts nothing for this pod: the eviction of ml/low-1 (pods/eviction \"low-1\" is forbidden: ValidatingAdmissionPolicy 'facet-preemptor-evicted-pods' denied request)",
 	}, {
 		name: "a PDB refuses both: nothing, an Event", prio: 1000, refuse: []string{"low-0", "low-1"},
 		calls: []string{"dry low-1", "dry low-0"}, event: "Warning FacetPreemptionBlocked facet-preemptor evicts nothing for this pod: the eviction of ml/low-1",
@@ -301,9 +321,12 @@ func TestController(t *testing.T) {
 				}
 			}
 			client := fake.NewClientset(objs...)
-			ev := &evictions{refuse: map[string]bool{}}
+			ev := &evictions{refuse: map[string]bool{}, forbid: map[string]bool{}}
 			for _, r := range tc.refuse {
 				ev.refuse[r] = true
+			}
+			for _, r := range tc.forbid {
+				ev.forbid[r] = true
 			}
 			client.PrependReactor("create", "pods", ev.react)
 			recorder := record.NewFakeRecorder(100)

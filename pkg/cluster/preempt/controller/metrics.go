@@ -68,7 +68,7 @@ func NewMetrics() *Metrics {
 		reg:          prometheus.NewRegistry(),
 		preemptions:  counter("preemptions_total", "Preemptions carried out: a pending pod's victims evicted so that its ResourceClaims fit."),
 		victims:      counter("victims_total", "Pods evicted by preemptions."),
-		refusals:     counter("evictions_refused_total", "Evictions a PodDisruptionBudget refused (dry run), after which other victims were sought."),
+		refusals:     counter("evictions_refused_total", "Evictions a PodDisruptionBudget or an admission policy refused (dry run), after which other victims were sought."),
 		outcomes:     counterVec("outcomes_total", "How preemptions ended: scheduled (the preemptor was bound), lost (the freed devices went to another pod first), timed_out, blocked (evictions refused, no other victims).", []string{"outcome"}),
 		wouldPreempt: counter("observed_preemptions_total", "Preemptions decided in observe-only mode (--observe-only) and not carried out; each decision once."),
 		wouldEvict:   counter("observed_victims_total", "Pods that observed preemptions would have evicted."),

@@ -23,6 +23,8 @@
 package service
 
 import (
+	"fmt"
+
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/facet-gpu/facet/pkg/node/mps"
@@ -67,14 +69,30 @@ type restoreRequest struct {
 	Holders map[string]map[types.UID]int64 `json:"holders"`
 }
 
-type restoreResponse struct {
-	Restarted []string `json:"restarted,omitempty"`
-	Error     string   `json:"error,omitempty"`
+// restartedResponse answers /v1/restore (T: the GPUs whose daemons were
+// restarted) and /v1/check (T: by GPU, the claims whose daemon was): a
+// call that failed part-way still tells what it restarted, beside its
+// error.
+type restartedResponse[T any] struct {
+	Restarted T      `json:"restarted,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
-type checkResponse struct {
-	Restarted map[string][]types.UID `json:"restarted,omitempty"`
-	Error     string                 `json:"error,omitempty"`
+// restarted is the response of a call that restarted r and returned err.
+func restarted[T any](r T, err error) restartedResponse[T] {
+	resp := restartedResponse[T]{Restarted: r}
+	if err != nil {
+		resp.Error = err.Error()
+	}
+	return resp
+}
+
+// result is what the call returned: the restarts, and its error, if any.
+func (r restartedResponse[T]) result() (T, error) {
+	if r.Error != "" {
+		return r.Restarted, fmt.Errorf("facet-mps: %s", r.Error)
+	}
+	return r.Restarted, nil
 }
 
 type daemonResponse struct {

@@ -118,23 +118,20 @@ func (c *Client) Daemon(gpuUUID string) *mps.Record {
 // Restore: mps.Manager.Restore in facet-mps. It hands over every holder,
 // so a restart seen before it needs no reporting.
 func (c *Client) Restore(ctx context.Context, holders map[string]map[types.UID]int64) ([]string, error) {
-	var resp restoreResponse
+	var resp restartedResponse[[]string]
 	if err := c.call(ctx, http.MethodPost, "/v1/restore", restoreRequest{Holders: holders}, &resp); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
 	c.restarted = ""
 	c.mu.Unlock()
-	if resp.Error != "" {
-		return resp.Restarted, fmt.Errorf("facet-mps: %s", resp.Error)
-	}
-	return resp.Restarted, nil
+	return resp.result()
 }
 
 // Check: mps.Manager.Check in facet-mps; mps.ErrHoldersLost (wrapped) when
 // facet-mps is not the process of the last call.
 func (c *Client) Check(ctx context.Context) (map[string][]types.UID, error) {
-	var resp checkResponse
+	var resp restartedResponse[map[string][]types.UID]
 	if err := c.call(ctx, http.MethodPost, "/v1/check", nil, &resp); err != nil {
 		return nil, err
 	}
@@ -145,10 +142,7 @@ func (c *Client) Check(ctx context.Context) (map[string][]types.UID, error) {
 	if was != "" {
 		return nil, fmt.Errorf("%w (%s)", mps.ErrHoldersLost, was)
 	}
-	if resp.Error != "" {
-		return resp.Restarted, fmt.Errorf("facet-mps: %s", resp.Error)
-	}
-	return resp.Restarted, nil
+	return resp.result()
 }
 
 // call makes one request; a non-2xx answer is its errorResponse's error.

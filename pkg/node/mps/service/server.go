@@ -216,24 +216,14 @@ func (s *Server) Handler(base context.Context) http.Handler {
 		if !ok {
 			return
 		}
-		restarted, err := m.Restore(klog.NewContext(r.Context(), logger), req.Holders)
-		resp := restoreResponse{Restarted: restarted}
-		if err != nil {
-			resp.Error = err.Error()
-		}
-		s.reply(w, http.StatusOK, resp)
+		s.reply(w, http.StatusOK, restarted(m.Restore(klog.NewContext(r.Context(), logger), req.Holders)))
 	})
 	mux.HandleFunc("POST /v1/check", func(w http.ResponseWriter, r *http.Request) {
 		m, ok := s.decode(w, r, nil)
 		if !ok {
 			return
 		}
-		restarted, err := m.Check(klog.NewContext(r.Context(), logger))
-		resp := checkResponse{Restarted: restarted}
-		if err != nil {
-			resp.Error = err.Error()
-		}
-		s.reply(w, http.StatusOK, resp)
+		s.reply(w, http.StatusOK, restarted(m.Check(klog.NewContext(r.Context(), logger))))
 	})
 	mux.HandleFunc("GET /v1/daemon", func(w http.ResponseWriter, r *http.Request) {
 		m, ok := s.decode(w, r, nil)

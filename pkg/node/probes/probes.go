@@ -1,7 +1,7 @@
-// Package healthz serves the kubelet plugin's liveness and readiness probes
+// Package probes serves the kubelet plugin's liveness and readiness probes
 // (and its metrics) over HTTP, on TCP or a unix socket, and asks them for
 // the plugin's exec probe (facet-kubeletplugin --probe).
-package healthz
+package probes
 
 import (
 	"context"
