@@ -35,30 +35,41 @@ image-sim:
 
 ## build-release: the shipped binaries, without the simulator, in bin/release/
 build-release:
-	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-preemptor ./cmd/facet-install
+	$(GO) build -o $(BIN)/release/ ./cmd/facet-kubeletplugin ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-imex ./cmd/facet-preemptor ./cmd/facet-controller ./cmd/facet-install
 	$(MAKE) verify-release
 
 ## verify-release: fail if a shipped daemon links go-nvml's mock, the
 ## simulator or the MPS stand-in
 verify-release:
-	@for b in facet-kubeletplugin facet-webhook facet-mps facet-preemptor facet-install; do \
+	@for b in facet-kubeletplugin facet-webhook facet-mps facet-imex facet-preemptor facet-controller facet-install; do \
 	  syms=$$($(GO) tool nm $(BIN)/release/$$b) || exit 1; \
 	  if grep -qE 'go-nvml/pkg/nvml/mock|facet-gpu/facet/internal/' <<<"$$syms"; then \
 	    echo "bin/release/$$b links simulator code" >&2; exit 1; fi; \
 	  echo "bin/release/$$b: no simulator or go-nvml mock symbols"; \
 	done
 
-# deepcopy-gen, pinned in hack/tools/codegen/go.mod (a tool directive).
+# deepcopy-gen and controller-gen, pinned in hack/tools/codegen/go.mod
+# (tool directives).
 DEEPCOPY_GEN := $(GO) tool -modfile=$(CURDIR)/hack/tools/codegen/go.mod deepcopy-gen
+CONTROLLER_GEN := $(GO) tool -modfile=$(CURDIR)/hack/tools/codegen/go.mod controller-gen
 DEEPCOPY_PKGS := ./api/gpu.facet.dev/v1alpha1
+# The CRDs of the served kinds (ComputeDomain), from the API types'
+# kubebuilder markers, where the chart's template reads them
+# (templates/computedomain-crd.yaml).
+CRD_DIR := deployments/helm/facet/files/crds
+GEN_CRDS = $(CONTROLLER_GEN) crd:crdVersions=v1 paths=./api/... output:crd:dir=$(1)
 
-## codegen-tool: build deepcopy-gen (go tool caches it in the build cache)
+## codegen-tool: build deepcopy-gen and controller-gen (go tool caches them
+## in the build cache)
 codegen-tool:
 	$(DEEPCOPY_GEN) --help >/dev/null 2>&1
+	$(CONTROLLER_GEN) --help >/dev/null 2>&1
 
 ## generate: regenerate the API types' deep copies (zz_generated.deepcopy.go)
+## and the CRDs of the served kinds (deployments/helm/facet/files/crds)
 generate:
 	$(DEEPCOPY_GEN) --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(DEEPCOPY_PKGS)
+	rm -rf $(CRD_DIR) && $(call GEN_CRDS,$(CRD_DIR))
 
 ## verify-generate: fail if the generated files are stale (regenerates in a
 ## temporary copy of the module, then diffs)
@@ -66,8 +77,9 @@ verify-generate:
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	mkdir -p "$$tmp/hack" && cp -r go.mod go.sum api pkg "$$tmp/" && cp hack/boilerplate.go.txt "$$tmp/hack/" && \
 	find "$$tmp/api" -name zz_generated.deepcopy.go -delete && \
-	(cd "$$tmp" && $(DEEPCOPY_GEN) --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(DEEPCOPY_PKGS)) && \
-	diff -ru api "$$tmp/api" || { echo "generated files are stale: run make generate" >&2; exit 1; }
+	(cd "$$tmp" && $(DEEPCOPY_GEN) --go-header-file hack/boilerplate.go.txt --output-file zz_generated.deepcopy.go $(DEEPCOPY_PKGS) && \
+	  $(call GEN_CRDS,$$tmp/crds)) && \
+	diff -ru api "$$tmp/api" && diff -ru $(CRD_DIR) "$$tmp/crds" || { echo "generated files are stale: run make generate" >&2; exit 1; }
 
 # golangci-lint v2, built from the Go module proxy at a pinned version into
 # the same cache as the cluster's tools (outside the checkout, survives
@@ -137,6 +149,9 @@ unit:
 	# The Helm chart, rendered with Helm as a library (its own module, so
 	# Helm's dependencies stay out of Facet's go.mod).
 	cd test/helm && ../../$(STAGE) "unit: Helm chart" $(GO) test ./...
+	# The fake CRI's exec mode (hack/tools is its own module: Kubernetes'
+	# own packages stay out of Facet's go.mod).
+	cd hack/tools && ../../$(STAGE) "unit: fake CRI" $(GO) test ./fakecri/
 	# The chart's alerts and dashboard against Prometheus's parser and
 	# promtool (its own module, for Prometheus's dependencies); promtool is
 	# built as a stage of its own, never inside the test.
@@ -170,13 +185,15 @@ CHART_ONCE := ^(TestLiveChartHostDriverRoot|TestLiveChartWebhookDeployment|TestL
 e2e: build
 	CHART_ONCE='$(CHART_ONCE)' $(STAGE) "e2e rounds ($${FACET_E2E_PARALLEL:-4} at a time)" hack/e2e-rounds.sh
 
-## multinode: a cluster of real kubelets on this machine, three of them with
+## multinode: a cluster of real kubelets on this machine, nine of them with
 ## Facet on simulated machines (dgx-h100 in mig mode, dgx-a100-80gb in
-## shared mode, l4x4 in exclusive mode; fake CRI), and test/multinode on it:
-## placement by class and CEL, a claim that fits nowhere, spreading, one
-## node's plugin restart (hack/multinode.sh, hack/cluster/add-node.sh)
+## shared mode, l4x4 in exclusive mode, a six-node GB200 NVL72-class rack of
+## two cliques; fake CRI), and test/multinode on it: placement by class and
+## CEL, a claim that fits nowhere, spreading, one node's plugin restart, the
+## IMEX daemon's stand-in on the rack (hack/multinode.sh,
+## hack/cluster/add-node.sh, hack/cluster/add-rack.sh)
 multinode: build
-	$(STAGE) "multinode (4 nodes)" hack/multinode.sh
+	$(STAGE) "multinode (10 nodes)" hack/multinode.sh
 
 ## demo: the main job on a simulated DGX H100 node, Facet installed with its
 ## Helm chart (FACET_DEMO_PLUGIN=host: the plugin as a host process;

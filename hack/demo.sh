@@ -117,6 +117,14 @@ kubeletPlugin:
   - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [localhost]}]
   nodeGroups:
     default: {${group}, extraArgs: [--machine=/usr/share/facet/machines/$(basename "${MACHINE}")]}
+# facet-controller as the plugin: in the host's network, to the API server
+# on the host's 127.0.0.1 (the node's pods have no other way to it).
+computeDomains:
+  controller:
+    hostNetwork: true
+    extraEnv:
+    - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
+    - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
 VALUES
   bin/chartinstall upgrade facet deployments/helm/facet -n "${CHART_NS}" -f "${RUN_DIR}/facet-values.yaml"
 }

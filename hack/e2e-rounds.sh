@@ -39,7 +39,7 @@ CHART_ONCE="${CHART_ONCE:?set CHART_ONCE: the run-once chart live tests, as the 
 names=("e2e 1.35.4, DRA alpha gates on" "e2e 1.35.4 stock" "e2e 1.37.2, default gates" "e2e 1.36.3, default gates")
 short=("1.35.4 gated" "1.35.4 stock" "1.37.2" "1.36.3")
 if [[ "${FACET_E2E_MULTINODE:-}" == 1 ]]; then
-  names+=("multinode (4 nodes)")
+  names+=("multinode (10 nodes)")
   short+=("multinode")
 fi
 

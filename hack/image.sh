@@ -14,19 +14,21 @@
 # for the simulated driver root's MPS stand-in, and Debian 12's dash for it.
 #
 # Contents (/usr/bin): facet-kubeletplugin, facet-webhook, facetctl,
-# facet-preemptor, facet-mps (the MPS daemons' keeper: static, it links no
+# facet-preemptor, facet-controller, facet-mps (the MPS daemons' keeper: static, it links no
 # NVML and runs the driver's MPS programs chrooted into the driver root),
+# facet-imex (a ComputeDomain's IMEX daemon: static, it runs nvidia-imex
+# chrooted into the driver root, or its stand-in in the --sim image),
 # facet-install (static: the chart's hami-core DaemonSet copies it into an
 # emptyDir and runs it in HAMi's image, whatever libc that has, to install
 # libvgpu.so without a shell of that image), and NVIDIA's nvidia-cdi-hook (hack/tools/cdihook), which
 # the chart's init container copies onto nodes without the NVIDIA Container
 # Toolkit (`facetctl install-cdi-hook`), where the CDI specs' hooks run it;
-# it is static (hack/build-cdi-hook.sh). The webhook, facet-mps and
-# facet-install are static (CGO_ENABLED=0); in the --sim image they are
+# it is static (hack/build-cdi-hook.sh). The webhook, facet-mps, facet-imex
+# and facet-install are static (CGO_ENABLED=0); in the --sim image they are
 # linked like the rest, below, which leaves facet-install static all the
 # same: it imports no package with cgo (its TestStatic), and the build
 # checks it.
-# The plugin, facetctl and facet-preemptor (through
+# The plugin, facetctl, facet-preemptor and facet-controller (through
 # pkg/cluster/occupancy's MIG profile tables) link go-nvml, whose bindings dlopen
 # libnvidia-ml.so.1 through cgo: they are linked dynamically against glibc,
 # which must then be in the image, since a static glibc binary cannot safely
@@ -169,16 +171,16 @@ for platform in ${PLATFORMS}; do
   # client-go and the rest without cgo once more. The shipped webhook is
   # static.
   if ${SIM}; then
-    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor, facet-webhook, facet-mps; facet-install)"
+    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor, facet-controller, facet-webhook, facet-mps, facet-imex; facet-install)"
     GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
       "${GO}" build "${TAGS[@]}" -ldflags "${ldflags}" -o "${app}/usr/bin/" \
-      ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-install
+      ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor ./cmd/facet-controller ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-imex ./cmd/facet-install
   else
-    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor; static: facet-webhook, facet-mps, facet-install)"
+    log "${platform}: go build (cgo: facet-kubeletplugin, facetctl, facet-preemptor, facet-controller; static: facet-webhook, facet-mps, facet-imex, facet-install)"
     GOOS=linux GOARCH="${arch}" CGO_ENABLED=1 CC="${cc}" \
-      "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor
+      "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-kubeletplugin ./cmd/facetctl ./cmd/facet-preemptor ./cmd/facet-controller
     GOOS=linux GOARCH="${arch}" CGO_ENABLED=0 \
-      "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-install
+      "${GO}" build -trimpath -ldflags "${ldflags}" -o "${app}/usr/bin/" ./cmd/facet-webhook ./cmd/facet-mps ./cmd/facet-imex ./cmd/facet-install
   fi
   # The hami-core DaemonSet runs facet-install in HAMi's image: a dynamic
   # one would fail there with "no such file or directory" (its loader).

@@ -5,6 +5,11 @@
 #   node-h100  demo/machines/dgx-h100.yaml       in mig mode
 #   node-a100  demo/machines/dgx-a100-80gb.yaml  in shared mode (vGPU shares)
 #   node-l4    demo/machines/l4x4.yaml           in exclusive mode (whole GPUs)
+# and a simulated GB200 NVL72-class rack (hack/cluster/add-rack.sh 4 4 2):
+#   gb200-a1..a4, gb200-b1..b2  demo/machines/gb200-nvl72-tray.yaml in
+#   exclusive mode, one fabric cluster, cliques a (4 nodes) and b (2 nodes)
+# unless FACET_MULTINODE_RACK=0. Their fake CRIs run Facet's simulator
+# image's containers (facet-imex --simulate) as host processes.
 # mig and shared mode need the DRA alpha gates, so the cluster runs with
 # up.sh's default gates whatever FACET_FEATURE_GATES says.
 # Extra arguments go to go test, e.g. -run TestRestart.
@@ -38,7 +43,12 @@ hack/cluster/up.sh
 hack/cluster/add-node.sh node-h100 1 demo/machines/dgx-h100.yaml --mode mig
 hack/cluster/add-node.sh node-a100 2 demo/machines/dgx-a100-80gb.yaml --mode shared
 hack/cluster/add-node.sh node-l4 3 demo/machines/l4x4.yaml --mode exclusive
-echo "[multinode] cluster of 4 nodes up in $((SECONDS - T0))s"
+nodes=4
+if [[ "${FACET_MULTINODE_RACK:-1}" != 0 ]]; then
+  hack/cluster/add-rack.sh 4 4 2
+  nodes=10
+fi
+echo "[multinode] cluster of ${nodes} nodes up in $((SECONDS - T0))s"
 # shellcheck disable=SC1091
 source "${RUN_DIR}/env.sh"
 kubectl apply -f deployments/deviceclasses.yaml >/dev/null

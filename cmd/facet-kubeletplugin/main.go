@@ -92,6 +92,7 @@ func parseFlags(args []string) (flags, error) {
 	fs.StringVar(&f.PodUID, "pod-uid", os.Getenv("POD_UID"), "this plugin pod's UID (env POD_UID, from the downward API): enables rolling updates, where the kubelet may call a new pod and the old one at once, prepares and unprepares taking turns through <state-dir>/"+nodeplugin.NodeLockFile+"; empty: one plugin process per node (Kubernetes 1.33+ kubelets support it)")
 	fs.DurationVar(&f.HealthProbe, "gpu-health-probe-interval", 5*time.Second, "how often each GPU is queried through NVML for health (XID and ECC events are watched continuously); 0 turns GPU health monitoring off")
 	fs.DurationVar(&f.HealthQuiet, "gpu-health-quiet-period", 5*time.Minute, "how long a GPU with a recoverable fault must answer NVML without a new fault before its devices are offered again (fatal faults need `facetctl health recover`)")
+	fs.StringVar(&f.ComputeDomains, "compute-domains", nodeplugin.ComputeDomainsAuto, "ComputeDomains (docs/design/compute-domains.md): auto (publish the node's IMEX channel device where the driver offers IMEX channels and the GPUs report one fabric clique, and prepare channel claims, labelling the node for the domain) or off (publish none; channel claims fail)")
 	f.Modes.Register(fs)
 	daemon.AddLogFlags(fs)
 	err := fs.Parse(args)

@@ -8,7 +8,7 @@ import (
 
 // TestShippedBuildLinksNoSimulator checks the builds that ship (no build
 // tags): no daemon of the image, the kubelet plugin, facet-mps,
-// facet-webhook, facet-preemptor and facet-install, may link Facet's
+// facet-webhook, facet-preemptor, facet-controller and facet-install, may link Facet's
 // simulator, its MPS stand-in or go-nvml's mock GPUs. Only `-tags facetsim` (make build, for
 // the demo and the end-to-end tests) links them into the plugin.
 func TestShippedBuildLinksNoSimulator(t *testing.T) {
@@ -24,6 +24,7 @@ func TestShippedBuildLinksNoSimulator(t *testing.T) {
 		{"../facet-mps", "", false},
 		{"../facet-webhook", "", false},
 		{"../facet-preemptor", "", false},
+		{"../facet-controller", "", false},
 		{"../facet-install", "", false},
 	} {
 		out, err := exec.Command("go", "list", "-tags", tc.tags, "-deps", tc.pkg).CombinedOutput()

@@ -10,6 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/facet-gpu/facet/pkg/cluster/fit"
+	"github.com/facet-gpu/facet/pkg/cluster/occupancy"
 	"github.com/facet-gpu/facet/pkg/model/features"
 )
 
@@ -36,7 +37,7 @@ func runFit(args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", *file, err)
 	}
-	client, err := kube.Client()
+	client, dyn, err := clients(kube)
 	if err != nil {
 		return err
 	}
@@ -51,7 +52,9 @@ func runFit(args []string) error {
 			pod.Namespace = "default"
 		}
 		var missing []string
-		if claims, missing, err = stream.PodClaims(pod); err != nil {
+		// A template not in the file is the cluster's: a ComputeDomain's
+		// channel template is written by facet-controller.
+		if claims, missing, err = stream.PodClaimsWith(pod, fit.Template(ctx, client)); err != nil {
 			return err
 		}
 		for _, name := range missing {
@@ -80,6 +83,9 @@ func runFit(args []string) error {
 	if err != nil {
 		return err
 	}
+	if in.Domains, err = occupancy.ReadDomains(ctx, dyn); err != nil {
+		return err
+	}
 	// The allocator runs with the cluster's own DRA features: a mode the
 	// scheduler does not enforce would otherwise fit here and not there.
 	set, err := features.Detect(ctx, client, "facetctl-probe")
@@ -106,6 +112,17 @@ func runFit(args []string) error {
 	for _, r := range results {
 		if r.Fits {
 			return nil
+		}
+	}
+	// A pod of a ComputeDomain: where its domain stands.
+	notes, err := fit.DomainNotes(in, claims)
+	if err != nil {
+		return err
+	}
+	if len(notes) > 0 {
+		fmt.Println("\ncompute domains:")
+		for _, n := range notes {
+			fmt.Println("  " + n)
 		}
 	}
 	return errNoFit

@@ -23,11 +23,12 @@ func runOccupancy(args []string) error {
 	if render == nil {
 		return fmt.Errorf("-o %q: want table, picture or yaml", *output)
 	}
-	client, err := kube.Client()
+	client, dyn, err := clients(kube)
 	if err != nil {
 		return err
 	}
-	slices, claims, err := occupancy.Read(context.Background(), client, *node)
+	ctx := context.Background()
+	slices, claims, err := occupancy.Read(ctx, client, *node)
 	if err != nil {
 		return err
 	}
@@ -35,6 +36,11 @@ func runOccupancy(args []string) error {
 	if err != nil {
 		return err
 	}
+	domains, err := occupancy.ReadDomains(ctx, dyn)
+	if err != nil {
+		return err
+	}
+	c.Domains = occupancy.DomainsOf(domains)
 	if len(c.GPUs) == 0 {
 		if *node != "" {
 			return fmt.Errorf("node %s publishes no Facet devices", *node)

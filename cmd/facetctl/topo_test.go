@@ -11,10 +11,10 @@ import (
 var updateTopo = flag.Bool("update", false, "rewrite testdata/topo-*.txt")
 
 // TestTopoGolden pins `facetctl topo --machine FILE` for the topology
-// machines and for one without topology (dgx-h100: PCIe only, no
-// switch, no NVLink attribute).
+// machines (dgx-h100: NVSwitches without PCIe switches) and for one
+// without topology (l4x4: PCIe only, no switch, no NVLink attribute).
 func TestTopoGolden(t *testing.T) {
-	for _, m := range []string{"hgx-h100", "h100-nvl-pairs", "l40s-8", "gb200-nvl72-tray", "dgx-h100"} {
+	for _, m := range []string{"hgx-h100", "h100-nvl-pairs", "l40s-8", "gb200-nvl72-tray", "dgx-h100", "l4x4"} {
 		t.Run(m, func(t *testing.T) {
 			out, err := captureStdout(t, func() error {
 				return runTopo([]string{"--machine", filepath.Join("..", "..", "demo", "machines", m+".yaml")})

@@ -26,8 +26,10 @@
 # this host cannot have more addresses of its own (docs/design/local-cluster.md,
 # "More nodes"). The kubelet still listens on 127.0.0.1 only; the API server
 # reaches a kubelet by hostname, which only "localhost" resolves to, so
-# `kubectl logs` and `exec` do not reach added nodes (the fake CRI runs no
-# containers anyway).
+# `kubectl logs` and `exec` do not reach added nodes. The fake CRI runs no
+# containers, except those of Facet's simulator image
+# (facet.local/facet:*-sim), which it runs as processes of this host
+# (hack/tools/fakecri, exec mode): their output is in logs/NAME/exec/.
 #
 # Environment: RUN_DIR (as up.sh), READY_TIMEOUT (seconds, default 120),
 # NODE_IP. Needs root and a running up.sh cluster; the plugin needs `make build`.
@@ -100,6 +102,7 @@ mkdir -p "${LOGS}" "${PIDS}" "${KUBELET_ROOT}/plugins/gpu.facet.dev" "${KUBELET_
   "${KUBELET_ROOT}/certs" "${KUBELET_ROOT}/volume-plugins" "${NODE_DIR}/cdi" \
   "${NODE_DIR}/pod-logs" "${NODE_DIR}/fakecri-imagefs"
 rm -f "${LOGS}"/*.log "${LOGS}"/*.jsonl
+rm -rf "${LOGS}/exec"
 
 # start NAME BINARY ARGS...: as up.sh's start (own session, no e2e lock fd).
 start() {
@@ -138,11 +141,19 @@ kc use-context facet-local
 chmod 600 "${KC}"
 
 # --- fake CRI ---------------------------------------------------------------
+# Exec mode for Facet's simulator image: its containers (the IMEX daemon's
+# stand-in, facet-imex --simulate) run as processes of this host, from this
+# checkout's bin/ (make build), with the cluster's admin kubeconfig (a host
+# process cannot read the pod's service account token); their output goes
+# to ${LOGS}/exec/. Every other image's containers never run.
 CRI_SOCK="${NODE_DIR}/fakecri.sock"
 CDI_LOG="${LOGS}/cdi.jsonl"
+SIM_IMAGE="facet.local/facet:$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "${REPO}/deployments/helm/facet/Chart.yaml")-sim"
 : >"${CDI_LOG}"
 start fakecri "${FACET_BIN_DIR}/fakecri" --socket "${CRI_SOCK}" --cdi-log "${CDI_LOG}" \
-  --image-fs "${NODE_DIR}/fakecri-imagefs" --images "facet.local/busybox:1,registry.k8s.io/pause:3.10"
+  --image-fs "${NODE_DIR}/fakecri-imagefs" --images "facet.local/busybox:1,registry.k8s.io/pause:3.10,${SIM_IMAGE}" \
+  --exec-images 'facet.local/facet:*-sim' --exec-bin-dir "${REPO}/bin" --exec-log-dir "${LOGS}/exec" \
+  --exec-env "KUBECONFIG=${KUBECONFIG}"
 wait_for fakecri "serving" test -S "${CRI_SOCK}"
 
 # --- kubelet: up.sh's configuration, with this node's ports and paths. (Not

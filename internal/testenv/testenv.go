@@ -6,11 +6,14 @@ package testenv
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -112,4 +115,34 @@ spec:
   resourceClaims:
   - {name: %s, resourceClaimTemplateName: %s}
 `, name, namespace, claim, claim, template)
+}
+
+// ParseFlags parses a daemon's command line, args, with the flags add
+// registers and klog's -v (which the chart passes), failing t where they
+// do not parse: the args a chart renders, read by the binary's own flags.
+func ParseFlags(t testing.TB, name string, add func(*flag.FlagSet), args []string) {
+	t.Helper()
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	add(fs)
+	if fs.Lookup("v") == nil {
+		fs.Int("v", 0, "klog verbosity")
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("%s %v: %v", name, args, err)
+	}
+}
+
+// WantError checks err against want, a part of the error message, or no
+// error where want is empty, failing t otherwise. It reports whether an
+// error was wanted, where a table's case ends.
+func WantError(t testing.TB, err error, want string) bool {
+	t.Helper()
+	switch {
+	case want == "" && err != nil:
+		t.Fatal(err)
+	case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+		t.Fatalf("error %v, want one with %q", err, want)
+	}
+	return want != ""
 }

@@ -86,7 +86,12 @@ func TestTopologyClaims(t *testing.T) {
 		{"GB200 NVL72 tray: four in one domain", "gb200-nvl72-tray", []step{
 			{four("4"), []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}},
 		}},
-		{"DGX H100 file without topology: no domain", "dgx-h100", []step{
+		{"DGX H100: all eight GPUs in one NVLink domain", "dgx-h100", []step{
+			{four("5"), []string{"gpu-0", "gpu-1", "gpu-2", "gpu-3"}},
+			{four("6"), []string{"gpu-4", "gpu-5", "gpu-6", "gpu-7"}},
+			{two("8"), nil},
+		}},
+		{"L4 node without NVLink: no domain", "l4x4", []step{
 			{two("7"), nil},
 			{pcieSwitch("5"), nil},
 		}},

@@ -308,7 +308,7 @@ webhooks:
 		{
 			name:     "claim with an unknown kind",
 			manifest: vgpuClaim("ResourceClaim", "bad-kind", "{apiVersion: gpu.facet.dev/v1alpha1, kind: MigConfig}"),
-			want:     `spec.devices.config[0].opaque.parameters: kind: Unsupported value: "MigConfig": supported values: "GpuConfig", "VgpuConfig"`,
+			want:     `spec.devices.config[0].opaque.parameters: kind: Unsupported value: "MigConfig": supported values: "GpuConfig", "VgpuConfig", "ComputeDomainChannelConfig"`,
 		},
 		{
 			name:     "template with an unsupported policy",

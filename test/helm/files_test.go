@@ -95,7 +95,7 @@ func TestRenderedObjectsEqualTheirSources(t *testing.T) {
 		t.Errorf("%d DeviceClasses with deviceClasses.enabled=false", n)
 	}
 	for _, o := range ofKind(off, "ValidatingAdmissionPolicy") {
-		if o.GetName() != releaseName+"-resourceslices-own-node" && o.GetName() != releaseName+"-claim-status-own-node" {
+		if o.GetName() != releaseName+"-resourceslices-own-node" && o.GetName() != releaseName+"-claim-status-own-node" && o.GetName() != releaseName+"-node-label-own-node" {
 			t.Errorf("policy %s with admission.policies.enabled=false", o.GetName())
 		}
 	}

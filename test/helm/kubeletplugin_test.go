@@ -117,6 +117,9 @@ var (
 		"feature-gates": true, "mig-layouts": true, "feature-detection-interval": true,
 		"health-addr": true, "gpu-health-probe-interval": true, "gpu-health-quiet-period": true, "pod-uid": true, "probe": true,
 		"mps": true, "mps-check-interval": true, "hami-library-sha256": true,
+		// Default auto; the chart leaves it so (ComputeDomains need no
+		// value of the plugin's: off only where the fabric is not Facet's).
+		"compute-domains": true,
 	}
 	forbiddenFlags = map[string]string{
 		"kubeconfig": "the plugin runs in-cluster",
@@ -670,7 +673,8 @@ func TestPluginRBAC(t *testing.T) {
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceclaims"}, "verbs": []any{"get"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"resourceclaims/status"}, "verbs": []any{"patch"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resourceNames": []any{"gpu.facet.dev"}, "resources": []any{"resourceclaims/driver"}, "verbs": []any{"associated-node:patch"}},
-		map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get"}},
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"nodes"}, "verbs": []any{"get", "patch"}},
+		map[string]any{"apiGroups": []any{"gpu.facet.dev"}, "resources": []any{"computedomains"}, "verbs": []any{"list", "watch"}},
 		map[string]any{"apiGroups": []any{"resource.k8s.io"}, "resources": []any{"deviceclasses"}, "verbs": []any{"get"}},
 		map[string]any{"apiGroups": []any{"", "events.k8s.io"}, "resources": []any{"events"}, "verbs": []any{"create", "patch"}},
 		map[string]any{"apiGroups": []any{""}, "resources": []any{"pods"}, "verbs": []any{"get"}},
@@ -678,7 +682,15 @@ func TestPluginRBAC(t *testing.T) {
 	if got != want {
 		t.Errorf("ClusterRole rules\n%s\nwant\n%s", got, want)
 	}
-	for _, o := range append(ofKind(objs, "Role"), ofKind(objs, "RoleBinding")...) {
+	// The compute-domain controller and the IMEX daemons, on by default,
+	// have their own (TestComputeDomainController).
+	var rest []object
+	for _, o := range objs {
+		if c := o.GetLabels()["app.kubernetes.io/component"]; c != "controller" && c != "imex" {
+			rest = append(rest, o)
+		}
+	}
+	for _, o := range append(ofKind(rest, "Role"), ofKind(rest, "RoleBinding")...) {
 		// helm test's node check execs into the plugin's pods, in the
 		// release namespace only (TestNodeCheckHook); the claim mutator
 		// dry-runs claims there (TestWebhookAPIAccess).
@@ -686,7 +698,7 @@ func TestPluginRBAC(t *testing.T) {
 			t.Errorf("%s %s: only the plugin has permissions, cluster-wide, and helm test's node check and the webhook's probe in the release namespace", o.GetKind(), o.GetName())
 		}
 	}
-	crbs := ofKind(objs, "ClusterRoleBinding")
+	crbs := ofKind(rest, "ClusterRoleBinding")
 	if len(crbs) != 1 {
 		t.Fatalf("%d ClusterRoleBindings, want the plugin's only (the webhook needs no cluster-wide API access)", len(crbs))
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/claimstatus"
+	"github.com/facet-gpu/facet/pkg/node/computedomain"
 	"github.com/facet-gpu/facet/test/helm/helmtest"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -30,6 +31,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -70,7 +72,9 @@ func TestLiveServerDryRun(t *testing.T) {
 	for name, vals := range configurations(t) {
 		t.Run(name, func(t *testing.T) {
 			var objs []object
-			for _, o := range renderAs(t, vals, "facet-dryrun", ns) {
+			// With the IMEX DaemonSet facet-controller makes of the chart's
+			// pod template: the chart deploys it too.
+			for _, o := range podObjects(t, renderAs(t, vals, "facet-dryrun", ns)) {
 				if strings.HasPrefix(o.GetAPIVersion(), "cert-manager.io/") && !certManager {
 					t.Logf("skipped %s %s: cert-manager is not installed", o.GetKind(), o.GetName())
 					continue
@@ -122,6 +126,7 @@ func TestLiveNodeRestriction(t *testing.T) {
 deviceClasses: {enabled: false}
 admission: {policies: {enabled: false}, webhook: {enabled: false}}
 tests: {nodeCheck: {enabled: false}}
+computeDomains: {enabled: false, crd: {install: false}}
 `), release, ns)
 	var install []object
 	for _, o := range objs {
@@ -130,8 +135,8 @@ tests: {nodeCheck: {enabled: false}}
 			install = append(install, o)
 		}
 	}
-	if len(install) != 7 {
-		t.Fatalf("%d objects to install, want 7 (two policies with their bindings)", len(install))
+	if len(install) != 9 {
+		t.Fatalf("%d objects to install, want 9 (three policies with their bindings)", len(install))
 	}
 	manifest := stream(t, install)
 	t.Cleanup(func() { l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
@@ -359,6 +364,62 @@ tests: {nodeCheck: {enabled: false}}
 			t.Errorf("listing nodes: %v, want Forbidden", err)
 		}
 	})
+
+	// The node's compute-domain label: the plugin's own code
+	// (computedomain.SetNodeLabel) may set and remove it on its own Node;
+	// nothing else of a Node, and no other Node.
+	labels := release + "-node-label-own-node"
+	const key = names.LabelComputeDomain
+	labelPatch := func(k, v string) []byte {
+		return []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, k, v))
+	}
+	patchDry := metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}
+	testenv.WaitFor(t, "policy "+labels+" enforced", time.Minute, func() (bool, error) {
+		_, err := plugin.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, labelPatch("facet.dev/helm-test", "x"), patchDry)
+		return err != nil && strings.Contains(err.Error(), labels), err
+	})
+	t.Run("own node: the compute-domain label set and removed", func(t *testing.T) {
+		t.Cleanup(func() {
+			_, _ = l.Client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, []byte(`{"metadata":{"labels":{"`+key+`":null}}}`), metav1.PatchOptions{})
+		})
+		c := computedomain.New(ctx, plugin, nil, node)
+		if err := c.SetNodeLabel(ctx, "", "uid-helm-test"); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := c.NodeLabel(ctx); err != nil || got != "uid-helm-test" {
+			t.Fatalf("label %q, %v", got, err)
+		}
+		if err := c.SetNodeLabel(ctx, "uid-helm-test", ""); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := c.NodeLabel(ctx); err != nil || got != "" {
+			t.Fatalf("label %q, %v after removing it", got, err)
+		}
+	})
+	other := "facet-helm-other-node"
+	if _, err := l.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: other}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Client.CoreV1().Nodes().Delete(ctx, other, metav1.DeleteOptions{}) })
+	for _, tc := range []struct {
+		name   string
+		client kubernetes.Interface
+		node   string
+		patch  []byte
+		want   string
+	}{
+		{"another node's label", plugin, other, labelPatch(key, "u"), "may only change its own Node, not '" + other + "'"},
+		{"another label of its own node", plugin, node, labelPatch("facet.dev/helm-test", "x"), "may only change its Node's label gpu.facet.dev/compute-domain"},
+		{"its own node's taints", plugin, node, []byte(`{"spec":{"taints":[{"key":"facet.dev/helm-test","effect":"NoSchedule"}]}}`), "nothing else of the Node"},
+		{"a label patch with a token that names no node", asPlugin(false), node, labelPatch(key, "u"), "This request's token names no node"},
+	} {
+		t.Run("refused: "+tc.name, func(t *testing.T) {
+			_, err := tc.client.CoreV1().Nodes().Patch(ctx, tc.node, types.MergePatchType, tc.patch, patchDry)
+			if !apierrors.IsForbidden(err) || !strings.Contains(strings.Join(strings.Fields(err.Error()), " "), tc.want) {
+				t.Fatalf("error %v\nwant Forbidden with %q", err, tc.want)
+			}
+		})
+	}
 }
 
 // TestLiveChartWebhook runs facet-webhook as a local process behind the

@@ -37,7 +37,7 @@ func checkNetworkPolicies(t *testing.T, extra string, webhookEgress bool) {
 	want := map[string]struct {
 		port   int
 		egress bool
-	}{"kubelet-plugin": {8081, true}, "mps": {0, false}, "hami-core": {0, false}, "webhook": {8443, webhookEgress}, "preemptor": {8080, true}, "node-check": {0, true}}
+	}{"kubelet-plugin": {8081, true}, "mps": {0, false}, "hami-core": {0, false}, "webhook": {8443, webhookEgress}, "preemptor": {8080, true}, "node-check": {0, true}, "controller": {8080, true}}
 	for _, o := range objs {
 		spec, ok := podSpecOf(t, o)
 		if !ok || spec.HostNetwork {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -18,6 +17,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/facet-gpu/facet/internal/testenv"
 	"github.com/facet-gpu/facet/pkg/cluster/preempt/controller"
 )
 
@@ -49,16 +49,8 @@ func preemptorConfig(t *testing.T, c corev1.Container) controller.Config {
 	}
 	t.Setenv("POD_NAMESPACE", podNS)
 	var cfg controller.Config
-	fs := flag.NewFlagSet("facet-preemptor", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	cfg.AddFlags(fs)
-	fs.Int("v", 0, "klog verbosity")
-	if err := fs.Parse(c.Args); err != nil {
-		t.Fatalf("args %v: %v", c.Args, err)
-	}
-	if err := cfg.Complete(); err != nil {
-		t.Fatal(err)
-	}
+	testenv.ParseFlags(t, "facet-preemptor", cfg.AddFlags, c.Args)
+	testenv.WantError(t, cfg.Complete(), "")
 	return cfg
 }
 

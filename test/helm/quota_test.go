@@ -94,7 +94,7 @@ func TestCriticalPodsQuota(t *testing.T) {
 	}
 
 	for cfgName, vals := range configurations(t) {
-		objs := render(t, vals)
+		objs := podObjects(t, render(t, vals))
 		for _, o := range objs {
 			spec, ok := podSpecOf(t, o)
 			if !ok || !slices.Contains(criticalClasses, spec.PriorityClassName) {
@@ -120,10 +120,11 @@ func TestCriticalPodsQuota(t *testing.T) {
 // config wait on) and the preemptor system-cluster-critical; and the
 // critical-pods quota covers them all.
 func TestPriorityClasses(t *testing.T) {
-	objs := render(t, values(t, "preemptor: {enabled: true}"))
+	objs := podObjects(t, render(t, values(t, "preemptor: {enabled: true}")))
 	// helm test's node check runs on demand, and is not to outrank
 	// workloads.
-	want := map[string]string{"kubelet-plugin": "system-node-critical", "mps": "system-node-critical", "hami-core": "system-node-critical", "webhook": "system-cluster-critical", "preemptor": "system-cluster-critical", "node-check": ""}
+	want := map[string]string{"kubelet-plugin": "system-node-critical", "mps": "system-node-critical", "hami-core": "system-node-critical", "webhook": "system-cluster-critical", "preemptor": "system-cluster-critical", "node-check": "",
+		"controller": "system-cluster-critical", "imex": "system-node-critical"}
 	seen := map[string]bool{}
 	for _, o := range objs {
 		spec, ok := podSpecOf(t, o)
@@ -170,7 +171,7 @@ var oneShot = map[string]map[string]bool{
 func TestResourceRequests(t *testing.T) {
 	seen := map[string]bool{}
 	for cfgName, vals := range configurations(t) {
-		for _, o := range render(t, vals) {
+		for _, o := range podObjects(t, render(t, vals)) {
 			spec, ok := podSpecOf(t, o)
 			if !ok {
 				continue

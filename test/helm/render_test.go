@@ -223,6 +223,7 @@ func TestEveryObjectIsWellFormed(t *testing.T) {
 		"ClusterRole": true, "ClusterRoleBinding": true, "DeviceClass": true,
 		"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
 		"ValidatingWebhookConfiguration": true, "MutatingWebhookConfiguration": true,
+		"CustomResourceDefinition": true,
 	}
 	for name, vals := range configurations(t) {
 		t.Run(name, func(t *testing.T) {

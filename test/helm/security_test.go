@@ -14,6 +14,7 @@ import (
 var privileged = map[string]string{
 	"kubelet-plugin/plugin": "NVML's MIG calls, the GPUs' device nodes, the driver root's mounts",
 	"mps/mps":               "each GPU's /dev/shm tmpfs mounts, chroot into the driver root",
+	"imex/imex":             "nvidia-imex opens the driver's devices, chroot into the driver root",
 }
 
 // asRoot are the containers that run as root, with no capability: they
@@ -51,7 +52,7 @@ func facetImage(t testing.TB, vals map[string]any) string {
 func TestContainerSecurityContexts(t *testing.T) {
 	seen := map[string]bool{}
 	for cfgName, vals := range configurations(t) {
-		for _, o := range render(t, vals) {
+		for _, o := range podObjects(t, render(t, vals)) {
 			spec, ok := podSpecOf(t, o)
 			if !ok {
 				continue
@@ -131,7 +132,7 @@ func TestNoThirdPartyShell(t *testing.T) {
 	checked := 0
 	for cfgName, vals := range configurations(t) {
 		own := facetImage(t, vals)
-		for _, o := range render(t, vals) {
+		for _, o := range podObjects(t, render(t, vals)) {
 			spec, ok := podSpecOf(t, o)
 			if !ok {
 				continue

@@ -15,6 +15,8 @@ import (
 type entry struct {
 	requests []string
 	config   Config
+	// where names the entry in errors: "devices.config[1] (from claim)".
+	where string
 }
 
 // EffectiveVgpuConfig returns the VgpuConfig that applies to the devices
@@ -63,6 +65,40 @@ func EffectiveGpuConfig(configs []resourceapi.DeviceAllocationConfiguration, req
 	return out, nil
 }
 
+// EffectiveComputeDomainChannelConfig returns the ComputeDomainChannelConfig
+// that applies to the device allocated for request (an IMEX channel), given
+// a claim's status.allocation.devices.config, defaulted; nil, and no
+// error, where none applies. request and which entries apply are as in
+// EffectiveVgpuConfig, and so are the errors for a malformed entry of this
+// driver.
+//
+// A channel config names one domain, so configs are not merged: where
+// several apply, they must be equal once defaulted, or the claim fails,
+// naming both, e.g. `devices.config[0] (from class) and devices.config[1]
+// (from claim) both apply to request "channel" with different
+// ComputeDomainChannelConfigs`. Other kinds are ignored here.
+func EffectiveComputeDomainChannelConfig(configs []resourceapi.DeviceAllocationConfiguration, request string) (*ComputeDomainChannelConfig, error) {
+	entries, err := decodeConfigs(configs)
+	if err != nil {
+		return nil, err
+	}
+	var out *ComputeDomainChannelConfig
+	from := ""
+	for _, e := range entries {
+		c, ok := e.config.(*ComputeDomainChannelConfig)
+		if !ok || !appliesTo(e.requests, request) {
+			continue
+		}
+		c = c.DeepCopy()
+		c.Default()
+		if out != nil && *out != *c {
+			return nil, fmt.Errorf("%s and %s both apply to request %q with different %ss", from, e.where, request, ComputeDomainChannelConfigKind)
+		}
+		out, from = c, e.where
+	}
+	return out, nil
+}
+
 // decodeConfigs decodes every opaque entry of this driver and returns them
 // in order of increasing precedence: class entries, then claim entries, each
 // in list order. The allocator already lists them that way; sorting here
@@ -90,7 +126,7 @@ func decodeConfigs(configs []resourceapi.DeviceAllocationConfiguration) ([]entry
 			errs = append(errs, fmt.Errorf("devices.config[%d] (from %s): %w", i, source, err))
 			continue
 		}
-		e := entry{requests: c.Requests, config: cfg}
+		e := entry{requests: c.Requests, config: cfg, where: fmt.Sprintf("devices.config[%d] (from %s)", i, source)}
 		if source == "class" {
 			class = append(class, e)
 		} else {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/json"
@@ -11,7 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// Config is what Decode returns: a *VgpuConfig or a *GpuConfig.
+// Config is what Decode returns: a *VgpuConfig, a *GpuConfig or a
+// *ComputeDomainChannelConfig.
 type Config interface {
 	runtime.Object
 	// Default sets apiVersion, kind and every unset field to its default.
@@ -23,6 +25,7 @@ type Config interface {
 var (
 	_ Config = &VgpuConfig{}
 	_ Config = &GpuConfig{}
+	_ Config = &ComputeDomainChannelConfig{}
 )
 
 var (
@@ -34,7 +37,7 @@ var (
 	// off: parameters reach the driver as JSON.
 	decoder = json.NewSerializerWithOptions(json.DefaultMetaFactory, scheme, scheme,
 		json.SerializerOptions{Yaml: false, Pretty: false, Strict: true})
-	supportedKinds = []string{GpuConfigKind, VgpuConfigKind}
+	supportedKinds = []string{GpuConfigKind, VgpuConfigKind, ComputeDomainChannelConfigKind}
 )
 
 func init() {
@@ -43,8 +46,8 @@ func init() {
 
 // Decode strictly decodes one opaque parameters object of driver
 // gpu.facet.dev and validates it. It does not default: unset fields stay
-// nil, so that configs can still be merged. The result is a *VgpuConfig or a
-// *GpuConfig.
+// nil, so that configs can still be merged. The result is a *VgpuConfig, a
+// *GpuConfig or a *ComputeDomainChannelConfig.
 //
 // Errors: input that is not a JSON object (YAML included), a missing or
 // other apiVersion, a missing or unknown kind, unknown or duplicate fields,
@@ -58,7 +61,7 @@ func Decode(raw []byte) (Config, error) {
 	trimmed := bytes.TrimSpace(raw)
 	if len(trimmed) == 0 {
 		return nil, errors.New("parameters: Required value: a JSON object with apiVersion " +
-			SchemeGroupVersion.String() + " and kind " + VgpuConfigKind + " or " + GpuConfigKind)
+			SchemeGroupVersion.String() + " and kind " + strings.Join(supportedKinds, ", "))
 	}
 	if trimmed[0] != '{' {
 		return nil, errors.New("parameters: must be a JSON object (YAML is not accepted)")
@@ -80,7 +83,7 @@ func Decode(raw []byte) (Config, error) {
 	}
 	switch {
 	case gvk.Kind == "":
-		errs = append(errs, field.Required(field.NewPath("kind"), "must be one of "+VgpuConfigKind+", "+GpuConfigKind))
+		errs = append(errs, field.Required(field.NewPath("kind"), "must be one of "+strings.Join(supportedKinds, ", ")))
 	case !contains(supportedKinds, gvk.Kind):
 		errs = append(errs, field.NotSupported(field.NewPath("kind"), gvk.Kind, supportedKinds))
 	}

@@ -171,7 +171,7 @@ func TestDecode(t *testing.T) {
 		{
 			name:    "unknown kind",
 			in:      `{` + apiVersion + `,"kind":"MigConfig"}`,
-			wantErr: `kind: Unsupported value: "MigConfig": supported values: "GpuConfig", "VgpuConfig"`,
+			wantErr: `kind: Unsupported value: "MigConfig": supported values: "GpuConfig", "VgpuConfig", "ComputeDomainChannelConfig"`,
 		},
 		{
 			name:    "kind is case-sensitive",
@@ -211,7 +211,7 @@ func TestDecode(t *testing.T) {
 		{
 			name:    "missing apiVersion and kind",
 			in:      `{"taskPriority":1}`,
-			wantErr: `[apiVersion: Required value: must be gpu.facet.dev/v1alpha1, kind: Required value: must be one of VgpuConfig, GpuConfig]`,
+			wantErr: `[apiVersion: Required value: must be gpu.facet.dev/v1alpha1, kind: Required value: must be one of GpuConfig, VgpuConfig, ComputeDomainChannelConfig]`,
 		},
 		{
 			name:    "apiVersion of the wrong type",

@@ -103,4 +103,6 @@
 // "main/<sub>" only to that subrequest. A single malformed entry for this
 // driver fails the whole claim, naming its index and source. Configs of
 // other drivers are ignored.
+//
+// +groupName=gpu.facet.dev
 package v1alpha1

@@ -46,6 +46,27 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 	scheme.AddKnownTypes(SchemeGroupVersion,
 		&VgpuConfig{},
 		&GpuConfig{},
+		&ComputeDomainChannelConfig{},
 	)
+	return nil
+}
+
+var (
+	// ServedSchemeBuilder registers the served kinds (ComputeDomain and its
+	// list) with the meta types a client needs to list and watch them. It
+	// is apart from SchemeBuilder so that Decode, whose scheme must hold
+	// the opaque config kinds only, never accepts a served kind as
+	// parameters.
+	ServedSchemeBuilder = runtime.NewSchemeBuilder(addServedTypes)
+	// AddServedToScheme adds the served kinds to a client's scheme.
+	AddServedToScheme = ServedSchemeBuilder.AddToScheme
+)
+
+func addServedTypes(scheme *runtime.Scheme) error {
+	scheme.AddKnownTypes(SchemeGroupVersion,
+		&ComputeDomain{},
+		&ComputeDomainList{},
+	)
+	metav1.AddToGroupVersion(scheme, SchemeGroupVersion)
 	return nil
 }

@@ -250,14 +250,30 @@ func TestScheme(t *testing.T) {
 	if err := AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
-	for _, obj := range []runtime.Object{&VgpuConfig{}, &GpuConfig{}} {
+	for _, obj := range []runtime.Object{&VgpuConfig{}, &GpuConfig{}, &ComputeDomainChannelConfig{}} {
 		gvks, _, err := s.ObjectKinds(obj)
 		if err != nil || len(gvks) != 1 || gvks[0].GroupVersion() != SchemeGroupVersion {
 			t.Errorf("ObjectKinds(%T) = %v, %v", obj, gvks, err)
 		}
 	}
-	if n := len(s.AllKnownTypes()); n != 2 {
-		t.Errorf("scheme has %d types, want 2: %v", n, s.AllKnownTypes())
+	if n := len(s.AllKnownTypes()); n != 3 {
+		t.Errorf("scheme has %d types, want 3: %v", n, s.AllKnownTypes())
+	}
+	// The served kinds stay out of the opaque configs' scheme.
+	for _, obj := range []runtime.Object{&ComputeDomain{}, &ComputeDomainList{}} {
+		if _, _, err := s.ObjectKinds(obj); err == nil {
+			t.Errorf("opaque config scheme knows the served kind %T", obj)
+		}
+	}
+	served := runtime.NewScheme()
+	if err := AddServedToScheme(served); err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range []runtime.Object{&ComputeDomain{}, &ComputeDomainList{}} {
+		gvks, _, err := served.ObjectKinds(obj)
+		if err != nil || len(gvks) != 1 || gvks[0].GroupVersion() != SchemeGroupVersion {
+			t.Errorf("served ObjectKinds(%T) = %v, %v", obj, gvks, err)
+		}
 	}
 }
 

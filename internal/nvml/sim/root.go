@@ -43,7 +43,22 @@ const (
 	// driver (1, mem, has /dev/mem and /dev/port among its minors) would
 	// give a test container a real device.
 	simCapsMajor = 63
+	// simIMEXChannelMajor is the simulated nvidia-caps-imex-channels
+	// major, 62, reserved for local and experimental use as 63 is: an
+	// IMEX channel the runtime creates in a test container opens to
+	// ENXIO. The plugin writes channels into CDI specs with it
+	// (nvmlgpu.ReadIMEXChannels), as the MIG capability nodes.
+	simIMEXChannelMajor = 62
+	// simIMEXChannelCount is the simulated NVreg_ImexChannelCount, the
+	// driver's default, in the simulated proc/driver/nvidia/params.
+	simIMEXChannelCount = 2048
 )
+
+// SimulatedIMEXChannels returns the IMEX channel driver that
+// LayoutDriverRoot's proc files describe: its major and channel count.
+func SimulatedIMEXChannels() (major uint32, count int) {
+	return simIMEXChannelMajor, simIMEXChannelCount
+}
 
 // SimulatedDeviceNumbers returns the major and minor numbers of every device
 // node LayoutDriverRoot creates.
@@ -100,7 +115,11 @@ func migMinorsFile() []byte {
 // a node with the NVIDIA driver lists, as a real H200 with driver 580.159.04
 // listed them (docs/measurements/2026-11-27-h200-h100-mps.log is its run; the
 // lines were read on 2026-11-27), nvidia-caps at simCapsMajor and, next to
-// it, nvidia-caps-imex-channels, a name a loose reader would take for it.
+// it, nvidia-caps-imex-channels at simIMEXChannelMajor, which the driver
+// registers on every node, IMEX or not (the H200 listed it). The
+// channels' line comes first, as the kernel lists majors in order: a
+// reader that took a name's prefix for nvidia-caps would read the
+// channels' major.
 func procDevicesFile() []byte {
 	return fmt.Appendf(nil, `Character devices:
   1 mem
@@ -117,7 +136,30 @@ func procDevicesFile() []byte {
 Block devices:
   7 loop
   8 sd
-`, simCapsMajor, "nvidia-caps", simCapsMajor+1, "nvidia-caps-imex-channels")
+`, simIMEXChannelMajor, "nvidia-caps-imex-channels", simCapsMajor, "nvidia-caps")
+}
+
+// procParamsFile returns the simulated /proc/driver/nvidia/params: the
+// driver's module parameters, "Key: value" a line, of which Facet reads
+// ImexChannelCount (nvmlgpu.ReadIMEXChannels). The other lines are a
+// default driver's, so a reader that matched a key loosely would meet them.
+func procParamsFile() []byte {
+	return fmt.Appendf(nil, `ResmanDebugLevel: 4294967295
+RmLogonRC: 1
+ModifyDeviceFiles: 1
+DeviceFileUID: 0
+DeviceFileGID: 0
+DeviceFileMode: 438
+EnableMSI: 1
+NvLinkDisable: 0
+RmProfilingAdminOnly: 1
+RegisterPCIDriver: 1
+EnableGpuFirmware: 18
+ImexChannelCount: %d
+CreateImexChannel0: 0
+RegistryDwords: ""
+TemporaryFilePath: "/var/tmp"
+`, simIMEXChannelCount)
 }
 
 // capAccessFiles returns the access files of /proc/driver/nvidia/capabilities,
@@ -243,7 +285,11 @@ func SimulatedLibraryDir() string {
 //	proc/driver/nvidia/capabilities/...    the capabilities' access files
 //	                                       (capAccessFiles)
 //	proc/devices                           the character device majors,
-//	                                       nvidia-caps at simCapsMajor
+//	                                       nvidia-caps at simCapsMajor,
+//	                                       nvidia-caps-imex-channels at
+//	                                       simIMEXChannelMajor
+//	proc/driver/nvidia/params              the driver's parameters, with
+//	                                       ImexChannelCount
 //
 // A process reads the proc files under <root>/proc
 // (nvml.DriverEditorOptions.ProcRoot); nvcdi, which reads mig-minors at a
@@ -411,12 +457,16 @@ func (l *layout) driver(libDir, binDir, driverVersion string, machine elf.Machin
 // capability table (also read by nvcdi at the fixed host path
 // /proc/driver/nvidia-caps/mig-minors, see BindSimulatedProcDriver), the
 // capabilities' access files, and the character device majors
-// (nvml.ReadMIGCapDevices reads all three).
+// (nvml.ReadMIGCapDevices reads all three), and the driver's parameters
+// (nvmlgpu.ReadIMEXChannels reads them with the majors).
 func (l *layout) procFiles(gpuMinors []int) error {
 	if err := l.file(filepath.Join("proc", "driver", "nvidia-caps", "mig-minors"), migMinorsFile(), 0o444); err != nil {
 		return err
 	}
 	if err := l.file(filepath.Join("proc", "devices"), procDevicesFile(), 0o444); err != nil {
+		return err
+	}
+	if err := l.file(filepath.Join("proc", "driver", "nvidia", "params"), procParamsFile(), 0o444); err != nil {
 		return err
 	}
 	for rel, data := range capAccessFiles(gpuMinors) {

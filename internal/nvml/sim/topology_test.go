@@ -59,10 +59,13 @@ func TestDiscoverTopology(t *testing.T) {
 			},
 		},
 		{
-			machine: "dgx-h100", domains: "- - - - - - - -", bandwidth: 0,
+			// A DGX H100's NVSwitches as an HGX's, on a PCIe layout
+			// without switches.
+			machine: "dgx-h100", domains: "a a a a a a a a", bandwidth: 900,
 			switches: []string{"", "", "", "", "", "", "", ""},
 			matrix: map[int]string{
-				0: "X PHB NODE NODE SYS SYS SYS SYS",
+				0: "X NV18 NV18 NV18 NV18 NV18 NV18 NV18",
+				5: "NV18 NV18 NV18 NV18 NV18 X NV18 NV18",
 			},
 		},
 	} {

@@ -113,3 +113,17 @@ func Allocated(nsName string, results ...resourceapi.DeviceRequestAllocationResu
 		}},
 	}
 }
+
+// WithChannel adds the node's IMEX channel device (type imex-channel, the
+// compute-domain design's) of a fabric clique to its first slice, as a
+// GB200-class node's plugin publishes it; clique < 0: without fabric
+// attributes.
+func WithChannel(slices []*resourceapi.ResourceSlice, clusterUUID string, clique int64) []*resourceapi.ResourceSlice {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{names.AttrType: {StringValue: ptr.To("imex-channel")}}
+	if clique >= 0 {
+		attrs[names.AttrFabricCluster] = resourceapi.DeviceAttribute{StringValue: ptr.To(clusterUUID)}
+		attrs[names.AttrFabricClique] = resourceapi.DeviceAttribute{IntValue: ptr.To(clique)}
+	}
+	slices[0].Spec.Devices = append(slices[0].Spec.Devices, resourceapi.Device{Name: "imex-channel", Attributes: attrs})
+	return slices
+}

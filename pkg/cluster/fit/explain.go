@@ -8,6 +8,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/cel"
 
+	"github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
+	"github.com/facet-gpu/facet/pkg/cluster/computedomain"
 	"github.com/facet-gpu/facet/pkg/cluster/occupancy"
 	"github.com/facet-gpu/facet/pkg/model/names"
 )
@@ -21,7 +23,10 @@ import (
 type explainer struct {
 	occ     *occupancy.Cluster
 	cluster *Cluster
-	cache   *cel.Cache
+	domains []v1alpha1.ComputeDomain
+	// claims are the cluster's, for who holds a channel.
+	claims []*resourceapi.ResourceClaim
+	cache  *cel.Cache
 }
 
 // request is one exact request (or subrequest of a firstAvailable list).
@@ -29,6 +34,10 @@ type request struct {
 	name  string
 	claim string
 	req   resourceapi.ExactDeviceRequest
+	// channel is the claim's ComputeDomainChannelConfig, where it is a
+	// ComputeDomain's channel claim.
+	channel *v1alpha1.ComputeDomainChannelConfig
+	ns      string
 }
 
 // requestsOf lists a claim's exact requests and the subrequests of its
@@ -36,13 +45,14 @@ type request struct {
 // "request/subrequest".
 func requestsOf(c *resourceapi.ResourceClaim) []request {
 	ref := c.Namespace + "/" + c.Name
+	channel := computedomain.ChannelConfigOf(c)
 	var out []request
 	for _, r := range c.Spec.Devices.Requests {
 		if r.Exactly != nil {
-			out = append(out, request{name: r.Name, claim: ref, req: *r.Exactly})
+			out = append(out, request{name: r.Name, claim: ref, req: *r.Exactly, channel: channel, ns: c.Namespace})
 		}
 		for _, sub := range r.FirstAvailable {
-			out = append(out, request{name: r.Name + "/" + sub.Name, claim: ref, req: resourceapi.ExactDeviceRequest{
+			out = append(out, request{name: r.Name + "/" + sub.Name, claim: ref, channel: channel, ns: c.Namespace, req: resourceapi.ExactDeviceRequest{
 				DeviceClassName: sub.DeviceClassName, Selectors: sub.Selectors, AllocationMode: sub.AllocationMode,
 				Count: sub.Count, Capacity: sub.Capacity,
 			}})
@@ -105,7 +115,7 @@ func (e explainer) request(ctx context.Context, node string, r request) (why []s
 		return []string{fmt.Sprintf("%s DeviceClass %s does not exist", prefix, r.req.DeviceClassName)}, false, nil, nil
 	}
 	var candidates []*occupancy.Device
-	for _, d := range e.occ.NodeDevices(node) {
+	for _, d := range append(e.occ.NodeDevices(node), e.occ.NodeChannels(node)...) {
 		ok, err := e.matches(ctx, class.Spec.Selectors, d)
 		if err == nil && ok {
 			ok, err = e.matches(ctx, r.req.Selectors, d)
@@ -118,7 +128,11 @@ func (e explainer) request(ctx context.Context, node string, r request) (why []s
 		}
 	}
 	if len(candidates) == 0 {
-		return []string{fmt.Sprintf("%s no device on the node matches DeviceClass %s and the request's selectors", prefix, class.Name)}, false, nil, nil
+		why := []string{fmt.Sprintf("%s no device on the node matches DeviceClass %s and the request's selectors", prefix, class.Name)}
+		if r.channel != nil || r.req.DeviceClassName == computedomain.DeviceClass {
+			why = append(why, "  "+e.nodeChannel(node, r))
+		}
+		return why, false, nil, nil
 	}
 	need := int(r.req.Count)
 	if r.req.AllocationMode == resourceapi.DeviceAllocationModeAll {
@@ -193,6 +207,12 @@ func (e explainer) matches(ctx context.Context, selectors []resourceapi.DeviceSe
 // level an operator acts on (the GPU, or the device where devices are held
 // one by one); "" when it is free. tooSmall: it never can, however free.
 func (e explainer) blocked(d *occupancy.Device, req resourceapi.ExactDeviceRequest) (why string, tooSmall bool) {
+	if d.Type == occupancy.TypeIMEXChannel {
+		if len(d.Holders) > 0 {
+			return fmt.Sprintf("%s: held by %s%s (one channel claim of one ComputeDomain per node)", d.Device.Name, d.Holders[0], e.domainOf(d.Holders[0])), false
+		}
+		return "", false
+	}
 	g := d.GPU
 	gpu := g.Name()
 	switch d.Type {

@@ -11,6 +11,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 
+	"github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
 	"github.com/facet-gpu/facet/pkg/cluster/occupancy"
 	"github.com/facet-gpu/facet/pkg/model/features"
 	"github.com/facet-gpu/facet/pkg/model/names"
@@ -41,6 +42,9 @@ type Input struct {
 	// Profiles sizes MIG placements for the explanations; nil: the MIG
 	// tables Facet knows.
 	Profiles occupancy.ProfileTable
+	// Domains are the cluster's ComputeDomains (occupancy.ReadDomains),
+	// for the explanation of a channel claim: its domain's clique.
+	Domains []v1alpha1.ComputeDomain
 }
 
 // NodeResult says whether the claims fit on one node.
@@ -88,7 +92,7 @@ func Check(ctx context.Context, in Input, node string, claims []*resourceapi.Res
 	if len(nodes) == 0 {
 		return nil, fmt.Errorf("no ResourceSlices of driver %s: no node offers Facet GPUs", names.Driver)
 	}
-	e := explainer{occ: occ, cluster: cluster, cache: cel.NewCache(100, cel.Features{EnableConsumableCapacity: in.Features.ConsumableCapacity})}
+	e := explainer{occ: occ, cluster: cluster, domains: in.Domains, claims: in.Claims, cache: cel.NewCache(100, cel.Features{EnableConsumableCapacity: in.Features.ConsumableCapacity})}
 	var out []NodeResult
 	for _, n := range nodes {
 		r := NodeResult{Node: n}

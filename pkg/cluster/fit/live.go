@@ -30,6 +30,17 @@ func Live(ctx context.Context, client kubernetes.Interface, node string) (Input,
 	return Input{Slices: slices, Classes: classes, Claims: claims}, nil
 }
 
+// Template reads a ResourceClaimTemplate a pod names (a TemplateSource).
+func Template(ctx context.Context, client kubernetes.Interface) TemplateSource {
+	return func(namespace, name string) (*resourceapi.ResourceClaimTemplate, error) {
+		t, err := client.ResourceV1().ResourceClaimTemplates(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("ResourceClaimTemplate %s/%s is neither in the file nor in the cluster: %w", namespace, name, err)
+		}
+		return t, nil
+	}
+}
+
 // Claim reads one claim a pod names.
 func Claim(ctx context.Context, client kubernetes.Interface, namespace, name string) (*resourceapi.ResourceClaim, error) {
 	c, err := client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})

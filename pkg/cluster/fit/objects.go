@@ -93,10 +93,26 @@ func FromTemplate(t *resourceapi.ResourceClaimTemplate, name string) *resourceap
 // named (found in the stream, else listed in missing for the caller to
 // read from the cluster).
 func (s *Stream) PodClaims(pod *v1.Pod) (claims []*resourceapi.ResourceClaim, missing []string, err error) {
+	return s.PodClaimsWith(pod, nil)
+}
+
+// TemplateSource reads a ResourceClaimTemplate that is not in the stream
+// (the cluster's, for facetctl: a ComputeDomain's channel template is the
+// controller's, not the user's file).
+type TemplateSource func(namespace, name string) (*resourceapi.ResourceClaimTemplate, error)
+
+// PodClaimsWith is PodClaims, with templates that are not in the stream
+// read from more (nil: none; an error names the claim entry).
+func (s *Stream) PodClaimsWith(pod *v1.Pod, more TemplateSource) (claims []*resourceapi.ResourceClaim, missing []string, err error) {
 	for _, pc := range pod.Spec.ResourceClaims {
 		switch {
 		case pc.ResourceClaimTemplateName != nil:
 			t := s.template(pod.Namespace, *pc.ResourceClaimTemplateName)
+			if t == nil && more != nil {
+				if t, err = more(pod.Namespace, *pc.ResourceClaimTemplateName); err != nil {
+					return nil, nil, fmt.Errorf("pod %s: claim %s: %w", pod.Name, pc.Name, err)
+				}
+			}
 			if t == nil {
 				return nil, nil, fmt.Errorf("pod %s: claim %s: ResourceClaimTemplate %s is not in the file", pod.Name, pc.Name, *pc.ResourceClaimTemplateName)
 			}

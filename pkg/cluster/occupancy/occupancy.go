@@ -220,12 +220,23 @@ func (d *Device) Capacity(name string) int64 {
 	return 0
 }
 
-// Cluster is the occupancy of every Facet GPU.
+// Cluster is the occupancy of every Facet GPU, and of the nodes' IMEX
+// channels.
 type Cluster struct {
 	// GPUs by node, then index.
-	GPUs    []*GPU `json:"gpus"`
+	GPUs []*GPU `json:"gpus"`
+	// Channels are the nodes' imex-channel devices, by node (Channels).
+	Channels []*Channel `json:"channels,omitempty"`
+	// Cliques are the NVLink fabric cliques of the channels (Cliques).
+	Cliques []Clique `json:"cliques,omitempty"`
+	// Domains are the cluster's ComputeDomains, where the caller read
+	// them (DomainsOf); Build leaves them empty.
+	Domains []Domain `json:"domains,omitempty"`
 	devices map[string]map[string]*Device
-	profile ProfileTable
+	// channels are the imex-channel devices as Devices, by node, for
+	// fit's selectors.
+	channels map[string][]*Device
+	profile  ProfileTable
 }
 
 // Device finds a published device of a node's pool.
@@ -234,7 +245,7 @@ func (c *Cluster) Device(node, name string) (*Device, bool) {
 	return d, ok
 }
 
-// NodeDevices lists a node's published devices in slice order.
+// NodeDevices lists a node's published devices of GPUs in slice order.
 func (c *Cluster) NodeDevices(node string) []*Device {
 	var out []*Device
 	for _, g := range c.GPUs {
@@ -248,14 +259,39 @@ func (c *Cluster) NodeDevices(node string) []*Device {
 	return out
 }
 
-// Nodes lists the nodes with Facet GPUs, sorted.
+// NodeChannels lists a node's imex-channel devices, their holders filled;
+// their GPU is nil.
+func (c *Cluster) NodeChannels(node string) []*Device {
+	return c.channels[node]
+}
+
+// Channel finds a node's channel by device name.
+func (c *Cluster) Channel(node, device string) *Channel {
+	for _, ch := range c.Channels {
+		if ch.Node == node && ch.Device == device {
+			return ch
+		}
+	}
+	return nil
+}
+
+// Nodes lists the nodes with Facet GPUs or IMEX channels, sorted.
 func (c *Cluster) Nodes() []string {
+	seen := map[string]bool{}
 	var out []string
 	for _, g := range c.GPUs {
-		if len(out) == 0 || out[len(out)-1] != g.Node {
+		if !seen[g.Node] {
+			seen[g.Node] = true
 			out = append(out, g.Node)
 		}
 	}
+	for _, ch := range c.Channels {
+		if !seen[ch.Node] {
+			seen[ch.Node] = true
+			out = append(out, ch.Node)
+		}
+	}
+	sort.Strings(out)
 	return out
 }
 
@@ -275,7 +311,7 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 	if profiles == nil {
 		profiles = tables{}
 	}
-	c := &Cluster{devices: map[string]map[string]*Device{}, profile: profiles}
+	c := &Cluster{devices: map[string]map[string]*Device{}, channels: map[string][]*Device{}, profile: profiles}
 	gpus := map[string]map[int]*GPU{}
 	gpuOf := func(n string, idx int) *GPU {
 		if gpus[n] == nil {
@@ -306,6 +342,11 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 		for _, dev := range s.Spec.Devices {
 			d := &Device{Node: pool, Device: dev}
 			d.Type = d.Attr("type")
+			if d.Type == TypeIMEXChannel {
+				// Of the node, not of a GPU: Channels models it.
+				c.channels[pool] = append(c.channels[pool], d)
+				continue
+			}
 			idx := d.IntAttr("index")
 			if idx < 0 {
 				return nil, fmt.Errorf("ResourceSlice %s: device %s has no index attribute", s.Name, dev.Name)
@@ -345,6 +386,10 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 			if r.Driver != names.Driver || (node != "" && r.Pool != node) {
 				continue
 			}
+			if ch := channelDevice(c.channels[r.Pool], r.Device); ch != nil {
+				ch.Holders = append(ch.Holders, holder)
+				continue
+			}
 			d, ok := c.devices[r.Pool][r.Device]
 			if !ok {
 				m := deviceGPU.FindStringSubmatch(r.Device)
@@ -364,6 +409,8 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 		}
 	}
 
+	c.Channels = Channels(ordered, claims, node)
+	c.Cliques = Cliques(c.Channels)
 	for _, byIndex := range gpus {
 		for _, g := range byIndex {
 			c.GPUs = append(c.GPUs, g)
@@ -378,6 +425,15 @@ func Build(slices []*resourceapi.ResourceSlice, claims []*resourceapi.ResourceCl
 		return a.Index < b.Index
 	})
 	return c, nil
+}
+
+func channelDevice(devs []*Device, name string) *Device {
+	for _, d := range devs {
+		if d.Device.Name == name {
+			return d
+		}
+	}
+	return nil
 }
 
 // preparedMPS says whether the claim's status.devices entry for the

@@ -80,7 +80,93 @@ func table(w io.Writer, c *Cluster) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	return domains(w, c)
+	if err := domains(w, c); err != nil {
+		return err
+	}
+	if err := cliques(w, c); err != nil {
+		return err
+	}
+	return computeDomains(w, c)
+}
+
+// cliques lists the NVLink fabric cliques of the nodes' IMEX channels,
+// with the nodes whose channel no claim holds: a ComputeDomain of n nodes
+// needs a clique with n free.
+func cliques(w io.Writer, c *Cluster) error {
+	noClique := 0
+	for _, ch := range c.Channels {
+		if ch.Clique == "" {
+			noClique++
+		}
+	}
+	if len(c.Cliques) == 0 && noClique == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(w, "\nNVLink fabric cliques (IMEX channels, one per node; a ComputeDomain runs in one clique):"); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, q := range c.Cliques {
+		free := strings.Join(q.Free, " ")
+		if free == "" {
+			free = "none"
+		}
+		fmt.Fprintf(tw, "  %s\t%d of %d channels free\t%s\n", q.Name, len(q.Free), len(q.Nodes), free)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if noClique > 0 {
+		_, err := fmt.Fprintf(w, "  and %d channel(s) without fabricClusterUUID and fabricCliqueID, in no clique\n", noClique)
+		return err
+	}
+	return nil
+}
+
+// computeDomains lists the ComputeDomains: the clique each is pinned to
+// and how many of its nodes' IMEX daemons are ready of numNodes.
+func computeDomains(w io.Writer, c *Cluster) error {
+	if len(c.Domains) == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(w, "\nCompute domains (IMEX daemons ready of numNodes):"); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  DOMAIN\tCLIQUE\tREADY\tSTATUS\tNODES")
+	for _, d := range c.Domains {
+		clique := d.Clique
+		if clique == "" {
+			clique = "-"
+		}
+		status := d.Status
+		if status == "" {
+			status = "-"
+		}
+		if d.Deleting {
+			status += ", deleted: waiting for its pods"
+		}
+		if d.Why != "" {
+			status += ": " + d.Why
+		}
+		nodes := "-"
+		if len(d.Nodes) > 0 {
+			ready := map[string]bool{}
+			for _, n := range d.Ready {
+				ready[n] = true
+			}
+			parts := make([]string, len(d.Nodes))
+			for i, n := range d.Nodes {
+				parts[i] = n
+				if !ready[n] {
+					parts[i] += " (not ready)"
+				}
+			}
+			nodes = strings.Join(parts, ", ")
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%d/%d\t%s\t%s\n", d, clique, len(d.Ready), d.NumNodes, status, nodes)
+	}
+	return tw.Flush()
 }
 
 // domains lists each node's NVLink domains (the nvlinkDomain attribute)

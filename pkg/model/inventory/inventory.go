@@ -235,7 +235,69 @@ type Inventory struct {
 	// the migInUse attribute of GPUs in mig and dynamic mode. Set with
 	// WithMIGInUse.
 	MIGInUse map[string]bool
+	// IMEXChannel is the node's IMEX channel device, published as
+	// names.IMEXChannelDevice beside the GPUs' devices; nil where the
+	// node has none (see IMEXChannelOf).
+	IMEXChannel *IMEXChannel
+	// IMEXNote says why a node whose GPUs report a fabric clique has no
+	// IMEX channel device; empty otherwise, and on nodes outside a
+	// multi-node NVLink fabric.
+	IMEXNote string
 	byName   map[string]*Device
+}
+
+// IMEXChannel is a node's one IMEX channel device: the driver's channels
+// and the fabric clique of the node's GPUs, which a ComputeDomain's
+// channel claims select (docs/design/compute-domains.md). One device: a
+// node serves one domain at a time.
+type IMEXChannel struct {
+	nvmlgpu.IMEXChannels
+	// ClusterUUID and CliqueID are the GPUs' fabric clique
+	// (nvmlDeviceGetGpuFabricInfo), published as the device's
+	// fabricClusterUUID and fabricCliqueID.
+	ClusterUUID string
+	CliqueID    uint32
+}
+
+// Clique is the device's clique, "<fabricClusterUUID>.<fabricCliqueID>",
+// as ComputeDomainStatus.Clique names one.
+func (c *IMEXChannel) Clique() string { return fmt.Sprintf("%s.%d", c.ClusterUUID, c.CliqueID) }
+
+// IMEXChannelOf is the IMEX channel device of a node whose driver offers
+// channels (nil: none, or compute domains turned off) and whose GPUs are
+// gpus: one device where every GPU reports the same fabric clique (fabric
+// state completed, as discovery reads it). It returns nil and a note
+// where the GPUs report a clique but no device can be published (no
+// channels from the driver, GPUs in different cliques or some in none),
+// and nil without a note on a node outside a multi-node NVLink fabric.
+func IMEXChannelOf(gpus []nvmlgpu.GPU, channels *nvmlgpu.IMEXChannels) (*IMEXChannel, string) {
+	var first *nvmlgpu.GPU
+	var cliques []string
+	differ := false
+	for i := range gpus {
+		g := &gpus[i]
+		where := "none"
+		if g.Fabric != nil {
+			where = fmt.Sprintf("%s.%d", g.Fabric.ClusterUUID, g.Fabric.CliqueID)
+			if first == nil {
+				first = g
+			}
+		}
+		cliques = append(cliques, fmt.Sprintf("GPU %d: %s", g.Index, where))
+		if g.Fabric == nil || first == nil || *g.Fabric != *first.Fabric {
+			differ = true
+		}
+	}
+	switch {
+	case first == nil:
+		return nil, ""
+	case differ:
+		return nil, fmt.Sprintf("no IMEX channel device: the GPUs do not all report one fabric clique (%s), and a node's channel joins one clique", strings.Join(cliques, ", "))
+	case channels == nil:
+		return nil, fmt.Sprintf("no IMEX channel device: the GPUs are in fabric clique %s.%d, but the driver registers no %s major (NVreg_ImexChannelCount=0, or a driver before R550)",
+			first.Fabric.ClusterUUID, first.Fabric.CliqueID, nvmlgpu.IMEXChannelsDriverName)
+	}
+	return &IMEXChannel{IMEXChannels: *channels, ClusterUUID: first.Fabric.ClusterUUID, CliqueID: first.Fabric.CliqueID}, ""
 }
 
 // Config chooses each GPU's mode.
@@ -267,6 +329,11 @@ type Config struct {
 	// (sharemem.MPSServerBytes), which no share's HAMi-core limit counts, where
 	// the plugin partitions shares with MPS; 0 otherwise.
 	MPSReserveBytes int64
+	// IMEXChannels are the driver's IMEX channels
+	// (nvmlgpu.ReadIMEXChannels): with GPUs in one fabric clique, the node
+	// publishes an IMEX channel device (IMEXChannelOf). Nil: none, as
+	// where compute domains are turned off.
+	IMEXChannels *nvmlgpu.IMEXChannels
 }
 
 // gates returns the cluster's features, or every gate on for nil.
@@ -392,6 +459,7 @@ func Build(node *nvmlgpu.Node, cfg Config) (*Inventory, error) {
 		}
 		inv.GPUs = append(inv.GPUs, gpu)
 	}
+	inv.IMEXChannel, inv.IMEXNote = IMEXChannelOf(node.GPUs, cfg.IMEXChannels)
 	return inv, nil
 }
 

@@ -36,6 +36,38 @@ const (
 	// claim (checkpoint records only; published as a KindMIG device):
 	// prepare neither carves nor destroys it.
 	KindStaticMIG = "mig-static"
+	// KindIMEXChannel is a node's IMEX channel device, the one device a
+	// ComputeDomain's channel claim gets on each of its nodes
+	// (docs/design/compute-domains.md); also its device name in the pool
+	// and its kind in the checkpoint.
+	KindIMEXChannel = "imex-channel"
+)
+
+// Compute domains (docs/design/compute-domains.md): the names the kubelet
+// plugin, the controller and the IMEX daemon share.
+const (
+	// IMEXChannelDevice is the name of a node's one IMEX channel device in
+	// its pool, published where the driver registers the
+	// nvidia-caps-imex-channels major and the GPUs report a fabric clique.
+	IMEXChannelDevice = KindIMEXChannel
+	// ClassIMEXChannel is the DeviceClass of IMEX channel devices
+	// (deployments/deviceclasses.yaml), which a ComputeDomain's channel
+	// ResourceClaimTemplate names.
+	ClassIMEXChannel = "imex-channel.facet.dev"
+	// LabelComputeDomain is the Node label the kubelet plugin sets, to the
+	// domain's UID, while a channel claim of that domain is prepared (or
+	// waits for its IMEX daemon) on the node; the domain's IMEX daemon
+	// DaemonSet selects nodes by it. A node serves one domain at a time.
+	LabelComputeDomain = Driver + "/compute-domain"
+	// FinalizerComputeDomain is the controller's finalizer on a
+	// ComputeDomain, held until no channel claim of it is prepared.
+	FinalizerComputeDomain = Driver + "/compute-domain"
+	// Environment variables of an IMEX channel claim's CDI spec, which its
+	// containers see: the domain's metadata.uid, its name, and the node's
+	// fabric clique, "<fabricClusterUUID>.<fabricCliqueID>".
+	EnvComputeDomainUID    = "FACET_COMPUTE_DOMAIN_UID"
+	EnvComputeDomainName   = "FACET_COMPUTE_DOMAIN_NAME"
+	EnvComputeDomainClique = "FACET_COMPUTE_DOMAIN_CLIQUE"
 )
 
 // Attribute names, in the driver's domain.

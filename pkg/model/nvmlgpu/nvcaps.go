@@ -91,9 +91,13 @@ func ReadMIGCapDevices(procRoot string, gpuMinor, gi, ci int) (giCap, ciCap MIGC
 	if procRoot == "" {
 		procRoot = DefaultProcRoot
 	}
-	major, err := readCharMajor(filepath.Join(procRoot, "devices"), capsDriverName)
+	devices := filepath.Join(procRoot, "devices")
+	major, found, err := readCharMajor(devices, capsDriverName)
 	if err != nil {
 		return giCap, ciCap, err
+	}
+	if !found {
+		return giCap, ciCap, fmt.Errorf("%s lists no character device %s: no MIG-capable NVIDIA driver is loaded", devices, capsDriverName)
 	}
 	minors, err := readMIGMinors(filepath.Join(procRoot, "driver", "nvidia-caps", "mig-minors"))
 	if err != nil {
@@ -196,11 +200,13 @@ func readMIGMinors(path string) (map[string]uint32, error) {
 }
 
 // readCharMajor returns the major of the character driver name from a
-// /proc/devices file.
-func readCharMajor(path, name string) (uint32, error) {
+// /proc/devices file, matching the name exactly (nvidia-caps is not
+// nvidia-caps-imex-channels); found is false where the file lists no such
+// driver. Errors: the file cannot be read, or the major is not a number.
+func readCharMajor(path, name string) (major uint32, found bool, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return 0, fmt.Errorf("the %s device major: %w", name, err)
+		return 0, false, fmt.Errorf("the %s device major: %w", name, err)
 	}
 	inChar := false
 	for _, line := range strings.Split(string(data), "\n") {
@@ -218,9 +224,9 @@ func readCharMajor(path, name string) (uint32, error) {
 		}
 		n, err := strconv.ParseUint(f[0], 10, 32)
 		if err != nil {
-			return 0, fmt.Errorf("%s: major %q of %s: %w", path, f[0], name, err)
+			return 0, false, fmt.Errorf("%s: major %q of %s: %w", path, f[0], name, err)
 		}
-		return uint32(n), nil
+		return uint32(n), true, nil
 	}
-	return 0, fmt.Errorf("%s lists no character device %s: no MIG-capable NVIDIA driver is loaded", path, name)
+	return 0, false, nil
 }

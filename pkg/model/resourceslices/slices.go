@@ -127,11 +127,51 @@ func TaintedResources(inv *inventory.Inventory, nodeName string, taints map[stri
 		counters = counters || hasCounters
 	}
 	flush()
+	if inv.IMEXChannel != nil {
+		slices = withIMEXChannel(slices, imexChannelDevice(inv.IMEXChannel))
+	}
 	if len(slices) == 0 {
 		slices = append(slices, resourceslice.Slice{})
 	}
 	return resourceslice.DriverResources{
 		Pools: map[string]resourceslice.Pool{nodeName: {Slices: slices}},
+	}
+}
+
+// withIMEXChannel adds the node's IMEX channel device to the last device
+// slice where it has room (the limit of a slice whose devices consume
+// counters or carry taints, or the plain one), else in a slice of its
+// own: a node's slice count stays as it was wherever it can.
+func withIMEXChannel(slices []resourceslice.Slice, dev resourceapi.Device) []resourceslice.Slice {
+	if n := len(slices); n > 0 && len(slices[n-1].Devices) > 0 {
+		last := &slices[n-1]
+		limit := MaxDevicesPerSlice
+		for _, d := range last.Devices {
+			if len(d.ConsumesCounters) > 0 || len(d.Taints) > 0 {
+				limit = MaxDevicesPerSliceCounters
+			}
+		}
+		if len(last.Devices) < limit {
+			last.Devices = append(last.Devices, dev)
+			return slices
+		}
+	}
+	return append(slices, resourceslice.Slice{Devices: []resourceapi.Device{dev}})
+}
+
+// imexChannelDevice is the node's IMEX channel device
+// (names.IMEXChannelDevice): its type and the fabric clique a
+// ComputeDomain's channel template selects on, and nothing a GPU has. No
+// capacity: a claim gets the whole device, and prepare decides which
+// channels (docs/design/compute-domains.md).
+func imexChannelDevice(c *inventory.IMEXChannel) resourceapi.Device {
+	return resourceapi.Device{
+		Name: names.IMEXChannelDevice,
+		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			names.AttrType:          str(names.KindIMEXChannel),
+			names.AttrFabricCluster: str(c.ClusterUUID),
+			names.AttrFabricClique:  intAttr(int(c.CliqueID)),
+		},
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
 	"github.com/facet-gpu/facet/pkg/model/features"
@@ -90,6 +91,9 @@ func TestGolden(t *testing.T) {
 		{"h100-nvl-pairs", inventory.Config{DefaultMode: inventory.ModeExclusive, PerGPU: map[int]inventory.Mode{3: inventory.ModeMIG}}, "h100-nvl-pairs-mixed.yaml"},
 		{"l40s-8", inventory.Config{}, "l40s-8-exclusive.yaml"},
 		{"gb200-nvl72-tray", inventory.Config{DefaultMode: inventory.ModeExclusive, PerGPU: map[int]inventory.Mode{1: inventory.ModeShared}}, "gb200-nvl72-tray-mixed.yaml"},
+		// A GB200 tray whose driver offers IMEX channels: the node's IMEX
+		// channel device, in the GPUs' slice.
+		{"gb200-nvl72-tray", inventory.Config{DefaultMode: inventory.ModeExclusive, IMEXChannels: &simChannels}, "gb200-nvl72-tray-imex.yaml"},
 		// Stock 1.35: GA fields only.
 		{"dgx-h100", inventory.Config{Features: &stock, DefaultMode: inventory.ModeStaticMIG}, "dgx-h100-static-mig.yaml"},
 		{"dgx-h100", inventory.Config{Features: &stock, DefaultMode: inventory.ModeSlots,
@@ -122,7 +126,7 @@ func TestLimits(t *testing.T) {
 	for _, machine := range machines {
 		for _, mode := range inventory.Modes {
 			for _, order := range inventory.Orders {
-				cfg := inventory.Config{DefaultMode: mode, Order: order}
+				cfg := inventory.Config{DefaultMode: mode, Order: order, IMEXChannels: &simChannels}
 				t.Run(fmt.Sprintf("%s/%s/%s", machine, mode, order), func(t *testing.T) {
 					objs := objects(t, machine, cfg)
 					for _, err := range CheckLimits(objs) {
@@ -479,7 +483,9 @@ func TestTopologyAttributes(t *testing.T) {
 		{"gb200-nvl72-tray", map[resourceapi.QualifiedName]string{names.AttrNVLinkDomain: "domain", names.AttrNVLinkLinks: "18",
 			names.AttrNVLinkBandwidth: "1800", names.AttrFabricCluster: "6f1a2b3c-4d5e-4f60-8a1b-2c3d4e5f6a7b", names.AttrFabricClique: "32766"},
 			map[int][]int{0: {0, 1, 2, 3}}},
-		{"dgx-h100", map[resourceapi.QualifiedName]string{}, nil},
+		{"dgx-h100", map[resourceapi.QualifiedName]string{names.AttrNVLinkDomain: "domain", names.AttrNVLinkLinks: "18",
+			names.AttrNVLinkBandwidth: "900"},
+			map[int][]int{0: {0, 1, 2, 3, 4, 5, 6, 7}}},
 		{"l4x4", map[resourceapi.QualifiedName]string{}, nil},
 	} {
 		for _, mode := range inventory.Modes {
@@ -561,6 +567,110 @@ func TestMIGModeFixedSlices(t *testing.T) {
 			}
 			if (types[names.KindGPU] == 8) != tc.whole || (types[names.KindMIG] > 0) != tc.mig || len(types) > 2 {
 				t.Errorf("devices by type %v; want whole GPUs %v, MIG devices %v", types, tc.whole, tc.mig)
+			}
+		})
+	}
+}
+
+// simChannels are the simulated driver's IMEX channels.
+var simChannels = func() nvmlgpu.IMEXChannels {
+	major, count := sim.SimulatedIMEXChannels()
+	return nvmlgpu.IMEXChannels{Major: major, Count: count}
+}()
+
+// TestIMEXChannelDevice: a node publishes one imex-channel device, with
+// its type and the GPUs' fabric clique and nothing else, where the driver
+// offers channels and the GPUs are in one clique; in the last slice of
+// the GPUs' devices, in every mode and order.
+func TestIMEXChannelDevice(t *testing.T) {
+	for _, tc := range []struct {
+		machine  string
+		channels *nvmlgpu.IMEXChannels
+		want     bool
+	}{
+		{"gb200-nvl72-tray", &simChannels, true},
+		// Compute domains off, or no channels from the driver.
+		{"gb200-nvl72-tray", nil, false},
+		// No multi-node fabric: the driver's channels are no use.
+		{"dgx-h100", &simChannels, false},
+		{"hgx-h100", &simChannels, false},
+	} {
+		for _, mode := range inventory.Modes {
+			for _, order := range inventory.Orders {
+				t.Run(fmt.Sprintf("%s/%v/%s/%s", tc.machine, tc.channels != nil, mode, order), func(t *testing.T) {
+					objs := objects(t, tc.machine, inventory.Config{DefaultMode: mode, Order: order, IMEXChannels: tc.channels})
+					var found []string
+					for i, o := range objs {
+						for _, d := range o.Spec.Devices {
+							if d.Name != names.IMEXChannelDevice {
+								continue
+							}
+							found = append(found, o.Name)
+							if i != len(objs)-1 {
+								t.Errorf("imex-channel in slice %d of %d, want the last", i, len(objs))
+							}
+							got := map[string]string{}
+							for n, a := range d.Attributes {
+								if a.StringValue != nil {
+									got[string(n)] = *a.StringValue
+								} else {
+									got[string(n)] = fmt.Sprint(*a.IntValue)
+								}
+							}
+							want := map[string]string{"type": "imex-channel", "fabricClusterUUID": "6f1a2b3c-4d5e-4f60-8a1b-2c3d4e5f6a7b", "fabricCliqueID": "32766"}
+							if fmt.Sprint(got) != fmt.Sprint(want) || len(d.Capacity) > 0 || d.AllowMultipleAllocations != nil || len(d.ConsumesCounters) > 0 {
+								t.Errorf("imex-channel device %+v, want attributes %v and nothing else", d, want)
+							}
+						}
+					}
+					if (len(found) == 1) != tc.want || len(found) > 1 {
+						t.Errorf("imex-channel devices in slices %v, want %v", found, tc.want)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestIMEXChannelPlacement: the channel joins the last device slice while
+// it has room under that slice's limit, and takes a slice of its own
+// otherwise.
+func TestIMEXChannelPlacement(t *testing.T) {
+	devs := func(n int, counters bool) []resourceapi.Device {
+		out := make([]resourceapi.Device, n)
+		for i := range out {
+			out[i].Name = fmt.Sprintf("d-%d", i)
+			if counters {
+				out[i].ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: "c"}}
+			}
+		}
+		return out
+	}
+	ch := imexChannelDevice(&inventory.IMEXChannel{ClusterUUID: "u", CliqueID: 1})
+	for _, tc := range []struct {
+		name   string
+		slices []resourceslice.Slice
+		want   []int // devices per slice after
+	}{
+		{"room", []resourceslice.Slice{{Devices: devs(8, false)}}, []int{9}},
+		{"plain slice full", []resourceslice.Slice{{Devices: devs(MaxDevicesPerSlice, false)}}, []int{MaxDevicesPerSlice, 1}},
+		{"counter slice at 63", []resourceslice.Slice{{Devices: devs(MaxDevicesPerSliceCounters-1, true)}}, []int{MaxDevicesPerSliceCounters}},
+		{"counter slice full", []resourceslice.Slice{{Devices: devs(MaxDevicesPerSliceCounters, true)}}, []int{MaxDevicesPerSliceCounters, 1}},
+		{"counters only", []resourceslice.Slice{{SharedCounters: []resourceapi.CounterSet{{Name: "c"}}}}, []int{0, 1}},
+		{"nothing", nil, []int{1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := withIMEXChannel(tc.slices, ch)
+			var n []int
+			for _, s := range got {
+				n = append(n, len(s.Devices))
+			}
+			if fmt.Sprint(n) != fmt.Sprint(tc.want) {
+				t.Errorf("devices per slice %v, want %v", n, tc.want)
+			}
+			last := got[len(got)-1].Devices
+			if last[len(last)-1].Name != names.IMEXChannelDevice {
+				t.Errorf("the last device is %s", last[len(last)-1].Name)
 			}
 		})
 	}

@@ -49,11 +49,31 @@ import (
 // reason). So every rollback to the previous minor version reads the
 // records of the next one, unless the next one's release notes say it
 // raised MinReader.
-const Version = 1
+//
+// Format 2 adds Claim.ComputeDomain, the domain of an IMEX channel claim.
+const Version = 2
 
-// MinReader is the oldest format that may read the records this build
-// writes: 1, since every field of format 1 is one a reader needs.
+// MinReader is the oldest format that may read a record this build writes
+// without a ComputeDomain: 1, since format 2 adds nothing else, and a
+// format-1 reader that ignores the (absent) field reads such a record
+// right. So a rollback to a format-1 build reads every GPU claim.
 const MinReader = 1
+
+// MinReaderComputeDomain is the oldest format that may read a record with
+// a ComputeDomain: 2. Unpreparing an IMEX channel claim removes the node's
+// compute-domain label once no claim of the domain is left; a format-1
+// build, which does not know the field, would unprepare the claim and
+// leave the label, so the domain's IMEX daemon would stay on the node.
+// It refuses the record instead, as corrupt (fail closed).
+const MinReaderComputeDomain = 2
+
+// minReaderOf is the MinReader a record is written with.
+func minReaderOf(c *Claim) int {
+	if c.ComputeDomain != nil {
+		return MinReaderComputeDomain
+	}
+	return MinReader
+}
 
 // State is how far preparing a claim got.
 type State string
@@ -96,6 +116,20 @@ type Claim struct {
 	// node, and that prepare updates them. For the per-claim metrics'
 	// pod label; empty in records of earlier versions.
 	Pods []string `json:"pods,omitempty"`
+	// ComputeDomain is the domain of an IMEX channel claim (its device of
+	// kind imex-channel): while any record names it, the node carries the
+	// domain's label. Nil for other claims. Format 2.
+	ComputeDomain *ComputeDomain `json:"computeDomain,omitempty"`
+}
+
+// ComputeDomain records the ComputeDomain an IMEX channel claim joins, as
+// its ComputeDomainChannelConfig named it and prepare found it.
+type ComputeDomain struct {
+	// UID is the domain's metadata.uid, the node label's value.
+	UID string `json:"uid"`
+	// Namespace and Name are the domain's, the claim's namespace.
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
 }
 
 // FromOtherBoot tells whether the record was written before the last
@@ -120,7 +154,8 @@ type Device struct {
 	GPUUUID string `json:"gpuUUID"`
 	// CDIDeviceIDs returned to the kubelet, e.g. "gpu.facet.dev/claim=<uid>-gpu-3".
 	CDIDeviceIDs []string `json:"cdiDeviceIDs"`
-	// Kind is "gpu" (a whole GPU), "mig" or "share" (a vGPU share).
+	// Kind is "gpu" (a whole GPU), "mig", "mig-static", "share" (a vGPU
+	// share), "slot" or "imex-channel" (no GPU: GPUUUID is empty).
 	Kind string `json:"kind"`
 	// MIG is set for a MIG device.
 	MIG *MIG `json:"mig,omitempty"`
@@ -592,7 +627,7 @@ func (s *Store) Put(c *Claim) error {
 	if err != nil {
 		return err
 	}
-	data, err := json.MarshalIndent(envelope{Version: Version, MinReader: MinReader, Checksum: checksum(body), Claim: body}, "", "  ")
+	data, err := json.MarshalIndent(envelope{Version: Version, MinReader: minReaderOf(c), Checksum: checksum(body), Claim: body}, "", "  ")
 	if err != nil {
 		return err
 	}

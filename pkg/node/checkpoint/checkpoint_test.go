@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -61,7 +62,7 @@ func TestCorruptionIsContained(t *testing.T) {
 		{"empty", func([]byte) []byte { return nil }, "corrupt checkpoint"},
 		{"bit flip in record", func(d []byte) []byte { return []byte(strings.Replace(string(d), "gpu-0", "gpu-9", 1)) }, "checksum"},
 		{"future version no older build may read", func(d []byte) []byte {
-			return []byte(strings.Replace(strings.Replace(string(d), `"version": 1`, `"version": 7`, 1), `"minReader": 1`, `"minReader": 7`, 1))
+			return []byte(strings.Replace(strings.Replace(string(d), fmt.Sprintf(`"version": %d`, Version), `"version": 7`, 1), fmt.Sprintf(`"minReader": %d`, MinReader), `"minReader": 7`, 1))
 		}, "roll forward"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

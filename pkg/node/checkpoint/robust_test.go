@@ -220,3 +220,52 @@ func TestMIGProfileInfoIDIsOptional(t *testing.T) {
 		})
 	}
 }
+
+// TestComputeDomainRecords: format 2's IMEX channel records. A channel
+// claim's record carries its domain and says only format 2 may read it
+// (a format-1 build would unprepare it and leave the node's label); every
+// other record still says format 1 may, so a rollback to a format-1 build
+// reads the GPU claims. A format-1 record reads here as it was.
+func TestComputeDomainRecords(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := Open(dir)
+	ch := &Claim{UID: "ch", Namespace: "ns", Name: "train-channel-x", State: StatePreparing,
+		Devices:       []Device{{Requests: []string{"channel"}, Pool: "node", Device: "imex-channel", Kind: "imex-channel"}},
+		ComputeDomain: &ComputeDomain{UID: "4b1f", Namespace: "ns", Name: "train"}}
+	for _, c := range []*Claim{ch, claim("gpu")} {
+		if err := s.Put(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Get("ch")
+	if err != nil || got.ComputeDomain == nil || *got.ComputeDomain != *ch.ComputeDomain {
+		t.Fatalf("Get(ch) = %+v, %v", got, err)
+	}
+	s.Close()
+	for uid, want := range map[string]int{"ch": MinReaderComputeDomain, "gpu": MinReader} {
+		data, err := os.ReadFile(filepath.Join(dir, uid+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var env envelope
+		if err := json.Unmarshal(data, &env); err != nil || env.Version != Version || env.MinReader != want {
+			t.Errorf("%s: envelope %+v (%v), want version %d, minReader %d", uid, env, err, Version, want)
+		}
+	}
+	if MinReaderComputeDomain != 2 || MinReader != 1 || Version != 2 {
+		t.Errorf("format %d, minReader %d and %d for channel records: the upgrade and rollback notes (docs/guarantees.md) say 2, 1 and 2", Version, MinReader, MinReaderComputeDomain)
+	}
+
+	// A record format 1 wrote (before the field existed).
+	body := []byte(`{"uid":"old","namespace":"ns","name":"old","state":"Prepared","cdiSpec":"spec.json","devices":[{"requests":["gpu"],"pool":"node","device":"gpu-0","gpuUUID":"GPU-1","cdiDeviceIDs":["x"],"kind":"gpu"}]}`)
+	data, _ := json.Marshal(envelope{Version: 1, MinReader: 1, Checksum: checksum(body), Claim: body})
+	if err := os.WriteFile(filepath.Join(dir, "old.json"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, _ = Open(dir)
+	defer s.Close()
+	old, err := s.Get("old")
+	if err != nil || old.ComputeDomain != nil || old.Devices[0].GPUUUID != "GPU-1" {
+		t.Fatalf("format-1 record: %+v, %v", old, err)
+	}
+}

@@ -40,10 +40,15 @@ const FieldManager = "facet.dev/kubelet-plugin"
 // prepared device. Fields that do not apply to its kind are omitted.
 type Data struct {
 	// Kind is the prepared device's kind: gpu (a whole GPU), mig,
-	// mig-static, share (a vGPU share) or slot (a vGPU slot).
+	// mig-static, share (a vGPU share), slot (a vGPU slot) or
+	// imex-channel.
 	Kind string `json:"kind"`
-	// GPUUUID is the physical GPU's UUID (a MIG instance's parent).
-	GPUUUID string `json:"gpuUUID"`
+	// GPUUUID is the physical GPU's UUID (a MIG instance's parent); none
+	// for an IMEX channel.
+	GPUUUID string `json:"gpuUUID,omitempty"`
+	// ComputeDomainUID is an IMEX channel's ComputeDomain's metadata.uid:
+	// the claim's channel is prepared on the node for that domain.
+	ComputeDomainUID string `json:"computeDomainUID,omitempty"`
 	// MIG instances only.
 	MIGUUID           string     `json:"migUUID,omitempty"`
 	Profile           string     `json:"profile,omitempty"`
@@ -97,7 +102,11 @@ func Apply(namespace, name string, uid types.UID, rec *checkpoint.Claim) (*resou
 	status := resourceac.ResourceClaimStatus()
 	if rec != nil && rec.State == checkpoint.StatePrepared {
 		for _, dev := range rec.Devices {
-			raw, err := json.Marshal(DataOf(dev))
+			data := DataOf(dev)
+			if rec.ComputeDomain != nil && dev.Kind == names.KindIMEXChannel {
+				data.ComputeDomainUID = rec.ComputeDomain.UID
+			}
+			raw, err := json.Marshal(data)
 			if err != nil {
 				return nil, err
 			}

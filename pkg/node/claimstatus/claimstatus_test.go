@@ -69,6 +69,36 @@ func TestDataOf(t *testing.T) {
 	}
 }
 
+// TestApplyIMEXChannel: a prepared channel's entry says its kind and its
+// ComputeDomain's UID, and no GPU; a waiting one has no entry yet.
+func TestApplyIMEXChannel(t *testing.T) {
+	rec := &checkpoint.Claim{UID: "u", Namespace: "ns", Name: "c", State: checkpoint.StatePrepared,
+		Devices:       []checkpoint.Device{{Kind: names.KindIMEXChannel, Pool: "node-a", Device: names.IMEXChannelDevice}},
+		ComputeDomain: &checkpoint.ComputeDomain{UID: "uid-train", Namespace: "ns", Name: "train"}}
+	for _, tc := range []struct {
+		state checkpoint.State
+		want  string
+	}{
+		{checkpoint.StatePrepared, `{"kind":"imex-channel","computeDomainUID":"uid-train"}`},
+		{checkpoint.StatePreparing, ""},
+	} {
+		rec.State = tc.state
+		ac, err := Apply("ns", "c", "u", rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if devs := ac.Status.Devices; len(devs) == 1 {
+			got = string(devs[0].Data.Raw)
+		} else if len(devs) > 1 {
+			t.Fatalf("%d entries", len(devs))
+		}
+		if got != tc.want {
+			t.Errorf("%s: entry %s, want %s", tc.state, got, tc.want)
+		}
+	}
+}
+
 // records is an in-memory Records.
 type records struct {
 	mu  sync.Mutex

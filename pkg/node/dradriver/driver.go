@@ -8,6 +8,7 @@
 package dradriver
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -89,6 +90,14 @@ type Options struct {
 	// reloaded from the checkpoint after another process changed it (see
 	// nodeLock). Empty: this process is the node's only plugin.
 	NodeLock string
+	// Domains reads ComputeDomains and labels the node for IMEX channel
+	// claims (package computedomain). Nil: channel claims fail, and the
+	// label is never touched.
+	Domains ComputeDomains
+	// DaemonWait bounds how long a channel claim's prepare waits for the
+	// node's IMEX daemon before it fails for the kubelet to retry;
+	// DefaultDaemonWait when 0.
+	DaemonWait time.Duration
 }
 
 // New restores the prepared claims from the checkpoint, rolls back claims
@@ -119,6 +128,8 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 		fail:           o.Failpoint,
 		destroyUnowned: o.DestroyUnownedMIG,
 		busy:           map[types.UID]bool{},
+		domains:        o.Domains,
+		daemonWait:     cmp.Or(o.DaemonWait, DefaultDaemonWait),
 	}
 	if d.sharing == nil {
 		d.sharing = sharing.Fixed(o.HAMi, o.HAMiUnavailable, o.MPS, o.MPSUnavailable)
@@ -163,7 +174,7 @@ func New(ctx context.Context, o Options) (*Driver, error) {
 // latency is recorded, a failure raised as an Event, and a success queued
 // for its status write (observer).
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	return eachClaim(ctx, d, claims,
+	res := eachClaim(ctx, d, claims,
 		func(claim *resourceapi.ResourceClaim) types.UID { return claim.UID },
 		func(err error) kubeletplugin.PrepareResult { return kubeletplugin.PrepareResult{Err: err} },
 		func(claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {
@@ -175,7 +186,9 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 				err = fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
 			}
 			return kubeletplugin.PrepareResult{Devices: devices, Err: err}
-		}), nil
+		})
+	holdWhileChannelsWait(claims, res)
+	return res, nil
 }
 
 // UnprepareResourceClaims undoes prepare; unknown claims succeed. Each
@@ -187,6 +200,12 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		func(err error) error { return err },
 		func(claim kubeletplugin.NamespacedObject) error {
 			kind := heldKind(d.held.usesOf(claim.UID))
+			if kind == nodemetrics.KindUnknown {
+				// A channel claim holds no GPU: its record says.
+				if rec, err := d.store.Get(claim.UID); err == nil && rec != nil && rec.ComputeDomain != nil {
+					kind = kindIMEXChannel
+				}
+			}
 			start := time.Now()
 			err := d.unprepareClaim(ctx, claim)
 			d.obs.unprepared(claim, kind, time.Since(start), err)

@@ -60,6 +60,9 @@ func (l *ledger) admit(ref claimRef, devices []checkpoint.Device) error {
 		return err
 	}
 	for _, dev := range devices {
+		if dev.Kind == kindIMEXChannel {
+			continue // on no GPU
+		}
 		if err := l.occ.admit(dev.GPUUUID, l.limits[dev.GPUUUID], useOf(ref, dev)); err != nil {
 			l.occ.release(ref)
 			return fmt.Errorf("device %s: %w", dev.Device, err)

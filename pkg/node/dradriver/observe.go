@@ -1,6 +1,7 @@
 package dradriver
 
 import (
+	"errors"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -72,11 +73,14 @@ func claimKind(inv *inventory.Inventory, claim *resourceapi.ResourceClaim) strin
 		if r.Driver != names.Driver {
 			continue
 		}
-		dev, ok := inv.Device(r.Device)
-		if !ok {
-			return nodemetrics.KindUnknown
+		k := kindIMEXChannel
+		if r.Device != names.IMEXChannelDevice {
+			dev, ok := inv.Device(r.Device)
+			if !ok {
+				return nodemetrics.KindUnknown
+			}
+			k = deviceKind(dev, r.ShareID != nil)
 		}
-		k := deviceKind(dev, r.ShareID != nil)
 		if kind != "" && k != kind {
 			return nodemetrics.KindMixed
 		}
@@ -124,9 +128,15 @@ func heldKind(uses []use) string {
 // if it succeeded.
 func (o *observer) prepared(claim *resourceapi.ResourceClaim, kind string, took time.Duration, err error) {
 	o.metrics.ObservePrepare(kind, took, err)
-	if err != nil {
+	var waiting *DaemonNotReadyError
+	switch {
+	case errors.As(err, &waiting):
+		// Not a failure: the kubelet retries until the node's IMEX daemon
+		// is ready (channel.go).
+		o.claimEvent(claim, corev1.EventTypeNormal, ReasonWaitingForIMEXDaemon, err.Error())
+	case err != nil:
 		o.prepareFailed(claim, err)
-	} else {
+	default:
 		o.statusChanged(claim.Namespace, claim.Name, claim.UID)
 	}
 }
@@ -138,6 +148,13 @@ func (o *observer) unprepared(claim kubeletplugin.NamespacedObject, kind string,
 	o.metrics.ObserveUnprepare(kind, took, err)
 	if err == nil {
 		o.statusChanged(claim.Namespace, claim.Name, claim.UID)
+	}
+}
+
+// nodeEvent raises an Event on the Node, as the kubelet refers to it.
+func (o *observer) nodeEvent(node, eventType, reason, msg string) {
+	if o.events != nil {
+		o.events.Event(&corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}, eventType, reason, msg)
 	}
 }
 

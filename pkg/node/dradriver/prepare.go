@@ -69,6 +69,9 @@ func (d *Driver) prepareRecord(ctx context.Context, claim *resourceapi.ResourceC
 	if err != nil {
 		return nil, "", err
 	}
+	if d.isChannelClaim(claim) || (rec != nil && rec.ComputeDomain != nil) {
+		return d.prepareChannel(ctx, claim, rec)
+	}
 	if rec != nil && rec.State == checkpoint.StatePrepared {
 		outcome, err := d.reprepare(ctx, claim, rec)
 		return rec, outcome, err
@@ -137,15 +140,7 @@ func (d *Driver) reprepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	stale := d.staleness(rec)
 	if stale == "" {
-		// Another pod joining the claim on this node: the record
-		// names it, for the metrics. A failed write leaves the old
-		// names; the claim itself is prepared either way.
-		if pods := reservedPods(claim); !slices.Equal(pods, rec.Pods) {
-			rec.Pods = pods
-			if err := d.store.Put(rec); err != nil {
-				klog.FromContext(ctx).Error(err, "Recording the claim's pods", "claim", klog.KObj(claim))
-			}
-		}
+		d.notePods(ctx, claim, rec)
 		return "already prepared", nil
 	}
 	rec.Pods = reservedPods(claim)
@@ -153,6 +148,19 @@ func (d *Driver) reprepare(ctx context.Context, claim *resourceapi.ResourceClaim
 		return "", fmt.Errorf("rebuild (%s): %w", stale, err)
 	}
 	return "rebuilt: " + stale, nil
+}
+
+// notePods records the pods a prepared claim is reserved for now: another
+// pod joining the claim on this node is named in the record, for the
+// metrics. A failed write leaves the old names; the claim itself is
+// prepared either way.
+func (d *Driver) notePods(ctx context.Context, claim *resourceapi.ResourceClaim, rec *checkpoint.Claim) {
+	if pods := reservedPods(claim); !slices.Equal(pods, rec.Pods) {
+		rec.Pods = pods
+		if err := d.store.Put(rec); err != nil {
+			klog.FromContext(ctx).Error(err, "Recording the claim's pods", "claim", klog.KObj(claim))
+		}
+	}
 }
 
 // reservedPods are the names of the pods claim is reserved for, sorted.
@@ -237,7 +245,7 @@ func describeDevices(devs []checkpoint.Device) []string {
 			if dev.ShareID != nil {
 				fmt.Fprintf(&b, ", share %s", *dev.ShareID)
 			}
-		default:
+		case dev.GPUUUID != "":
 			fmt.Fprintf(&b, " %s", dev.GPUUUID)
 		}
 		b.WriteString(")")
@@ -466,6 +474,14 @@ func (d *Driver) rollback(ctx context.Context, uid types.UID, rec *checkpoint.Cl
 		return err
 	}
 	d.failpoint("rollback/removed-spec")
+	if rec != nil && rec.ComputeDomain != nil {
+		// Before the record goes: a failure leaves the record, so the
+		// next unprepare or start tries again.
+		if err := d.releaseNode(ctx, rec); err != nil {
+			return err
+		}
+		d.failpoint("rollback/released-node")
+	}
 	if h, _ := d.sharing.HAMi(); h != nil {
 		if err := h.Cleanup(uid); err != nil {
 			return err

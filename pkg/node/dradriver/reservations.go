@@ -20,6 +20,9 @@ const (
 	// kindSlot is a fixed-size vGPU slot (slots mode): a share that holds
 	// its device alone.
 	kindSlot = names.KindSlot
+	// kindIMEXChannel is a node's IMEX channel (channel.go): on no GPU,
+	// so never in the reservations.
+	kindIMEXChannel = names.KindIMEXChannel
 )
 
 // claimRef names the claim that holds a device.

@@ -57,6 +57,7 @@ func (d *Driver) restore(ctx context.Context) error {
 		d.reconcileMIG(ctx, owned, destroy)
 	}
 	d.mps.restore(ctx)
+	d.reconcileLabel(ctx)
 	return nil
 }
 
@@ -101,6 +102,13 @@ func (d *Driver) restoreClaim(ctx context.Context, c *checkpoint.Claim, owned ma
 				logger.Error(err, "Removing a HAMi-core region of the last boot", "claim", ref)
 			}
 		}
+	}
+	if c.State != checkpoint.StatePrepared && c.ComputeDomain != nil {
+		// A channel claim waiting for its IMEX daemon has nothing to roll
+		// back but its label, which keeps the daemon coming: kept, for
+		// the kubelet's next retry or its unprepare.
+		logger.Info("Channel claim waiting for its IMEX daemon kept", "claim", ref, "computeDomain", c.ComputeDomain.Namespace+"/"+c.ComputeDomain.Name)
+		return
 	}
 	if c.State != checkpoint.StatePrepared {
 		logger.Info("Rolling back a claim whose preparation was interrupted", "claim", ref)

@@ -3,6 +3,7 @@ package dradriver
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
@@ -44,6 +45,11 @@ type Driver struct {
 	destroyUnowned bool
 	// nodeLock is Options.NodeLock's; nil without one.
 	nodeLock *nodeLock
+	// domains is Options.Domains; cdMu serialises what decides the node's
+	// compute-domain label from the checkpoint (channel.go).
+	domains    ComputeDomains
+	cdMu       sync.Mutex
+	daemonWait time.Duration
 
 	mu sync.Mutex
 	// busy marks claims being prepared or unprepared, so two calls for one

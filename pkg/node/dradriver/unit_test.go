@@ -34,11 +34,32 @@ var (
 	_ sharing.ShareEditor = (*fake.HAMi)(nil)
 )
 
+// simNodes are demo machines discovered once per test binary, by file
+// name (discovery only: no NVML calls afterwards).
 var (
-	unitNodeOnce sync.Once
-	unitNode     *nvmlgpu.Node
-	unitNodeErr  error
+	simNodesMu sync.Mutex
+	simNodes   = map[string]*nvmlgpu.Node{}
 )
+
+// simNode discovers demo/machines/<machine>.yaml, once.
+func simNode(t *testing.T, machine string) *nvmlgpu.Node {
+	t.Helper()
+	simNodesMu.Lock()
+	defer simNodesMu.Unlock()
+	if n, ok := simNodes[machine]; ok {
+		return n
+	}
+	lib, err := sim.OpenMachine("../../../demo/machines/" + machine + ".yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := lib.Discover()
+	if err != nil {
+		t.Fatal(err)
+	}
+	simNodes[machine] = n
+	return n
+}
 
 // unit is a driver over fakes, on the inventory of a simulated DGX H100
 // (read once: discovery only, no NVML calls afterwards).
@@ -58,17 +79,7 @@ type unit struct {
 
 func newUnit(t *testing.T, cfg inventory.Config) *unit {
 	t.Helper()
-	unitNodeOnce.Do(func() {
-		lib, err := sim.OpenMachine("../../../demo/machines/dgx-h100.yaml")
-		if err != nil {
-			unitNodeErr = err
-			return
-		}
-		unitNode, unitNodeErr = lib.Discover()
-	})
-	if unitNodeErr != nil {
-		t.Fatal(unitNodeErr)
-	}
+	unitNode := simNode(t, "dgx-h100")
 	inv, err := inventory.Build(unitNode, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/facet-gpu/facet/internal/mps/mpssim"
+	"github.com/facet-gpu/facet/pkg/node/driverroot"
 )
 
 const gpuA = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -701,7 +702,7 @@ func TestCheckRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	loader, err := interpreter("/bin/true")
+	loader, err := driverroot.Interpreter("/bin/true")
 	if err != nil || loader == "" {
 		t.Fatalf("/bin/true's loader: %q %v", loader, err)
 	}

@@ -27,6 +27,9 @@ const (
 	reasonAllocatorDefect = "FacetAllocatorDefect"
 	reasonLayout          = "FacetMIGLayout"
 	reasonGPUUnusable     = "FacetGPUUnusable"
+	// reasonIMEXChannel: the node's GPUs report a fabric clique, but it
+	// publishes no IMEX channel device, and why.
+	reasonIMEXChannel = "FacetIMEXChannelUnpublished"
 )
 
 // clusterFeatures is what the cluster enforces: detected, then overridden

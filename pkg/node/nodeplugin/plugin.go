@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
@@ -35,6 +36,7 @@ import (
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/claimcdi"
 	"github.com/facet-gpu/facet/pkg/node/claimstatus"
+	"github.com/facet-gpu/facet/pkg/node/computedomain"
 	"github.com/facet-gpu/facet/pkg/node/dradriver"
 	"github.com/facet-gpu/facet/pkg/node/gpuhealth"
 	"github.com/facet-gpu/facet/pkg/node/nodeevents"
@@ -82,6 +84,9 @@ type Config struct {
 	HealthProbe   time.Duration
 	HealthQuiet   time.Duration
 	PodUID        string
+	// ComputeDomains is ComputeDomainsAuto or ComputeDomainsOff
+	// (--compute-domains).
+	ComputeDomains string
 
 	// OpenMachine simulates the node of a machine file (Machine), its MIG
 	// state kept in stateFile; BindSimulatedProcDriver binds the simulated
@@ -92,6 +97,15 @@ type Config struct {
 	// Failpoint, when set, is the driver's test hook (dradriver.Options).
 	Failpoint func(string)
 }
+
+// Values of Config.ComputeDomains: auto publishes the node's IMEX channel
+// device where the driver offers channels and the GPUs report one fabric
+// clique, and prepares channel claims (docs/design/compute-domains.md);
+// off publishes none and refuses channel claims.
+const (
+	ComputeDomainsAuto = "auto"
+	ComputeDomainsOff  = "off"
+)
 
 // NodeLockFile, in the state directory, serialises the plugin processes
 // of a rolling update (Config.PodUID).
@@ -175,10 +189,13 @@ type process struct {
 	lib    *nvmlgpu.Library
 	node   *nvmlgpu.Node
 	client kubernetes.Interface
-	ev     *nodeevents.Recorder
-	m      *nodemetrics.Metrics
-	gates  features.Set
-	store  *checkpoint.Store
+	// restConfig is client's configuration, for the ComputeDomains'
+	// client.
+	restConfig *rest.Config
+	ev         *nodeevents.Recorder
+	m          *nodemetrics.Metrics
+	gates      features.Set
+	store      *checkpoint.Store
 
 	// openSharing: HAMi-core and MPS as they are now, adopted and
 	// dropped while the plugin runs (watchSharing).
@@ -209,6 +226,9 @@ func (p *process) configure() error {
 	if p.layouts, err = inventory.ParsePerGPU(f.MIGLayouts, "layout", func(s string) (string, error) { return s, nil }); err != nil {
 		return fmt.Errorf("--mig-layouts: %w", err)
 	}
+	if _, err := names.Parse(cmp.Or(f.ComputeDomains, ComputeDomainsAuto), "--compute-domains value", ComputeDomainsAuto, ComputeDomainsOff); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(f.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
@@ -235,7 +255,10 @@ func (p *process) openNVML() error {
 // a spec whose containers would all fail.
 func (p *process) connect(ctx context.Context) error {
 	var err error
-	if p.client, err = (daemon.Kube{Kubeconfig: p.f.Kubeconfig, QPS: p.f.KubeAPIQPS, Burst: p.f.KubeAPIBurst}).Client(); err != nil {
+	if p.restConfig, err = (daemon.Kube{Kubeconfig: p.f.Kubeconfig, QPS: p.f.KubeAPIQPS, Burst: p.f.KubeAPIBurst}).Config(); err != nil {
+		return err
+	}
+	if p.client, err = kubernetes.NewForConfig(p.restConfig); err != nil {
 		return err
 	}
 	if err := checkCDIHook(ctx, p.client, p.f); err != nil {
@@ -281,6 +304,7 @@ func (p *process) openSharing(ctx context.Context) error {
 // not in the plugin's log.
 func (p *process) buildInventory(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
+	p.cfg.IMEXChannels = p.imexChannels(ctx)
 	// The layouts are carved by now: the instances listed are the node's.
 	inv, err := nodemodel.Build(p.node, p.cfg, nodemodel.Options{MIG: p.lib})
 	if err != nil {
@@ -305,6 +329,12 @@ func (p *process) buildInventory(ctx context.Context) error {
 	for _, w := range inv.Warnings {
 		logger.Info("Known allocator defect", "warning", w)
 		p.ev.Warning(reasonAllocatorDefect, w)
+	}
+	if c := inv.IMEXChannel; c != nil {
+		logger.Info("IMEX channel device", "clique", c.Clique(), "major", c.Major, "channels", c.Count, "channelsFrom", c.CountFrom)
+	} else if inv.IMEXNote != "" && p.f.ComputeDomains != ComputeDomainsOff {
+		logger.Info("No IMEX channel device", "why", inv.IMEXNote)
+		p.ev.Warning(reasonIMEXChannel, inv.IMEXNote)
 	}
 	logger.Info("Discovered node", "simulated", p.f.Machine != "", "gpus", len(inv.GPUs), "driverVersion", inv.DriverVersion, "cudaDriverVersion", inv.CUDADriverVersion)
 	inv.ComputePartitioning = p.sharing.ComputePartitioning()
@@ -331,15 +361,9 @@ func (p *process) startDriver(ctx context.Context) error {
 			logger.Error(err, "nvcdi cannot see the simulated MIG capability table on this simulated node")
 		}
 	}
-	// The driver's proc files (MIG capabilities) are the node's, in a
-	// container too; a simulated node has them in its driver root.
-	procRoot := nvmlgpu.DefaultProcRoot
-	if f.Machine != "" {
-		procRoot = filepath.Join(f.containerDriverRoot(), "proc")
-	}
 	editor, err := p.lib.DriverEditor(nvmlgpu.DriverEditorOptions{
 		DriverRoot: f.DriverRoot, ContainerDriverRoot: f.ContainerDriverRoot, DevRoot: f.DevRoot, NvidiaCDIHookPath: f.CDIHook,
-		ProcRoot: procRoot,
+		ProcRoot: f.procRoot(),
 	})
 	if err != nil {
 		return err
@@ -353,6 +377,16 @@ func (p *process) startDriver(ctx context.Context) error {
 	}
 	status := claimstatus.NewWriter(p.client, p.store)
 	go status.Run(ctx, 2)
+	var domains dradriver.ComputeDomains
+	if f.ComputeDomains != ComputeDomainsOff {
+		// Lists nothing until the node's first channel claim; at start
+		// it only reads the Node's label (dradriver's reconcileLabel).
+		lw, err := computedomain.NewListWatch(p.restConfig)
+		if err != nil {
+			return err
+		}
+		domains = computedomain.New(ctx, p.client, lw, f.NodeName)
+	}
 	drv, err := dradriver.New(ctx, dradriver.Options{
 		NodeName: f.NodeName, Inventory: p.inv, Store: p.store, CDI: writer, Edits: editor,
 		MIG: p.lib, Sharing: p.sharing, DestroyUnownedMIG: f.DestroyUnownedMIG,
@@ -360,6 +394,7 @@ func (p *process) startDriver(ctx context.Context) error {
 		Failpoint: f.Failpoint, NodeLock: p.nodeLock,
 		// Events on claims go through the Node's broadcaster too.
 		Metrics: p.m, Events: p.ev.EventRecorder(), Status: status,
+		Domains: domains,
 	})
 	if err != nil {
 		return err
@@ -478,6 +513,33 @@ func (p *process) serveHealth(ctx context.Context) error {
 		Timeout:         5 * time.Second,
 		Metrics:         p.m.Handler(),
 	})
+}
+
+// procRoot is where the driver's proc files (MIG capabilities, IMEX
+// channels) are read: the node's /proc, which shows the host driver's
+// files in a container too; a simulated node has them in its driver root.
+func (f Config) procRoot() string {
+	if f.Machine != "" {
+		return filepath.Join(f.containerDriverRoot(), "proc")
+	}
+	return nvmlgpu.DefaultProcRoot
+}
+
+// imexChannels reads the driver's IMEX channels, unless compute domains
+// are off. One that cannot be read leaves the node without the channel
+// device, which a Warning Event on the Node explains: GPUs are served
+// all the same.
+func (p *process) imexChannels(ctx context.Context) *nvmlgpu.IMEXChannels {
+	if p.f.ComputeDomains == ComputeDomainsOff {
+		return nil
+	}
+	c, err := nvmlgpu.ReadIMEXChannels(p.f.procRoot())
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot read the driver's IMEX channels; no IMEX channel device is published")
+		p.ev.Warning(reasonIMEXChannel, "no IMEX channel device: "+err.Error())
+		return nil
+	}
+	return c
 }
 
 // containerDriverRoot is where this process reads the driver root.

@@ -204,8 +204,23 @@ kubeletPlugin:
   - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [localhost]}]
   nodeGroups:
     default: {%[8]s, extraArgs: [--machine=/usr/share/facet/machines/dgx-h100.yaml]}
-`, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.RunDir, "driver-root"),
-		filepath.Join(r.RunDir, "cdi-hook-chart"), filepath.Join(r.RunDir, "hami-chart"), group, r.mpsDir(), r.Port(6443)))
+%[11]s`, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.RunDir, "driver-root"),
+		filepath.Join(r.RunDir, "cdi-hook-chart"), filepath.Join(r.RunDir, "hami-chart"), group, r.mpsDir(), r.Port(6443), r.computeDomains()))
+}
+
+// computeDomains are the values under which facet-controller works on the
+// local node: as the plugin, in the host's network, reaching the API
+// server on the host's 127.0.0.1 (there is no kube-proxy), its metrics
+// port moved with the node's ports.
+func (r *chartRig) computeDomains() string {
+	return fmt.Sprintf(`computeDomains:
+  controller:
+    hostNetwork: true
+    metricsPort: %d
+    extraEnv:
+    - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
+    - {name: KUBERNETES_SERVICE_PORT, value: "%d"}
+`, r.Port(8090), r.Port(6443))
 }
 
 // install runs `helm install` and removes the release when the test ends,

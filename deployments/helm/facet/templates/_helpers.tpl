@@ -358,3 +358,106 @@ list is.
     !(request.userInfo.username in {{ toJson . }})
 {{- end }}
 {{- end }}
+
+{{/*
+facet.imexPodTemplate: the IMEX daemons' pod template (a PodTemplateSpec),
+from which facet-controller makes each ComputeDomain's DaemonSet, adding
+the domain's nodeSelector and facet-imex's domain arguments
+(pkg/cluster/computedomain DaemonSet). The driver root is mounted as
+facet-mps mounts it (mps.yaml): at /driver-root where it is the host's /,
+else the host's / at /host (--host-root), the driver root under it.
+*/}}
+{{- define "facet.imexPodTemplate" -}}
+{{- $p := .Values.kubeletPlugin }}
+{{- $i := .Values.computeDomains.imex }}
+{{- $root := include "facet.driverRoot" . }}
+{{- $ctrRoot := include "facet.containerDriverRoot" . }}
+{{- $hostRoot := "" }}
+{{- if ne $root "/" }}
+{{- $hostRoot = "/host" }}
+{{- $ctrRoot = printf "%s%s" $hostRoot $root }}
+{{- end }}
+{{- $state := "/run/facet-imex" }}
+{{- /* The plugin's tolerations, every node group's too: a daemon runs
+where the plugin prepared a channel. */}}
+{{- $tolerations := $p.tolerations | default list }}
+{{- range $name, $g := $p.nodeGroups }}
+{{- if $g }}
+{{- range $g.tolerations }}
+{{- if not (has . $tolerations) }}
+{{- $tolerations = append $tolerations . }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $tolerations = concat $tolerations ($i.tolerations | default list) }}
+metadata:
+  labels:
+    {{- include "facet.selectorLabels" . | nindent 4 }}
+    app.kubernetes.io/component: imex
+spec:
+  serviceAccountName: {{ include "facet.fullname" . }}-imex
+  # The peer list is the nodes' InternalIPs, where nvidia-imex listens
+  # (port 50000): the daemon is in the host's network.
+  hostNetwork: true
+  {{- with $i.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  terminationGracePeriodSeconds: 30
+  containers:
+  - name: imex
+    image: {{ include "facet.image" . }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    command: [facet-imex]
+    args:
+    - --driver-root={{ $ctrRoot }}
+    {{- with $hostRoot }}
+    - --host-root={{ . }}
+    {{- end }}
+    - --state-dir={{ $state }}
+    {{- if $i.simulate }}
+    - --simulate
+    {{- end }}
+    - -v={{ $i.logVerbosity }}
+    env:
+    - name: NODE_NAME
+      valueFrom:
+        fieldRef: {fieldPath: spec.nodeName}
+    securityContext:
+      # nvidia-imex opens the driver's devices and runs chrooted into the
+      # driver root.
+      privileged: true
+      runAsUser: 0
+      runAsGroup: 0
+    readinessProbe:
+      exec: {command: [facet-imex, probe, "--state-dir={{ $state }}"]}
+      periodSeconds: 5
+      timeoutSeconds: 10
+      failureThreshold: 1
+    {{- with $i.resources }}
+    resources:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    volumeMounts:
+    - name: state
+      mountPath: {{ $state }}
+    - name: driver-root
+      mountPath: {{ $hostRoot | default $ctrRoot }}
+      readOnly: true
+      mountPropagation: HostToContainer
+  volumes:
+  - name: state
+    emptyDir: {}
+  - name: driver-root
+    hostPath:
+      path: {{ ternary $root "/" (eq $hostRoot "") }}
+      type: Directory
+{{- end }}

@@ -2,15 +2,11 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -18,8 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
@@ -146,9 +140,10 @@ func Main(ctx context.Context, cfg Config) error {
 	if cfg.ObserveOnly {
 		logger.Info("Observe-only: every decision is made and raised as Events, nothing is evicted", "flag", "--observe-only")
 	}
-	health := &cacheHealth{timeout: cfg.CacheSyncTimeout, now: time.Now}
+	health := &daemon.SyncHealth{Timeout: cfg.CacheSyncTimeout,
+		Needs: "facet-preemptor needs list and watch on pods, nodes, resourceclaims, resourceslices and deviceclasses"}
 	if cfg.MetricsAddr != "" {
-		if err := serve(ctx, cfg.MetricsAddr, metrics, health.check); err != nil {
+		if _, err := daemon.Serve(ctx, cfg.MetricsAddr, metrics.Handler(), health.Check); err != nil {
 			return err
 		}
 	}
@@ -189,10 +184,10 @@ func Main(ctx context.Context, cfg Config) error {
 		logger.Info("Allocator features", "gates", set.String())
 		metrics.SetActive(true)
 		defer metrics.SetActive(false)
-		health.waiting()
-		defer health.stopped()
+		health.Waiting()
+		defer health.Synced()
 		c := New(Options{
-			OnSynced: health.synced,
+			OnSynced: health.Synced,
 			Client:   client, Recorder: recorder, Metrics: metrics, Features: fit.FeaturesOf(set), Protection: protection,
 			Timeout: cfg.Timeout, Backoff: cfg.Backoff, MaxBackoff: cfg.MaxBackoff, Resync: cfg.Resync,
 			MaxEvictionsPerMinute: cfg.MaxEvictionsPerMinute, ObserveOnly: cfg.ObserveOnly,
@@ -209,98 +204,8 @@ func Main(ctx context.Context, cfg Config) error {
 		run(ctx)
 		return nil
 	}
-	id, err := os.Hostname()
-	if err != nil {
-		return err
-	}
-	id += "_" + time.Now().Format("150405.000000")
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: cfg.LeaseNamespace, Name: cfg.LeaseName},
-		Client:     client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: id, EventRecorder: recorder},
-	}
-	lost := make(chan struct{})
-	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
-		Lock: lock, ReleaseOnCancel: true, Name: cfg.LeaseName,
-		LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: run,
-			OnStoppedLeading: func() { close(lost) },
-			OnNewLeader: func(identity string) {
-				if identity != id {
-					logger.Info("Another replica leads", "leader", identity, "lease", cfg.LeaseNamespace+"/"+cfg.LeaseName)
-				}
-			},
-		},
-	})
-	<-lost
-	if ctx.Err() != nil {
-		return nil
-	}
 	// A replica that lost its lease may hold stale in-flight state:
-	// exit, and let the Deployment restart it as a follower.
-	return errors.New("lost the leader lease " + cfg.LeaseNamespace + "/" + cfg.LeaseName)
-}
-
-// serve starts the metrics and health server; it stops with ctx.
-func serve(ctx context.Context, addr string, m *Metrics, healthy func() error) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("--metrics-addr: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", m.Handler())
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := healthy(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok"))
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	klog.FromContext(ctx).Info("Serving metrics and health", "addr", ln.Addr().String())
-	return nil
-}
-
-// cacheHealth is /healthz's view of the preemption controller: unhealthy
-// once it has waited longer than timeout for its informers. A replica that
-// does not lead, or whose controller is idle (the scheduler preempts), is
-// healthy.
-type cacheHealth struct {
-	timeout time.Duration
-	now     func() time.Time
-
-	mu    sync.Mutex
-	since time.Time // zero: not waiting
-}
-
-func (h *cacheHealth) waiting() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.since = h.now()
-}
-
-func (h *cacheHealth) synced() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.since = time.Time{}
-}
-
-func (h *cacheHealth) stopped() { h.synced() }
-
-func (h *cacheHealth) check() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.since.IsZero() || h.timeout <= 0 {
-		return nil
-	}
-	if waited := h.now().Sub(h.since); waited > h.timeout {
-		return fmt.Errorf("the preemption controller's informers have not synced in %s (--cache-sync-timeout %s): facet-preemptor needs list and watch on pods, nodes, resourceclaims, resourceslices and deviceclasses", waited.Round(time.Second), h.timeout)
-	}
-	return nil
+	// RunLeader's error exits it, and the Deployment restarts it as a
+	// follower.
+	return daemon.RunLeader(ctx, client, daemon.Lease{Namespace: cfg.LeaseNamespace, Name: cfg.LeaseName, Recorder: recorder}, run)
 }

@@ -1,10 +1,10 @@
 package controller
 
 import (
-	"flag"
-	"io"
 	"strings"
 	"testing"
+
+	"github.com/facet-gpu/facet/internal/testenv"
 )
 
 // TestConfig parses command lines as main does and checks what Complete
@@ -26,21 +26,9 @@ func TestConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("POD_NAMESPACE", tc.podNS)
 			var cfg Config
-			fs := flag.NewFlagSet("facet-preemptor", flag.ContinueOnError)
-			fs.SetOutput(io.Discard)
-			cfg.AddFlags(fs)
-			if err := fs.Parse(tc.args); err != nil {
-				t.Fatal(err)
-			}
-			err := cfg.Complete()
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want one with %q", err, tc.err)
-				}
+			testenv.ParseFlags(t, "facet-preemptor", cfg.AddFlags, tc.args)
+			if testenv.WantError(t, cfg.Complete(), tc.err) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if got := strings.Join(cfg.ProtectedNamespaces, ","); got != tc.want {
 				t.Errorf("protected namespaces %q, want %q", got, tc.want)

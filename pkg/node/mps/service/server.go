@@ -187,16 +187,7 @@ func (s *Server) Handler(base context.Context) http.Handler {
 		if !ok {
 			return
 		}
-		err := m.Acquire(klog.NewContext(r.Context(), logger), req.GPU, req.Claim, req.User)
-		var conflict *mps.UserConflictError
-		switch {
-		case errors.As(err, &conflict):
-			s.reply(w, http.StatusConflict, errorResponse{Error: err.Error(), Conflict: conflict})
-		case err != nil:
-			s.reply(w, http.StatusInternalServerError, errorResponse{Error: err.Error()})
-		default:
-			s.reply(w, http.StatusOK, struct{}{})
-		}
+		s.replyDone(w, m.Acquire(klog.NewContext(r.Context(), logger), req.GPU, req.Claim, req.User))
 	})
 	mux.HandleFunc("POST /v1/release", func(w http.ResponseWriter, r *http.Request) {
 		var req releaseRequest
@@ -204,11 +195,7 @@ func (s *Server) Handler(base context.Context) http.Handler {
 		if !ok {
 			return
 		}
-		if err := m.Release(klog.NewContext(r.Context(), logger), req.Claim); err != nil {
-			s.reply(w, http.StatusInternalServerError, errorResponse{Error: err.Error()})
-			return
-		}
-		s.reply(w, http.StatusOK, struct{}{})
+		s.replyDone(w, m.Release(klog.NewContext(r.Context(), logger), req.Claim))
 	})
 	mux.HandleFunc("POST /v1/restore", func(w http.ResponseWriter, r *http.Request) {
 		var req restoreRequest
@@ -250,6 +237,21 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, into any) (*mps.
 		}
 	}
 	return m, true
+}
+
+// replyDone answers a request whose work returned err: 409 Conflict with
+// the holders for a *mps.UserConflictError (Acquire's refusal), 500 for
+// any other error, 200 with an empty object for none.
+func (s *Server) replyDone(w http.ResponseWriter, err error) {
+	var conflict *mps.UserConflictError
+	switch {
+	case errors.As(err, &conflict):
+		s.reply(w, http.StatusConflict, errorResponse{Error: err.Error(), Conflict: conflict})
+	case err != nil:
+		s.reply(w, http.StatusInternalServerError, errorResponse{Error: err.Error()})
+	default:
+		s.reply(w, http.StatusOK, struct{}{})
+	}
 }
 
 func (s *Server) reply(w http.ResponseWriter, code int, body any) {

@@ -1,0 +1,24 @@
+// Command facet-controller is Facet's compute-domain controller: for each
+// ComputeDomain (computedomains.gpu.facet.dev) it pins the domain to one
+// NVLink fabric clique, writes the channel ResourceClaimTemplate its pods
+// use, runs the domain's IMEX daemons (facet-imex) as a DaemonSet on the
+// nodes its pods land on, and tears them down when the domain goes. See
+// pkg/cluster/computedomain and docs/design/compute-domains.md.
+package main
+
+import (
+	"context"
+
+	"github.com/facet-gpu/facet/pkg/cluster/computedomain"
+	"github.com/facet-gpu/facet/pkg/daemon"
+)
+
+func main() {
+	var cfg computedomain.Config
+	daemon.Main("facet-controller", cfg.AddFlags, func(ctx context.Context) error {
+		if err := cfg.Complete(); err != nil {
+			return err
+		}
+		return computedomain.Main(ctx, cfg)
+	})
+}
