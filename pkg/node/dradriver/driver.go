@@ -267,12 +267,11 @@ func (d *Driver) leave(ctx context.Context) {
 	}
 }
 
-// The kubelet plugin helper serves both: DRAPlugin's calls, and the
-// health stream where the driver has it.
-var (
-	_ kubeletplugin.DRAPlugin                   = (*Driver)(nil)
-	_ drahealthv1alpha1.DRAResourceHealthServer = (*Driver)(nil)
-)
+// The kubelet plugin helper serves the health stream where the driver has
+// it. No compile-time DRAPlugin check here: facetctl builds this package
+// against k8s.io/dynamic-resource-allocation v0.37 too (test/allocator's
+// matrix), whose DRAPlugin has methods v0.35's lacks.
+var _ drahealthv1alpha1.DRAResourceHealthServer = (*Driver)(nil)
 
 // What the plugin around the driver reads of it and tells it.
 
