@@ -47,11 +47,20 @@ type fakeDomains struct {
 	unsynced error // Domain's error while set: the informer not synced
 	labelErr error // SetNodeLabel's error while set
 	changes  []string
+	// looked, if set, gets a value at every Domain call (never blocking):
+	// a test learns that prepare has looked at the domain.
+	looked chan struct{}
 }
 
 func (f *fakeDomains) Domain(_ context.Context, namespace, name string) (*configapi.ComputeDomain, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.looked != nil {
+		select {
+		case f.looked <- struct{}{}:
+		default:
+		}
+	}
 	if f.unsynced != nil {
 		return nil, f.unsynced
 	}
@@ -684,11 +693,27 @@ func TestChannelHoldsTheBatch(t *testing.T) {
 // fails it once the wait is over, not before.
 func TestChannelAwaitsTheDaemon(t *testing.T) {
 	u := newChannelUnit(t)
+	// Long enough that no load makes it run out: the prepare returns as
+	// soon as it sees the daemon Ready.
+	u.d.daemonWait = time.Minute
+	// Buffered: no look is lost while the goroutine is not yet waiting.
+	u.domains.looked = make(chan struct{}, 16)
 	c := channelClaim("ns", "train-channel-a", trainCfg)
+	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
-		time.Sleep(testDaemonWait / 3)
+		defer close(done)
+		// The prepare's lookup of the domain, then its first look in the
+		// wait: the daemon turns Ready while the prepare waits.
+		for range 2 {
+			select {
+			case <-u.domains.looked:
+			case <-stop:
+				return
+			}
+		}
 		u.domains.setReady("ns", "train", node, true)
 	}()
+	defer func() { close(stop); <-done }()
 	if err := u.prepare(c); err != nil {
 		t.Fatalf("prepare with the daemon turning Ready within the wait: %v", err)
 	}
