@@ -99,6 +99,21 @@ func StartWebhook(t testing.TB, bin, logPath, certFile, keyFile string, caPEM []
 // UID 0, said explicitly (runAsUser): MPS partitions the shares only of
 // pods whose UID is known (docs/mps.md).
 func ClaimPod(name, namespace, claim, template string) string {
+	return ClaimsPod(name, namespace, PodClaim{Name: claim, Template: template})
+}
+
+// PodClaim is one of a pod's claims: its name in the pod and the
+// ResourceClaimTemplate it is made from.
+type PodClaim struct{ Name, Template string }
+
+// ClaimsPod is ClaimPod with several claims, which its one container uses
+// all of (a ComputeDomain's pod: its GPUs and its IMEX channel).
+func ClaimsPod(name, namespace string, claims ...PodClaim) string {
+	var uses, from []string
+	for _, c := range claims {
+		uses = append(uses, fmt.Sprintf("{name: %s}", c.Name))
+		from = append(from, fmt.Sprintf("  - {name: %s, resourceClaimTemplateName: %s}", c.Name, c.Template))
+	}
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: %s, namespace: %s}
@@ -111,10 +126,10 @@ spec:
     image: facet.local/busybox:1
     imagePullPolicy: Never
     command: ["sleep", "86400"]
-    resources: {claims: [{name: %s}]}
+    resources: {claims: [%s]}
   resourceClaims:
-  - {name: %s, resourceClaimTemplateName: %s}
-`, name, namespace, claim, claim, template)
+%s
+`, name, namespace, strings.Join(uses, ", "), strings.Join(from, "\n"))
 }
 
 // ParseFlags parses a daemon's command line, args, with the flags add

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/facet-gpu/facet/internal/nvml/sim"
+	"github.com/facet-gpu/facet/internal/testenv"
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 )
@@ -196,25 +197,8 @@ spec:
 var channelLine = regexp.MustCompile(`^(c\S+)\s+\d+\s+\S+\s+\S+\s+(\d+),\s*(\d+)\s.*\s(\S+)$`)
 
 // podManifest is a pod of the domain: a GPU claim and the channel claim.
-const podManifest = `
----
-apiVersion: v1
-kind: Pod
-metadata: {name: trainer, namespace: facet-demo}
-spec:
-  hostNetwork: true
-  terminationGracePeriodSeconds: 1
-  securityContext: {runAsUser: 0}
-  containers:
-  - name: c
-    image: facet.local/busybox:1
-    imagePullPolicy: Never
-    command: ["sleep", "86400"]
-    resources: {claims: [{name: gpu}, {name: channel}]}
-  resourceClaims:
-  - {name: gpu, resourceClaimTemplateName: train-gpu}
-  - {name: channel, resourceClaimTemplateName: train-channel}
-`
+var podManifest = "\n---\n" + testenv.ClaimsPod("trainer", "facet-demo",
+	testenv.PodClaim{Name: "gpu", Template: "train-gpu"}, testenv.PodClaim{Name: "channel", Template: "train-channel"})
 
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")

@@ -8,9 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -399,7 +397,7 @@ func TestComputeDomainRack(t *testing.T) {
 
 	// A daemon crash: the kubelet restarts it, the controller follows.
 	crashNode := trainNodes[0]
-	pid := domainDaemonPID(t, string(train.UID), crashNode)
+	pid := imexPID(t, string(train.UID), crashNode)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +474,7 @@ func TestComputeDomainRack(t *testing.T) {
 		if err != nil {
 			return false, err
 		}
-		procs := domainDaemonPIDs(t, string(train.UID))
+		procs := imexPIDs(t, string(train.UID))
 		return apierrors.IsNotFound(cdErr) && apierrors.IsNotFound(dsErr) && apierrors.IsNotFound(tplErr) && len(labelled.Items) == 0 && len(procs) == 0,
 			fmt.Errorf("domain %v, DaemonSet %v, template %v, %d labelled nodes, daemon processes %v", cdErr, dsErr, tplErr, len(labelled.Items), procs)
 	})
@@ -539,61 +537,4 @@ func hasDomainEvent(t *testing.T, ns string, uid types.UID, reason string) bool 
 		t.Fatal(err)
 	}
 	return len(events.Items) > 0
-}
-
-var domainUIDArg = regexp.MustCompile(`^--domain-uid=(.+)$`)
-
-// domainDaemonPIDs are the host processes of a domain's stand-ins, by
-// node: the controller's DaemonSet passes --domain-uid=<UID> and
-// --node-name=<node>.
-func domainDaemonPIDs(t *testing.T, uid string) map[int]string {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[int]string{}
-	for _, en := range entries {
-		pid, err := strconv.Atoi(en.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", en.Name(), "cmdline"))
-		if err != nil || len(b) == 0 {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if filepath.Base(args[0]) != "facet-imex" || slices.Contains(args, "probe") {
-			continue
-		}
-		var mine bool
-		node := ""
-		for _, a := range args {
-			if m := domainUIDArg.FindStringSubmatch(a); m != nil && m[1] == uid {
-				mine = true
-			}
-			if v, ok := strings.CutPrefix(a, "--node-name="); ok {
-				node = v
-			}
-		}
-		if mine {
-			out[pid] = node
-		}
-	}
-	return out
-}
-
-func domainDaemonPID(t *testing.T, uid, node string) int {
-	t.Helper()
-	var pid int
-	waitFor(t, "the domain's stand-in process on "+node, time.Minute, func() (bool, error) {
-		for p, n := range domainDaemonPIDs(t, uid) {
-			if n == node {
-				pid = p
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	return pid
 }

@@ -338,29 +338,48 @@ func waitReady(t *testing.T, ns, pod string, restarts int32) *corev1.Pod {
 }
 
 // imexPIDs are the host processes of the domain's stand-ins (fake CRI
-// exec mode): their command lines name the domain's UID.
-func imexPIDs(t *testing.T, uid string) map[int][]string {
+// exec mode), by the node each serves: those whose --domain-uid is uid,
+// given as "--domain-uid UID" (TestIMEXStandIn's DaemonSet) or
+// "--domain-uid=UID" (facet-controller's).
+func imexPIDs(t *testing.T, uid string) map[int]string {
 	t.Helper()
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[int][]string{}
+	out := map[int]string{}
 	for _, en := range entries {
 		pid, err := strconv.Atoi(en.Name())
 		if err != nil {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join("/proc", en.Name(), "cmdline"))
-		if err != nil {
+		if err != nil || len(b) == 0 {
 			continue
 		}
 		args := strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
-		if len(args) > 0 && filepath.Base(args[0]) == "facet-imex" && slices.Contains(args, uid) && !slices.Contains(args, "probe") {
-			out[pid] = args
+		if filepath.Base(args[0]) != "facet-imex" || slices.Contains(args, "probe") {
+			continue
+		}
+		if flagValue(args, "--domain-uid") == uid {
+			out[pid] = flagValue(args, "--node-name")
 		}
 	}
 	return out
+}
+
+// flagValue is the value of a flag given as "--name value" or
+// "--name=value" in args; "" if absent.
+func flagValue(args []string, name string) string {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+		if a == name && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
 }
 
 // imexPID is the pid of the domain's stand-in on node.
@@ -368,8 +387,8 @@ func imexPID(t *testing.T, uid, node string) int {
 	t.Helper()
 	var pid int
 	waitFor(t, "the stand-in process of node "+node, time.Minute, func() (bool, error) {
-		for p, args := range imexPIDs(t, uid) {
-			if i := slices.Index(args, "--node-name"); i >= 0 && i+1 < len(args) && args[i+1] == node {
+		for p, n := range imexPIDs(t, uid) {
+			if n == node {
 				pid = p
 				return true, nil
 			}
