@@ -126,10 +126,23 @@ spec:
 	if pod, err := e.client.CoreV1().Pods(namespace).Get(ctx, "trainer", metav1.GetOptions{}); err != nil || pod.Status.Phase != corev1.PodPending {
 		t.Fatalf("pod %v, %v; want it Pending without its daemon", pod.Status.Phase, err)
 	}
-	// The kubelet retried at least once more, and still waits.
-	time.Sleep(15 * time.Second)
+	// The failed prepare keeps its claim waiting for the kubelet's retry
+	// (51 to 88 s later; not waited for here): the checkpoint holds the
+	// channel claim with its domain, not Prepared, and the pod still waits.
+	waiting, err := e.client.CoreV1().Pods(namespace).Get(ctx, "trainer", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitingClaim := podClaims(t, waiting)["channel"]
+	if waitingClaim == nil {
+		t.Fatalf("pod trainer has no channel claim: %+v", waiting.Status.ResourceClaimStatuses)
+	}
+	rec, err := checkpoint.Peek(filepath.Join(e.runDir, "facet-state", "claims"), waitingClaim.UID)
+	if err != nil || rec == nil || rec.ComputeDomain == nil || rec.ComputeDomain.UID != uid || rec.State == checkpoint.StatePrepared {
+		t.Fatalf("checkpoint record of the waiting channel claim %s: %+v, %v; want one of domain %s, not Prepared", waitingClaim.Name, rec, err, uid)
+	}
 	if pod, err := e.client.CoreV1().Pods(namespace).Get(ctx, "trainer", metav1.GetOptions{}); err != nil || pod.Status.Phase != corev1.PodPending {
-		t.Fatalf("pod %v, %v 15 s on; want it Pending without its daemon", pod.Status.Phase, err)
+		t.Fatalf("pod %v, %v after a failed prepare; want it Pending without its daemon", pod.Status.Phase, err)
 	}
 
 	// The controller's part: the node's daemon is Ready.
