@@ -270,6 +270,13 @@ sign admin "/O=system:masters/CN=facet-admin" "${CLIENT_EXT}"
 sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "${CLIENT_EXT}"
 # The kubelet's own identity, so the Node authorizer applies as on a real node.
 sign kubelet "/O=system:nodes/CN=system:node:localhost" "${CLIENT_EXT}"
+# The controller-manager's own identity, as kubeadm gives it: its bootstrap
+# role (system:kube-controller-manager), and each controller its own
+# service account (--use-service-account-credentials), so that requests of
+# the resourceclaim controller reach admission as
+# system:serviceaccount:kube-system:resource-claim-controller, as on a
+# kubeadm cluster (the chart's webhooks skip that user's claims).
+sign controller-manager "/CN=system:kube-controller-manager" "${CLIENT_EXT}"
 # Front-proxy (requestheader) CA and client: without them the
 # extension-apiserver-authentication ConfigMap lacks requestheader-client-ca-file
 # and the controller-manager and scheduler log "missing content for CA bundle"
@@ -307,6 +314,7 @@ EOF
 ADMIN_KUBECONFIG="${RUN_DIR}/admin.kubeconfig"
 kubeconfig "${ADMIN_KUBECONFIG}" admin
 kubeconfig "${RUN_DIR}/kubelet.kubeconfig" kubelet
+kubeconfig "${RUN_DIR}/controller-manager.kubeconfig" controller-manager
 k() { "${KUBECTL}" --kubeconfig "${ADMIN_KUBECONFIG}" "$@"; }
 
 # --- etcd ------------------------------------------------------------------------
@@ -359,8 +367,9 @@ log "starting kube-controller-manager and kube-scheduler"
 # ResourceClaimTemplates into ResourceClaims. --root-ca-file feeds the
 # kube-root-ca.crt ConfigMap that every pod's service-account volume needs.
 start kube-controller-manager "${K8S_BIN_DIR}/kube-controller-manager" \
-  --kubeconfig="${ADMIN_KUBECONFIG}" \
-  --authentication-kubeconfig="${ADMIN_KUBECONFIG}" --authorization-kubeconfig="${ADMIN_KUBECONFIG}" \
+  --kubeconfig="${RUN_DIR}/controller-manager.kubeconfig" \
+  --authentication-kubeconfig="${RUN_DIR}/controller-manager.kubeconfig" --authorization-kubeconfig="${RUN_DIR}/controller-manager.kubeconfig" \
+  --use-service-account-credentials=true \
   --bind-address=127.0.0.1 --secure-port="${CONTROLLER_MANAGER_PORT}" --leader-elect=false \
   --controllers='*' \
   --root-ca-file="${PKI}/ca.crt" \

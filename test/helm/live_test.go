@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/facet-gpu/facet/internal/testenv"
+	"github.com/facet-gpu/facet/pkg/cluster/webhook"
 	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/pkg/node/claimstatus"
@@ -422,9 +423,11 @@ computeDomains: {enabled: false, crd: {install: false}}
 }
 
 // TestLiveChartWebhook runs facet-webhook as a local process behind the
-// chart's own ValidatingWebhookConfiguration, pointed at it by url and
-// confined to a test namespace and label: the rules and matchConditions
-// the chart ships, on the real API server.
+// chart's own ValidatingWebhookConfiguration and the claim mutator's
+// MutatingWebhookConfiguration, pointed at it by url and confined to a
+// test namespace and label: the rules and matchConditions the chart ships,
+// on the real API server, with its real resourceclaim controller
+// (hack/cluster/up.sh runs kube-controller-manager as kubeadm does).
 func TestLiveChartWebhook(t *testing.T) {
 	l := liveCluster(t)
 	const ns, release = "facet-helm-webhook", "facet-helmtest"
@@ -437,22 +440,31 @@ func TestLiveChartWebhook(t *testing.T) {
 	}
 	caPEM := writeServingCert(t, dir)
 	logPath := filepath.Join(dir, "webhook.log")
-	addr := testenv.StartWebhook(t, bin, logPath, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), caPEM)
+	// The claim mutator as the chart runs it (--mutate-claims, its probe in
+	// the release namespace), -v 4: every review is logged, so that the
+	// log tells which objects were sent.
+	addr := testenv.StartWebhook(t, bin, logPath, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), caPEM,
+		"--mutate-claims", "--kubeconfig", l.Kubeconfig, "--namespace", ns, "-v", "4")
 
 	caBundle := base64.StdEncoding.EncodeToString(caPEM)
 	objs := renderAs(t, values(t, "admission: {webhook: {tls: {mode: secret, secret: {name: unused, caBundle: "+caBundle+"}}}}"), release, ns)
 	vwc := find(t, objs, "ValidatingWebhookConfiguration", release+"-webhook")
-	webhooks := vwc.Object["webhooks"].([]any)
-	for _, w := range webhooks {
-		w := w.(map[string]any)
-		w["clientConfig"] = map[string]any{"url": "https://" + addr + "/validate", "caBundle": caBundle}
-		if w["name"] == "deviceclasses.gpu.facet.dev" {
-			w["objectSelector"] = map[string]any{"matchLabels": map[string]any{"facet.dev/helm-test": "true"}}
-		} else {
-			w["namespaceSelector"] = map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": ns}}
+	mwc := find(t, objs, "MutatingWebhookConfiguration", release+"-webhook-claims")
+	for _, c := range []struct {
+		obj  object
+		path string
+	}{{vwc, webhook.ValidatePath}, {mwc, webhook.MutateClaimsPath}} {
+		for _, w := range c.obj.Object["webhooks"].([]any) {
+			w := w.(map[string]any)
+			w["clientConfig"] = map[string]any{"url": "https://" + addr + c.path, "caBundle": caBundle}
+			if w["name"] == "deviceclasses.gpu.facet.dev" {
+				w["objectSelector"] = map[string]any{"matchLabels": map[string]any{"facet.dev/helm-test": "true"}}
+			} else {
+				w["namespaceSelector"] = map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": ns}}
+			}
 		}
 	}
-	manifest := stream(t, []object{vwc})
+	manifest := stream(t, []object{vwc, mwc})
 	t.Cleanup(func() { l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
 	l.Must(t, manifest, "apply", "-f", "-")
 
@@ -513,6 +525,117 @@ spec:
 		}
 	})
 
+	// The claims the resourceclaim controller makes for a pod copy its
+	// template, which the webhook checked: they are never sent, so a
+	// pod of a configured template does not wait on the webhook. The
+	// matchCondition is on the authenticated user: a hand-written claim
+	// that says it is a pod's (the controller's annotation, an
+	// ownerReference to the pod) is still checked.
+	t.Run("a pod's claim from its template never reaches the webhook; a hand-written one does", func(t *testing.T) {
+		l.Must(t, claim("ResourceClaimTemplate", "configured", facetConfig("{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, logLevel: 4}")), "apply", "-f", "-")
+		uid, generated := podClaim(t, l, ns, "from-template", "share", "configured")
+		if c := generated.Spec.Devices.Config; len(c) != 1 || c[0].Opaque == nil || c[0].Opaque.Driver != names.Driver {
+			t.Fatalf("claim %s: config %+v, want the template's", generated.Name, c)
+		}
+		log, _ := os.ReadFile(logPath)
+		if strings.Contains(string(log), `"from-template-`) || strings.Contains(string(log), `name="`+generated.Name+`"`) {
+			t.Errorf("the controller's claim %s was sent to the webhook:\n%s", generated.Name, log)
+		}
+		forged := strings.Replace(claim("ResourceClaim", "forged", bad), "metadata: {name: forged, namespace: "+ns+"}",
+			"metadata:\n  name: forged\n  namespace: "+ns+"\n  annotations: {resource.kubernetes.io/pod-claim-name: share}\n"+
+				"  ownerReferences: [{apiVersion: v1, kind: Pod, name: from-template, uid: "+uid+", controller: true, blockOwnerDeletion: true}]", 1)
+		out, err := l.Run(forged, "create", "-f", "-")
+		if err == nil || !strings.Contains(out, `admission webhook "resourceclaims.gpu.facet.dev" denied the request`) {
+			t.Errorf("a hand-written claim dressed as the pod's was not checked: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("the claim mutator writes plain MIG requests existing instances first", func(t *testing.T) {
+		log, _ := os.ReadFile(logPath)
+		if !strings.Contains(string(log), `supported=true reason="a server-side dry run of a claim kept its firstAvailable"`) {
+			t.Fatalf("the webhook did not find firstAvailable kept (every round's API server keeps it):\n%s", log)
+		}
+		// The README's plain example, the template of
+		// demo/mig/at-least-20gb.yaml, in this namespace.
+		demo, err := os.ReadFile(filepath.Join(repoRoot, "demo", "mig", "at-least-20gb.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tplDoc, _, _ := strings.Cut(string(demo), "\n---\n")
+		tplDoc = strings.Replace(tplDoc, "namespace: facet-demo", "namespace: "+ns, 1)
+		if !strings.Contains(tplDoc, "kind: ResourceClaimTemplate") || !strings.Contains(tplDoc, "namespace: "+ns) {
+			t.Fatalf("demo/mig/at-least-20gb.yaml's first document is no template of namespace facet-demo:\n%s", tplDoc)
+		}
+		l.Must(t, tplDoc, "create", "-f", "-")
+		tpl, err := l.Client.ResourceV1().ResourceClaimTemplates(ns).Get(context.Background(), "at-least-20gb", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkExistingFirst(t, "template at-least-20gb", tpl.Spec.Spec.Devices.Requests)
+		if got := tpl.Annotations[names.AnnotationPreferExistingMIG]; got != "rewritten: mig" {
+			t.Errorf("template annotation %s=%q, want the record of the rewrite", names.AnnotationPreferExistingMIG, got)
+		}
+
+		// Applying the manifest again, client-side or server-side, is no
+		// change of the immutable spec: the webhook gives the update the
+		// stored requests back.
+		for name, apply := range map[string][]string{
+			"applied-client-side": {"apply", "-f", "-"},
+			"applied-server-side": {"apply", "--server-side", "-f", "-"},
+		} {
+			doc := strings.Replace(tplDoc, "name: at-least-20gb", "name: "+name, 1)
+			for range 2 {
+				l.Must(t, doc, apply...)
+			}
+			got, err := l.Client.ResourceV1().ResourceClaimTemplates(ns).Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkExistingFirst(t, "template "+name+", applied twice", got.Spec.Spec.Devices.Requests)
+			if got.Annotations[names.AnnotationPreferExistingMIG] != "rewritten: mig" {
+				t.Errorf("template %s, applied twice: annotations %v", name, got.Annotations)
+			}
+		}
+
+		// Its pod's claim copies the rewritten spec, without the webhook.
+		uid, generated := podClaim(t, l, ns, "mig-from-template", "mig", "at-least-20gb")
+		checkExistingFirst(t, "claim "+generated.Name, generated.Spec.Devices.Requests)
+		log, _ = os.ReadFile(logPath)
+		if strings.Contains(string(log), `"mig-from-template-`) || strings.Contains(string(log), `name="`+generated.Name+`"`) {
+			t.Errorf("the controller's claim %s was sent to the webhook", generated.Name)
+		}
+
+		plain := func(kind, name, annotations string) string {
+			devices := "requests:\n- {name: mig, exactly: {deviceClassName: mig-1g.10gb.facet.dev}}\n"
+			m := "apiVersion: resource.k8s.io/v1\nkind: " + kind + "\nmetadata:\n  name: " + name + "\n  namespace: " + ns + "\n" + annotations + "spec:\n"
+			if kind == "ResourceClaimTemplate" {
+				return m + "  spec:\n    devices:\n" + indent(devices, "      ")
+			}
+			return m + "  devices:\n" + indent(devices, "    ")
+		}
+		// A hand-written claim is rewritten, whatever it says of a pod.
+		l.Must(t, plain("ResourceClaim", "mig-forged", "  annotations: {resource.kubernetes.io/pod-claim-name: mig}\n"+
+			"  ownerReferences: [{apiVersion: v1, kind: Pod, name: mig-from-template, uid: "+uid+"}]\n"), "create", "-f", "-")
+		c, err := l.Client.ResourceV1().ResourceClaims(ns).Get(context.Background(), "mig-forged", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkExistingFirst(t, "claim mig-forged", c.Spec.Devices.Requests)
+
+		// Opted out, and not MIG: never sent, left as written.
+		l.Must(t, plain("ResourceClaimTemplate", "mig-as-written", "  annotations: {"+names.AnnotationPreferExistingMIG+": \"false\"}\n"), "create", "-f", "-")
+		l.Must(t, claim("ResourceClaim", "not-mig", ""), "create", "-f", "-")
+		for _, name := range []string{"mig-as-written", "not-mig"} {
+			if log, _ := os.ReadFile(logPath); strings.Contains(string(log), `name="`+name+`"`) {
+				t.Errorf("%s was sent to the webhook; the matchConditions should have skipped it", name)
+			}
+		}
+		kept, err := l.Client.ResourceV1().ResourceClaimTemplates(ns).Get(context.Background(), "mig-as-written", metav1.GetOptions{})
+		if err != nil || kept.Spec.Spec.Devices.Requests[0].Exactly == nil {
+			t.Errorf("the opted-out template was changed: %v %+v", err, kept)
+		}
+	})
+
 	// A claim's spec is immutable: its UPDATEs are metadata writes (the
 	// scheduler's finalizer), which must not wait on the webhook.
 	t.Run("claim updates never reach the webhook", func(t *testing.T) {
@@ -524,6 +647,55 @@ spec:
 			}
 		}
 	})
+}
+
+// podClaim creates a pod, never scheduled, whose claim name comes from
+// template, waits for the claim the resourceclaim controller makes for it,
+// and returns the pod's UID and the claim.
+func podClaim(t *testing.T, l *live, ns, pod, claim, template string) (string, *resourceapi.ResourceClaim) {
+	t.Helper()
+	l.Must(t, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: %s}
+spec:
+  # Never scheduled: only its claim is looked at.
+  nodeSelector: {facet.dev/helm-test-no-node: "true"}
+  containers:
+  - {name: c, image: facet.local/busybox:1, imagePullPolicy: Never, command: [sleep, "1"], resources: {claims: [{name: %s}]}}
+  resourceClaims:
+  - {name: %s, resourceClaimTemplateName: %s}
+`, pod, ns, claim, claim, template), "create", "-f", "-")
+	ctx := context.Background()
+	var uid string
+	var c *resourceapi.ResourceClaim
+	testenv.WaitFor(t, "the resourceclaim controller's claim of pod "+pod, time.Minute, func() (bool, error) {
+		p, err := l.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		uid = string(p.UID)
+		if len(p.Status.ResourceClaimStatuses) != 1 || p.Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
+			return false, fmt.Errorf("resourceClaimStatuses %+v", p.Status.ResourceClaimStatuses)
+		}
+		c, err = l.Client.ResourceV1().ResourceClaims(ns).Get(ctx, *p.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
+		return err == nil, err
+	})
+	return uid, c
+}
+
+// checkExistingFirst: requests are one request "mig" written as the
+// existing-first list.
+func checkExistingFirst(t *testing.T, what string, requests []resourceapi.DeviceRequest) {
+	t.Helper()
+	var subs []string
+	for _, r := range requests {
+		for _, s := range r.FirstAvailable {
+			subs = append(subs, s.Name)
+		}
+	}
+	if len(requests) != 1 || requests[0].Exactly != nil || strings.Join(subs, ",") != "existing,split,carved" {
+		t.Errorf("%s: requests %+v, want one firstAvailable request existing, split, carved", what, requests)
+	}
 }
 
 // writeServingCert writes tls.crt (the serving certificate for

@@ -10,12 +10,24 @@ import (
 // TestNetworkPolicy: off by default; on, every pod of the chart outside the
 // host's network is selected by exactly one policy, which lets it receive
 // only on the ports it serves and send only to the API server (the webhook
-// only with the pod mutator, facet-mps never).
+// only with a mutator, facet-mps never).
 func TestNetworkPolicy(t *testing.T) {
 	if got := ofKind(render(t, values(t, "")), "NetworkPolicy"); len(got) != 0 {
 		t.Fatalf("%d NetworkPolicies by default, want none", len(got))
 	}
-	objs := render(t, values(t, "networkPolicy: {enabled: true, apiServer: {cidrs: [10.0.0.1/32], ports: [6443]}}\npreemptor: {enabled: true}"))
+	for name, tc := range map[string]struct {
+		values        string
+		webhookEgress bool
+	}{
+		"the claim mutator (default)": {"", true},
+		"no webhook mutator":          {"admission: {webhook: {mutateClaims: {enabled: false}}}", false},
+	} {
+		t.Run(name, func(t *testing.T) { checkNetworkPolicies(t, tc.values, tc.webhookEgress) })
+	}
+}
+
+func checkNetworkPolicies(t *testing.T, extra string, webhookEgress bool) {
+	objs := render(t, values(t, "networkPolicy: {enabled: true, apiServer: {cidrs: [10.0.0.1/32], ports: [6443]}}\npreemptor: {enabled: true}\n"+extra))
 	var policies []*networkingv1.NetworkPolicy
 	for _, o := range ofKind(objs, "NetworkPolicy") {
 		np := &networkingv1.NetworkPolicy{}
@@ -25,7 +37,7 @@ func TestNetworkPolicy(t *testing.T) {
 	want := map[string]struct {
 		port   int
 		egress bool
-	}{"kubelet-plugin": {8081, true}, "mps": {0, false}, "hami-core": {0, false}, "webhook": {8443, false}, "preemptor": {8080, true}, "node-check": {0, true}, "controller": {8080, true}}
+	}{"kubelet-plugin": {8081, true}, "mps": {0, false}, "hami-core": {0, false}, "webhook": {8443, webhookEgress}, "preemptor": {8080, true}, "node-check": {0, true}, "controller": {8080, true}}
 	for _, o := range objs {
 		spec, ok := podSpecOf(t, o)
 		if !ok || spec.HostNetwork {

@@ -315,9 +315,23 @@ kubeletPlugin:
 admission:
   webhook:
     replicas: 1
+    mutateClaims: {enabled: false}
+    resourceClaimControllerUsers: []
     tls:
       certManager:
         issuerRef: {name: cluster-ca, kind: ClusterIssuer}
+`),
+		"webhook scoped, both mutators, Kueue": values(t, `
+admission:
+  webhook:
+    excludeNamespaces: [kube-system, monitoring]
+    namespaceSelector:
+      matchLabels: {gpu: "yes"}
+      matchExpressions: [{key: tier, operator: NotIn, values: [system]}]
+    resourceClaimControllerUsers: [system:kube-controller-manager]
+    extraEnv: [{name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}]
+    mutateClaims: {failurePolicy: Fail, timeoutSeconds: 3}
+    mutatePods: {enabled: true, kueue: "on"}
 `),
 	}
 }

@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func TestWebhookConfiguration(t *testing.T) {
@@ -130,8 +135,26 @@ func TestWebhookConfiguration(t *testing.T) {
 				if (len(w.ClientConfig.CABundle) > 0) != tc.wantCABundle {
 					t.Errorf("%s: caBundle set = %v", w.Name, len(w.ClientConfig.CABundle) > 0)
 				}
-				if len(w.MatchConditions) != 1 || !strings.Contains(w.MatchConditions[0].Expression, "c.opaque.driver == 'gpu.facet.dev'") {
+				if len(w.MatchConditions) == 0 || !strings.Contains(w.MatchConditions[0].Expression, "c.opaque.driver == 'gpu.facet.dev'") {
 					t.Errorf("%s: matchConditions %v; only objects with a Facet config may depend on the webhook", w.Name, w.MatchConditions)
+				}
+				// A pod's claim made by the resourceclaim controller from
+				// its template (checked at the template's CREATE) never
+				// waits on the webhook; no other object skips it so.
+				wantConditions := 1
+				if w.Name == "resourceclaims.gpu.facet.dev" {
+					wantConditions = 2
+					checkNotClaimController(t, w.Name, w.MatchConditions, defaultControllerUsers)
+				}
+				if len(w.MatchConditions) != wantConditions {
+					t.Errorf("%s: %d matchConditions, want %d: %v", w.Name, len(w.MatchConditions), wantConditions, w.MatchConditions)
+				}
+				if w.Name == "deviceclasses.gpu.facet.dev" {
+					if w.NamespaceSelector != nil {
+						t.Errorf("%s: namespaceSelector %v on a cluster-scoped kind", w.Name, w.NamespaceSelector)
+					}
+				} else if got := excludedNamespaces(w.NamespaceSelector); !slices.Equal(got, []string{"kube-system", releaseNamespace}) {
+					t.Errorf("%s: excluded namespaces %v, want kube-system and the release's", w.Name, got)
 				}
 				for _, r := range w.Rules {
 					var ops []string
@@ -157,9 +180,6 @@ func TestWebhookConfiguration(t *testing.T) {
 			dep := &appsv1.Deployment{}
 			into(t, find(t, objs, "Deployment", "facet-webhook"), dep)
 			spec := dep.Spec.Template.Spec
-			if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-				t.Error("the webhook gets an API token it does not need")
-			}
 			if len(spec.Volumes) != 1 || spec.Volumes[0].Secret == nil || spec.Volumes[0].Secret.SecretName != tc.wantSecret {
 				t.Errorf("TLS volume %+v, want Secret %s", spec.Volumes, tc.wantSecret)
 			}
@@ -173,10 +193,157 @@ func TestWebhookConfiguration(t *testing.T) {
 			if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
 				t.Errorf("readiness probe %+v", p)
 			}
+		})
+	}
+}
+
+// defaultControllerUsers are the identities of the resourceclaim
+// controller by default: its service account (kube-controller-manager
+// --use-service-account-credentials, as kubeadm runs it and as
+// hack/cluster/up.sh does) and the controller-manager's own.
+var defaultControllerUsers = []string{"system:serviceaccount:kube-system:resource-claim-controller", "system:kube-controller-manager"}
+
+// checkNotClaimController: the matchConditions skip requests of exactly
+// users, by the user the API server authenticated (request.userInfo), and
+// by nothing in the object.
+func checkNotClaimController(t *testing.T, webhook string, conds []admissionregistrationv1.MatchCondition, users []string) {
+	t.Helper()
+	var got []admissionregistrationv1.MatchCondition
+	for _, c := range conds {
+		if c.Name == "notByResourceClaimController" {
+			got = append(got, c)
+		}
+	}
+	if len(users) == 0 {
+		if len(got) != 0 {
+			t.Errorf("%s: %v with no users", webhook, got)
+		}
+		return
+	}
+	list, _ := json.Marshal(users)
+	if want := "!(request.userInfo.username in " + string(list) + ")"; len(got) != 1 || got[0].Expression != want {
+		t.Errorf("%s: matchConditions %v, want notByResourceClaimController: %s", webhook, conds, want)
+	}
+}
+
+// excludedNamespaces are the names a namespaceSelector's
+// kubernetes.io/metadata.name NotIn expression excludes.
+func excludedNamespaces(sel *metav1.LabelSelector) []string {
+	if sel == nil {
+		return nil
+	}
+	for _, e := range sel.MatchExpressions {
+		if e.Key == "kubernetes.io/metadata.name" && e.Operator == metav1.LabelSelectorOpNotIn {
+			return e.Values
+		}
+	}
+	return nil
+}
+
+// TestWebhookAPIAccess: the webhook gets an API token only for its
+// mutators: by default the claim mutator's, with a Role to dry-run claims
+// in the release namespace (its probe for firstAvailable) and nothing
+// else; with neither mutator, no token and no role.
+func TestWebhookAPIAccess(t *testing.T) {
+	for _, tc := range []struct {
+		name, values string
+		wantToken    bool
+	}{
+		{"defaults: the claim mutator", "", true},
+		{"no mutator", "admission: {webhook: {mutateClaims: {enabled: false}}}", false},
+		{"the pod mutator only", "admission: {webhook: {mutateClaims: {enabled: false}, mutatePods: {enabled: true}}}", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, values(t, tc.values))
+			dep := &appsv1.Deployment{}
+			into(t, find(t, objs, "Deployment", "facet-webhook"), dep)
+			spec := dep.Spec.Template.Spec
 			sa := &corev1.ServiceAccount{}
 			into(t, find(t, objs, "ServiceAccount", "facet-webhook"), sa)
-			if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
-				t.Error("the webhook's service account mounts a token")
+			for what, token := range map[string]*bool{"pod": spec.AutomountServiceAccountToken, "service account": sa.AutomountServiceAccountToken} {
+				if token == nil || *token != tc.wantToken {
+					t.Errorf("%s mounts a token: %v, want %v", what, token, tc.wantToken)
+				}
+			}
+			args := strings.Join(spec.Containers[0].Args, " ")
+			if got := strings.Contains(args, "--namespace="+releaseNamespace); got != tc.wantToken {
+				t.Errorf("args %q: --namespace=%s %v, want %v", args, releaseNamespace, got, tc.wantToken)
+			}
+			var roles []string
+			for _, o := range objs {
+				if (o.GetKind() == "Role" || o.GetKind() == "RoleBinding") && o.GetLabels()["app.kubernetes.io/component"] == "webhook" {
+					roles = append(roles, o.GetKind()+"/"+o.GetName())
+				}
+			}
+			if !tc.wantToken {
+				if len(roles) != 0 {
+					t.Errorf("%v without a mutator", roles)
+				}
+				return
+			}
+			role := &rbacv1.Role{}
+			into(t, find(t, objs, "Role", "facet-webhook-probe"), role)
+			if role.Namespace != releaseNamespace || len(role.Rules) != 1 || !slices.Equal(role.Rules[0].Resources, []string{"resourceclaims"}) ||
+				!slices.Equal(role.Rules[0].Verbs, []string{"create"}) || len(role.Rules[0].ResourceNames) != 0 {
+				t.Errorf("Role %+v: create resourceclaims in %s, nothing else", role, releaseNamespace)
+			}
+			binding := &rbacv1.RoleBinding{}
+			into(t, find(t, objs, "RoleBinding", "facet-webhook-probe"), binding)
+			if binding.RoleRef.Name != role.Name || binding.RoleRef.Kind != "Role" || len(binding.Subjects) != 1 || binding.Subjects[0].Name != "facet-webhook" {
+				t.Errorf("RoleBinding %+v", binding)
+			}
+		})
+	}
+}
+
+// TestWebhookScope: the namespaces and users the webhooks skip, as set.
+func TestWebhookScope(t *testing.T) {
+	for _, tc := range []struct {
+		name, values string
+		wantExcluded []string
+		wantLabels   map[string]string
+		wantUsers    []string
+	}{
+		{name: "defaults", wantExcluded: []string{"kube-system", releaseNamespace}, wantUsers: defaultControllerUsers},
+		{name: "own exclusions, selector and controller identity",
+			values:       `admission: {webhook: {excludeNamespaces: [kube-system, monitoring], namespaceSelector: {matchLabels: {gpu: "yes"}, matchExpressions: [{key: tier, operator: NotIn, values: [system]}]}, resourceClaimControllerUsers: ["system:serviceaccount:kube-system:generic-garbage-collector"]}}`,
+			wantExcluded: []string{"kube-system", "monitoring", releaseNamespace}, wantLabels: map[string]string{"gpu": "yes"},
+			wantUsers: []string{"system:serviceaccount:kube-system:generic-garbage-collector"}},
+		{name: "no controller identity: every configured claim is checked", values: "admission: {webhook: {resourceClaimControllerUsers: []}}",
+			wantExcluded: []string{"kube-system", releaseNamespace}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, values(t, tc.values))
+			var hooks []admissionregistrationv1.ValidatingWebhook
+			vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+			into(t, find(t, objs, "ValidatingWebhookConfiguration", "facet-webhook"), vwc)
+			hooks = append(hooks, vwc.Webhooks...)
+			mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+			into(t, find(t, objs, "MutatingWebhookConfiguration", "facet-webhook-claims"), mwc)
+			for _, w := range mwc.Webhooks {
+				hooks = append(hooks, admissionregistrationv1.ValidatingWebhook{Name: w.Name, NamespaceSelector: w.NamespaceSelector, MatchConditions: w.MatchConditions, Rules: w.Rules})
+			}
+			for _, w := range hooks {
+				if w.Name == "deviceclasses.gpu.facet.dev" {
+					continue
+				}
+				if got := excludedNamespaces(w.NamespaceSelector); !slices.Equal(got, tc.wantExcluded) {
+					t.Errorf("%s: excluded %v, want %v", w.Name, got, tc.wantExcluded)
+				}
+				if !maps.Equal(w.NamespaceSelector.MatchLabels, tc.wantLabels) {
+					t.Errorf("%s: matchLabels %v, want %v", w.Name, w.NamespaceSelector.MatchLabels, tc.wantLabels)
+				}
+				if tc.wantLabels != nil && len(w.NamespaceSelector.MatchExpressions) != 2 {
+					t.Errorf("%s: matchExpressions %v, want the exclusion and the values' own", w.Name, w.NamespaceSelector.MatchExpressions)
+				}
+				claims := slices.ContainsFunc(w.Rules, func(r admissionregistrationv1.RuleWithOperations) bool {
+					return slices.Contains(r.Resources, "resourceclaims")
+				})
+				users := tc.wantUsers
+				if !claims {
+					users = nil
+				}
+				checkNotClaimController(t, w.Name, w.MatchConditions, users)
 			}
 		})
 	}
@@ -225,14 +392,19 @@ func checkSelfSigned(t *testing.T, objs []object, vwc *admissionregistrationv1.V
 	}
 }
 
-// TestSelfSignedCAIsOne: the pod mutator's configuration trusts the same
-// self-signed CA as the validating webhook's: one certificate per render.
+// TestSelfSignedCAIsOne: the pod and claim mutators' configurations trust
+// the same self-signed CA as the validating webhook's: one certificate per
+// render.
 func TestSelfSignedCAIsOne(t *testing.T) {
 	objs := render(t, values(t, "admission: {webhook: {mutatePods: {enabled: true}}}"))
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
 	into(t, find(t, objs, "ValidatingWebhookConfiguration", "facet-webhook"), vwc)
 	checkSelfSigned(t, objs, vwc)
-	for _, o := range ofKind(objs, "MutatingWebhookConfiguration") {
+	mwcs := ofKind(objs, "MutatingWebhookConfiguration")
+	if len(mwcs) != 2 {
+		t.Fatalf("%d MutatingWebhookConfigurations rendered, want the pods' and the claims'", len(mwcs))
+	}
+	for _, o := range mwcs {
 		mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
 		into(t, o, mwc)
 		for _, w := range mwc.Webhooks {
@@ -240,7 +412,5 @@ func TestSelfSignedCAIsOne(t *testing.T) {
 				t.Errorf("%s: caBundle differs from the validating webhook's", w.Name)
 			}
 		}
-		return
 	}
-	t.Fatal("no MutatingWebhookConfiguration rendered")
 }

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/discovery"
+	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/pkg/cluster/classes"
 	"github.com/facet-gpu/facet/pkg/model/names"
@@ -55,8 +57,13 @@ var sizedKinds = map[string]classes.Shape{
 }
 
 // kueueDetector caches whether Kueue's API is served, asked at most every
-// kueueRecheck, so that a pod's admission costs no discovery call.
+// kueueRecheck, so that an admission costs no discovery call.
 type kueueDetector struct {
+	discovery discovery.ServerGroupsInterface
+	logger    klog.Logger
+	// consequence says, in the log line, what Kueue's API changes.
+	consequence string
+
 	mu     sync.Mutex
 	at     time.Time
 	served bool
@@ -64,22 +71,16 @@ type kueueDetector struct {
 
 const kueueRecheck = 30 * time.Second
 
-// kueue reports whether pods are written for Kueue now.
-func (m *Mutator) kueue() bool {
-	switch m.opts.Kueue {
-	case KueueOn:
-		return true
-	case KueueAuto:
-	default:
-		return false
-	}
-	d := &m.kueueState
+// kueueServed reports whether the API server serves KueueGroup, asking at
+// most every kueueRecheck and logging a change. A discovery error counts as
+// not served, and is logged with the answer.
+func (d *kueueDetector) kueueServed() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.at.IsZero() && time.Since(d.at) < kueueRecheck {
 		return d.served
 	}
-	groups, err := m.opts.Client.Discovery().ServerGroups()
+	groups, err := d.discovery.ServerGroups()
 	served := false
 	if err == nil {
 		for _, g := range groups.Groups {
@@ -87,10 +88,22 @@ func (m *Mutator) kueue() bool {
 		}
 	}
 	if served != d.served || d.at.IsZero() {
-		m.logger.Info("Kueue mode", "on", served, "reason", fmt.Sprintf("the API server serves %s: %v (--kueue=auto)", KueueGroup, served), "err", err)
+		d.logger.Info("Kueue's API", "served", served, "group", KueueGroup, "consequence", d.consequence, "err", err)
 	}
 	d.at, d.served = time.Now(), served
 	return served
+}
+
+// kueue reports whether pods are written for Kueue now.
+func (m *Mutator) kueue() bool {
+	switch m.opts.Kueue {
+	case KueueOn:
+		return true
+	case KueueAuto:
+		return m.kueueState.kueueServed()
+	default:
+		return false
+	}
 }
 
 // kueueShapes turns a container's vGPU shapes into claims of sized

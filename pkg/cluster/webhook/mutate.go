@@ -110,8 +110,12 @@ type MutatorOptions struct {
 	// 1.34): an instance that exists (static-mig), then a carve on a GPU
 	// already in MIG use (migInUse), then any carve
 	// (demo/mig/prefer-existing.yaml). Not while Kueue mode is on: Kueue
-	// counts a claim's `exactly` requests by DeviceClass.
+	// counts a claim's `exactly` requests by DeviceClass; and not while
+	// PrioritizedList says the API server drops firstAvailable.
 	PreferExistingMIG bool
+	// PrioritizedList says whether the API server keeps firstAvailable
+	// (a PrioritizedListProbe); required with PreferExistingMIG.
+	PrioritizedList PrioritizedListSupport
 }
 
 // Mutator is the HTTP handler of MutatePath.
@@ -122,7 +126,7 @@ type Mutator struct {
 	mu   sync.Mutex
 	last string // the decision last logged
 
-	kueueState kueueDetector
+	kueueState *kueueDetector
 }
 
 // NewMutator checks the table and returns the handler.
@@ -145,7 +149,13 @@ func NewMutator(logger klog.Logger, opts MutatorOptions) (*Mutator, error) {
 	if opts.Classes == nil || opts.Client == nil {
 		return nil, errors.New("the pod mutator needs a DeviceClass lister and an API client")
 	}
-	return &Mutator{logger: logger, opts: opts}, nil
+	if opts.PreferExistingMIG && opts.PrioritizedList == nil {
+		return nil, errors.New("PreferExistingMIG needs PrioritizedList, to tell whether the API server keeps firstAvailable")
+	}
+	return &Mutator{logger: logger, opts: opts, kueueState: &kueueDetector{
+		discovery: opts.Client.Discovery(), logger: logger,
+		consequence: "--kueue=auto: while served, pods are written for Kueue",
+	}}, nil
 }
 
 // Run re-decides every interval until ctx is done, so that a change (the
@@ -245,22 +255,29 @@ func (m *Mutator) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (m *Mutator) log(req *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
-	kv := []any{"namespace", req.Namespace, "name", req.Name, "generateName", podGenerateName(req),
+	logMutation(m.logger, req, resp, "Denied pod", "Rewrote pod's extended resources into claims", "Left pod alone")
+}
+
+// logMutation logs a mutator's answer to req with the object and the
+// user: a denial (message denied) and a patch (patched) at the default
+// level, an object left alone (left) at V(4).
+func logMutation(logger klog.Logger, req *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse, denied, patched, left string) {
+	kv := []any{"kind", req.Kind.Kind, "namespace", req.Namespace, "name", req.Name, "generateName", objectGenerateName(req),
 		"user", req.UserInfo.Username, "uid", req.UID, "dryRun", req.DryRun != nil && *req.DryRun}
 	if len(resp.Warnings) > 0 {
 		kv = append(kv, "warnings", resp.Warnings)
 	}
 	switch {
 	case !resp.Allowed:
-		m.logger.Info("Denied pod", append(kv, "reason", resp.Result.Message)...)
+		logger.Info(denied, append(kv, "reason", resp.Result.Message)...)
 	case resp.Patch != nil:
-		m.logger.Info("Rewrote pod's extended resources into claims", append(kv, "patch", string(resp.Patch))...)
+		logger.Info(patched, append(kv, "patch", string(resp.Patch))...)
 	default:
-		m.logger.V(4).Info("Left pod alone", kv...)
+		logger.V(4).Info(left, kv...)
 	}
 }
 
-func podGenerateName(req *admissionv1.AdmissionRequest) string {
+func objectGenerateName(req *admissionv1.AdmissionRequest) string {
 	var meta struct {
 		Metadata struct {
 			GenerateName string `json:"generateName"`
@@ -350,6 +367,13 @@ type plan struct {
 func (m *Mutator) plan(pod *corev1.Pod, served map[corev1.ResourceName]string) (plan, error) {
 	var p plan
 	var errs []error
+	// Where the API server would drop firstAvailable, the template would be
+	// refused (no request left): MIG shapes are then written as one
+	// `exactly` request.
+	preferMIG := m.opts.PreferExistingMIG
+	if preferMIG {
+		preferMIG, _ = m.opts.PrioritizedList.Supported()
+	}
 	for _, l := range []struct {
 		field, short string
 		containers   []corev1.Container
@@ -364,7 +388,7 @@ func (m *Mutator) plan(pod *corev1.Pod, served map[corev1.ResourceName]string) (
 				shapes, err = m.kueueShapes(c.Name, shapes)
 			}
 			for j := range shapes {
-				shapes[j].preferExisting = m.opts.PreferExistingMIG && !kueue && isMIGClass(shapes[j].class)
+				shapes[j].preferExisting = preferMIG && !kueue && isMIGClass(shapes[j].class)
 			}
 			if err != nil {
 				errs = append(errs, err)
@@ -381,10 +405,15 @@ func (m *Mutator) plan(pod *corev1.Pod, served map[corev1.ResourceName]string) (
 					errs = append(errs, containerError(c.Name, s.resources[0], "%v", err))
 					continue
 				}
+				tpl, err := templateFor(s)
+				if err != nil {
+					errs = append(errs, containerError(c.Name, s.resources[0], "%v", err))
+					continue
+				}
 				p.claims = append(p.claims, podClaim{
 					list: l.field, index: i, container: c.Name, shape: s,
 					name:     fmt.Sprintf("%s%s%d-%d", claimPrefix, l.short, i, j),
-					template: templateFor(s),
+					template: tpl,
 				})
 			}
 		}
@@ -404,8 +433,11 @@ func (m *Mutator) plan(pod *corev1.Pod, served map[corev1.ResourceName]string) (
 // templateFor returns the template of a shape. Its name is derived from
 // the spec, so every pod of the shape in a namespace shares it, and a
 // changed table makes new templates instead of reusing ones of another
-// spec.
-func templateFor(s shape) *resourceapi.ResourceClaimTemplate {
+// spec. A MIG template written as one `exactly` request (PreferExistingMIG
+// off, Kueue mode, or an API server without firstAvailable) carries
+// names.AnnotationPreferExistingMIG "false", so that the claim mutator
+// leaves it as the pod mutator meant it.
+func templateFor(s shape) (*resourceapi.ResourceClaimTemplate, error) {
 	req := resourceapi.ExactDeviceRequest{
 		DeviceClassName: s.class,
 		AllocationMode:  resourceapi.DeviceAllocationModeExactCount,
@@ -416,18 +448,15 @@ func templateFor(s shape) *resourceapi.ResourceClaimTemplate {
 		req.Selectors = append(req.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: sel}})
 	}
 	request := resourceapi.DeviceRequest{Name: templateRequest, Exactly: &req}
-	if s.preferExisting {
-		request = resourceapi.DeviceRequest{Name: templateRequest}
-		for _, p := range migPreferences {
-			sels := slices.Clone(req.Selectors)
-			if p.cel != "" {
-				sels = append(sels, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: p.cel}})
-			}
-			request.FirstAvailable = append(request.FirstAvailable, resourceapi.DeviceSubRequest{
-				Name: p.name, DeviceClassName: req.DeviceClassName,
-				AllocationMode: req.AllocationMode, Count: req.Count, Selectors: sels,
-			})
+	annotations := map[string]string{RewrittenAnnotation: s.describe()}
+	switch {
+	case s.preferExisting:
+		var err error
+		if request, err = existingFirstRequest(templateRequest, req); err != nil {
+			return nil, fmt.Errorf("DeviceClass %s: %w", s.class, err)
 		}
+	case isMIGClass(s.class):
+		annotations[names.AnnotationPreferExistingMIG] = "false"
 	}
 	spec := resourceapi.ResourceClaimTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{ManagedByLabel: ManagedByValue}},
@@ -449,29 +478,14 @@ func templateFor(s shape) *resourceapi.ResourceClaimTemplate {
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        fmt.Sprintf("%s%s-%d-%s", claimPrefix, dnsPart(s.class, 200), s.count, hex.EncodeToString(sum[:4])),
 			Labels:      map[string]string{ManagedByLabel: ManagedByValue},
-			Annotations: map[string]string{RewrittenAnnotation: s.describe()},
+			Annotations: annotations,
 		},
 		Spec: spec,
-	}
+	}, nil
 }
 
 // vgpuConfig is the VgpuConfig (JSON) that lowers a vGPU slot's HAMi-core
 // limits to the size the pod asked for; nil when it asked for no size.
-// migPreferences are the subrequests of a MIG claim with PreferExistingMIG,
-// in order, as demo/mig/prefer-existing.yaml writes them: each adds its
-// CEL to the shape's selectors (none for the last).
-var migPreferences = []struct{ name, cel string }{
-	{"existing", fmt.Sprintf("device.attributes[%q].%s == %q", names.Driver, names.AttrMode, names.ModeStaticMIG)},
-	{"split", fmt.Sprintf("device.attributes[%q].%s in [%q, %q] && device.attributes[%q].%s", names.Driver, names.AttrMode, names.ModeMIG, names.ModeDynamic, names.Driver, names.AttrMIGInUse)},
-	{"carved", ""},
-}
-
-// isMIGClass says whether a DeviceClass name is one of Facet's MIG classes:
-// mig.facet.dev or mig-<profile>.facet.dev (deployments/deviceclasses.yaml).
-func isMIGClass(class string) bool {
-	return class == "mig.facet.dev" || (strings.HasPrefix(class, "mig-") && strings.HasSuffix(class, ".facet.dev"))
-}
-
 func (s shape) vgpuConfig() []byte {
 	if s.memoryMiB == 0 && s.cores == 0 {
 		return nil

@@ -26,6 +26,8 @@ import (
 	resourcelisters "k8s.io/client-go/listers/resource/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/facet-gpu/facet/pkg/model/names"
 )
 
 // stockClasses are Facet's classes as a cluster without DRAExtendedResource
@@ -592,7 +594,11 @@ func TestMutatePodsTemplates(t *testing.T) {
 	})
 
 	t.Run("a template of the name that the webhook did not make is refused", func(t *testing.T) {
-		name := templateFor(shape{class: "gpu.facet.dev", count: 1, resources: []corev1.ResourceName{"nvidia.com/gpu"}, values: map[corev1.ResourceName]int64{"nvidia.com/gpu": 1}}).Name
+		tpl, err := templateFor(shape{class: "gpu.facet.dev", count: 1, resources: []corev1.ResourceName{"nvidia.com/gpu"}, values: map[corev1.ResourceName]int64{"nvidia.com/gpu": 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := tpl.Name
 		other := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"}}
 		m, _ := newTestMutator(t, RewriteAuto, stock(), other)
 		resp := m.Review(context.Background(), podRequest(t, pod, admissionv1.Create))
@@ -751,29 +757,49 @@ func TestMutatorLogsDecisionChanges(t *testing.T) {
 	}
 }
 
+// listSupport is a PrioritizedListSupport with a fixed answer.
+type listSupport bool
+
+func (l listSupport) Supported() (bool, string) {
+	if l {
+		return true, "the test's API server keeps firstAvailable"
+	}
+	return false, "the test's API server drops firstAvailable"
+}
+
 // TestMutatePreferExistingMIG: with PreferExistingMIG, a MIG resource
 // becomes one request with the three subrequests of
 // demo/mig/prefer-existing.yaml (the class and count in each, the profile's
 // class kept); whole GPUs stay `exactly`; Kueue mode keeps MIG `exactly`,
-// which Kueue counts.
+// which Kueue counts, and so does an API server that drops firstAvailable.
+// A MIG template left `exactly` opts out of the claim mutator.
 func TestMutatePreferExistingMIG(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		kueue bool
-		res   string
-		want  []string // "sub:class:count:extra CEL" per subrequest, or "exactly:class:count"
+		name        string
+		kueue       bool
+		unsupported bool
+		res         string
+		want        []string // "sub:class:count:extra CEL" per subrequest, or "exactly:class:count"
+		// wantOptOut: the template's names.AnnotationPreferExistingMIG.
+		wantOptOut string
+		// wantTemplate: its name, the same as before the claim mutator
+		// existed (a new name would make every namespace a new template).
+		wantTemplate string
 	}{
-		{"a MIG profile", false, "nvidia.com/mig-1g.10gb=2", []string{
+		{name: "a MIG profile", res: "nvidia.com/mig-1g.10gb=2", want: []string{
 			`existing:mig-1g.10gb.facet.dev:2:device.attributes["gpu.facet.dev"].mode == "static-mig"`,
 			`split:mig-1g.10gb.facet.dev:2:device.attributes["gpu.facet.dev"].mode in ["mig", "dynamic"] && device.attributes["gpu.facet.dev"].migInUse`,
 			`carved:mig-1g.10gb.facet.dev:2:`,
-		}},
-		{"whole GPUs", false, "nvidia.com/gpu=1", []string{"exactly:gpu.facet.dev:1"}},
-		{"a MIG profile in Kueue mode", true, "nvidia.com/mig-1g.10gb=1", []string{"exactly:mig-1g.10gb.facet.dev:1"}},
+		}, wantTemplate: "facet-mig-1g-10gb-facet-dev-2-a145b55c"},
+		{name: "whole GPUs", res: "nvidia.com/gpu=1", want: []string{"exactly:gpu.facet.dev:1"}},
+		{name: "a MIG profile in Kueue mode", kueue: true, res: "nvidia.com/mig-1g.10gb=1", want: []string{"exactly:mig-1g.10gb.facet.dev:1"}, wantOptOut: "false"},
+		{name: "a MIG profile where the API server drops firstAvailable", unsupported: true, res: "nvidia.com/mig-1g.10gb=2",
+			want: []string{"exactly:mig-1g.10gb.facet.dev:2"}, wantOptOut: "false", wantTemplate: "facet-mig-1g-10gb-facet-dev-2-437fe945"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, client := newTestMutator(t, RewriteAlways, stock())
 			m.opts.PreferExistingMIG = true
+			m.opts.PrioritizedList = listSupport(!tc.unsupported)
 			if tc.kueue {
 				m.opts.Kueue = KueueOn
 			}
@@ -784,9 +810,15 @@ func TestMutatePreferExistingMIG(t *testing.T) {
 			}
 			patched := applyPatch(t, pod, resp)
 			name := *patched.Spec.ResourceClaims[0].ResourceClaimTemplateName
+			if tc.wantTemplate != "" && name != tc.wantTemplate {
+				t.Errorf("template %s, want %s", name, tc.wantTemplate)
+			}
 			tmpl, err := client.ResourceV1().ResourceClaimTemplates("ns").Get(context.Background(), name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if got := tmpl.Annotations[names.AnnotationPreferExistingMIG]; got != tc.wantOptOut {
+				t.Errorf("annotation %s=%q, want %q", names.AnnotationPreferExistingMIG, got, tc.wantOptOut)
 			}
 			reqs := tmpl.Spec.Spec.Devices.Requests
 			if len(reqs) != 1 {
@@ -807,5 +839,18 @@ func TestMutatePreferExistingMIG(t *testing.T) {
 				t.Errorf("request %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestNewMutatorNeedsPrioritizedList: PreferExistingMIG without a way to
+// tell whether the API server keeps firstAvailable is a setup error.
+func TestNewMutatorNeedsPrioritizedList(t *testing.T) {
+	indexer := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	_, err := NewMutator(ktesting.NewLogger(t, ktesting.NewConfig()), MutatorOptions{
+		Map: DefaultExtendedResourceMap(), Classes: resourcelisters.NewDeviceClassLister(indexer), Client: fake.NewClientset(),
+		PreferExistingMIG: true,
+	})
+	if err == nil || !strings.Contains(err.Error(), "PreferExistingMIG needs PrioritizedList") {
+		t.Errorf("got %v", err)
 	}
 }

@@ -30,6 +30,8 @@ type ServerOptions struct {
 	ShutdownTimeout time.Duration
 	// Mutator, when set, is served at MutatePath.
 	Mutator http.Handler
+	// ClaimMutator, when set, is served at MutateClaimsPath.
+	ClaimMutator http.Handler
 	// Listening, when set, is called with the bound address once the
 	// server accepts connections (for tests that listen on port 0).
 	Listening func(net.Addr)
@@ -37,7 +39,8 @@ type ServerOptions struct {
 
 // Serve runs the webhook's HTTPS server until ctx is done, then shuts it
 // down gracefully. It serves ValidatePath (AdmissionReviews), MutatePath
-// when opts.Mutator is set, and HealthzPath.
+// when opts.Mutator is set, MutateClaimsPath when opts.ClaimMutator is set,
+// and HealthzPath.
 func Serve(ctx context.Context, opts ServerOptions) error {
 	logger := klog.FromContext(ctx)
 	if opts.CertFile == "" || opts.KeyFile == "" {
@@ -58,6 +61,9 @@ func Serve(ctx context.Context, opts ServerOptions) error {
 	mux.Handle(ValidatePath, NewHandler(logger))
 	if opts.Mutator != nil {
 		mux.Handle(MutatePath, opts.Mutator)
+	}
+	if opts.ClaimMutator != nil {
+		mux.Handle(MutateClaimsPath, opts.ClaimMutator)
 	}
 	mux.HandleFunc(HealthzPath, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -84,6 +90,9 @@ func Serve(ctx context.Context, opts ServerOptions) error {
 	paths := []any{"validate", ValidatePath, "healthz", HealthzPath}
 	if opts.Mutator != nil {
 		paths = append(paths, "mutate", MutatePath)
+	}
+	if opts.ClaimMutator != nil {
+		paths = append(paths, "mutateClaims", MutateClaimsPath)
 	}
 	logger.Info("Serving", append([]any{"address", ln.Addr().String()}, paths...)...)
 	if opts.Listening != nil {

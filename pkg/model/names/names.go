@@ -219,6 +219,13 @@ const (
 	AnnotationRecover = Driver + "/recover"
 )
 
+// AnnotationPreferExistingMIG, on a ResourceClaim or ResourceClaimTemplate,
+// governs facet-webhook's rewrite of its plain MIG requests into the
+// existing-first prioritized list (docs/admins.md, "Existing MIG instances
+// first"). "false", written by the author, keeps the requests as written;
+// the webhook writes "rewrote <request>,..." on what it rewrote.
+const AnnotationPreferExistingMIG = Driver + "/prefer-existing-mig"
+
 // Parse returns the element of known that is s, or an error naming what s
 // should be and listing known: `unknown mode "turbo" (known: auto,
 // exclusive, ...)`. It is the one parser of Facet's string enumerations

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/facet-gpu/facet/internal/testenv"
+	"github.com/facet-gpu/facet/pkg/model/names"
 	"github.com/facet-gpu/facet/pkg/node/checkpoint"
 	"github.com/facet-gpu/facet/test/helm/helmtest"
 
@@ -25,8 +26,10 @@ import (
 	"helm.sh/helm/v3/pkg/storage/driver"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 )
 
@@ -332,25 +335,51 @@ func (r *chartRig) record(uid types.UID) (*checkpoint.Claim, error) {
 }
 
 // TestLiveChartPlugin installs the chart with Helm's install action into
-// the local node, with the simulator image imported into its containerd:
-// the DaemonSet's pod registers with the kubelet and publishes the node's
-// slices, and the demo's pods run with claims prepared through it (CDI
-// specs, the containers run): with the alpha gates on, whole GPUs, a MIG
-// instance carved at prepare and vGPU shares enforced by the stand-in
-// HAMi-core that the chart's hami-core DaemonSet installed; on stock 1.35,
-// whole GPUs, a static MIG device and vGPU slots. Each claim is
-// unprepared when its pod goes.
+// the local node, with the simulator image imported into its containerd,
+// and the webhook with its default settings: the DaemonSet's pod
+// registers with the kubelet and publishes the node's slices, and the
+// demo's pods run with claims prepared through it (CDI specs, the
+// containers run): with the alpha gates on, whole GPUs, a MIG instance
+// carved at prepare and vGPU shares enforced by the stand-in HAMi-core
+// that the chart's hami-core DaemonSet installed; on stock 1.35, whole
+// GPUs, a static MIG device and vGPU slots. Each claim is unprepared when
+// its pod goes.
+//
+// Existing MIG instances first: GPUs 0-1 hold static instances, and other
+// GPUs can carve at prepare: with the alpha gates on 1.35 (the gated
+// round), GPUs 2-3 in mig mode beside two 3g.40gb on each of GPUs 0-1;
+// elsewhere (r.stock: FACET_FEATURE_GATES names no alpha gate, so also the
+// 1.36 and 1.37 rounds, with their default gates) all-balanced on GPUs
+// 0-1, and on 1.37 auto puts the GPUs without instances in mig mode. The
+// README's plain example (demo/mig/at-least-20gb.yaml, one `exactly`
+// request of mig.facet.dev) is rewritten by the webhook's claim mutator
+// into the existing-first list: it lands on a free static instance through
+// mig/existing and carves nothing, where the allocator's first fit carves
+// on an untouched GPU in most slice orders (docs/admins.md); on the gated
+// round and on 1.37 the node offers such carves (checked). one-1g10gb,
+// for which no static instance fits, still carves, through mig/carved.
 func TestLiveChartPlugin(t *testing.T) {
 	r := newChartRig(t)
-	group := `mode: auto, gpuModes: "0-3=mig,4-7=shared"`
-	examples := []string{"demo/gpu/", "demo/mig/one-1g10gb.yaml", "demo/vgpu/"}
-	pods := map[string]string{"one-gpu": "gpu", "two-gpus": "gpu", "one-1g10gb": "mig", "volcano-share": "share", "notebook": "share", "shared-by-two-containers": "share"}
+	group := `mode: auto, gpuModes: "0-1=static-mig,2-3=mig,4-7=shared", migLayouts: "0-1=all-3g.40gb"`
+	// The MIG pods first, Running before the others are applied: a
+	// whole-GPU claim may take any free GPU, GPUs 2-3 included, and two of
+	// them would leave one-1g10gb nothing to carve on.
+	migExamples := []string{"demo/mig/one-1g10gb.yaml", "demo/mig/at-least-20gb.yaml"}
+	examples := []string{"demo/gpu/", "demo/vgpu/"}
+	pods := map[string]string{"one-gpu": "gpu", "two-gpus": "gpu", "one-1g10gb": "mig", "at-least-20gb": "mig", "volcano-share": "share", "notebook": "share", "shared-by-two-containers": "share"}
+	// The subrequest each MIG pod's claim is allocated through.
+	migVia := map[string]string{"one-1g10gb": "mig/carved", "at-least-20gb": "mig/existing"}
 	if r.stock {
 		group = `mode: auto, gpuModes: "0-1=static-mig,4=slots", migLayouts: "0-1=all-balanced", gpuSlots: "4=1x40Gi/50+2"`
+		migExamples = []string{"demo/stock/mig-3gb.yaml", "demo/mig/at-least-20gb.yaml"}
 		examples = []string{"demo/gpu/", "demo/stock/"}
-		pods = map[string]string{"one-gpu": "gpu", "two-gpus": "gpu", "mig-3gb": "mig", "volcano-slot": "share", "hami-slot": "share"}
+		pods = map[string]string{"one-gpu": "gpu", "two-gpus": "gpu", "mig-3gb": "mig", "at-least-20gb": "mig", "volcano-slot": "share", "hami-slot": "share"}
+		migVia = map[string]string{"mig-3gb": "mig/existing", "at-least-20gb": "mig/existing"}
 	}
-	r.install(t, r.values(t, r.tag, group))
+	const demoNS = "facet-demo"
+	vals := r.values(t, r.tag, group)
+	vals["admission"].(map[string]any)["webhook"] = r.webhookValues(t, demoNS, "")
+	r.install(t, vals)
 	plugin := r.waitPlugin(t, r.tag, 2*time.Minute)
 	t.Logf("plugin pod %s Running and Ready: registered, slices published (%s)", plugin.Name, r.since())
 	if log := r.pluginLog(plugin.Name); strings.Contains(log, "MIG devices cannot get CDI edits") {
@@ -361,22 +390,32 @@ func TestLiveChartPlugin(t *testing.T) {
 	hami := r.waitHAMiCore(t, 2*time.Minute)
 	t.Logf("hami-core pod %s Ready: libvgpu.so installed (%s)", hami.Name, r.since())
 
-	const demoNS = "facet-demo"
 	r.Must(t, "", "apply", "-f", filepath.Join(r.repo, "demo", "gpu", "namespace.yaml"))
 	t.Cleanup(func() { _, _ = r.Run("", "delete", "namespace", demoNS, "--wait=true", "--timeout=120s") })
+	r.claimMutatorServes(t, demoNS)
+	ctx := context.Background()
+	running := func(kind string) {
+		for name, k := range pods {
+			if kind != "" && k != kind {
+				continue
+			}
+			testenv.WaitFor(t, "pod "+name+" Running", 3*time.Minute, func() (bool, error) {
+				p, err := r.Client.CoreV1().Pods(demoNS).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return false, err
+				}
+				return p.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s, conditions %v", p.Status.Phase, p.Status.Conditions)
+			})
+		}
+	}
+	for _, ex := range migExamples {
+		r.Must(t, "", "apply", "-f", filepath.Join(r.repo, ex))
+	}
+	running("mig")
 	for _, ex := range examples {
 		r.Must(t, "", "apply", "-f", filepath.Join(r.repo, ex))
 	}
-	ctx := context.Background()
-	for name := range pods {
-		testenv.WaitFor(t, "pod "+name+" Running", 3*time.Minute, func() (bool, error) {
-			p, err := r.Client.CoreV1().Pods(demoNS).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			return p.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s, conditions %v", p.Status.Phase, p.Status.Conditions)
-		})
-	}
+	running("")
 	specs := map[string]string{}
 	for name, kind := range pods {
 		c := r.claimOf(t, demoNS, name)
@@ -423,6 +462,10 @@ func TestLiveChartPlugin(t *testing.T) {
 			if !strings.HasPrefix(env["FACET_GPU_UUIDS"], "MIG-") || !strings.Contains(string(data), "nvidia-caps") {
 				t.Errorf("pod %s: FACET_GPU_UUIDS=%q, want a MIG device's, and nvidia-caps in its spec:\n%s", name, env["FACET_GPU_UUIDS"], data)
 			}
+			r.checkMIGVia(t, c, migVia[name])
+			if name == "at-least-20gb" {
+				r.checkCarvable(t, !r.stock || r.atLeast(t, "1.37.0"))
+			}
 		case "share":
 			if env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "" || !strings.Contains(out, "libvgpu.so") {
 				t.Errorf("pod %s: want HAMi-core's memory limit and libvgpu.so preloaded:\n%s", name, out)
@@ -454,6 +497,88 @@ func TestLiveChartPlugin(t *testing.T) {
 		})
 	}
 	t.Logf("claims unprepared; total %s", r.since())
+}
+
+// claimMutatorServes waits for the chart's webhook Deployment and for its
+// claim mutator to write a plain MIG template in ns existing instances
+// first (a server-side dry run): the webhook has found that the API
+// server keeps firstAvailable, and the API server calls it.
+func (r *chartRig) claimMutatorServes(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	testenv.WaitFor(t, "the webhook Deployment available", 2*time.Minute, func() (bool, error) {
+		d, err := r.Client.AppsV1().Deployments(chartNS).Get(ctx, "facet-webhook", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return d.Status.AvailableReplicas == 1, fmt.Errorf("status %+v", d.Status)
+	})
+	probe := "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: probe, namespace: " + ns + "}\n" +
+		"spec: {spec: {devices: {requests: [{name: mig, exactly: {deviceClassName: mig.facet.dev}}]}}}\n"
+	testenv.WaitFor(t, "the claim mutator writing plain MIG requests existing instances first", 2*time.Minute, func() (bool, error) {
+		out, err := r.Run(probe, "create", "--dry-run=server", "-o", "jsonpath={.spec.spec.devices.requests[0].firstAvailable[*].name}", "-f", "-")
+		return err == nil && out == "existing split carved", fmt.Errorf("%v: %q", err, out)
+	})
+	t.Logf("the claim mutator answers (%s)", r.since())
+}
+
+// checkMIGVia: claim c was allocated through subrequest via (the claim
+// mutator rewrote its template), and an allocation through mig/existing is
+// a static instance, which prepare did not carve (its checkpoint record).
+func (r *chartRig) checkMIGVia(t *testing.T, c *resourceapi.ResourceClaim, via string) {
+	t.Helper()
+	res := c.Status.Allocation.Devices.Results
+	if len(res) != 1 || res[0].Request != via {
+		t.Errorf("claim %s allocated %+v, want one device through %s", c.Name, res, via)
+		return
+	}
+	rec, err := r.record(c.UID)
+	if err != nil || rec == nil || len(rec.Devices) != 1 {
+		t.Errorf("claim %s: checkpoint record %+v, %v", c.Name, rec, err)
+		return
+	}
+	carved := rec.Devices[0].Kind != names.KindStaticMIG
+	if want := via != "mig/existing"; carved != want {
+		t.Errorf("claim %s through %s: device %s prepared as %q, want carved: %v", c.Name, via, res[0].Device, rec.Devices[0].Kind, want)
+	}
+	t.Logf("claim %s: %s through %s (%s)", c.Name, res[0].Device, via, rec.Devices[0].Kind)
+}
+
+// checkCarvable: the node publishes MIG devices of 20 GB (decimal) or more
+// on GPUs in mig or dynamic mode, instances a plain at-least-20gb request
+// could have carved; with want, there must be some, else "carves nothing"
+// would show nothing.
+func (r *chartRig) checkCarvable(t *testing.T, want bool) {
+	t.Helper()
+	slices, err := r.Client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{FieldSelector: "spec.driver=gpu.facet.dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	min := resource.MustParse("20G")
+	n := 0
+	for _, s := range slices.Items {
+		for _, d := range s.Spec.Devices {
+			mode, memory := d.Attributes[names.AttrMode].StringValue, d.Capacity[names.CapacityMemory].Value
+			if d.Attributes[names.AttrType].StringValue != nil && *d.Attributes[names.AttrType].StringValue == names.KindMIG &&
+				mode != nil && (*mode == names.ModeMIG || *mode == names.ModeDynamic) && memory.Cmp(min) >= 0 {
+				n++
+			}
+		}
+	}
+	t.Logf("%d MIG devices of at least 20G on GPUs that carve at prepare", n)
+	if want && n == 0 {
+		t.Errorf("no MIG device of at least 20G on a GPU that carves: the plain request had nothing to carve, so carving nothing shows nothing")
+	}
+}
+
+// atLeast says whether the API server's version is at least v.
+func (r *chartRig) atLeast(t *testing.T, v string) bool {
+	t.Helper()
+	info, err := r.Client.Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return utilversion.MustParseGeneric(info.GitVersion).AtLeast(utilversion.MustParseGeneric(v))
 }
 
 func podReady(p *corev1.Pod) bool {

@@ -38,6 +38,33 @@ func servingSecret(t *testing.T, ns, name string, dnsNames ...string) (manifest,
 	return manifest, b64(ca)
 }
 
+// workNS is where the webhook tests write their claims and pods: the chart's
+// webhooks skip the release namespace (chartNS) and kube-system.
+const workNS = "facet-chart-live-work"
+
+// webhookValues are the values of the webhook's Deployment on the local
+// node: on the host's network, reaching the API server there (its
+// mutators use the API), with its webhooks confined to namespace ns so
+// that other tests' claims never depend on it; then more (YAML mapping
+// entries at the webhook's level).
+func (r *chartRig) webhookValues(t *testing.T, ns, more string) map[string]any {
+	t.Helper()
+	return values(t, fmt.Sprintf(`
+enabled: true
+# One node, on the host's network: two replicas would want one port.
+replicas: 1
+hostNetwork: true
+port: %d
+logVerbosity: 4
+# The node has no kube-proxy: the API server is the host's 127.0.0.1.
+extraEnv:
+- {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
+- {name: KUBERNETES_SERVICE_PORT, value: "%d"}
+namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
+%s
+`, r.Port(9443), r.Port(6443), ns, more))
+}
+
 // TestLiveChartWebhookDeployment installs the chart's webhook Deployment
 // (image of `make image-sim`) with each way of getting its certificate
 // that needs no cert-manager: the default, which on this cluster (no
@@ -53,6 +80,7 @@ func servingSecret(t *testing.T, ns, name string, dnsNames ...string) (manifest,
 // under tls.mode auto when cert-manager.io/v1 appears (webhookModeKept).
 func TestLiveChartWebhookDeployment(t *testing.T) {
 	r := newChartRig(t)
+	r.Namespace(t, workNS)
 	ctx := context.Background()
 	const secret = "facet-webhook-tls"
 	svc := "facet-webhook." + chartNS + ".svc"
@@ -84,17 +112,8 @@ kubeletPlugin:
   nodeGroups: {default: null}
 admission:
   policies: {enabled: false}
-  webhook:
-    enabled: true
-    # One node, on the host's network: two replicas would want one port.
-    replicas: 1
-    hostNetwork: true
-    port: %d
-    logVerbosity: 4
-    # Only this test's namespace: other tests' claims never depend on it.
-    namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
-    %s
-`, r.tag, r.Port(9443), chartNS, tc.tls(t)))
+`, r.tag))
+			vals["admission"].(map[string]any)["webhook"] = r.webhookValues(t, workNS, tc.tls(t))
 			r.install(t, vals)
 			r.webhookServes(ctx, t, "first")
 			if tc.name != "default: the chart's own certificate" {
@@ -182,7 +201,7 @@ func (r *chartRig) webhookRenewal(ctx context.Context, t *testing.T, vals map[st
 	// now, the API server trusts it.
 	out, err := r.Run(`apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
-metadata: {name: renewal-bad, namespace: `+chartNS+`}
+metadata: {name: renewal-bad, namespace: `+workNS+`}
 spec:
   devices:
     requests:
@@ -273,7 +292,7 @@ func (r *chartRig) webhookServes(ctx context.Context, t *testing.T, prefix strin
 	claim := func(name, params string) string {
 		return `apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
-metadata: {name: ` + name + `, namespace: ` + chartNS + `}
+metadata: {name: ` + name + `, namespace: ` + workNS + `}
 spec:
   devices:
     requests:
@@ -295,9 +314,9 @@ spec:
 	})
 	t.Logf("refused: %s", strings.TrimSpace(out))
 	r.Must(t, claim(prefix+"-good", "{apiVersion: gpu.facet.dev/v1alpha1, kind: VgpuConfig, logLevel: 4}"), "apply", "-f", "-")
-	t.Cleanup(func() { _, _ = r.Run("", "delete", "resourceclaim", "-n", chartNS, prefix+"-good") })
+	t.Cleanup(func() { _, _ = r.Run("", "delete", "resourceclaim", "-n", workNS, prefix+"-good") })
 	log := r.Must(t, "", "logs", "-n", chartNS, "deployment/facet-webhook")
-	for _, w := range []string{`name="` + prefix + `-bad"`, `"Allowed" kind="ResourceClaim" namespace="` + chartNS + `" name="` + prefix + `-good"`} {
+	for _, w := range []string{`name="` + prefix + `-bad"`, `"Allowed" kind="ResourceClaim" namespace="` + workNS + `" name="` + prefix + `-good"`} {
 		if !strings.Contains(log, w) {
 			t.Errorf("the webhook pod's log lacks %s:\n%s", w, log)
 		}
@@ -305,85 +324,116 @@ spec:
 }
 
 // TestLiveChartWebhookDown: the chart's webhooks cannot stall scheduling.
-// With the plugin and the webhook installed, a claim with a Facet config is
-// admitted; then the webhook is scaled to zero. A new claim with a config
-// is refused (failurePolicy Fail: CREATE is validated), but the existing
-// claim's pod schedules and runs and, once deleted, the claim is
+// With the plugin and the webhook installed, a claim and a template with a
+// Facet config are admitted; then the webhook is scaled to zero. A new
+// hand-written claim with a config is refused (failurePolicy Fail: CREATE
+// is validated), even one that carries the resourceclaim controller's
+// annotation and an ownerReference to a pod; but a new pod of the
+// configured template runs (its claim is made by the resourceclaim
+// controller, whose claims the webhook never sees: the template was
+// checked), and so does the existing claim's pod, which, once deleted, is
 // deallocated and removed: the scheduler's allocation, the finalizers,
 // reservedFor and the kubelet's status are UPDATEs, which the chart's
 // webhook does not see.
 func TestLiveChartWebhookDown(t *testing.T) {
 	r := newChartRig(t)
 	ctx := context.Background()
+	r.Namespace(t, workNS)
 	vals := r.values(t, r.tag, "mode: exclusive")
-	vals["admission"].(map[string]any)["webhook"] = values(t, fmt.Sprintf(`
-enabled: true
-replicas: 1
-hostNetwork: true
-port: %d
-logVerbosity: 4
-namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
-`, r.Port(9443), chartNS))
+	vals["admission"].(map[string]any)["webhook"] = r.webhookValues(t, workNS, "")
 	r.install(t, vals)
 	plugin := r.waitPlugin(t, r.tag, 2*time.Minute)
 	t.Logf("plugin pod %s Ready (%s)", plugin.Name, r.since())
 	r.webhookServes(ctx, t, "down")
 
-	claim := func(name string) string {
+	const config = "    config:\n    - opaque: {driver: gpu.facet.dev, parameters: {apiVersion: gpu.facet.dev/v1alpha1, kind: GpuConfig}}\n"
+	claim := func(name, meta string) string {
 		return `apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
-metadata: {name: ` + name + `, namespace: ` + chartNS + `}
-spec:
+metadata:
+  name: ` + name + `
+  namespace: ` + workNS + "\n" + meta + `spec:
   devices:
     requests:
     - {name: gpu, exactly: {deviceClassName: gpu.facet.dev}}
-    config:
-    - opaque: {driver: gpu.facet.dev, parameters: {apiVersion: gpu.facet.dev/v1alpha1, kind: GpuConfig}}
-`
+` + config
 	}
-	r.Must(t, claim("held"), "apply", "-f", "-")
-	t.Cleanup(func() { _, _ = r.Run("", "delete", "resourceclaim", "-n", chartNS, "held", "--wait=false") })
+	r.Must(t, claim("held", ""), "apply", "-f", "-")
+	t.Cleanup(func() { _, _ = r.Run("", "delete", "resourceclaim", "-n", workNS, "held", "--wait=false") })
+	r.Must(t, `apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: configured, namespace: `+workNS+`}
+spec:
+  spec:
+    devices:
+      requests:
+      - {name: gpu, exactly: {deviceClassName: gpu.facet.dev}}
+  `+strings.ReplaceAll(config, "\n    ", "\n      "), "apply", "-f", "-")
+	if log := r.Must(t, "", "logs", "-n", chartNS, "deployment/facet-webhook"); !strings.Contains(log, `"Allowed" kind="ResourceClaimTemplate" namespace="`+workNS+`" name="configured"`) {
+		t.Fatalf("the configured template did not go through the webhook:\n%s", log)
+	}
 
 	r.Must(t, "", "scale", "deployment", "-n", chartNS, "facet-webhook", "--replicas=0")
 	testenv.WaitFor(t, "the webhook down: a new claim with a Facet config refused for want of it", 2*time.Minute, func() (bool, error) {
-		out, err := r.Run(claim("while-down"), "create", "-f", "-")
+		out, err := r.Run(claim("while-down", ""), "create", "-f", "-")
 		if err == nil {
-			_, _ = r.Run("", "delete", "resourceclaim", "-n", chartNS, "while-down")
+			_, _ = r.Run("", "delete", "resourceclaim", "-n", workNS, "while-down")
 			return false, fmt.Errorf("admitted: %s", out)
 		}
 		return strings.Contains(out, "failed calling webhook"), fmt.Errorf("%v: %s", err, out)
 	})
 	t.Logf("webhook down (%s)", r.since())
 
-	pod := `apiVersion: v1
+	pod := func(name, claim string) string {
+		return `apiVersion: v1
 kind: Pod
-metadata: {name: held, namespace: ` + chartNS + `}
+metadata: {name: ` + name + `, namespace: ` + workNS + `}
 spec:
   hostNetwork: true
   terminationGracePeriodSeconds: 1
   containers:
   - {name: c, image: facet.local/busybox:1, imagePullPolicy: Never, command: [sleep, "86400"], resources: {claims: [{name: gpu}]}}
   resourceClaims:
-  - {name: gpu, resourceClaimName: held}
+  - {name: gpu, ` + claim + `}
 `
-	r.Must(t, pod, "apply", "-f", "-")
-	testenv.WaitFor(t, "the pod of the configured claim Running with the webhook down", 2*time.Minute, func() (bool, error) {
-		p, err := r.Client.CoreV1().Pods(chartNS).Get(ctx, "held", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		return p.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s", p.Status.Phase)
-	})
-	t.Logf("pod Running with the webhook down (%s)", r.since())
+	}
+	r.Must(t, pod("held", "resourceClaimName: held"), "apply", "-f", "-")
+	r.Must(t, pod("from-template", "resourceClaimTemplateName: configured"), "apply", "-f", "-")
+	for _, name := range []string{"held", "from-template"} {
+		testenv.WaitFor(t, "pod "+name+" Running with the webhook down", 2*time.Minute, func() (bool, error) {
+			p, err := r.Client.CoreV1().Pods(workNS).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			return p.Status.Phase == corev1.PodRunning, fmt.Errorf("phase %s, conditions %v", p.Status.Phase, p.Status.Conditions)
+		})
+	}
+	fromTemplate, err := r.Client.CoreV1().Pods(workNS).Get(ctx, "from-template", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := r.claimOf(t, workNS, "from-template")
+	if len(c.Spec.Devices.Config) != 1 {
+		t.Errorf("the pod's claim %s has config %+v, want its template's", c.Name, c.Spec.Devices.Config)
+	}
+	t.Logf("pods of a configured claim and of a configured template Running with the webhook down (%s)", r.since())
 
-	r.Must(t, "", "delete", "pod", "-n", chartNS, "held", "--wait=true", "--timeout=90s")
+	// The controller's annotation and an ownerReference to a pod do not
+	// make a hand-written claim skip the webhook.
+	forged := claim("forged", "  annotations: {resource.kubernetes.io/pod-claim-name: gpu}\n"+
+		"  ownerReferences: [{apiVersion: v1, kind: Pod, name: from-template, uid: "+string(fromTemplate.UID)+"}]\n")
+	if out, err := r.Run(forged, "create", "-f", "-"); err == nil || !strings.Contains(out, "failed calling webhook") {
+		t.Errorf("a hand-written claim dressed as the pod's was admitted with the webhook down: %v\n%s", err, out)
+	}
+
+	r.Must(t, "", "delete", "pod", "-n", workNS, "held", "from-template", "--wait=true", "--timeout=90s")
 	testenv.WaitFor(t, "the claim deallocated with the webhook down", 2*time.Minute, func() (bool, error) {
-		c, err := r.Client.ResourceV1().ResourceClaims(chartNS).Get(ctx, "held", metav1.GetOptions{})
+		c, err := r.Client.ResourceV1().ResourceClaims(workNS).Get(ctx, "held", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
 		return c.Status.Allocation == nil && len(c.Status.ReservedFor) == 0, fmt.Errorf("allocation %v, reservedFor %v", c.Status.Allocation != nil, c.Status.ReservedFor)
 	})
-	r.Must(t, "", "delete", "resourceclaim", "-n", chartNS, "held", "--wait=true", "--timeout=60s")
+	r.Must(t, "", "delete", "resourceclaim", "-n", workNS, "held", "--wait=true", "--timeout=60s")
 	t.Logf("claim deallocated and deleted with the webhook down (%s)", r.since())
 }

@@ -318,6 +318,48 @@ server trusts both meanwhile; the renewal after drops it.
 {{- end }}
 
 {{/*
+facet.webhookNamespaceSelector: a webhook's namespaceSelector, from a dict
+of exclude (namespace names), selector (matchLabels, matchExpressions) and
+namespace (the release's, always excluded: the webhook's own pods and the
+chart's objects there never wait on it). kubernetes.io/metadata.name is set
+by the API server on every namespace and cannot be changed, so the
+exclusion cannot be undone by relabelling.
+*/}}
+{{- define "facet.webhookNamespaceSelector" -}}
+{{- with .selector.matchLabels }}
+matchLabels:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+matchExpressions:
+- key: kubernetes.io/metadata.name
+  operator: NotIn
+  values:
+  {{- range (append .exclude .namespace) | uniq }}
+  - {{ . }}
+  {{- end }}
+{{- with .selector.matchExpressions }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+facet.webhookNotClaimController: the matchCondition that skips the claims
+the resourceclaim controller makes from a pod's ResourceClaimTemplate
+(admission.webhook.resourceClaimControllerUsers). request.userInfo is set
+by the API server from the request's credentials, so no field of a
+hand-written claim (the resource.kubernetes.io/pod-claim-name annotation,
+an ownerReference to a pod) can make it skip the webhook. Empty when the
+list is.
+*/}}
+{{- define "facet.webhookNotClaimController" -}}
+{{- with .Values.admission.webhook.resourceClaimControllerUsers }}
+- name: notByResourceClaimController
+  expression: >-
+    !(request.userInfo.username in {{ toJson . }})
+{{- end }}
+{{- end }}
+
+{{/*
 facet.imexPodTemplate: the IMEX daemons' pod template (a PodTemplateSpec),
 from which facet-controller makes each ComputeDomain's DaemonSet, adding
 the domain's nodeSelector and facet-imex's domain arguments
