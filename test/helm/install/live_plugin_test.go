@@ -499,6 +499,27 @@ func TestLiveChartPlugin(t *testing.T) {
 	t.Logf("claims unprepared; total %s", r.since())
 }
 
+// explainWebhookOnFailure logs, when t fails, what the webhook's pods went
+// through: their status and Events, and their logs (the previous
+// container's too, for a crash), so that a webhook that never became
+// Available is explained in the test's own output.
+func (r *chartRig) explainWebhookOnFailure(t *testing.T) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		sel := "app.kubernetes.io/component=webhook"
+		for _, args := range [][]string{
+			{"describe", "pods", "-n", chartNS, "-l", sel},
+			{"logs", "-n", chartNS, "-l", sel, "--all-containers", "--tail=60"},
+			{"logs", "-n", chartNS, "-l", sel, "--all-containers", "--tail=60", "--previous"},
+		} {
+			out, err := r.Run("", args...)
+			t.Logf("kubectl %s (%v):\n%s", strings.Join(args, " "), err, out)
+		}
+	})
+}
+
 // claimMutatorServes waits for the chart's webhook Deployment and for its
 // claim mutator to write a plain MIG template in ns existing instances
 // first (a server-side dry run): the webhook has found that the API
@@ -506,6 +527,7 @@ func TestLiveChartPlugin(t *testing.T) {
 func (r *chartRig) claimMutatorServes(t *testing.T, ns string) {
 	t.Helper()
 	ctx := context.Background()
+	r.explainWebhookOnFailure(t)
 	testenv.WaitFor(t, "the webhook Deployment available", 2*time.Minute, func() (bool, error) {
 		d, err := r.Client.AppsV1().Deployments(chartNS).Get(ctx, "facet-webhook", metav1.GetOptions{})
 		if err != nil {

@@ -280,6 +280,7 @@ spec:
 // refuses a claim with a bad config and admits a good one (names prefixed).
 func (r *chartRig) webhookServes(ctx context.Context, t *testing.T, prefix string) {
 	t.Helper()
+	r.explainWebhookOnFailure(t)
 	testenv.WaitFor(t, "the webhook Deployment available", 2*time.Minute, func() (bool, error) {
 		d, err := r.Client.AppsV1().Deployments(chartNS).Get(ctx, "facet-webhook", metav1.GetOptions{})
 		if err != nil {
