@@ -216,9 +216,10 @@ func TestIMEXDaemonSet(t *testing.T) {
 		args         []string // the template's own args, before the domain's
 		hostPath     string
 		tolerations  []string // keys
+		env          []string // NAME=value, NAME=<fieldPath> for a field
 	}{
 		{name: "defaults", args: []string{"--driver-root=/driver-root", "--state-dir=/run/facet-imex", "-v=2"}, hostPath: "/",
-			tolerations: []string{"nvidia.com/gpu", "nvidia.com/gpu"}},
+			tolerations: []string{"nvidia.com/gpu", "nvidia.com/gpu"}, env: []string{"NODE_NAME=<spec.nodeName>"}},
 		{name: "GPU Operator driver, a node group's taint, the stand-in", values: `
 kubeletPlugin:
   driver: {root: /run/nvidia/driver}
@@ -227,7 +228,18 @@ kubeletPlugin:
 computeDomains:
   imex: {simulate: true, logVerbosity: 4, tolerations: [{key: example.com/rack, operator: Exists}]}
 `, args: []string{"--driver-root=/host/run/nvidia/driver", "--host-root=/host", "--state-dir=/run/facet-imex", "--simulate", "-v=4"}, hostPath: "/",
-			tolerations: []string{"nvidia.com/gpu", "nvidia.com/gpu", "example.com/shared", "example.com/rack"}},
+			tolerations: []string{"nvidia.com/gpu", "nvidia.com/gpu", "example.com/shared", "example.com/rack"}, env: []string{"NODE_NAME=<spec.nodeName>"}},
+		{name: "more environment, after NODE_NAME, as written", values: `
+computeDomains:
+  imex:
+    extraEnv:
+    - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
+    - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
+    - name: POD_IP
+      valueFrom: {fieldRef: {fieldPath: status.podIP}}
+`, args: []string{"--driver-root=/driver-root", "--state-dir=/run/facet-imex", "-v=2"}, hostPath: "/",
+			tolerations: []string{"nvidia.com/gpu", "nvidia.com/gpu"},
+			env:         []string{"NODE_NAME=<spec.nodeName>", "KUBERNETES_SERVICE_HOST=127.0.0.1", "KUBERNETES_SERVICE_PORT=6443", "POD_IP=<status.podIP>"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := render(t, values(t, tc.values))
@@ -252,6 +264,17 @@ computeDomains:
 			}
 			if !slices.Equal(keys, tc.tolerations) {
 				t.Errorf("tolerations %v, want %v", keys, tc.tolerations)
+			}
+			var env []string
+			for _, e := range c.Env {
+				v := e.Value
+				if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+					v = "<" + e.ValueFrom.FieldRef.FieldPath + ">"
+				}
+				env = append(env, e.Name+"="+v)
+			}
+			if !slices.Equal(env, tc.env) {
+				t.Errorf("env %v, want %v", env, tc.env)
 			}
 			if p := c.ReadinessProbe; p == nil || p.Exec == nil || strings.Join(p.Exec.Command, " ") != "facet-imex probe --state-dir=/run/facet-imex" {
 				t.Errorf("readiness probe %+v", c.ReadinessProbe)

@@ -57,6 +57,8 @@ func TestValuesRejected(t *testing.T) {
 		{"misspelt table field", "admission: {webhook: {mutatePods: {extendedResourceMap: {devices: [{resource: nvidia.com/gpu, class: gpu.facet.dev}]}}}}", []string{"class"}},
 		{"table resource without a domain", "admission: {webhook: {mutatePods: {extendedResourceMap: {devices: [{resource: gpu, deviceClassName: gpu.facet.dev}]}}}}", []string{"resource"}},
 		{"vGPU entry without a class", "admission: {webhook: {mutatePods: {extendedResourceMap: {vgpus: [{count: volcano.sh/vgpu-number}]}}}}", []string{"deviceClassName"}},
+		{"IMEX environment without a name", "computeDomains: {imex: {extraEnv: [{value: x}]}}", []string{"imex/extraEnv/0", "name"}},
+		{"IMEX environment that sets NODE_NAME", "computeDomains: {imex: {extraEnv: [{name: NODE_NAME, value: node-a}]}}", []string{"imex/extraEnv/0/name"}},
 		{"negative eviction cap", "preemptor: {maxEvictionsPerMinute: -1}", []string{"maxEvictionsPerMinute"}},
 		{"eviction cap that is no number", "preemptor: {maxEvictionsPerMinute: ten}", []string{"maxEvictionsPerMinute"}},
 		{"observe-only that is no boolean", `preemptor: {observeOnly: "yes"}`, []string{"observeOnly"}},

@@ -208,18 +208,23 @@ kubeletPlugin:
 		filepath.Join(r.RunDir, "cdi-hook-chart"), filepath.Join(r.RunDir, "hami-chart"), group, r.mpsDir(), r.Port(6443), r.computeDomains()))
 }
 
-// computeDomains are the values under which facet-controller works on the
-// local node: as the plugin, in the host's network, reaching the API
-// server on the host's 127.0.0.1 (there is no kube-proxy), its metrics
-// port moved with the node's ports.
+// computeDomains are the values under which facet-controller and the
+// IMEX daemons work on the local node: as the plugin, in the host's
+// network (the controller's by choice, the daemons' always), reaching the
+// API server on the host's 127.0.0.1 (there is no kube-proxy), the
+// controller's metrics port moved with the node's ports.
 func (r *chartRig) computeDomains() string {
 	return fmt.Sprintf(`computeDomains:
   controller:
     hostNetwork: true
-    metricsPort: %d
+    metricsPort: %[1]d
     extraEnv:
     - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
-    - {name: KUBERNETES_SERVICE_PORT, value: "%d"}
+    - {name: KUBERNETES_SERVICE_PORT, value: "%[2]d"}
+  imex:
+    extraEnv:
+    - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
+    - {name: KUBERNETES_SERVICE_PORT, value: "%[2]d"}
 `, r.Port(8090), r.Port(6443))
 }
 
@@ -504,11 +509,18 @@ func TestLiveChartPlugin(t *testing.T) {
 // container's too, for a crash), so that a webhook that never became
 // Available is explained in the test's own output.
 func (r *chartRig) explainWebhookOnFailure(t *testing.T) {
+	r.explainPodsOnFailure(t, "app.kubernetes.io/component=webhook")
+}
+
+// explainPodsOnFailure logs, when t fails, what the release namespace's
+// pods of the label selector sel went through: their status and Events,
+// and their logs (the previous container's too, for a crash). It runs
+// before the cleanups registered earlier, which may take the pods away.
+func (r *chartRig) explainPodsOnFailure(t *testing.T, sel string) {
 	t.Cleanup(func() {
 		if !t.Failed() {
 			return
 		}
-		sel := "app.kubernetes.io/component=webhook"
 		for _, args := range [][]string{
 			{"describe", "pods", "-n", chartNS, "-l", sel},
 			{"logs", "-n", chartNS, "-l", sel, "--all-containers", "--tail=60"},

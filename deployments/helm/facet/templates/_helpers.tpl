@@ -431,6 +431,9 @@ spec:
     - name: NODE_NAME
       valueFrom:
         fieldRef: {fieldPath: spec.nodeName}
+    {{- with $i.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
     securityContext:
       # nvidia-imex opens the driver's devices and runs chrooted into the
       # driver root.
