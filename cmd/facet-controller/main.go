@@ -15,10 +15,5 @@ import (
 
 func main() {
 	var cfg computedomain.Config
-	daemon.Main("facet-controller", cfg.AddFlags, func(ctx context.Context) error {
-		if err := cfg.Complete(); err != nil {
-			return err
-		}
-		return computedomain.Main(ctx, cfg)
-	})
+	daemon.Main("facet-controller", cfg.AddFlags, func(ctx context.Context) error { return computedomain.Main(ctx, cfg) })
 }

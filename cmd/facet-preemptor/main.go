@@ -13,10 +13,5 @@ import (
 
 func main() {
 	var cfg controller.Config
-	daemon.Main("facet-preemptor", cfg.AddFlags, func(ctx context.Context) error {
-		if err := cfg.Complete(); err != nil {
-			return err
-		}
-		return controller.Main(ctx, cfg)
-	})
+	daemon.Main("facet-preemptor", cfg.AddFlags, func(ctx context.Context) error { return controller.Main(ctx, cfg) })
 }

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -115,4 +116,23 @@ func (k Kube) Client() (kubernetes.Interface, error) {
 		return nil, err
 	}
 	return kubernetes.NewForConfig(cfg)
+}
+
+// Clients are k's typed and dynamic clients, of one configuration: the
+// dynamic one reads ComputeDomains, a kind client-go's typed client does
+// not know. Errors: Config's, or a configuration a client refuses.
+func (k Kube) Clients() (kubernetes.Interface, dynamic.Interface, error) {
+	cfg, err := k.Config()
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return client, dyn, nil
 }

@@ -49,6 +49,9 @@ func TestKubeFlags(t *testing.T) {
 	if _, err := k.Client(); err != nil {
 		t.Errorf("client: %v", err)
 	}
+	if client, dyn, err := k.Clients(); err != nil || client == nil || dyn == nil {
+		t.Errorf("clients: got %v, %v, %v", client, dyn, err)
+	}
 }
 
 // TestKubeErrors: a client that cannot be configured says which source
@@ -61,6 +64,9 @@ func TestKubeErrors(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	if _, err := (Kube{}).Client(); err == nil || !strings.HasPrefix(err.Error(), "API client: no --kubeconfig, and ") {
 		t.Errorf("no kubeconfig outside a cluster: got %v", err)
+	}
+	if _, _, err := (Kube{Kubeconfig: absent}).Clients(); err == nil || !strings.HasPrefix(err.Error(), "API client: --kubeconfig "+absent+": ") {
+		t.Errorf("clients, absent kubeconfig: got %v", err)
 	}
 }
 
