@@ -42,6 +42,18 @@ func Main(name string, addFlags func(*flag.FlagSet), run func(context.Context) e
 	Run(name, run)
 }
 
+// MainOf is Main for a daemon whose command line is a type F, whose
+// AddFlags registers its flags: it parses them into an F and runs run
+// with it, e.g. MainOf("facet-imex", imex.Main). run gets F once the
+// flags are parsed, and checks what they say itself.
+func MainOf[F any, P interface {
+	*F
+	AddFlags(*flag.FlagSet)
+}](name string, run func(context.Context, F) error) {
+	var f F
+	Main(name, P(&f).AddFlags, func(ctx context.Context) error { return run(ctx, f) })
+}
+
 // Run runs run with a context that SIGINT and SIGTERM cancel and that
 // carries klog's logger. When run fails, Run logs the error as name's and
 // exits 1; otherwise it flushes the log and returns.

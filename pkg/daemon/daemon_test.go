@@ -97,3 +97,24 @@ func TestRun(t *testing.T) {
 		t.Errorf("got %v", err)
 	}
 }
+
+// testFlags is a daemon's command line, for TestMainOf.
+type testFlags struct{ name string }
+
+func (f *testFlags) AddFlags(fs *flag.FlagSet) { fs.StringVar(&f.name, "name", "none", "a name") }
+
+// TestMainOf: run gets the flags as the command line set them, beside
+// klog's.
+func TestMainOf(t *testing.T) {
+	args := os.Args
+	defer func() { os.Args = args }()
+	os.Args = []string{"facet-test", "--name=gpu-0", "-v=0"}
+	var got *testFlags
+	MainOf("facet-test", func(_ context.Context, f testFlags) error {
+		got = &f
+		return nil
+	})
+	if got == nil || got.name != "gpu-0" {
+		t.Errorf("run got %+v, want name gpu-0", got)
+	}
+}
