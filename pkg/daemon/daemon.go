@@ -1,9 +1,10 @@
 // Package daemon is the start-up every Facet daemon (facet-kubeletplugin,
-// facet-webhook, facet-preemptor, facet-mps) shares: klog's flags, the API
-// client from --kubeconfig or the in-cluster service account, and a main
-// that runs until SIGINT or SIGTERM and exits 1 on an error. One place, so
-// that the chart's -v, --kubeconfig and --kube-api-qps mean the same to
-// each daemon, and a fix to one reaches them all.
+// facet-webhook, facet-preemptor, facet-controller, facet-imex, facet-mps)
+// shares: klog's flags, the API client from --kubeconfig or the in-cluster
+// service account, and a main that runs until SIGINT or SIGTERM and exits
+// 1 on an error. One place, so that the chart's -v, --kubeconfig and
+// --kube-api-qps mean the same to each daemon, and a fix to one reaches
+// them all.
 package daemon
 
 import (
