@@ -7,18 +7,10 @@
 package main
 
 import (
-	"context"
-
 	"github.com/facet-gpu/facet/pkg/cluster/computedomain"
 	"github.com/facet-gpu/facet/pkg/daemon"
 )
 
 func main() {
-	var cfg computedomain.Config
-	daemon.Main("facet-controller", cfg.AddFlags, func(ctx context.Context) error {
-		if err := cfg.Complete(); err != nil {
-			return err
-		}
-		return computedomain.Main(ctx, cfg)
-	})
+	daemon.MainOf("facet-controller", computedomain.Main)
 }

@@ -17,6 +17,5 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "probe" {
 		os.Exit(imex.ProbeMain(context.Background(), os.Args[2:], os.Stdout, os.Stderr))
 	}
-	var f imex.Flags
-	daemon.Main("facet-imex", f.AddFlags, func(ctx context.Context) error { return imex.Main(ctx, f) })
+	daemon.MainOf("facet-imex", imex.Main)
 }

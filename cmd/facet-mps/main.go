@@ -6,13 +6,10 @@
 package main
 
 import (
-	"context"
-
 	"github.com/facet-gpu/facet/pkg/daemon"
 	"github.com/facet-gpu/facet/pkg/node/mps/service"
 )
 
 func main() {
-	var f service.Flags
-	daemon.Main("facet-mps", f.AddFlags, func(ctx context.Context) error { return service.Main(ctx, f) })
+	daemon.MainOf("facet-mps", service.Main)
 }

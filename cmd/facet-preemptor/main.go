@@ -5,18 +5,10 @@
 package main
 
 import (
-	"context"
-
 	"github.com/facet-gpu/facet/pkg/cluster/preempt/controller"
 	"github.com/facet-gpu/facet/pkg/daemon"
 )
 
 func main() {
-	var cfg controller.Config
-	daemon.Main("facet-preemptor", cfg.AddFlags, func(ctx context.Context) error {
-		if err := cfg.Complete(); err != nil {
-			return err
-		}
-		return controller.Main(ctx, cfg)
-	})
+	daemon.MainOf("facet-preemptor", controller.Main)
 }

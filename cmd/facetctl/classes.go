@@ -35,15 +35,11 @@ func runClasses(args []string) error {
 	}
 	var in []*resourceapi.ResourceSlice
 	if *file != "" {
-		r := os.Stdin
-		if *file != "-" {
-			f, err := os.Open(*file)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			r = f
+		r, err := openInput(*file)
+		if err != nil {
+			return err
 		}
+		defer r.Close()
 		if in, _, _, err = fit.ReadObjects(r); err != nil {
 			return fmt.Errorf("--slices %s: %w", *file, err)
 		}

@@ -25,19 +25,16 @@ func runFit(args []string) error {
 		return fmt.Errorf("-f is required")
 	}
 	ctx := context.Background()
-	var err error
-	data := os.Stdin
-	if *file != "-" {
-		if data, err = os.Open(*file); err != nil {
-			return err
-		}
-		defer data.Close()
+	data, err := openInput(*file)
+	if err != nil {
+		return err
 	}
+	defer data.Close()
 	stream, err := fit.Decode(data)
 	if err != nil {
 		return fmt.Errorf("%s: %w", *file, err)
 	}
-	client, dyn, err := clients(kube)
+	client, dyn, err := kube.Clients()
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/facet-gpu/facet/pkg/node/nodecheck"
@@ -143,4 +144,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "facetctl %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}
+}
+
+// openInput opens the file a command's flag names, or standard input for
+// "-", which closing the result leaves open.
+func openInput(name string) (io.ReadCloser, error) {
+	if name == "-" {
+		return io.NopCloser(os.Stdin), nil
+	}
+	return os.Open(name)
 }

@@ -23,7 +23,7 @@ func runOccupancy(args []string) error {
 	if render == nil {
 		return fmt.Errorf("-o %q: want table, picture or yaml", *output)
 	}
-	client, dyn, err := clients(kube)
+	client, dyn, err := kube.Clients()
 	if err != nil {
 		return err
 	}

@@ -1,9 +1,10 @@
 // Package daemon is the start-up every Facet daemon (facet-kubeletplugin,
-// facet-webhook, facet-preemptor, facet-mps) shares: klog's flags, the API
-// client from --kubeconfig or the in-cluster service account, and a main
-// that runs until SIGINT or SIGTERM and exits 1 on an error. One place, so
-// that the chart's -v, --kubeconfig and --kube-api-qps mean the same to
-// each daemon, and a fix to one reaches them all.
+// facet-webhook, facet-preemptor, facet-controller, facet-imex, facet-mps)
+// shares: klog's flags, the API client from --kubeconfig or the in-cluster
+// service account, and a main that runs until SIGINT or SIGTERM and exits
+// 1 on an error. One place, so that the chart's -v, --kubeconfig and
+// --kube-api-qps mean the same to each daemon, and a fix to one reaches
+// them all.
 package daemon
 
 import (
@@ -14,6 +15,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -39,6 +41,18 @@ func Main(name string, addFlags func(*flag.FlagSet), run func(context.Context) e
 	// for -h.
 	_ = fs.Parse(os.Args[1:])
 	Run(name, run)
+}
+
+// MainOf is Main for a daemon whose command line is a type F, whose
+// AddFlags registers its flags: it parses them into an F and runs run
+// with it, e.g. MainOf("facet-imex", imex.Main). run gets F once the
+// flags are parsed, and checks what they say itself.
+func MainOf[F any, P interface {
+	*F
+	AddFlags(*flag.FlagSet)
+}](name string, run func(context.Context, F) error) {
+	var f F
+	Main(name, P(&f).AddFlags, func(ctx context.Context) error { return run(ctx, f) })
 }
 
 // Run runs run with a context that SIGINT and SIGTERM cancel and that
@@ -115,4 +129,23 @@ func (k Kube) Client() (kubernetes.Interface, error) {
 		return nil, err
 	}
 	return kubernetes.NewForConfig(cfg)
+}
+
+// Clients are k's typed and dynamic clients, of one configuration: the
+// dynamic one reads ComputeDomains, a kind client-go's typed client does
+// not know. Errors: Config's, or a configuration a client refuses.
+func (k Kube) Clients() (kubernetes.Interface, dynamic.Interface, error) {
+	cfg, err := k.Config()
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return client, dyn, nil
 }

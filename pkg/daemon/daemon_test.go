@@ -49,6 +49,9 @@ func TestKubeFlags(t *testing.T) {
 	if _, err := k.Client(); err != nil {
 		t.Errorf("client: %v", err)
 	}
+	if client, dyn, err := k.Clients(); err != nil || client == nil || dyn == nil {
+		t.Errorf("clients: got %v, %v, %v", client, dyn, err)
+	}
 }
 
 // TestKubeErrors: a client that cannot be configured says which source
@@ -61,6 +64,9 @@ func TestKubeErrors(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
 	if _, err := (Kube{}).Client(); err == nil || !strings.HasPrefix(err.Error(), "API client: no --kubeconfig, and ") {
 		t.Errorf("no kubeconfig outside a cluster: got %v", err)
+	}
+	if _, _, err := (Kube{Kubeconfig: absent}).Clients(); err == nil || !strings.HasPrefix(err.Error(), "API client: --kubeconfig "+absent+": ") {
+		t.Errorf("clients, absent kubeconfig: got %v", err)
 	}
 }
 
@@ -89,5 +95,26 @@ func TestRun(t *testing.T) {
 	}
 	if err := runLogged("facet-test", func(context.Context) error { return nil }); err != nil {
 		t.Errorf("got %v", err)
+	}
+}
+
+// testFlags is a daemon's command line, for TestMainOf.
+type testFlags struct{ name string }
+
+func (f *testFlags) AddFlags(fs *flag.FlagSet) { fs.StringVar(&f.name, "name", "none", "a name") }
+
+// TestMainOf: run gets the flags as the command line set them, beside
+// klog's.
+func TestMainOf(t *testing.T) {
+	args := os.Args
+	defer func() { os.Args = args }()
+	os.Args = []string{"facet-test", "--name=gpu-0", "-v=0"}
+	var got *testFlags
+	MainOf("facet-test", func(_ context.Context, f testFlags) error {
+		got = &f
+		return nil
+	})
+	if got == nil || got.name != "gpu-0" {
+		t.Errorf("run got %+v, want name gpu-0", got)
 	}
 }

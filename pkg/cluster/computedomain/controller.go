@@ -721,7 +721,6 @@ func WaitingMessage(pods []string, labelled []*corev1.Node) string {
 // finalizer removed by hand, a domain deleted while no controller ran),
 // and forgets their state.
 func (c *Controller) Sweep(ctx context.Context) {
-	logger := klog.FromContext(ctx)
 	known := map[string]bool{}
 	for _, o := range c.domains.GetIndexer().List() {
 		if m, err := meta.Accessor(o); err == nil {
@@ -730,25 +729,13 @@ func (c *Controller) Sweep(ctx context.Context) {
 	}
 	sets, _ := c.sets.DaemonSets(c.opts.Namespace).List(labels.Everything())
 	for _, ds := range sets {
-		if uid := ds.Labels[Label]; uid != "" && !known[uid] {
-			err := c.opts.Client.AppsV1().DaemonSets(ds.Namespace).Delete(ctx, ds.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &ds.UID}})
-			if err != nil && !apierrors.IsNotFound(err) {
-				logger.Error(err, "Deleting the IMEX DaemonSet of a domain that is gone", "daemonSet", klog.KObj(ds))
-				continue
-			}
-			logger.Info("Deleted the IMEX DaemonSet of a domain that is gone", "daemonSet", klog.KObj(ds), "domain", ds.Annotations[AnnotationDomain])
-		}
+		deleteGone(ctx, known, ds, "IMEX DaemonSet", c.opts.Client.AppsV1().DaemonSets(ds.Namespace).Delete,
+			"daemonSet", klog.KObj(ds), "domain", ds.Annotations[AnnotationDomain])
 	}
 	templates, _ := c.templates.List(labels.Everything())
 	for _, t := range templates {
-		if uid := t.Labels[Label]; uid != "" && !known[uid] {
-			err := c.opts.Client.ResourceV1().ResourceClaimTemplates(t.Namespace).Delete(ctx, t.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &t.UID}})
-			if err != nil && !apierrors.IsNotFound(err) {
-				logger.Error(err, "Deleting the channel template of a domain that is gone", "template", klog.KObj(t))
-				continue
-			}
-			logger.Info("Deleted the channel template of a domain that is gone", "template", klog.KObj(t))
-		}
+		deleteGone(ctx, known, t, "channel template", c.opts.Client.ResourceV1().ResourceClaimTemplates(t.Namespace).Delete,
+			"template", klog.KObj(t))
 	}
 	c.mu.Lock()
 	for uid := range c.restarts {
@@ -758,6 +745,25 @@ func (c *Controller) Sweep(ctx context.Context) {
 		}
 	}
 	c.mu.Unlock()
+}
+
+// deleteGone deletes obj through del where its Label names a domain that
+// is not in known (UIDs), with obj's UID as precondition: an object of the
+// same name made since stays. what names obj's kind in the log, and kv
+// (logr's key and value pairs) obj itself. A deletion that fails is logged
+// and retried at the next sweep; one already gone counts as done.
+func deleteGone(ctx context.Context, known map[string]bool, obj metav1.Object, what string,
+	del func(context.Context, string, metav1.DeleteOptions) error, kv ...any) {
+	if uid := obj.GetLabels()[Label]; uid == "" || known[uid] {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	uid := obj.GetUID()
+	if err := del(ctx, obj.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil && !apierrors.IsNotFound(err) {
+		logger.Error(err, "Deleting the "+what+" of a domain that is gone", kv...)
+		return
+	}
+	logger.Info("Deleted the "+what+" of a domain that is gone", kv...)
 }
 
 // Snapshot is what the metrics read: the domains and the cliques.

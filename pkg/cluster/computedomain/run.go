@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -82,8 +80,12 @@ func (c *Config) Complete() error {
 	return nil
 }
 
-// Main runs facet-controller until ctx ends.
+// Main runs facet-controller until ctx ends. It checks cfg first
+// (Complete): errors name the flag Complete refuses.
 func Main(ctx context.Context, cfg Config) error {
+	if err := cfg.Complete(); err != nil {
+		return err
+	}
 	logger := klog.FromContext(ctx)
 	tpl, err := LoadPodTemplate(cfg.PodTemplate)
 	if err != nil {
@@ -91,15 +93,7 @@ func Main(ctx context.Context, cfg Config) error {
 	}
 	kube := cfg.Kube
 	kube.UserAgent = "facet-controller"
-	rc, err := kube.Config()
-	if err != nil {
-		return err
-	}
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return err
-	}
-	dyn, err := dynamic.NewForConfig(rc)
+	client, dyn, err := kube.Clients()
 	if err != nil {
 		return err
 	}

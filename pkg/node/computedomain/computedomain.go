@@ -64,10 +64,13 @@ func New(ctx context.Context, client kubernetes.Interface, lw cache.ListerWatche
 	return &Cluster{client: client, node: node, lw: lw, ctx: ctx, syncTimeout: DefaultSyncTimeout}
 }
 
-// NewListWatch lists and watches every namespace's ComputeDomains through
-// a REST client of cfg for the served kinds (configapi.AddServedToScheme),
-// typed. Errors: a configuration the REST client refuses.
-func NewListWatch(cfg *rest.Config) (cache.ListerWatcher, error) {
+// NewRESTClient is a REST client of cfg for gpu.facet.dev/v1alpha1's
+// served kinds (configapi.AddServedToScheme: ComputeDomain and its list),
+// typed, in JSON, with client-go's user agent where cfg names none: what
+// the kubelet plugin's informer and facet-imex's watch read ComputeDomains
+// through. cfg is copied, not changed. Errors: a configuration the REST
+// client refuses.
+func NewRESTClient(cfg *rest.Config) (rest.Interface, error) {
 	scheme := runtime.NewScheme()
 	if err := configapi.AddServedToScheme(scheme); err != nil {
 		return nil, err
@@ -77,9 +80,22 @@ func NewListWatch(cfg *rest.Config) (cache.ListerWatcher, error) {
 	c.APIPath = "/apis"
 	c.ContentType = runtime.ContentTypeJSON
 	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	if err := rest.SetKubernetesDefaults(c); err != nil {
+		return nil, err
+	}
 	client, err := rest.RESTClientFor(c)
 	if err != nil {
 		return nil, fmt.Errorf("ComputeDomain client: %w", err)
+	}
+	return client, nil
+}
+
+// NewListWatch lists and watches every namespace's ComputeDomains through
+// NewRESTClient. Errors: NewRESTClient's.
+func NewListWatch(cfg *rest.Config) (cache.ListerWatcher, error) {
+	client, err := NewRESTClient(cfg)
+	if err != nil {
+		return nil, err
 	}
 	return cache.ToListWatcherWithWatchListSemantics(
 		cache.NewListWatchFromClient(client, configapi.ComputeDomainResource, metav1.NamespaceAll, fields.Everything()), client), nil

@@ -3,6 +3,8 @@ package computedomain
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2/ktesting"
@@ -186,5 +189,50 @@ func TestSetNodeLabelRetriesConflicts(t *testing.T) {
 	}
 	if got, _ := c.NodeLabel(ctx); got != "u-1" || conflicts != 0 {
 		t.Errorf("label %q after %d conflicts left", got, conflicts)
+	}
+}
+
+// TestNewRESTClient: the client asks the API server for the group's served
+// path in JSON, with client-go's user agent where the configuration names
+// none (else its own), decodes a ComputeDomain typed, and leaves the
+// caller's configuration as it was.
+func TestNewRESTClient(t *testing.T) {
+	for _, tc := range []struct{ name, userAgent, wantAgent string }{
+		{name: "no user agent", wantAgent: rest.DefaultKubernetesUserAgent()},
+		{name: "the caller's", userAgent: "facet-imex", wantAgent: "facet-imex"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var gotPath, gotAgent, gotAccept string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				gotPath, gotAgent, gotAccept = r.URL.Path, r.UserAgent(), r.Header.Get("Accept")
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"apiVersion":"gpu.facet.dev/v1alpha1","kind":"ComputeDomain","metadata":{"namespace":"ml","name":"train"},"spec":{"numNodes":2}}`))
+			}))
+			defer srv.Close()
+			cfg := &rest.Config{Host: srv.URL, UserAgent: tc.userAgent}
+			client, err := NewRESTClient(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.GroupVersion != nil || cfg.APIPath != "" || cfg.UserAgent != tc.userAgent {
+				t.Errorf("the caller's configuration changed: %+v", cfg)
+			}
+			got := &configapi.ComputeDomain{}
+			if err := client.Get().Namespace("ml").Resource(configapi.ComputeDomainResource).Name("train").Do(context.Background()).Into(got); err != nil {
+				t.Fatal(err)
+			}
+			if want := "/apis/gpu.facet.dev/v1alpha1/namespaces/ml/computedomains/train"; gotPath != want {
+				t.Errorf("path: got %s, want %s", gotPath, want)
+			}
+			if gotAgent != tc.wantAgent {
+				t.Errorf("user agent: got %q, want %q", gotAgent, tc.wantAgent)
+			}
+			if !strings.HasPrefix(gotAccept, runtime.ContentTypeJSON) {
+				t.Errorf("Accept: got %q, want JSON", gotAccept)
+			}
+			if got.Namespace != "ml" || got.Name != "train" || got.Spec.NumNodes != 2 {
+				t.Errorf("decoded %+v", got)
+			}
+		})
 	}
 }

@@ -2,17 +2,15 @@ package imex
 
 import (
 	"context"
-	"fmt"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/facet-gpu/facet/api/gpu.facet.dev/v1alpha1"
+	"github.com/facet-gpu/facet/pkg/node/computedomain"
 )
 
 // Mailbox holds the newest version of a domain for Daemon.Run: a watch
@@ -47,31 +45,15 @@ func (m *Mailbox) Take() *v1alpha1.ComputeDomain {
 	return m.cd
 }
 
-// domainClient is a REST client of gpu.facet.dev/v1alpha1's served kinds.
-func domainClient(cfg *rest.Config) (rest.Interface, error) {
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddServedToScheme(scheme); err != nil {
-		return nil, err
-	}
-	c := rest.CopyConfig(cfg)
-	c.GroupVersion = &v1alpha1.SchemeGroupVersion
-	c.APIPath = "/apis"
-	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	if c.UserAgent == "" {
-		c.UserAgent = rest.DefaultKubernetesUserAgent()
-	}
-	return rest.RESTClientFor(c)
-}
-
 // Watch watches the one ComputeDomain namespace/name (a field selector on
 // metadata.name, so the daemon's RBAC may be get/list/watch of that
 // resource in that namespace) and puts each version into mb, nil when it
 // is deleted, until ctx ends. It returns once the informer has started;
 // errors: the client cannot be made.
 func Watch(ctx context.Context, cfg *rest.Config, namespace, name string, mb *Mailbox) error {
-	c, err := domainClient(cfg)
+	c, err := computedomain.NewRESTClient(cfg)
 	if err != nil {
-		return fmt.Errorf("ComputeDomain client: %w", err)
+		return err
 	}
 	lw := cache.NewListWatchFromClient(c, v1alpha1.ComputeDomainResource, namespace, fields.OneTermEqualSelector("metadata.name", name))
 	put := func(obj any) {

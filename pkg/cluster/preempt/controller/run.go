@@ -126,8 +126,12 @@ func envOr(name, def string) string {
 	return def
 }
 
-// Main runs facet-preemptor until ctx ends.
+// Main runs facet-preemptor until ctx ends. It completes cfg first
+// (Complete): errors name the flag Complete refuses.
 func Main(ctx context.Context, cfg Config) error {
+	if err := cfg.Complete(); err != nil {
+		return err
+	}
 	logger := klog.FromContext(ctx)
 	kube := cfg.Kube
 	kube.UserAgent = "facet-preemptor"
