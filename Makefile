@@ -120,11 +120,14 @@ $(PROMTOOL):
 ## lint-tool: build golangci-lint (once per machine, cached)
 lint-tool: $(GOLANGCI_LINT)
 
-## lint: golangci-lint over the main module (.golangci.yml), and no tracked
+## lint: golangci-lint over the main module and the two test modules
+## (test/helm, test/promrules) with one config (.golangci.yml), and no tracked
 ## file over 1 MiB (hack/check-large-files.sh: build output stays out of git)
 lint: $(GOLANGCI_LINT)
 	hack/check-large-files.sh
 	$(GOLANGCI_LINT) run ./...
+	cd test/helm && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
+	cd test/promrules && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
 
 ## test: unit tests, allocator tests (on each Kubernetes minor),
 ## end-to-end tests on a real node, and on a cluster of several nodes; each

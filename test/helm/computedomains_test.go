@@ -251,7 +251,7 @@ computeDomains:
 			into(t, o, &ds)
 			spec := ds.Spec.Template.Spec
 			c := spec.Containers[0]
-			wantArgs := append(tc.args, "--domain-namespace=ml", "--domain-name=train", "--domain-uid="+string(sampleDomain.UID), "--node-name=$(NODE_NAME)")
+			wantArgs := append(slices.Clone(tc.args), "--domain-namespace=ml", "--domain-name=train", "--domain-uid="+string(sampleDomain.UID), "--node-name=$(NODE_NAME)")
 			if c.Image != facetImage(t, values(t, tc.values)) || strings.Join(c.Command, " ") != "facet-imex" || !slices.Equal(c.Args, wantArgs) {
 				t.Errorf("image %s, command %v, args\n%v\nwant\n%v", c.Image, c.Command, c.Args, wantArgs)
 			}

@@ -61,7 +61,7 @@ func TestLiveChartPodMutator(t *testing.T) {
 		delete(sel, "matchExpressions")
 	}
 	manifest := stream(t, []object{mwc})
-	t.Cleanup(func() { l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
+	t.Cleanup(func() { _, _ = l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
 	l.Must(t, manifest, "apply", "-f", "-")
 
 	pod := func(name string, labels map[string]string, limits string) string {

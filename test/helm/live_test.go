@@ -139,7 +139,7 @@ computeDomains: {enabled: false, crd: {install: false}}
 		t.Fatalf("%d objects to install, want 9 (three policies with their bindings)", len(install))
 	}
 	manifest := stream(t, install)
-	t.Cleanup(func() { l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
+	t.Cleanup(func() { _, _ = l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
 	l.Must(t, manifest, "apply", "-f", "-")
 	sa := release + "-kubelet-plugin"
 	policy := release + "-resourceslices-own-node"
@@ -194,7 +194,7 @@ computeDomains: {enabled: false, crd: {install: false}}
 		}
 	}
 	for _, n := range []string{"facet-helm-own", "facet-helm-other", "facet-helm-driver", "facet-helm-unbound", "facet-helm-admin"} {
-		t.Cleanup(func() { l.Client.ResourceV1().ResourceSlices().Delete(ctx, n, metav1.DeleteOptions{}) })
+		t.Cleanup(func() { _ = l.Client.ResourceV1().ResourceSlices().Delete(ctx, n, metav1.DeleteOptions{}) })
 	}
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 
@@ -465,7 +465,7 @@ func TestLiveChartWebhook(t *testing.T) {
 		}
 	}
 	manifest := stream(t, []object{vwc, mwc})
-	t.Cleanup(func() { l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
+	t.Cleanup(func() { _, _ = l.Run(manifest, "delete", "--ignore-not-found", "-f", "-") })
 	l.Must(t, manifest, "apply", "-f", "-")
 
 	claim := func(kind, name, config string) string {
