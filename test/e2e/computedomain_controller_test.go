@@ -285,10 +285,13 @@ func TestComputeDomain(t *testing.T) {
 	})
 	t.Logf("daemon pod Ready and the domain Ready %s after the label", time.Since(start).Round(time.Millisecond))
 	// The controller serves its metrics as facet-preemptor does
-	// (daemon.Serve), and its log says where.
-	if v := (&preemptor{log: log}).metric(t, `facet_controller_compute_domains{state="ready"}`); v != 1 {
-		t.Errorf("facet_controller_compute_domains{state=\"ready\"} %v, want 1", v)
-	}
+	// (daemon.Serve), and its log says where. They count the domains of
+	// its informer, which may see the Ready status a moment after the API
+	// server answered the wait above: waited for, not read once.
+	waitFor(t, `facet_controller_compute_domains{state="ready"} 1`, 30*time.Second, func() (bool, error) {
+		v := (&preemptor{log: log}).metric(t, `facet_controller_compute_domains{state="ready"}`)
+		return v == 1, fmt.Errorf("%v", v)
+	})
 
 	// Deleted while the node is labelled (a channel still prepared): it
 	// waits, the DaemonSet stays, the template goes at once.

@@ -74,10 +74,14 @@ func TestSharingMechanismsArrive(t *testing.T) {
 	// Whatever happens below, later tests get facet-mps back.
 	t.Cleanup(func() { ensureMPSHost(t) })
 
-	m := publishedRE.FindStringSubmatch(p.logText())
-	if m == nil {
-		t.Fatalf("the plugin logged no ResourceSlices published:\n%s", p.logText())
-	}
+	// Ready means the API server holds the slices; the plugin logs the
+	// publication a moment after the API answered, so its line is waited
+	// for, not read once.
+	var m []string
+	waitFor(t, "the plugin's log line ResourceSlices published", 30*time.Second, func() (bool, error) {
+		m = publishedRE.FindStringSubmatch(p.logText())
+		return m != nil, fmt.Errorf("not logged yet:\n%s", p.logText())
+	})
 	took, err := time.ParseDuration(m[1])
 	if err != nil {
 		t.Fatal(err)

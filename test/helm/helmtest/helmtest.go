@@ -6,6 +6,7 @@ package helmtest
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,13 +47,51 @@ func LiveCluster(t *testing.T) *Live {
 	return l
 }
 
-// Port is the local node's port for a service whose default port is def:
-// def plus the node's FACET_PORT_OFFSET (hack/cluster/up.sh), so that the
-// host-network servers of two nodes side by side (make e2e's rounds) do
-// not meet.
-func (l *Live) Port(def int) int {
+// nodePorts are the ports hack/cluster/up.sh gives a node before its
+// FACET_PORT_OFFSET: etcd, the API server, the kubelet, the
+// controller-manager and the scheduler, hack/cluster/add-node.sh's nodes
+// (the kubelet's and the kubelet plugin's ports plus 100 per node, up to
+// 9), and hack/kueue.sh's webhook and health ports.
+var nodePorts = func() []int {
+	ports := []int{2379, 2380, 6443, 10257, 10259, 9445, 9446}
+	for i := 0; i <= 9; i++ {
+		ports = append(ports, 10248+100*i, 10250+100*i, 10280+100*i)
+	}
+	return ports
+}()
+
+// portOffset is the node's FACET_PORT_OFFSET.
+func portOffset() int {
 	off, _ := strconv.Atoi(os.Getenv("FACET_PORT_OFFSET"))
-	return def + off
+	return off
+}
+
+// APIServerPort is the local node's API server port: 6443 plus its
+// FACET_PORT_OFFSET.
+func (l *Live) APIServerPort() int { return 6443 + portOffset() }
+
+// Port is the local node's port for a host-network server of a chart's
+// pod whose default port is def: def plus the node's FACET_PORT_OFFSET
+// (hack/cluster/up.sh), so that the servers of two nodes side by side
+// (make e2e's rounds, at offsets 1000 apart) do not meet. A def that
+// differs from one of nodePorts by a multiple of 1000 would meet another
+// round's node on some offset (9443 is the API server of the round at
+// offset 3000), so Port panics on one: choose another default.
+func (l *Live) Port(def int) int {
+	if p, ok := clashingNodePort(def); ok {
+		panic(fmt.Sprintf("helmtest: port %d meets node port %d of the round at offset %d: pick a default whose last three digits no node port has", def, p, def-p))
+	}
+	return def + portOffset()
+}
+
+// clashingNodePort returns the node port that def meets on some offset.
+func clashingNodePort(def int) (int, bool) {
+	for _, p := range nodePorts {
+		if (def-p)%1000 == 0 {
+			return p, true
+		}
+	}
+	return 0, false
 }
 
 // Run runs kubectl with stdin; the output is stdout and stderr together.

@@ -27,7 +27,7 @@ func (r *chartRig) testValues() map[string]any {
 		"hostNetwork": true,
 		"extraEnv": []any{
 			map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": fmt.Sprint(r.Port(6443))},
+			map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": fmt.Sprint(r.APIServerPort())},
 		},
 	}}
 }

@@ -205,7 +205,7 @@ kubeletPlugin:
   nodeGroups:
     default: {%[8]s, extraArgs: [--machine=/usr/share/facet/machines/dgx-h100.yaml]}
 %[11]s`, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.RunDir, "driver-root"),
-		filepath.Join(r.RunDir, "cdi-hook-chart"), filepath.Join(r.RunDir, "hami-chart"), group, r.mpsDir(), r.Port(6443), r.computeDomains()))
+		filepath.Join(r.RunDir, "cdi-hook-chart"), filepath.Join(r.RunDir, "hami-chart"), group, r.mpsDir(), r.APIServerPort(), r.computeDomains()))
 }
 
 // computeDomains are the values under which facet-controller and the
@@ -225,7 +225,7 @@ func (r *chartRig) computeDomains() string {
     extraEnv:
     - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
     - {name: KUBERNETES_SERVICE_PORT, value: "%[2]d"}
-`, r.Port(8090), r.Port(6443))
+`, r.Port(8090), r.APIServerPort())
 }
 
 // install runs `helm install` and removes the release when the test ends,

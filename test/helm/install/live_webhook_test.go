@@ -42,6 +42,12 @@ func servingSecret(t *testing.T, ns, name string, dnsNames ...string) (manifest,
 // webhooks skip the release namespace (chartNS) and kube-system.
 const workNS = "facet-chart-live-work"
 
+// webhookPort is the port of the webhook's Deployment on the host's
+// network before the node's offset (helmtest's Port): not the chart's
+// 8443, nor 9443, which is the API server of make e2e's round at offset
+// 3000 (a webhook of the round at offset 0 then could not bind).
+const webhookPort = 9543
+
 // webhookValues are the values of the webhook's Deployment on the local
 // node: on the host's network, reaching the API server there (its
 // mutators use the API), with its webhooks confined to namespace ns so
@@ -62,7 +68,7 @@ extraEnv:
 - {name: KUBERNETES_SERVICE_PORT, value: "%d"}
 namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
 %s
-`, r.Port(9443), r.Port(6443), ns, more))
+`, r.Port(webhookPort), r.APIServerPort(), ns, more))
 }
 
 // TestLiveChartWebhookDeployment installs the chart's webhook Deployment
@@ -146,7 +152,7 @@ admission:
 // node's port.
 func (r *chartRig) servedCertificate(t *testing.T) *x509.Certificate {
 	t.Helper()
-	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.Port(9443)), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only reads the certificate presented
+	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.Port(webhookPort)), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only reads the certificate presented
 	if err != nil {
 		t.Fatalf("dial the webhook: %v", err)
 	}
