@@ -49,6 +49,18 @@ func ParseKueueMode(s string) (KueueMode, error) {
 	return names.Parse(s, "Kueue mode", KueueAuto, KueueOn, KueueOff)
 }
 
+// kueueOption is a mutator's Kueue option checked: KueueOff when unset, an
+// error naming the option ("kueue: ...") when it is no mode.
+func kueueOption(m KueueMode) (KueueMode, error) {
+	if m == "" {
+		return KueueOff, nil
+	}
+	if _, err := ParseKueueMode(string(m)); err != nil {
+		return "", fmt.Errorf("kueue: %w", err)
+	}
+	return m, nil
+}
+
 // sizedKinds are the general vGPU classes of the extended resource map
 // and the shape of the sized classes that replace them in Kueue mode.
 var sizedKinds = map[string]classes.Shape{

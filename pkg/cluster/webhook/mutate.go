@@ -140,11 +140,9 @@ func NewMutator(logger klog.Logger, opts MutatorOptions) (*Mutator, error) {
 	if _, err := ParseRewriteMode(string(opts.RewriteMode)); err != nil {
 		return nil, fmt.Errorf("mode: %w", err)
 	}
-	if opts.Kueue == "" {
-		opts.Kueue = KueueOff
-	}
-	if _, err := ParseKueueMode(string(opts.Kueue)); err != nil {
-		return nil, fmt.Errorf("kueue: %w", err)
+	var err error
+	if opts.Kueue, err = kueueOption(opts.Kueue); err != nil {
+		return nil, err
 	}
 	if opts.Classes == nil || opts.Client == nil {
 		return nil, errors.New("the pod mutator needs a DeviceClass lister and an API client")

@@ -68,11 +68,9 @@ type ClaimMutator struct {
 
 // NewClaimMutator checks opts and returns the handler.
 func NewClaimMutator(logger klog.Logger, opts ClaimMutatorOptions) (*ClaimMutator, error) {
-	if opts.Kueue == "" {
-		opts.Kueue = KueueOff
-	}
-	if _, err := ParseKueueMode(string(opts.Kueue)); err != nil {
-		return nil, fmt.Errorf("kueue: %w", err)
+	var err error
+	if opts.Kueue, err = kueueOption(opts.Kueue); err != nil {
+		return nil, err
 	}
 	if opts.Discovery == nil || opts.PrioritizedList == nil {
 		return nil, errors.New("the claim mutator needs a discovery client and a PrioritizedListSupport")
