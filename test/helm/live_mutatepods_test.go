@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/facet-gpu/facet/internal/testenv"
 	"github.com/facet-gpu/facet/pkg/cluster/webhook"
+	"github.com/facet-gpu/facet/test/helm/helmtest"
 )
 
 // TestLiveChartPodMutator runs facet-webhook's pod mutator as a local
@@ -42,10 +42,7 @@ func TestLiveChartPodMutator(t *testing.T) {
 	if err := os.WriteFile(mapFile, []byte(cm.Data["map.yaml"]), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(dir, "facet-webhook")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/facet-gpu/facet/cmd/facet-webhook").CombinedOutput(); err != nil {
-		t.Fatalf("build facet-webhook: %v\n%s", err, out)
-	}
+	bin := helmtest.FacetBinary(t, repoRoot, "facet-webhook")
 	logPath := filepath.Join(dir, "webhook.log")
 	addr := testenv.StartWebhook(t, bin, logPath, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), caPEM,
 		"--mutate-pods", "--kubeconfig", l.Kubeconfig, "--mutate-extended-resources=always", "--extended-resource-map", mapFile, "-v", "4")

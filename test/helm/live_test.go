@@ -12,7 +12,6 @@ import (
 	certutil "k8s.io/client-go/util/cert"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -434,10 +433,7 @@ func TestLiveChartWebhook(t *testing.T) {
 	l.Namespace(t, ns)
 	dir := t.TempDir()
 
-	bin := filepath.Join(dir, "facet-webhook")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/facet-gpu/facet/cmd/facet-webhook").CombinedOutput(); err != nil {
-		t.Fatalf("build facet-webhook: %v\n%s", err, out)
-	}
+	bin := helmtest.FacetBinary(t, repoRoot, "facet-webhook")
 	caPEM := writeServingCert(t, dir)
 	logPath := filepath.Join(dir, "webhook.log")
 	// The claim mutator as the chart runs it (--mutate-claims, its probe in

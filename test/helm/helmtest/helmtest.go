@@ -29,6 +29,20 @@ type Live struct {
 	Client                      kubernetes.Interface
 }
 
+// FacetBinary is the path of Facet's command name as `make build` leaves
+// it, in bin/ at the repository's root (repo): make test builds it before
+// the rounds, and hack/e2e.sh's chart stage needs it, so that no test
+// builds a binary under its own timeout (a build under the rounds' load
+// can take minutes). It fails t when the binary is not there.
+func FacetBinary(t testing.TB, repo, name string) string {
+	t.Helper()
+	bin := filepath.Join(repo, "bin", name)
+	if fi, err := os.Stat(bin); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("%s: not built (run `make build` first): %v", bin, err)
+	}
+	return bin
+}
+
 // LiveCluster finds the local node, or skips t where the environment does
 // not name one.
 func LiveCluster(t *testing.T) *Live {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/facet-gpu/facet/internal/testenv"
+	"github.com/facet-gpu/facet/test/helm/helmtest"
 
 	"helm.sh/helm/v3/pkg/action"
 	corev1 "k8s.io/api/core/v1"
@@ -59,16 +60,10 @@ func wantAll(t *testing.T, what, text string, wants ...string) {
 	}
 }
 
-// buildFacetctl builds facetctl, the operator's CLI, from the repository.
-func (r *chartRig) buildFacetctl(t *testing.T) string {
+// facetctl is the operator's CLI as `make build` left it in bin/.
+func (r *chartRig) facetctl(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "facetctl")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/facetctl")
-	build.Dir = r.repo
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/facetctl: %v\n%s", err, out)
-	}
-	return bin
+	return helmtest.FacetBinary(t, r.repo, "facetctl")
 }
 
 // TestLiveChartNodeCheck: `helm test` of the release runs the node check
@@ -106,7 +101,7 @@ func TestLiveChartNodeCheck(t *testing.T) {
 		"1 of 1 nodes checked: each delivers what it publishes")
 
 	// The same check from the operator's machine, through the API server.
-	facetctl := r.buildFacetctl(t)
+	facetctl := r.facetctl(t)
 	cmd := exec.Command(facetctl, "node-check-all", "--kubeconfig", r.Kubeconfig, "--namespace", chartNS)
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "=== node localhost: ok") {
@@ -147,7 +142,7 @@ func TestLiveChartNodeCheck(t *testing.T) {
 // removes every Facet file on the node, and its pod is gone.
 func TestLiveChartUninstall(t *testing.T) {
 	r := newChartRig(t)
-	facetctl := r.buildFacetctl(t)
+	facetctl := r.facetctl(t)
 	group := `mode: auto, gpuModes: "0=static-mig,1=slots", migLayouts: "0=all-balanced", gpuSlots: "1=1x40Gi/50+2"`
 	vals := r.values(t, r.tag, group)
 	ctx := context.Background()
