@@ -40,6 +40,7 @@ func main() {
 		fs.StringVar(&opts.CertFile, "tls-cert-file", "", "serving certificate (PEM), re-read when it changes; required")
 		fs.StringVar(&opts.KeyFile, "tls-private-key-file", "", "serving certificate's private key (PEM), re-read when it changes; required")
 		fs.DurationVar(&opts.ReloadInterval, "tls-reload-interval", time.Second, "how often, at most, to look for a new certificate (on a TLS handshake)")
+		fs.StringVar(&opts.MetricsAddr, "metrics-addr", "", "address for /metrics (the serving certificate's expiry and failed reloads) and /healthz over plain HTTP; empty: none")
 		fs.BoolVar(&f.mutatePods, "mutate-pods", false, "serve "+webhook.MutatePath+", which rewrites pods' extended resources into DRA claims (needs API access)")
 		fs.BoolVar(&f.mutateClaims, "mutate-claims", false, "serve "+webhook.MutateClaimsPath+", which writes the plain MIG requests of new ResourceClaims and ResourceClaimTemplates as a prioritized list, existing instances first (needs API access: it probes for firstAvailable and Kueue; never with Kueue)")
 		fs.StringVar(&f.mode, "mutate-extended-resources", string(webhook.RewriteAuto),

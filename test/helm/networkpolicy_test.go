@@ -1,6 +1,7 @@
 package helm
 
 import (
+	"slices"
 	"testing"
 
 	networkingv1 "k8s.io/api/networking/v1"
@@ -35,9 +36,9 @@ func checkNetworkPolicies(t *testing.T, extra string, webhookEgress bool) {
 		policies = append(policies, np)
 	}
 	want := map[string]struct {
-		port   int
+		ports  []int
 		egress bool
-	}{"kubelet-plugin": {8081, true}, "mps": {0, false}, "hami-core": {0, false}, "webhook": {8443, webhookEgress}, "preemptor": {8080, true}, "node-check": {0, true}, "controller": {8080, true}}
+	}{"kubelet-plugin": {[]int{8081}, true}, "mps": {nil, false}, "hami-core": {nil, false}, "webhook": {[]int{8443, 8080}, webhookEgress}, "preemptor": {[]int{8080}, true}, "node-check": {nil, true}, "controller": {[]int{8080}, true}}
 	for _, o := range objs {
 		spec, ok := podSpecOf(t, o)
 		if !ok || spec.HostNetwork {
@@ -74,8 +75,8 @@ func checkNetworkPolicies(t *testing.T, extra string, webhookEgress bool) {
 				ports = append(ports, p.Port.IntValue())
 			}
 		}
-		if (w.port == 0 && len(ports) != 0) || (w.port != 0 && (len(ports) != 1 || ports[0] != w.port)) {
-			t.Errorf("%s: ingress ports %v, want %d only", np.Name, ports, w.port)
+		if !slices.Equal(ports, w.ports) {
+			t.Errorf("%s: ingress ports %v, want %v only", np.Name, ports, w.ports)
 		}
 		if got := len(np.Spec.Egress) > 0; got != w.egress {
 			t.Errorf("%s: egress %v, want some: %v", np.Name, np.Spec.Egress, w.egress)

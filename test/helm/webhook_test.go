@@ -193,6 +193,10 @@ func TestWebhookConfiguration(t *testing.T) {
 			if p := c.ReadinessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Scheme != corev1.URISchemeHTTPS {
 				t.Errorf("readiness probe %+v", p)
 			}
+			// The certificate's expiry, for the FacetWebhookCertificate* alerts.
+			if !slices.Contains(c.Args, "--metrics-addr=:8080") || !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" && p.ContainerPort == 8080 }) {
+				t.Errorf("args %q, ports %+v: want /metrics served on port 8080, named metrics", args, c.Ports)
+			}
 		})
 	}
 }

@@ -34,7 +34,7 @@ var root = filepath.Join("..", "..")
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
-	for _, f := range []string{"pkg/node/nodemetrics/metrics.go", "pkg/cluster/preempt/controller/metrics.go", "pkg/cluster/computedomain/metrics.go"} {
+	for _, f := range []string{"pkg/node/nodemetrics/metrics.go", "pkg/cluster/preempt/controller/metrics.go", "pkg/cluster/computedomain/metrics.go", "pkg/cluster/webhook/metrics.go"} {
 		file, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, f), nil, 0)
 		if err != nil {
 			t.Fatal(err)

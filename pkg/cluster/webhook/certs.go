@@ -33,6 +33,9 @@ type CertReloader struct {
 	failedID  [2]fileID // of the files that last failed to load
 	lastCheck time.Time
 	now       func() time.Time
+	// reloadErrors counts the times the files could not be looked at or
+	// a changed pair did not load (facet_webhook_certificate_reload_errors_total).
+	reloadErrors uint64
 }
 
 // fileID is what tells a replaced file from the one loaded before.
@@ -59,10 +62,7 @@ func NewCertReloader(certFile, keyFile string, interval time.Duration, logger kl
 
 // GetCertificate is for tls.Config.GetCertificate.
 func (r *CertReloader) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.maybeReloadLocked()
-	return r.cert, nil
+	return r.Refresh(), nil
 }
 
 // Current returns the certificate in use.
@@ -70,6 +70,34 @@ func (r *CertReloader) Current() *tls.Certificate {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.cert
+}
+
+// Refresh looks at the files as a handshake does (at most once per
+// interval) and returns the certificate in use after that, so that a
+// scrape of an idle webhook reports a rotation the files already hold.
+func (r *CertReloader) Refresh() *tls.Certificate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.maybeReloadLocked()
+	return r.cert
+}
+
+// Stale reports whether the files hold a pair that did not load, so that
+// an older certificate is served: until the files change again.
+func (r *CertReloader) Stale() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failedID != [2]fileID{}
+}
+
+// ReloadErrors is the number of times, since start, that a changed pair
+// of files did not load, or that the files could not be looked at. A pair
+// that does not load counts once (it is not tried again until the files
+// change); files that cannot be looked at count at every look.
+func (r *CertReloader) ReloadErrors() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reloadErrors
 }
 
 func (r *CertReloader) maybeReloadLocked() {
@@ -80,6 +108,7 @@ func (r *CertReloader) maybeReloadLocked() {
 	r.lastCheck = now
 	ids, err := r.stat()
 	if err != nil {
+		r.reloadErrors++
 		r.logger.Error(err, "Cannot check the TLS files; keeping the current certificate")
 		return
 	}
@@ -87,6 +116,7 @@ func (r *CertReloader) maybeReloadLocked() {
 		return
 	}
 	if err := r.load(ids); err != nil {
+		r.reloadErrors++
 		r.failedID = ids
 		r.logger.Error(err, "Cannot load the new TLS certificate; keeping the current one until the files change again")
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/facet-gpu/facet/pkg/daemon"
 )
 
 // HealthzPath answers 200 once the server is up; it needs no client
@@ -32,15 +34,23 @@ type ServerOptions struct {
 	Mutator http.Handler
 	// ClaimMutator, when set, is served at MutateClaimsPath.
 	ClaimMutator http.Handler
+	// MetricsAddr, when set, is the TCP address (e.g. ":8080") of a plain
+	// HTTP server for /metrics (Metrics) and /healthz, apart from the
+	// webhook's HTTPS one so that Prometheus scrapes it without the
+	// webhook's CA.
+	MetricsAddr string
 	// Listening, when set, is called with the bound address once the
 	// server accepts connections (for tests that listen on port 0).
 	Listening func(net.Addr)
+	// MetricsListening, when set, is called with the metrics server's
+	// bound address (for tests that listen on port 0).
+	MetricsListening func(string)
 }
 
 // Serve runs the webhook's HTTPS server until ctx is done, then shuts it
 // down gracefully. It serves ValidatePath (AdmissionReviews), MutatePath
 // when opts.Mutator is set, MutateClaimsPath when opts.ClaimMutator is set,
-// and HealthzPath.
+// and HealthzPath; and, with opts.MetricsAddr, /metrics over HTTP.
 func Serve(ctx context.Context, opts ServerOptions) error {
 	logger := klog.FromContext(ctx)
 	if opts.CertFile == "" || opts.KeyFile == "" {
@@ -55,6 +65,15 @@ func Serve(ctx context.Context, opts ServerOptions) error {
 	certs, err := NewCertReloader(opts.CertFile, opts.KeyFile, opts.ReloadInterval, logger)
 	if err != nil {
 		return err
+	}
+	if opts.MetricsAddr != "" {
+		addr, err := daemon.Serve(ctx, opts.MetricsAddr, NewMetrics(certs).Handler(), func() error { return nil })
+		if err != nil {
+			return err
+		}
+		if opts.MetricsListening != nil {
+			opts.MetricsListening(addr)
+		}
 	}
 
 	mux := http.NewServeMux()

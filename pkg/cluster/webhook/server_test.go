@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2/ktesting"
@@ -67,7 +69,7 @@ func (ca *testCA) issue(t *testing.T, serial int64) (certPEM, keyPEM []byte) {
 		SerialNumber: big.NewInt(serial),
 		Subject:      pkix.Name{CommonName: "facet-webhook"},
 		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
+		NotAfter:     time.Now().Add(time.Hour + time.Duration(serial)*time.Second), // apart per serial, for the expiry metric
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
@@ -82,6 +84,39 @@ func (ca *testCA) issue(t *testing.T, serial int64) (certPEM, keyPEM []byte) {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// notAfter is a PEM certificate's NotAfter in Unix seconds.
+func notAfter(t *testing.T, certPEM []byte) int64 {
+	t.Helper()
+	b, _ := pem.Decode(certPEM)
+	c, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.NotAfter.Unix()
+}
+
+// certMetrics scrapes url for the certificate's expiry and reload errors.
+func certMetrics(t *testing.T, url string) (expiry int64, reloadErrors int, stale bool) {
+	t.Helper()
+	resp, err := http.Get(url) //nolint:noctx // a test's local server
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, ok1 := families["facet_webhook_certificate_expiration_timestamp_seconds"]
+	r, ok2 := families["facet_webhook_certificate_reload_errors_total"]
+	s, ok3 := families["facet_webhook_certificate_stale"]
+	if !ok1 || !ok2 || !ok3 {
+		t.Fatalf("%s lacks the certificate metrics", url)
+	}
+	return int64(e.GetMetric()[0].GetGauge().GetValue()), int(r.GetMetric()[0].GetCounter().GetValue()), s.GetMetric()[0].GetGauge().GetValue() == 1
 }
 
 // writeAtomic replaces path the way a Secret volume update does: a new
@@ -131,6 +166,7 @@ func TestServeReloadsCertificate(t *testing.T) {
 	writeAtomic(t, keyFile, keyA)
 
 	addrc := make(chan net.Addr, 1)
+	metricsc := make(chan string, 1)
 	errc := make(chan error, 1)
 	// Serve logs through t: it must have returned before the test ends,
 	// however the test ends.
@@ -140,11 +176,19 @@ func TestServeReloadsCertificate(t *testing.T) {
 		defer close(served)
 		errc <- Serve(ctx, ServerOptions{
 			Address: "127.0.0.1:0", CertFile: certFile, KeyFile: keyFile,
-			ReloadInterval: time.Millisecond,
-			Listening:      func(a net.Addr) { addrc <- a },
+			ReloadInterval:   time.Millisecond,
+			MetricsAddr:      "127.0.0.1:0",
+			Listening:        func(a net.Addr) { addrc <- a },
+			MetricsListening: func(a string) { metricsc <- a },
 		})
 	}()
-	var base string
+	var base, metricsURL string
+	select {
+	case metricsURL = <-metricsc:
+		metricsURL = "http://" + metricsURL + "/metrics"
+	case err := <-errc:
+		t.Fatalf("Serve: %v", err)
+	}
 	select {
 	case a := <-addrc:
 		base = "https://" + a.String()
@@ -174,6 +218,10 @@ func TestServeReloadsCertificate(t *testing.T) {
 	if got := get(t); got != 100 {
 		t.Fatalf("serving serial %d, want 100", got)
 	}
+	expiry, reloadErrors, stale := certMetrics(t, metricsURL)
+	if want := notAfter(t, certA); expiry != want || reloadErrors != 0 || stale {
+		t.Fatalf("metrics: expiry %d, reload errors %d, stale %v; want %d (certificate A), 0, false", expiry, reloadErrors, stale, want)
+	}
 
 	t.Run("review over TLS", func(t *testing.T) {
 		resp, err := client.Post(base+ValidatePath, "application/json",
@@ -188,11 +236,14 @@ func TestServeReloadsCertificate(t *testing.T) {
 		}
 	})
 
+	certB, keyB := ca.issue(t, 200)
 	t.Run("rotation is picked up without a restart", func(t *testing.T) {
-		certB, keyB := ca.issue(t, 200)
 		writeAtomic(t, keyFile, keyB)
 		writeAtomic(t, certFile, certB)
 		waitUntil(t, "serving the new certificate", func() bool { return get(t) == 200 })
+		if got, _, _ := certMetrics(t, metricsURL); got != notAfter(t, certB) {
+			t.Errorf("expiry metric %d, want certificate B's NotAfter %d", got, notAfter(t, certB))
+		}
 	})
 
 	t.Run("a broken rotation keeps the current certificate", func(t *testing.T) {
@@ -205,11 +256,28 @@ func TestServeReloadsCertificate(t *testing.T) {
 				t.Fatalf("serial %d, want the last good one, 200", got)
 			}
 		}
+		// The pair failed once and is not tried again until it changes.
+		if expiry, errs, stale := certMetrics(t, metricsURL); expiry != notAfter(t, certB) || errs != 1 || !stale {
+			t.Errorf("metrics after a broken rotation: expiry %d, reload errors %d, stale %v; want certificate B's %d, 1, true", expiry, errs, stale, notAfter(t, certB))
+		}
 		// The rotation completes: the new pair is served.
 		certC, keyC := ca.issue(t, 300)
 		writeAtomic(t, certFile, certC)
 		writeAtomic(t, keyFile, keyC)
 		waitUntil(t, "the completed rotation picked up", func() bool { return get(t) == 300 })
+		if _, _, stale := certMetrics(t, metricsURL); stale {
+			t.Error("stale after the completed rotation")
+		}
+	})
+
+	t.Run("a scrape sees a rotation no handshake has picked up", func(t *testing.T) {
+		certD, keyD := ca.issue(t, 400)
+		writeAtomic(t, keyFile, keyD)
+		writeAtomic(t, certFile, certD)
+		waitUntil(t, "the expiry metric of certificate D", func() bool {
+			got, _, _ := certMetrics(t, metricsURL)
+			return got == notAfter(t, certD)
+		})
 	})
 
 	cancel()

@@ -8,7 +8,9 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
-	certutil "k8s.io/client-go/util/cert"
+	"io"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	certutil "k8s.io/client-go/util/cert"
 )
 
 // servingSecret returns a kubernetes.io/tls Secret for the DNS names, as
@@ -48,6 +51,9 @@ const workNS = "facet-chart-live-work"
 // 3000 (a webhook of the round at offset 0 then could not bind).
 const webhookPort = 9543
 
+// webhookMetricsPort is the port of its /metrics, chosen as webhookPort.
+const webhookMetricsPort = 9581
+
 // webhookValues are the values of the webhook's Deployment on the local
 // node: on the host's network, reaching the API server there (its
 // mutators use the API), with its webhooks confined to namespace ns so
@@ -61,6 +67,7 @@ enabled: true
 replicas: 1
 hostNetwork: true
 port: %d
+metricsPort: %d
 logVerbosity: 4
 # The node has no kube-proxy: the API server is the host's 127.0.0.1.
 extraEnv:
@@ -68,7 +75,7 @@ extraEnv:
 - {name: KUBERNETES_SERVICE_PORT, value: "%d"}
 namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
 %s
-`, r.Port(webhookPort), r.APIServerPort(), ns, more))
+`, r.Port(webhookPort), r.Port(webhookMetricsPort), r.APIServerPort(), ns, more))
 }
 
 // TestLiveChartWebhookDeployment installs the chart's webhook Deployment
@@ -122,6 +129,9 @@ admission:
 			vals["admission"].(map[string]any)["webhook"] = r.webhookValues(t, workNS, tc.tls(t))
 			r.install(t, vals)
 			r.webhookServes(ctx, t, "first")
+			if got, want := r.webhookCertExpiry(t), r.servedCertificate(t).NotAfter.Unix(); got != want {
+				t.Errorf("facet_webhook_certificate_expiration_timestamp_seconds %d, want the served certificate's NotAfter %d", got, want)
+			}
 			if tc.name != "default: the chart's own certificate" {
 				return
 			}
@@ -224,6 +234,37 @@ spec:
 	})
 	t.Logf("the webhook serves the renewed certificate (%s)", r.since())
 	r.webhookServes(ctx, t, "after-renewal")
+	renewedCert, err := x509.ParseCertificate(newLeaf.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.webhookCertExpiry(t), renewedCert.NotAfter.Unix(); got != want {
+		t.Errorf("after the renewal, facet_webhook_certificate_expiration_timestamp_seconds %d, want the renewed certificate's NotAfter %d", got, want)
+	}
+}
+
+// webhookCertExpiry scrapes the webhook's /metrics on the node's port for
+// its certificate's expiry, in Unix seconds.
+func (r *chartRig) webhookCertExpiry(t *testing.T) int64 {
+	t.Helper()
+	const name = "facet_webhook_certificate_expiration_timestamp_seconds"
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", r.Port(webhookMetricsPort))) //nolint:noctx // the node's own port
+	if err != nil {
+		t.Fatalf("scrape the webhook: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for line := range strings.Lines(string(body)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return int64(f)
+		}
+	}
+	t.Fatalf("the webhook's /metrics (%d) has no %s:\n%s", resp.StatusCode, name, body)
+	return 0
 }
 
 // webhookModeKept: cert-manager.io/v1 served (a CRD of that group, no
