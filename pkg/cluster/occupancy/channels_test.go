@@ -2,6 +2,7 @@ package occupancy
 
 import (
 	"bytes"
+	"io"
 	"strings"
 	"testing"
 
@@ -78,7 +79,8 @@ func TestChannels(t *testing.T) {
 	}
 }
 
-// TestTableDomains: the table's sections of cliques and compute domains.
+// TestTableDomains: the sections of cliques and compute domains, in the
+// table and in the picture alike.
 func TestTableDomains(t *testing.T) {
 	slices := rack(t)
 	claims := []*resourceapi.ResourceClaim{occtest.Allocated("ml/train-0", occtest.Result("n1", "imex-channel"))}
@@ -96,25 +98,27 @@ func TestTableDomains(t *testing.T) {
 		{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "old", DeletionTimestamp: &now}, Spec: v1alpha1.ComputeDomainSpec{NumNodes: 1},
 			Status: v1alpha1.ComputeDomainStatus{Status: v1alpha1.ComputeDomainReady, Clique: fabric + ".2", Nodes: []v1alpha1.ComputeDomainNode{{Name: "n4", Status: v1alpha1.ComputeDomainReady}}}},
 	})
-	var out bytes.Buffer
-	if err := Table(&out, c); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s", out.String())
-	for _, want := range []string{
-		"NVLink fabric cliques (IMEX channels, one per node; a ComputeDomain runs in one clique):",
-		fabric + ".1  2 of 3 channels free  n2 n3",
-		fabric + ".2  1 of 1 channels free  n4",
-		"  and 1 channel(s) without fabricClusterUUID and fabricCliqueID, in no clique",
-		"DOMAIN    CLIQUE",
-		"ml/big    -",
-		"0/8    -: no clique has 8 IMEX channels available",
-		"ml/old    " + fabric + ".2  1/1    Ready, deleted: waiting for its pods",
-		"ml/train  " + fabric + ".1  1/2    NotReady",
-		"n1, n2 (not ready)",
-	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("the table lacks %q", want)
+	for name, render := range map[string]func(io.Writer, *Cluster) error{"table": Table, "picture": Picture} {
+		var out bytes.Buffer
+		if err := render(&out, c); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s:\n%s", name, out.String())
+		for _, want := range []string{
+			"NVLink fabric cliques (IMEX channels, one per node; a ComputeDomain runs in one clique):",
+			fabric + ".1  2 of 3 channels free  n2 n3",
+			fabric + ".2  1 of 1 channels free  n4",
+			"  and 1 channel(s) without fabricClusterUUID and fabricCliqueID, in no clique",
+			"DOMAIN    CLIQUE",
+			"ml/big    -",
+			"0/8    -: no clique has 8 IMEX channels available",
+			"ml/old    " + fabric + ".2  1/1    Ready, deleted: waiting for its pods",
+			"ml/train  " + fabric + ".1  1/2    NotReady",
+			"n1, n2 (not ready)",
+		} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("the %s lacks %q", name, want)
+			}
 		}
 	}
 }

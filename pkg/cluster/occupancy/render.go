@@ -357,7 +357,14 @@ func Picture(w io.Writer, c *Cluster) error {
 			fmt.Fprintf(tw, "  %s\n", strings.Join(legend, "   "))
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	// Cliques and domains span nodes: after them, as in the table.
+	if err := cliques(w, c); err != nil {
+		return err
+	}
+	return computeDomains(w, c)
 }
 
 // symbol is the n-th claim's letter: A-Z, a-z, 0-9, then '*'.
