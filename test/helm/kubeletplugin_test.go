@@ -591,6 +591,14 @@ kubeletPlugin:
 	if want := "\n  example.com/gpu Exists and example.com/model In a,b\n"; !strings.Contains(got, want) {
 		t.Errorf("NOTES.txt lacks %q:\n%s", want, got)
 	}
+	// The expiry alert is named only where the chart installs it.
+	const alert = "FacetWebhookCertificateExpiresSoon fires 14 days before it expires"
+	if got := notes(t, ""); strings.Contains(got, alert) {
+		t.Errorf("NOTES.txt names the expiry alert without monitoring.prometheusRules:\n%s", got)
+	}
+	if got := notes(t, "monitoring: {prometheusRules: {enabled: true}}"); !strings.Contains(got, alert) {
+		t.Errorf("NOTES.txt lacks %q:\n%s", alert, got)
+	}
 	if got := notes(t, "kubeletPlugin: {gpuNodeSelectorTerms: []}"); strings.Contains(got, "gpuNodeSelectorTerms") {
 		t.Errorf("NOTES.txt speaks of GPU labels without a GPU rule:\n%s", got)
 	}
