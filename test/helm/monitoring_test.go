@@ -7,6 +7,9 @@ import (
 	"reflect"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 )
 
@@ -58,5 +61,66 @@ monitoring:
 	}
 	if err := json.Unmarshal([]byte(board), &d); err != nil || d.UID != "facet-gpus" || len(d.Panels) == 0 {
 		t.Errorf("dashboard JSON: uid %q, %d panels, %v", d.UID, len(d.Panels), err)
+	}
+}
+
+// TestPodMonitor: off by default; on, one PodMonitor whose selector takes
+// the pods of every workload of the chart that serves a `metrics` port
+// (the webhook, facet-controller, facet-preemptor) and no other pod, and
+// scrapes that port.
+func TestPodMonitor(t *testing.T) {
+	if n := len(ofKind(render(t, values(t, "preemptor: {enabled: true}")), "PodMonitor")); n != 0 {
+		t.Fatalf("%d PodMonitors by default, want none", n)
+	}
+	objs := render(t, values(t, `
+preemptor: {enabled: true}
+monitoring:
+  podMonitor: {enabled: true, interval: 1m, labels: {release: kube-prometheus-stack}}
+`))
+	pm := find(t, objs, "PodMonitor", "facet")
+	if pm.GetNamespace() != releaseNamespace || pm.GetLabels()["release"] != "kube-prometheus-stack" {
+		t.Errorf("PodMonitor in %q with labels %v", pm.GetNamespace(), pm.GetLabels())
+	}
+	var spec struct {
+		Selector            metav1.LabelSelector `json:"selector"`
+		PodMetricsEndpoints []struct {
+			Port     string `json:"port"`
+			Path     string `json:"path"`
+			Interval string `json:"interval"`
+		} `json:"podMetricsEndpoints"`
+	}
+	raw, _ := json.Marshal(pm.Object["spec"])
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	if e := spec.PodMetricsEndpoints; len(e) != 1 || e[0].Port != "metrics" || e[0].Path != "/metrics" || e[0].Interval != "1m" {
+		t.Errorf("podMetricsEndpoints %+v, want the metrics port's /metrics every 1m", e)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(&spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scraped := map[string]bool{}
+	for _, o := range objs {
+		ps, ok := podSpecOf(t, o)
+		if !ok || o.GetKind() == "Pod" {
+			continue
+		}
+		podLabels, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "labels")
+		serves := false
+		for _, c := range ps.Containers {
+			for _, p := range c.Ports {
+				serves = serves || p.Name == "metrics"
+			}
+		}
+		if got := sel.Matches(labels.Set(podLabels)); got != serves {
+			t.Errorf("%s %s: selected %v, serves a metrics port %v", o.GetKind(), o.GetName(), got, serves)
+		}
+		if serves {
+			scraped[podLabels["app.kubernetes.io/component"]] = true
+		}
+	}
+	if want := map[string]bool{"webhook": true, "controller": true, "preemptor": true}; !reflect.DeepEqual(scraped, want) {
+		t.Errorf("scraped components %v, want %v", scraped, want)
 	}
 }
