@@ -38,7 +38,7 @@ func checkNetworkPolicies(t *testing.T, extra string, webhookEgress bool) {
 	want := map[string]struct {
 		ports  []int
 		egress bool
-	}{"kubelet-plugin": {[]int{8081}, true}, "mps": {nil, false}, "hami-core": {nil, false}, "webhook": {[]int{8443, 8080}, webhookEgress}, "preemptor": {[]int{8080}, true}, "node-check": {nil, true}, "controller": {[]int{8080}, true}}
+	}{"kubelet-plugin": {[]int{8081}, true}, "mps": {nil, false}, "hami-core": {nil, false}, "webhook": {[]int{8443, 8082}, webhookEgress}, "preemptor": {[]int{8080}, true}, "node-check": {nil, true}, "controller": {[]int{8080}, true}}
 	for _, o := range objs {
 		spec, ok := podSpecOf(t, o)
 		if !ok || spec.HostNetwork {

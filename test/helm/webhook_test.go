@@ -194,8 +194,8 @@ func TestWebhookConfiguration(t *testing.T) {
 				t.Errorf("readiness probe %+v", p)
 			}
 			// The certificate's expiry, for the FacetWebhookCertificate* alerts.
-			if !slices.Contains(c.Args, "--metrics-addr=:8080") || !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" && p.ContainerPort == 8080 }) {
-				t.Errorf("args %q, ports %+v: want /metrics served on port 8080, named metrics", args, c.Ports)
+			if !slices.Contains(c.Args, "--metrics-addr=:8082") || !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" && p.ContainerPort == 8082 }) {
+				t.Errorf("args %q, ports %+v: want /metrics served on port 8082, named metrics", args, c.Ports)
 			}
 		})
 	}
