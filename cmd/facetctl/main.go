@@ -83,52 +83,42 @@ commands that take --machine (slices, fit, topo, mig-instances, fault,
 node-check) and sim-driver-root preview a machine file with it.
 `
 
+// commands are facetctl's commands by name, each given the arguments after
+// its name; usage describes each of them (TestUsageNamesEveryCommand).
+var commands = map[string]func(args []string) error{
+	"slices":           runSlices,
+	"features":         runFeatures,
+	"occupancy":        runOccupancy,
+	"fit":              runFit,
+	"classes":          runClasses,
+	"topo":             runTopo,
+	"top":              func(args []string) error { return runTop(args, os.Stdout) },
+	"fault":            runFault,
+	"health":           runHealth,
+	"mig-instances":    runMIGInstances,
+	"sim-driver-root":  runSimDriverRoot,
+	"node-check":       func(args []string) error { return runNodeCheck(args, os.Stdout, os.Stderr) },
+	"node-check-all":   func(args []string) error { return runNodeCheckAll(args, os.Stdout) },
+	"node-cleanup":     func(args []string) error { return runNodeCleanup(args, os.Stdout) },
+	"install-cdi-hook": runInstallCDIHook,
+	"imex-channels":    func(args []string) error { return runIMEXChannels(args, os.Stdout) },
+}
+
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
-	var err error
-	switch os.Args[1] {
-	case "slices":
-		err = runSlices(os.Args[2:])
-	case "features":
-		err = runFeatures(os.Args[2:])
-	case "occupancy":
-		err = runOccupancy(os.Args[2:])
-	case "fit":
-		err = runFit(os.Args[2:])
-	case "classes":
-		err = runClasses(os.Args[2:])
-	case "topo":
-		err = runTopo(os.Args[2:])
-	case "top":
-		err = runTop(os.Args[2:], os.Stdout)
-	case "fault":
-		err = runFault(os.Args[2:])
-	case "health":
-		err = runHealth(os.Args[2:])
-	case "mig-instances":
-		err = runMIGInstances(os.Args[2:])
-	case "sim-driver-root":
-		err = runSimDriverRoot(os.Args[2:])
-	case "node-check":
-		err = runNodeCheck(os.Args[2:], os.Stdout, os.Stderr)
-	case "node-check-all":
-		err = runNodeCheckAll(os.Args[2:], os.Stdout)
-	case "node-cleanup":
-		err = runNodeCleanup(os.Args[2:], os.Stdout)
-	case "install-cdi-hook":
-		err = runInstallCDIHook(os.Args[2:])
-	case "imex-channels":
-		err = runIMEXChannels(os.Args[2:], os.Stdout)
-	case "-h", "--help", "help":
+	if a := os.Args[1]; a == "-h" || a == "--help" || a == "help" {
 		fmt.Print(usage)
 		return
-	default:
+	}
+	run, ok := commands[os.Args[1]]
+	if !ok {
 		fmt.Fprintf(os.Stderr, "facetctl: unknown command %q\n\n%s", os.Args[1], usage)
 		os.Exit(2)
 	}
+	err := run(os.Args[2:])
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}

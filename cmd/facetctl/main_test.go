@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -398,5 +399,29 @@ func TestNodeCheckMachineAlone(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(scratch, "*")); len(left) != 0 {
 		t.Errorf("left behind: %v", left)
+	}
+}
+
+// TestUsageNamesEveryCommand keeps usage and the commands table together:
+// usage's command list (the lines indented by two spaces under
+// "Commands:") names exactly the commands facetctl runs.
+func TestUsageNamesEveryCommand(t *testing.T) {
+	list := usage[strings.Index(usage, "Commands:"):strings.Index(usage, "Run 'facetctl")]
+	listed := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^  ([a-z][a-z-]*)(?: |$)`).FindAllStringSubmatch(list, -1) {
+		listed[m[1]] = true
+	}
+	for name := range commands {
+		if !listed[name] {
+			t.Errorf("command %q runs but usage does not describe it", name)
+		}
+	}
+	for name := range listed {
+		if commands[name] == nil {
+			t.Errorf("usage describes %q, which is no command", name)
+		}
+	}
+	if len(listed) < 10 {
+		t.Fatalf("found only %d commands in usage: %v", len(listed), listed)
 	}
 }

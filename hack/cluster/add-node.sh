@@ -73,22 +73,16 @@ PKI="${RUN_DIR}/pki"
 
 T0=${SECONDS}
 log() { printf '[add-node %s %3ds] %s\n' "${NAME}" "$((SECONDS - T0))" "$*"; }
-fail() {
-  echo "[add-node ${NAME}] FAILED: $*" >&2
-  for f in "${LOGS}"/*.log; do
-    [[ -f "${f}" ]] || continue
-    echo "[add-node ${NAME}] ---- last 20 lines of ${f} ----" >&2
-    tail -n 20 "${f}" >&2
-  done
-  echo "[add-node ${NAME}] clean up: RUN_DIR=${RUN_DIR} ${CLUSTER_DIR}/down.sh" >&2
-  exit 1
-}
-trap 'fail "command failed at line ${LINENO}: ${BASH_COMMAND}"' ERR
+FAIL_PREFIX="[add-node ${NAME}]"
+CLEANUP="RUN_DIR=${RUN_DIR} ${CLUSTER_DIR}/down.sh"
+# shellcheck source=hack/cluster/lib.sh
+source "${CLUSTER_DIR}/lib.sh"
+trap 'fail "${CURRENT:-add-node.sh}" "command failed at line ${LINENO}: ${BASH_COMMAND}"' ERR
 
-[[ ! -e "${NODE_DIR}" ]] || fail "${NODE_DIR} exists: node ${NAME} was added already"
+[[ ! -e "${NODE_DIR}" ]] || fail add-node.sh "${NODE_DIR} exists: node ${NAME} was added already"
 for port in "${KUBELET_PORT}" "${HEALTHZ_PORT}" "${PLUGIN_PORT}"; do
   if ss -Hltn "sport = :${port}" 2>/dev/null | grep -q .; then
-    fail "port ${port} (INDEX ${INDEX}) is in use; pick another INDEX"
+    fail add-node.sh "port ${port} (INDEX ${INDEX}) is in use; pick another INDEX"
   fi
 done
 
@@ -96,31 +90,13 @@ done
 # host; without --node-ip it would look its own name up in DNS at every
 # status update.
 NODE_IP="${NODE_IP:-$(ip -4 -o addr show scope global | awk '{ split($4, a, "/"); print a[1]; exit }')}"
-[[ -n "${NODE_IP}" ]] || fail "this host has no global IPv4 address for the node IP; set NODE_IP"
+[[ -n "${NODE_IP}" ]] || fail add-node.sh "this host has no global IPv4 address for the node IP; set NODE_IP"
 
 mkdir -p "${LOGS}" "${PIDS}" "${KUBELET_ROOT}/plugins/gpu.facet.dev" "${KUBELET_ROOT}/plugins_registry" \
   "${KUBELET_ROOT}/certs" "${KUBELET_ROOT}/volume-plugins" "${NODE_DIR}/cdi" \
   "${NODE_DIR}/pod-logs" "${NODE_DIR}/fakecri-imagefs"
 rm -f "${LOGS}"/*.log "${LOGS}"/*.jsonl
 rm -rf "${LOGS}/exec"
-
-# start NAME BINARY ARGS...: as up.sh's start (own session, no e2e lock fd).
-start() {
-  local comp="$1"; shift
-  setsid "$@" >"${LOGS}/${comp}.log" 2>&1 </dev/null 3>&- 9>&- &
-  echo $! >"${PIDS}/${comp}.pid"
-}
-# wait_for COMP WHAT CMD...: poll CMD until it succeeds, fail if COMP dies.
-wait_for() {
-  local comp="$1" what="$2"; shift 2
-  local deadline=$((SECONDS + READY_TIMEOUT))
-  until "$@" >/dev/null 2>&1; do
-    kill -0 "$(cat "${PIDS}/${comp}.pid")" 2>/dev/null || fail "${comp} exited while waiting for ${what}"
-    ((SECONDS < deadline)) || fail "${comp}: ${what} not reached within ${READY_TIMEOUT}s"
-    sleep 0.2
-  done
-  log "${comp}: ${what}"
-}
 
 # --- the kubelet's identity: CN system:node:NAME, so the Node authorizer
 # applies to it as to a real node ------------------------------------------
@@ -169,7 +145,7 @@ declare -A override=(
 )
 cp "${RUN_DIR}/kubelet-config.yaml" "${NODE_DIR}/kubelet-config.yaml"
 for key in "${!override[@]}"; do
-  grep -q "^${key}: " "${NODE_DIR}/kubelet-config.yaml" || fail "no top-level ${key} in ${RUN_DIR}/kubelet-config.yaml"
+  grep -q "^${key}: " "${NODE_DIR}/kubelet-config.yaml" || fail kubelet "no top-level ${key} in ${RUN_DIR}/kubelet-config.yaml"
   sed -i "s|^${key}: .*|${key}: ${override[${key}]}|" "${NODE_DIR}/kubelet-config.yaml"
 done
 start kubelet "${FACET_BIN_DIR}/kubelet" \
@@ -179,22 +155,17 @@ start kubelet "${FACET_BIN_DIR}/kubelet" \
   --hostname-override="${NAME}" --node-ip="${NODE_IP}" \
   --v=2
 wait_for kubelet "healthz ok" curl -fsS "http://127.0.0.1:${HEALTHZ_PORT}/healthz"
-node_ready() {
-  [[ "$(kubectl get node "${NAME}" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]
-}
-wait_for kubelet "node ${NAME} Ready" node_ready
+wait_for kubelet "node ${NAME} Ready" node_ready "${NAME}" kubectl
 
 # --- this node's environment, sourced after RUN_DIR/env.sh --------------------
-cat >"${NODE_DIR}/env.sh" <<EOF
-# Written by hack/cluster/add-node.sh for node ${NAME}; source after ${RUN_DIR}/env.sh.
-export FACET_NODE_NAME="${NAME}"
-export FACET_NODE_DIR="${NODE_DIR}"
-export FACET_CDI_DIR="${NODE_DIR}/cdi"
-export FACET_KUBELET_ROOT="${KUBELET_ROOT}"
-export FACET_CRI_SOCKET="${CRI_SOCK}"
-export FACET_CDI_LOG="${CDI_LOG}"
-export FACET_PLUGIN_HEALTH_ADDR="127.0.0.1:${PLUGIN_PORT}"
-EOF
+write_env "${NODE_DIR}/env.sh" "Written by hack/cluster/add-node.sh for node ${NAME}; source after ${RUN_DIR}/env.sh." \
+  FACET_NODE_NAME="${NAME}" \
+  FACET_NODE_DIR="${NODE_DIR}" \
+  FACET_CDI_DIR="${NODE_DIR}/cdi" \
+  FACET_KUBELET_ROOT="${KUBELET_ROOT}" \
+  FACET_CRI_SOCKET="${CRI_SOCK}" \
+  FACET_CDI_LOG="${CDI_LOG}" \
+  FACET_PLUGIN_HEALTH_ADDR="127.0.0.1:${PLUGIN_PORT}"
 
 # --- Facet's kubelet plugin ----------------------------------------------------
 if [[ -n "${MACHINE}" ]]; then

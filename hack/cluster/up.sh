@@ -185,53 +185,12 @@ chmod 700 "${RUN_DIR}/etcd" "${PKI}"
 # down.sh keeps the previous run's logs for post-mortems; start this run clean.
 rm -f "${LOGS}"/*.log "${LOGS}"/*.jsonl
 
-# --- failure handling --------------------------------------------------------
-# fail COMPONENT MESSAGE: say what broke, show the end of its log, exit non-zero.
-# The other components are left running for inspection; down.sh (or the next
-# up.sh) cleans up.
-fail() {
-  local comp="$1"; shift
-  echo >&2
-  echo "[up] FAILED: ${comp}: $*" >&2
-  if [[ -f "${LOGS}/${comp}.log" ]]; then
-    echo "[up] ---- last 40 lines of ${LOGS}/${comp}.log ----" >&2
-    tail -n 40 "${LOGS}/${comp}.log" >&2
-    echo "[up] ---- end of ${comp}.log ----" >&2
-  fi
-  echo "[up] logs: ${LOGS}/   clean up: RUN_DIR=${RUN_DIR} ${CLUSTER_DIR}/down.sh" >&2
-  exit 1
-}
+# --- failure handling and processes (hack/cluster/lib.sh) -------------------
+FAIL_PREFIX="[up]"
+CLEANUP="RUN_DIR=${RUN_DIR} ${CLUSTER_DIR}/down.sh"
+# shellcheck source=hack/cluster/lib.sh
+source "${CLUSTER_DIR}/lib.sh"
 trap 'fail "${CURRENT:-up.sh}" "command failed at line ${LINENO}: ${BASH_COMMAND}"' ERR
-
-# start NAME BINARY ARGS...: run in its own session (so it outlives this shell
-# and the caller's Ctrl-C), log to logs/NAME.log, pid to pids/NAME.pid.
-# The node's processes outlive the command that started it, so they must not
-# inherit the e2e lock (RUN_DIR.lock: fd 9 in hack/e2e.sh, fd 3 under
-# flock(1)): `flock /tmp/facet-e2e.lock make demo` would otherwise hold the
-# lock until `make demo-down`, and a second flock'ed command would wait on it
-# forever.
-start() {
-  local name="$1"; shift
-  CURRENT="${name}"
-  setsid "$@" >"${LOGS}/${name}.log" 2>&1 </dev/null 3>&- 9>&- &
-  echo $! >"${PIDS}/${name}.pid"
-}
-
-alive() { kill -0 "$(cat "${PIDS}/$1.pid")" 2>/dev/null; }
-
-# wait_for NAME WHAT CMD...: poll CMD until it succeeds; fail if NAME dies or
-# READY_TIMEOUT passes.
-wait_for() {
-  local name="$1" what="$2"; shift 2
-  local deadline=$((SECONDS + READY_TIMEOUT)) t=${SECONDS}
-  CURRENT="${name}"
-  until "$@" >/dev/null 2>&1; do
-    alive "${name}" || fail "${name}" "process exited while waiting for ${what}"
-    ((SECONDS < deadline)) || fail "${name}" "${what} not reached within ${READY_TIMEOUT}s"
-    sleep 0.2
-  done
-  log "${name}: ${what} ($((SECONDS - t))s)"
-}
 
 # --- certificates --------------------------------------------------------------
 # EC P-256 keys: fast to generate, accepted everywhere (incl. service-account signing).
@@ -503,10 +462,7 @@ start kubelet "${K8S_BIN_DIR}/kubelet" \
   --v=2
 wait_for kubelet "healthz ok" curl -fsS "http://127.0.0.1:${KUBELET_HEALTHZ_PORT}/healthz"
 
-node_ready() {
-  [[ "$(k get node localhost -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" == True ]]
-}
-wait_for kubelet "node localhost Ready" node_ready
+wait_for kubelet "node localhost Ready" node_ready localhost k
 READY_AT=$((SECONDS - T_START))
 
 # Pods are rejected until the default ServiceAccount exists, and their token
@@ -516,25 +472,26 @@ wait_for kube-controller-manager "default ServiceAccount and kube-root-ca.crt" \
 alive kube-scheduler || fail kube-scheduler "process exited"
 
 # --- environment for tests and the demo --------------------------------------------
-cat >"${RUN_DIR}/env.sh" <<EOF
-# Written by hack/cluster/up.sh; source it to use the local cluster.
-export KUBECONFIG="${ADMIN_KUBECONFIG}"
-export FACET_RUN_DIR="${RUN_DIR}"
-export FACET_BIN_DIR="${BIN_DIR}"
-export FACET_RUNTIME="${RUNTIME}"
-export FACET_FEATURE_GATES="${FEATURE_GATES}"
-export FACET_K8S_VERSION="${K8S_VERSION}"
-export FACET_K8S_BIN_DIR="${K8S_BIN_DIR}"  # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
-export FACET_CDI_DIR="${CDI_DIR}"
-export FACET_KUBELET_ROOT="${KUBELET_ROOT}"
-export FACET_CRI_SOCKET="${CRI_SOCK}"
-export FACET_PORT_OFFSET="${PORT_OFFSET}"
-export FACET_APISERVER_PORT="${APISERVER_PORT}"
-export PATH="${BIN_DIR}:\${PATH}"
-EOF
+env_vars=(
+  KUBECONFIG="${ADMIN_KUBECONFIG}"
+  FACET_RUN_DIR="${RUN_DIR}"
+  FACET_BIN_DIR="${BIN_DIR}"
+  FACET_RUNTIME="${RUNTIME}"
+  FACET_FEATURE_GATES="${FEATURE_GATES}"
+  FACET_K8S_VERSION="${K8S_VERSION}"
+  FACET_K8S_BIN_DIR="${K8S_BIN_DIR}"  # kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
+  FACET_CDI_DIR="${CDI_DIR}"
+  FACET_KUBELET_ROOT="${KUBELET_ROOT}"
+  FACET_CRI_SOCKET="${CRI_SOCK}"
+  FACET_PORT_OFFSET="${PORT_OFFSET}"
+  FACET_APISERVER_PORT="${APISERVER_PORT}"
+)
 if [[ "${RUNTIME}" == fake ]]; then
-  echo "export FACET_CDI_LOG=\"${CDI_LOG}\"" >>"${RUN_DIR}/env.sh"
+  env_vars+=(FACET_CDI_LOG="${CDI_LOG}")
 fi
+write_env "${RUN_DIR}/env.sh" "Written by hack/cluster/up.sh; source it to use the local cluster." "${env_vars[@]}"
+# shellcheck disable=SC2016 # expanded where env.sh is sourced
+echo 'export PATH="'"${BIN_DIR}"':${PATH}"' >>"${RUN_DIR}/env.sh"
 
 rss_total=0
 rss_line=""
