@@ -34,10 +34,10 @@ type ServerOptions struct {
 	Mutator http.Handler
 	// ClaimMutator, when set, is served at MutateClaimsPath.
 	ClaimMutator http.Handler
-	// MetricsAddr, when set, is the TCP address (e.g. ":8080") of a plain
-	// HTTP server for /metrics (Metrics) and /healthz, apart from the
-	// webhook's HTTPS one so that Prometheus scrapes it without the
-	// webhook's CA.
+	// MetricsAddr, when set, is the TCP address (e.g. ":8082", the chart's
+	// admission.webhook.metricsPort) of a plain HTTP server for /metrics
+	// (Metrics) and /healthz, apart from the webhook's HTTPS one so that
+	// Prometheus scrapes it without the webhook's CA.
 	MetricsAddr string
 	// Listening, when set, is called with the bound address once the
 	// server accepts connections (for tests that listen on port 0).

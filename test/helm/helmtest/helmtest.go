@@ -6,7 +6,6 @@ package helmtest
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,10 +89,11 @@ func (l *Live) APIServerPort() int { return 6443 + portOffset() }
 // (make e2e's rounds, at offsets 1000 apart) do not meet. A def that
 // differs from one of nodePorts by a multiple of 1000 would meet another
 // round's node on some offset (9443 is the API server of the round at
-// offset 3000), so Port panics on one: choose another default.
-func (l *Live) Port(def int) int {
+// offset 3000), so Port fails the test on one: choose another default.
+func (l *Live) Port(t testing.TB, def int) int {
+	t.Helper()
 	if p, ok := clashingNodePort(def); ok {
-		panic(fmt.Sprintf("helmtest: port %d meets node port %d of the round at offset %d: pick a default whose last three digits no node port has", def, p, def-p))
+		t.Fatalf("helmtest: port %d meets node port %d of the round at offset %d: pick a default whose last three digits no node port has", def, p, def-p)
 	}
 	return def + portOffset()
 }

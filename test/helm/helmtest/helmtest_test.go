@@ -1,6 +1,9 @@
 package helmtest
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // TestPortClash: a host-network port of a chart's pod must not be one that
 // another round's node listens on at some offset, and every port the
@@ -15,6 +18,7 @@ func TestPortClash(t *testing.T) {
 		{def: 12680, clash: 10680}, // add-node's 4th node's plugin port
 		{def: 8445, clash: 9445},   // at offset 1000, Kueue's webhook of the round at offset 0
 		{def: 9543},                // the webhook's test port
+		{def: 9581},                // the webhook's metrics test port
 		{def: 8090},                // facet-controller's metrics
 	} {
 		p, ok := clashingNodePort(tc.def)
@@ -24,16 +28,23 @@ func TestPortClash(t *testing.T) {
 	}
 	l := &Live{}
 	t.Setenv("FACET_PORT_OFFSET", "2000")
-	if got := l.Port(9543); got != 11543 {
+	if got := l.Port(t, 9543); got != 11543 {
 		t.Errorf("Port(9543) at offset 2000 = %d, want 11543", got)
 	}
 	if got := l.APIServerPort(); got != 8443 {
 		t.Errorf("APIServerPort at offset 2000 = %d, want 8443", got)
 	}
-	defer func() {
-		if recover() == nil {
-			t.Error("Port(9443) did not panic")
-		}
-	}()
-	l.Port(9443)
+	rec := &fatalRecorder{TB: t}
+	l.Port(rec, 9443)
+	if rec.msg == "" {
+		t.Error("Port(9443) did not fail the test")
+	}
 }
+
+// fatalRecorder records a Fatalf instead of ending the test.
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalRecorder) Fatalf(format string, args ...any) { f.msg = fmt.Sprintf(format, args...) }

@@ -51,7 +51,7 @@ kubeletPlugin:
 admission:
   policies: {enabled: false}
   webhook: {enabled: false}
-%s`, r.tag, r.computeDomains()))
+%s`, r.tag, r.computeDomains(t)))
 	cd := vals["computeDomains"].(map[string]any)
 	cd["controller"].(map[string]any)["resync"] = "2s"
 	cd["imex"].(map[string]any)["simulate"] = true

@@ -205,7 +205,7 @@ kubeletPlugin:
   nodeGroups:
     default: {%[8]s, extraArgs: [--machine=/usr/share/facet/machines/dgx-h100.yaml]}
 %[11]s`, tag, r.kubeletRoot, r.cdiDir, r.stateDir, filepath.Join(r.RunDir, "driver-root"),
-		filepath.Join(r.RunDir, "cdi-hook-chart"), filepath.Join(r.RunDir, "hami-chart"), group, r.mpsDir(), r.APIServerPort(), r.computeDomains()))
+		filepath.Join(r.RunDir, "cdi-hook-chart"), filepath.Join(r.RunDir, "hami-chart"), group, r.mpsDir(), r.APIServerPort(), r.computeDomains(t)))
 }
 
 // computeDomains are the values under which facet-controller and the
@@ -213,7 +213,8 @@ kubeletPlugin:
 // network (the controller's by choice, the daemons' always), reaching the
 // API server on the host's 127.0.0.1 (there is no kube-proxy), the
 // controller's metrics port moved with the node's ports.
-func (r *chartRig) computeDomains() string {
+func (r *chartRig) computeDomains(t testing.TB) string {
+	t.Helper()
 	return fmt.Sprintf(`computeDomains:
   controller:
     hostNetwork: true
@@ -225,7 +226,7 @@ func (r *chartRig) computeDomains() string {
     extraEnv:
     - {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}
     - {name: KUBERNETES_SERVICE_PORT, value: "%[2]d"}
-`, r.Port(8090), r.APIServerPort())
+`, r.Port(t, 8090), r.APIServerPort())
 }
 
 // install runs `helm install` and removes the release when the test ends,

@@ -75,7 +75,7 @@ extraEnv:
 - {name: KUBERNETES_SERVICE_PORT, value: "%d"}
 namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
 %s
-`, r.Port(webhookPort), r.Port(webhookMetricsPort), r.APIServerPort(), ns, more))
+`, r.Port(t, webhookPort), r.Port(t, webhookMetricsPort), r.APIServerPort(), ns, more))
 }
 
 // TestLiveChartWebhookDeployment installs the chart's webhook Deployment
@@ -162,7 +162,7 @@ admission:
 // node's port.
 func (r *chartRig) servedCertificate(t *testing.T) *x509.Certificate {
 	t.Helper()
-	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.Port(webhookPort)), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only reads the certificate presented
+	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.Port(t, webhookPort)), &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // only reads the certificate presented
 	if err != nil {
 		t.Fatalf("dial the webhook: %v", err)
 	}
@@ -248,7 +248,13 @@ spec:
 func (r *chartRig) webhookCertExpiry(t *testing.T) int64 {
 	t.Helper()
 	const name = "facet_webhook_certificate_expiration_timestamp_seconds"
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", r.Port(webhookMetricsPort))) //nolint:noctx // the node's own port
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/metrics", r.Port(t, webhookMetricsPort)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("scrape the webhook: %v", err)
 	}
