@@ -369,6 +369,13 @@ state = "${CTRD}/state"
 [ttrpc]
   address = "${CRI_SOCK}.ttrpc"
 
+# NRI's socket in this node's directory, not /var/run/nri/nri.sock: NRI
+# removes the socket and binds it anew at start, so make e2e's rounds, whose
+# containerds start side by side, took it from each other and, starting at
+# the same moment, failed ("bind: address already in use").
+[plugins.'io.containerd.nri.v1.nri']
+  socket_path = "${CTRD}/nri.sock"
+
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
