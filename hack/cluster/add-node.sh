@@ -169,6 +169,8 @@ write_env "${NODE_DIR}/env.sh" "Written by hack/cluster/add-node.sh for node ${N
 
 # --- Facet's kubelet plugin ----------------------------------------------------
 if [[ -n "${MACHINE}" ]]; then
+  # A failed start reports the plugin's log, not the kubelet's (lib.sh's fail).
+  CURRENT=facet-plugin
   FACET_NODE="${NAME}" "${REPO}/hack/plugin.sh" start "${RUN_DIR}" "${MACHINE}" "$@"
   wait_for facet-plugin "registered with the kubelet, slices published (/readyz)" \
     curl -fsS "http://127.0.0.1:${PLUGIN_PORT}/readyz"
